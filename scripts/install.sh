@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv and install the pinned dependencies (requirements-dev.txt includes requirements.txt).
+# torch==2.13.0 resolves to the CPU wheel on the dev/CI machines; elsewhere it is the PyPI build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+stamp=.venv/.installed-$(cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r requirements-dev.txt
+  touch "$stamp"
+fi

@@ -1,0 +1,308 @@
+"""FP4 formats library: NVFP4 / MXFP4 quantization with RTN, stochastic and TRACE-guided rounding.
+
+The numerics are those of `kernels/reference.py` (the single oracle); this module adds the library
+boundary (input validation with clear errors), the `FP4Tensor` value type and the straight-through
+fake-quant used by QAT. Compared against torchao 0.18 `nvfp4_quantize` in tests/fp4.
+
+    from trace import fp4
+    t = fp4.quantize(w, fmt="nvfp4", outer="tensor")      # FP4Tensor: codes, scales, outer
+    w_hat = t.dequantize()                                 # float32
+    y = fp4.fake_quant(x, outer="row")                     # same dtype as x, STE gradient
+    g = fp4.guided_quantize(x, t.mantissa(), t.scales, t.outer)   # TRACE replay
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import reference as ref
+
+FORMATS = ("nvfp4", "mxfp4")
+ROUNDINGS = ("rtn", "stochastic", "guided")
+OUTERS = ("tensor", "row", "expert")
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class FP4Tensor:
+    """A quantized tensor. `codes` uint8 0..15 with the source shape (unpacked; see `packed()`);
+    `scales` raw scale bytes, one per block (E4M3 for NVFP4, E8M0 for MXFP4), shape [..., K/block]
+    or [..., N/16, K/16] for 16x16 tiles; `outer` the FP32 encode scale S_enc (NVFP4; shape [] per
+    tensor, [..., 1] per row, [E, 1, ..] per expert; all ones for MXFP4)."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    outer: torch.Tensor
+    fmt: str = "nvfp4"
+    block_2d: bool = False
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def block_size(self) -> int:
+        return ref.NVFP4_BLOCK if self.fmt == "nvfp4" else ref.MXFP4_BLOCK
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        if self.fmt == "nvfp4":
+            x = ref.nvfp4_dequantize(self.codes, self.scales, self.outer, self.block_2d)
+        else:
+            x = ref.mxfp4_dequantize(self.codes, self.scales)
+        return x.to(dtype or self.dtype)
+
+    def mantissa(self) -> torch.Tensor:
+        """The mantissa bit of every code (uint8 0/1), what TRACE records."""
+        return self.codes & 1
+
+    def packed(self) -> torch.Tensor:
+        return ref.pack_fp4(self.codes)
+
+    def nbytes(self) -> int:
+        """Storage bytes: packed codes + scale bytes + FP32 outer scales."""
+        return self.codes.numel() // 2 + self.scales.numel() + 4 * self.outer.numel()
+
+
+@dataclass(frozen=True)
+class GuidedResult:
+    """Output of `guided_quantize`. `unrecoverable` marks elements whose guided code differs from
+    `ref_codes`; it is None when no reference codes were given, because the compact record
+    (mantissa + scales) alone cannot tell a wrong pick from a right one."""
+
+    tensor: FP4Tensor
+    unrecoverable: torch.Tensor | None
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation at the library boundary
+# ----------------------------------------------------------------------------------------------
+def check_finite(x: torch.Tensor, name: str = "input") -> None:
+    """Raise ValueError saying how many values are non-finite and where the first one is."""
+    bad = ~torch.isfinite(x)
+    if bool(bad.any()):
+        n_nan = int(torch.isnan(x).sum())
+        n_inf = int(bad.sum()) - n_nan
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"{name} has {int(bad.sum())} non-finite values (NaN: {n_nan}, inf: {n_inf}) "
+            f"of {x.numel()}; first at index {first}"
+        )
+
+
+def _check_input(x: torch.Tensor, fmt: str, block_2d: bool = False, outer="tensor") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"FP4 quantization takes float32/bfloat16/float16 input, got {x.dtype}; cast explicitly")
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    if isinstance(outer, torch.Tensor):
+        if outer.dtype != torch.float32:
+            raise TypeError(f"a given outer scale must be float32 (S_enc), got {outer.dtype}")
+        try:
+            torch.broadcast_shapes(outer.shape, x.shape)
+        except RuntimeError as e:
+            raise ValueError(f"outer of shape {tuple(outer.shape)} does not broadcast to {tuple(x.shape)}") from e
+        check_finite(outer, "outer scale")
+        if bool((outer <= 0).any()):
+            raise ValueError("a given outer scale S_enc must be positive")
+    elif outer not in OUTERS:
+        raise ValueError(f"outer must be one of {OUTERS} or a float32 S_enc tensor, got {outer!r}")
+    if x.dim() == 0:
+        raise ValueError("cannot quantize a 0-d tensor: blocks run along the last dimension")
+    block = ref.NVFP4_BLOCK if fmt == "nvfp4" else ref.MXFP4_BLOCK
+    if x.shape[-1] % block:
+        raise ValueError(
+            f"last dimension {x.shape[-1]} is not a multiple of the {fmt} block size {block}; pad it first"
+        )
+    if block_2d:
+        if fmt != "nvfp4":
+            raise ValueError("16x16 weight blocks are an NVFP4 option only")
+        if x.dim() < 2 or x.shape[-2] % 16:
+            raise ValueError(f"16x16 blocks need the second-to-last dimension to be a multiple of 16, got {tuple(x.shape)}")
+        if isinstance(outer, str) and outer == "row":
+            raise ValueError("16x16 blocks need a per-tensor or per-expert outer scale, not per-row")
+    if isinstance(outer, str) and outer == "expert" and x.dim() < 2:
+        raise ValueError("outer='expert' needs a leading expert dimension")
+    check_finite(x)
+
+
+def _make_generator(generator, seed, device) -> torch.Generator | None:
+    if generator is not None:
+        return generator
+    if seed is None:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+def quantize(
+    x: torch.Tensor,
+    fmt: str = "nvfp4",
+    outer: str | torch.Tensor = "tensor",
+    rounding: str = "rtn",
+    *,
+    block_2d: bool = False,
+    mx_rule: str = "floor",
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+) -> FP4Tensor:
+    """Quantize `x` [..., K] along its last dimension.
+
+    fmt: 'nvfp4' (16-element blocks, E4M3 scales, FP32 outer scale) or 'mxfp4' (32, E8M0).
+    outer (NVFP4): 'tensor', 'row' (per token: batch-invariant), 'expert' (leading dim), or a
+    float32 tensor holding a given S_enc (broadcastable to x), e.g. a calibrated or recorded scale.
+    rounding: 'rtn' or 'stochastic' (seeded by `seed` or `generator`). For 'guided' use
+    `guided_quantize`. block_2d: 16x16 weight tiles (NVFP4). mx_rule: 'floor' (OCP) or 'noclip'.
+    """
+    if rounding not in ("rtn", "stochastic"):
+        raise ValueError(f"rounding must be 'rtn' or 'stochastic' here (guided: use guided_quantize), got {rounding!r}")
+    _check_input(x, fmt, block_2d, outer)
+    gen = _make_generator(generator, seed, x.device)
+    xf = x.float()
+    if fmt == "nvfp4":
+        given = outer if isinstance(outer, torch.Tensor) else None
+        codes, sb, s_enc = ref.nvfp4_quantize(xf, "tensor" if given is not None else outer, rounding,
+                                              block_2d, gen, s_enc=given)
+    else:
+        codes, sb = ref.mxfp4_quantize(xf, rounding, mx_rule, gen)
+        s_enc = torch.ones((), device=x.device)
+    return FP4Tensor(codes, sb, s_enc, fmt, block_2d, x.dtype)
+
+
+def dequantize(t: FP4Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return t.dequantize(dtype)
+
+
+def _check_record(x, mantissa, scales, outer, fmt, block_2d):
+    if mantissa.dtype != torch.uint8 or mantissa.shape != x.shape:
+        raise ValueError(f"mantissa must be uint8 0/1 bits of shape {tuple(x.shape)}, got {mantissa.dtype} {tuple(mantissa.shape)}")
+    if bool((mantissa > 1).any()):
+        raise ValueError("mantissa bits must be 0 or 1 (unpack packed bits first with unpack_bits)")
+    block = ref.NVFP4_BLOCK if fmt == "nvfp4" else ref.MXFP4_BLOCK
+    if block_2d:
+        want = (*x.shape[:-2], x.shape[-2] // 16, x.shape[-1] // 16)
+    else:
+        want = (*x.shape[:-1], x.shape[-1] // block)
+    if scales.dtype != torch.uint8 or tuple(scales.shape) != want:
+        raise ValueError(f"scales must be uint8 of shape {want}, got {scales.dtype} {tuple(scales.shape)}")
+    if not isinstance(outer, torch.Tensor) or outer.dtype != torch.float32:
+        raise ValueError("outer must be a float32 tensor (the encode scale S_enc)")
+    try:
+        torch.broadcast_shapes(outer.shape, x.shape)
+    except RuntimeError as e:
+        raise ValueError(f"outer of shape {tuple(outer.shape)} does not broadcast to {tuple(x.shape)}") from e
+
+
+def guided_quantize(
+    x: torch.Tensor,
+    mantissa: torch.Tensor,
+    scales: torch.Tensor,
+    outer: torch.Tensor,
+    fmt: str = "nvfp4",
+    *,
+    block_2d: bool = False,
+    ref_codes: torch.Tensor | None = None,
+) -> GuidedResult:
+    """TRACE guided rounding (DESIGN.md §3): quantize `x` with the RECORDED block scales and outer
+    scale, choosing between the two grid points around each element by its recorded mantissa bit.
+    Reproduces the recorded code whenever x lies within one grid step of it. With `ref_codes`
+    (the full recorded codes, available in tests and the full-codes ablation) the result reports
+    which elements differ."""
+    _check_input(x, fmt, block_2d, "tensor")
+    _check_record(x, mantissa, scales, outer, fmt, block_2d)
+    xf = x.float()
+    v = ref.nvfp4_scaled(xf, scales, outer, block_2d) if fmt == "nvfp4" else ref.mxfp4_scaled(xf, scales)
+    codes = ref.e2m1_guided(v, mantissa)
+    t = FP4Tensor(codes, scales, outer, fmt, block_2d, x.dtype)
+    unrec = None
+    if ref_codes is not None:
+        if ref_codes.shape != x.shape:
+            raise ValueError(f"ref_codes shape {tuple(ref_codes.shape)} != input shape {tuple(x.shape)}")
+        # -0 and +0 dequantize identically; compare magnitude for zero codes
+        unrec = (codes != ref_codes) & ~(((codes & 7) == 0) & ((ref_codes & 7) == 0))
+    return GuidedResult(t, unrec)
+
+
+class _STE(torch.autograd.Function):
+    """Forward returns the quantized value exactly; backward passes the gradient unchanged
+    (straight-through). Dynamic scaling keeps every element inside the representable range, so
+    an identity STE is the clipped STE here (torchao's NVFP4 QAT does the same)."""
+
+    @staticmethod
+    def forward(ctx, x, xq):
+        return xq
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+@dataclass(frozen=True)
+class Guide:
+    """A guided site's record for one tensor: mantissa bits (uint8 0/1, x's shape), scale bytes
+    and outer scales, as stored by the rollout."""
+
+    mantissa: torch.Tensor
+    scales: torch.Tensor
+    outer: torch.Tensor
+
+
+def fake_quant(
+    x: torch.Tensor,
+    fmt: str = "nvfp4",
+    outer: str | torch.Tensor = "row",
+    rounding: str = "rtn",
+    *,
+    block_2d: bool = False,
+    mx_rule: str = "floor",
+    guide: Guide | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Quantize-dequantize `x` in its own dtype with a straight-through gradient. rounding='guided'
+    requires `guide`. Default outer='row' (activations: batch-invariant)."""
+    if rounding == "guided":
+        if guide is None:
+            raise ValueError("rounding='guided' needs guide=Guide(mantissa, scales, outer)")
+        q = guided_quantize(x.detach(), guide.mantissa, guide.scales, guide.outer, fmt, block_2d=block_2d).tensor
+    else:
+        q = quantize(x.detach(), fmt, outer, rounding, block_2d=block_2d, mx_rule=mx_rule, seed=seed,
+                     generator=generator)
+    return _STE.apply(x, q.dequantize(x.dtype))
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """Unpacked codes [..., K] (uint8 0..15) -> [..., K/2] bytes, element 2i in the low nibble."""
+    if codes.dtype != torch.uint8:
+        raise TypeError(f"codes must be uint8, got {codes.dtype}")
+    if codes.shape[-1] % 2:
+        raise ValueError(f"last dimension must be even to pack two codes per byte, got {codes.shape[-1]}")
+    if bool((codes > 15).any()):
+        raise ValueError("codes must be in 0..15")
+    return ref.pack_fp4(codes)
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"packed codes must be uint8, got {packed.dtype}")
+    return ref.unpack_fp4(packed)
+
+
+def pack_bits(bits: torch.Tensor) -> torch.Tensor:
+    """0/1 values [..., K] (K multiple of 8) -> [..., K/8] bytes, element 8i+j in bit j."""
+    if bits.shape[-1] % 8:
+        raise ValueError(f"last dimension must be a multiple of 8 to pack bits, got {bits.shape[-1]}")
+    return ref.pack_bits(bits)
+
+
+def unpack_bits(packed: torch.Tensor) -> torch.Tensor:
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"packed bits must be uint8, got {packed.dtype}")
+    return ref.unpack_bits(packed)
