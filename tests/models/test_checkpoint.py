@@ -1,10 +1,10 @@
 """Checkpoint round trip through save_pretrained / Auto classes (local directory only)."""
+import pytest
+import torch
+
 from trace.models.checkpoint import load_checkpoint, save_checkpoint
 from trace.models.registry import build_model, list_models
 from trace.models.tokenizer import VOCAB_SIZE, build_tokenizer
-
-import pytest
-import torch
 
 
 @pytest.mark.parametrize("name", list_models(flavor="tiny"))

@@ -1,4 +1,7 @@
 """Model registry: names, paper configs, FP4 dimension constraint, tiny models forward/backward, seeding."""
+import pytest
+import torch
+
 from trace.models.registry import (
     FAMILIES,
     FLAVORS,
@@ -13,9 +16,6 @@ from trace.models.registry import (
     list_models,
 )
 from trace.models.tokenizer import VOCAB_SIZE
-
-import pytest
-import torch
 
 FAMILY_NAMES = ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe"]
 TINY = [f"{f}-tiny" for f in FAMILY_NAMES]

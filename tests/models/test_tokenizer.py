@@ -1,4 +1,9 @@
 """Character tokenizer: fixed vocabulary, exact round trip, special-token handling, save/load."""
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
 from trace.models.tokenizer import (
     BOS_ID,
     CHARSET,
@@ -9,11 +14,6 @@ from trace.models.tokenizer import (
     VOCAB_SIZE,
     build_tokenizer,
 )
-
-import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 charset_text = st.text(alphabet=st.sampled_from(list(CHARSET)), max_size=200)
 

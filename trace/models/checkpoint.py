@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from trace.models.registry import ATTN_IMPLEMENTATION, EXPERTS_IMPLEMENTATION
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from trace.models.registry import ATTN_IMPLEMENTATION, EXPERTS_IMPLEMENTATION
 
 
 def save_checkpoint(

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from trace.models.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 from typing import Any
 
 import torch
@@ -54,6 +53,8 @@ from transformers import (
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
+
+from trace.models.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 
 FP4_MULTIPLE = 32  # lcm of the NVFP4 (16) and MXFP4 (32) block sizes
 

@@ -1,0 +1,113 @@
+"""Coding task: examples, hidden cases, sandboxed verification (gold passes, wrong and hostile fail)."""
+import json
+import os
+import time
+import uuid
+import warnings
+
+import pytest
+
+import trace.tasks.coding as coding
+from trace.tasks import Example, get_task
+
+
+def make_example(gold="2*x+1", fn=lambda x: 2 * x + 1, hidden=(4, 7, 11, 13, 20)):
+    label = json.dumps({"inputs": list(hidden), "outputs": [fn(x) for x in hidden], "gold": gold})
+    return Example(prompt="f(1)=3 f(2)=5 f(3)=7\ndef f(x): return", label=label, datasource="coding")
+
+
+@pytest.mark.parametrize("difficulty", ["easy", "medium", "hard"])
+def test_gold_passes_hidden_cases(difficulty, charset_ok):
+    t = get_task("coding", difficulty=difficulty)
+    exs = t.make_split("train", 40, seed=0)
+    gold = [t.sft_target(e) for e in exs]
+    assert t.score_batch(exs, gold) == [1.0] * len(exs)
+    for e, g in zip(exs, gold, strict=False):
+        charset_ok(e.prompt)
+        charset_ok(g)
+        assert e.prompt.endswith("\ndef f(x): return") and g.startswith(" ") and g.endswith("\n")
+        case = json.loads(e.label)
+        assert not set(case["inputs"]) & set(e.meta["shown"])  # hidden cases are really hidden
+        if difficulty == "easy":
+            assert len(e.prompt) <= 48 and len(g) <= 16
+
+
+def test_all_families_gold_pass():
+    t = get_task("coding", families=("const", "linear", "quadratic", "mod"), coef_max=4, n_shown=3)
+    exs = t.make_split("test", 40, seed=2)
+    assert {e.meta["family"] for e in exs} == {"const", "linear", "quadratic", "mod"}
+    assert t.score_batch(exs, [t.sft_target(e) for e in exs]) == [1.0] * 40
+
+
+def test_split_determinism_and_disjointness():
+    t = get_task("coding", difficulty="easy")
+    assert t.make_split("train", 60, seed=1) == t.make_split("train", 60, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        train = {e.prompt for s in range(3) for e in t.make_split("train", 200, seed=s)}
+        test = {e.prompt for s in range(2) for e in t.make_split("test", 60, seed=s)}
+    assert not train & test
+
+
+def test_equivalent_program_scores_one_and_wrong_zero():
+    t = get_task("coding")
+    ex = make_example()
+    got = t.score_batch([ex] * 6, [" x+x+1\n", " 1+2*x  \nrubbish", " 2*x\n", " 3\n", " 2*x+1.0\n", " x > 0\n"])
+    # floats and bools are not ints: exact int results are required
+    assert got == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_partial_credit_knob():
+    ex = make_example(gold="x", fn=lambda x: x, hidden=(1, 2, 3, 4))
+    resp = [" x if x < 3 else 0\n"]
+    assert get_task("coding").score_batch([ex], resp) == [0.0]
+    assert get_task("coding", partial_credit=True).score_batch([ex], resp) == [0.5]
+
+
+def test_unparsable_responses_never_reach_the_sandbox(monkeypatch):
+    calls = []
+    monkeypatch.setattr(coding, "run_many", lambda *a, **k: calls.append(a) or [])
+    t = get_task("coding")
+    ex = make_example()
+    assert t.score_batch([ex] * 4, ["", " 2*x+\n", " )(\n", " " + "x+" * 200 + "1\n"]) == [0.0] * 4
+    assert calls == []
+
+
+def test_duplicate_responses_run_once(monkeypatch):
+    seen = []
+    real = coding.run_many
+
+    def spy(sources, **kw):
+        seen.append(len(sources))
+        return real(sources, **kw)
+
+    monkeypatch.setattr(coding, "run_many", spy)
+    t = get_task("coding")
+    ex = make_example()
+    assert t.score_batch([ex] * 5, [" 2*x+1\n"] * 3 + [" x\n"] * 2) == [1.0] * 3 + [0.0] * 2
+    assert seen == [2]
+
+
+def test_hostile_expressions_score_zero_and_do_no_harm():
+    target = f"/tmp/pwned_coding_{uuid.uuid4().hex}"
+    t = get_task("coding", timeout_s=0.5)
+    ex = make_example()
+    hostile = [
+        f" __import__('os').system('touch {target}')\n",
+        f" open({target!r}, 'w').write('x')\n",
+        " [0 for _ in iter(int, 1)]\n",  # infinite
+        " print('9') or 2*x+1\n",  # extra output lines must not count as passes
+        " __import__('socket').socket()\n",
+        " (2*x+1) * 10**10**10\n",
+    ]
+    t0 = time.monotonic()
+    assert t.score_batch([ex] * len(hostile), hostile) == [0.0] * len(hostile)
+    assert time.monotonic() - t0 < 5.0
+    assert not os.path.exists(target)
+
+
+def test_bad_knobs():
+    with pytest.raises(ValueError, match="family"):
+        get_task("coding", families=("cubic",))
+    with pytest.raises(ValueError, match="n_shown"):
+        get_task("coding", n_shown=20, x_max=5)

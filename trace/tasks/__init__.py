@@ -1,0 +1,8 @@
+"""Synthetic verifiable tasks (reasoning, coding, long-horizon), their verifiers, the code sandbox,
+JSONL loaders and an OpenRLHF-style reward function. See DESIGN.md sections 4 and 7.
+
+``from trace.tasks import get_task; t = get_task("reasoning", difficulty="easy")``.
+"""
+from trace.tasks.base import CHARSET, Example, Task, check_charset, get_task, task_names
+
+__all__ = ["CHARSET", "Example", "Task", "check_charset", "get_task", "task_names"]

@@ -1,0 +1,175 @@
+"""Task interface shared by the synthetic RL tasks (reasoning, coding, long-horizon).
+
+A task turns a seed into a fixed list of `Example`s, scores a policy response with a verifier
+(reward in [0, 1], 1 = correct) and gives the gold response used for the supervised warm start.
+Usage: ``get_task("reasoning", difficulty="easy").make_split("train", 512, seed=0)``.
+Compared against: the paper's real datasets (math, code, agent tasks), which are loaded through
+`trace.tasks.datasets.load_jsonl` at paper scale; these generators stand in for them on CPU.
+
+Train/test disjointness does not depend on the seed: every prompt is assigned to one split by a
+stable hash of (task name, partition key), so a test prompt can never be drawn for any train seed.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+# The tokenizer of the tiny models knows printable ASCII plus newline and nothing else.
+CHARSET = frozenset(chr(c) for c in range(32, 127)) | {"\n"}
+SPLITS = ("train", "test")
+
+
+def check_charset(text: str, what: str = "text") -> str:
+    """Return `text` unchanged, or raise naming the first character the tokenizer cannot encode."""
+    for i, ch in enumerate(text):
+        if ch not in CHARSET:
+            raise ValueError(f"{what} has character {ch!r} at {i} outside printable ASCII + newline")
+    return text
+
+
+@dataclass
+class Example:
+    prompt: str
+    label: str
+    datasource: str
+    meta: dict = field(default_factory=dict)
+
+
+def stable_fraction(*parts: str) -> float:
+    """A hash in [0, 1) that is identical across processes and Python versions (unlike hash())."""
+    h = hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2.0**64
+
+
+class Task:
+    """Base class. Subclasses implement `_generate`, `score` and `_gold_response`."""
+
+    name: ClassVar[str] = "task"
+    stop: ClassVar[str] = "\n"
+    multi_turn: ClassVar[bool] = False
+
+    def __init__(self, test_fraction: float = 0.2):
+        if not 0.0 < test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        self.test_fraction = test_fraction
+
+    # -- to implement -------------------------------------------------------------------------
+    def _generate(self, rng: random.Random) -> Example:
+        raise NotImplementedError
+
+    def _gold_response(self, example: Example) -> str:
+        raise NotImplementedError
+
+    def score(self, example: Example, response: str) -> float:
+        raise NotImplementedError
+
+    def knobs(self) -> dict:
+        """The settings that change which examples are generated (part of the RNG stream name)."""
+        return {}
+
+    # -- shared -------------------------------------------------------------------------------
+    def partition_key(self, example: Example) -> str:
+        return example.prompt
+
+    def unique_key(self, example: Example) -> str:
+        return example.prompt
+
+    def split_of(self, example: Example) -> str:
+        frac = stable_fraction(self.name, self.partition_key(example))
+        return "test" if frac < self.test_fraction else "train"
+
+    def make_split(self, split: str, n: int, seed: int) -> list[Example]:
+        """`n` examples of `split`; same (knobs, split, n, seed) -> identical list.
+
+        Examples are unique within the split while the split's share of the prompt space lasts; a
+        space too small for `n` (easy knobs) is topped up with repeats and a warning, because a
+        smaller-than-asked set would silently change batch sizes downstream.
+        """
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        knob_text = ",".join(f"{k}={v}" for k, v in sorted(self.knobs().items()))
+        rng = random.Random(f"{self.name}|{knob_text}|{split}|{seed}")
+        out: list[Example] = []
+        seen: set[str] = set()
+        pool: list[Example] = []
+        misses = 0
+        max_misses = 2000 + 50 * n
+        while len(out) < n and misses < max_misses:
+            ex = self._generate(rng)
+            if self.split_of(ex) != split:
+                misses += 1
+                continue
+            pool.append(ex)
+            key = self.unique_key(ex)
+            if key in seen:
+                misses += 1
+                continue
+            seen.add(key)
+            out.append(ex)
+            misses = 0
+        if len(out) < n:
+            if not pool:
+                raise ValueError(f"{self.name}: no {split} examples exist for knobs {knob_text}")
+            warnings.warn(
+                f"{self.name}: only {len(out)} unique {split} examples for knobs {knob_text}; "
+                f"repeating to reach {n}",
+                stacklevel=2,
+            )
+            while len(out) < n:
+                out.append(pool[rng.randrange(len(pool))])
+        return out
+
+    def sft_target(self, example: Example) -> str:
+        """Gold response text (everything after the prompt), ending with the stop string."""
+        target = self._gold_response(example)
+        assert target.endswith(self.stop), target
+        return target
+
+    def sft_target_and_mask(self, example: Example) -> tuple[str, list[bool]]:
+        """Gold response plus a per-character trainable mask (all True for single-turn tasks)."""
+        target = self.sft_target(example)
+        return target, [True] * len(target)
+
+    def score_batch(self, examples: list[Example], responses: list[str]) -> list[float]:
+        if len(examples) != len(responses):
+            raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
+        return [self.score(e, r) for e, r in zip(examples, responses, strict=True)]
+
+
+def first_line(response: str) -> str:
+    return response.split("\n", 1)[0]
+
+
+_REGISTRY: dict[str, Callable[..., Task]] = {}
+
+
+def register(name: str):
+    def deco(cls):
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def task_names() -> list[str]:
+    _ensure_loaded()
+    return sorted(_REGISTRY)
+
+
+def get_task(name: str, **knobs) -> Task:
+    """Build a task by name ("reasoning", "coding", "long_horizon") with difficulty knobs."""
+    _ensure_loaded()
+    base = name.split(":", 1)[0].split("/", 1)[0]
+    if base not in _REGISTRY:
+        raise KeyError(f"unknown task {name!r}; known: {sorted(_REGISTRY)}")
+    return _REGISTRY[base](**knobs)
+
+
+def _ensure_loaded() -> None:
+    # Importing the modules runs their @register decorators; done lazily to avoid import cycles.
+    from trace.tasks import coding, long_horizon, reasoning  # noqa: F401

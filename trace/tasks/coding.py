@@ -1,0 +1,202 @@
+"""Coding task: write a program from input/output examples, checked by running it on hidden cases.
+
+For tiny character-level policies the program is one Python expression in `x`:
+prompt ``"f(1)=3 f(2)=5 f(3)=7\\ndef f(x): return"``, gold response ``" 2*x+1\\n"``.
+The verifier builds ``def f(x): return <first response line>`` and runs it only inside
+`trace.tasks.sandbox` on hidden inputs (never shown in the prompt). Reward is all-or-nothing by
+default (every hidden case must return exactly the expected int, as in pass@1 unit testing);
+``partial_credit=True`` gives the fraction of hidden cases passed instead.
+Run: ``t = get_task("coding", difficulty="easy"); t.score_batch(exs, responses)``.
+Stands in for the paper's code-RL data (programs verified by test execution).
+
+Knobs: ``families`` (linear, quadratic, mod, const), ``coef_max`` (coefficient range),
+``n_shown`` (examples in the prompt), ``x_max`` (shown inputs from 0..x_max), ``n_hidden``.
+
+Not adversarially robust: an expression could print extra lines or patch builtins to fake
+harness output; extra output lines fail the case check, which is enough against policies that
+are rewarded for working programs, and the sandbox contains anything worse.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import random
+
+from trace.tasks.base import Example, Task, first_line, register
+from trace.tasks.sandbox import run_many
+
+PROMPT_SUFFIX = "def f(x): return"
+FAMILIES = ("const", "linear", "quadratic", "mod")
+MAX_EXPR_CHARS = 200
+
+PRESETS = {
+    "easy": dict(families=("linear",), coef_max=3, n_shown=3, x_max=5),
+    "medium": dict(families=("linear", "mod"), coef_max=5, n_shown=3, x_max=9),
+    "hard": dict(families=("linear", "quadratic", "mod"), coef_max=9, n_shown=4, x_max=9),
+}
+
+
+def _term(coef: int, var: str, first: bool) -> str:
+    if coef == 0:
+        return ""
+    sign = "-" if coef < 0 else ("" if first else "+")
+    mag = abs(coef)
+    if not var:
+        return f"{sign}{mag}"
+    return f"{sign}{var}" if mag == 1 else f"{sign}{mag}*{var}"
+
+
+def _poly(coefs: list[tuple[int, str]]) -> str:
+    out = ""
+    for c, var in coefs:
+        out += _term(c, var, first=not out)
+    return out or "0"
+
+
+def _nonzero(rng: random.Random, m: int) -> int:
+    v = rng.randint(1, m)
+    return v if rng.random() < 0.5 else -v
+
+
+def sample_function(rng: random.Random, family: str, coef_max: int) -> tuple[str, callable]:
+    """A canonical expression string and the trusted Python function it denotes."""
+    if family == "const":
+        b = rng.randint(-coef_max, coef_max)
+        return _poly([(b, "")]), lambda x: b
+    if family == "linear":
+        a, b = _nonzero(rng, coef_max), rng.randint(-coef_max, coef_max)
+        return _poly([(a, "x"), (b, "")]), lambda x: a * x + b
+    if family == "quadratic":
+        a, b, c = rng.randint(1, coef_max), rng.randint(-coef_max, coef_max), rng.randint(-coef_max, coef_max)
+        return _poly([(a, "x*x"), (b, "x"), (c, "")]), lambda x: a * x * x + b * x + c
+    if family == "mod":
+        a, b, m = rng.randint(1, coef_max), rng.randint(0, coef_max), rng.randint(2, coef_max + 2)
+        inner = _poly([(a, "x"), (b, "")])
+        expr = f"x%{m}" if inner == "x" else f"({inner})%{m}"
+        return expr, lambda x: (a * x + b) % m
+    raise ValueError(f"unknown family {family!r}; known: {FAMILIES}")
+
+
+def clean_expression(response: str) -> str | None:
+    """The candidate expression, or None when it cannot be a valid one (checked without running)."""
+    expr = first_line(response).strip()
+    if not expr or len(expr) > MAX_EXPR_CHARS or not expr.isascii():
+        return None
+    try:
+        ast.parse(expr, mode="eval")  # parsing only; nothing from the response runs in this process
+    except (SyntaxError, ValueError):
+        return None
+    return expr
+
+
+def harness(expr: str, inputs: list[int]) -> str:
+    return (
+        f"def f(x): return {expr}\n"
+        f"for _x in {inputs!r}:\n"
+        "    try:\n"
+        "        _v = f(_x)\n"
+        "        print(repr(_v) if type(_v) is int else 'T')\n"
+        "    except Exception:\n"
+        "        print('E')\n"
+    )
+
+
+@register("coding")
+class CodingTask(Task):
+    name = "coding"
+
+    def __init__(
+        self,
+        difficulty: str = "medium",
+        families: tuple[str, ...] | list[str] | str | None = None,
+        coef_max: int | None = None,
+        n_shown: int | None = None,
+        x_max: int | None = None,
+        n_hidden: int = 5,
+        hidden_max: int = 20,
+        partial_credit: bool = False,
+        timeout_s: float = 2.0,
+        test_fraction: float = 0.2,
+    ):
+        super().__init__(test_fraction)
+        if difficulty not in PRESETS:
+            raise ValueError(f"difficulty must be one of {sorted(PRESETS)}, got {difficulty!r}")
+        p = PRESETS[difficulty]
+        fams = families if families is not None else p["families"]
+        self.families = (fams,) if isinstance(fams, str) else tuple(fams)
+        for fam in self.families:
+            if fam not in FAMILIES:
+                raise ValueError(f"unknown family {fam!r}; known: {FAMILIES}")
+        self.coef_max = int(coef_max if coef_max is not None else p["coef_max"])
+        self.n_shown = int(n_shown if n_shown is not None else p["n_shown"])
+        self.x_max = int(x_max if x_max is not None else p["x_max"])
+        self.n_hidden = int(n_hidden)
+        self.hidden_max = int(hidden_max)
+        self.partial_credit = bool(partial_credit)
+        self.timeout_s = float(timeout_s)
+        if self.n_shown < 1 or self.n_shown > self.x_max + 1:
+            raise ValueError(f"n_shown must be in 1..x_max+1 ({self.x_max + 1}), got {self.n_shown}")
+        if self.n_hidden < 1 or self.hidden_max + 1 - self.n_shown < self.n_hidden:
+            raise ValueError("need n_hidden >= 1 and enough unshown inputs in 0..hidden_max")
+        if self.coef_max < 1:
+            raise ValueError("coef_max must be >= 1")
+
+    def knobs(self) -> dict:
+        return dict(families="+".join(self.families), coef_max=self.coef_max, n_shown=self.n_shown,
+                    x_max=self.x_max, n_hidden=self.n_hidden, hidden_max=self.hidden_max)
+
+    def _generate(self, rng: random.Random) -> Example:
+        family = rng.choice(self.families)
+        expr, fn = sample_function(rng, family, self.coef_max)
+        shown = sorted(rng.sample(range(self.x_max + 1), self.n_shown))
+        hidden = sorted(rng.sample([x for x in range(self.hidden_max + 1) if x not in shown], self.n_hidden))
+        prompt = " ".join(f"f({x})={fn(x)}" for x in shown) + "\n" + PROMPT_SUFFIX
+        label = json.dumps({"inputs": hidden, "outputs": [fn(x) for x in hidden], "gold": expr},
+                           separators=(",", ":"))
+        return Example(prompt=prompt, label=label, datasource=self.name,
+                       meta={"family": family, "gold": expr, "shown": shown})
+
+    def _gold_response(self, example: Example) -> str:
+        return " " + json.loads(example.label)["gold"] + "\n"
+
+    def score(self, example: Example, response: str) -> float:
+        return self.score_batch([example], [response])[0]
+
+    def score_batch(self, examples: list[Example], responses: list[str]) -> list[float]:
+        """One sandbox process per distinct (expression, hidden inputs); RL groups repeat a lot."""
+        if len(examples) != len(responses):
+            raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
+        jobs: dict[tuple[str, str], int] = {}
+        keys: list[tuple[str, str] | None] = []
+        cases = []
+        for ex, resp in zip(examples, responses, strict=True):
+            case = json.loads(ex.label)
+            cases.append(case)
+            expr = clean_expression(resp)
+            if expr is None:
+                keys.append(None)
+                continue
+            key = (expr, json.dumps(case["inputs"]))
+            jobs.setdefault(key, len(jobs))
+            keys.append(key)
+        sources = [harness(expr, json.loads(inp)) for expr, inp in jobs]
+        results = run_many(sources, timeout_s=self.timeout_s, max_output_bytes=16_000) if sources else []
+        scores = []
+        for key, case in zip(keys, cases, strict=True):
+            if key is None:
+                scores.append(0.0)
+                continue
+            r = results[jobs[key]]
+            lines = r.stdout.split("\n")
+            if lines and lines[-1] == "":
+                lines.pop()
+            want = [repr(int(v)) for v in case["outputs"]]
+            if r.killed_reason is not None or len(lines) != len(want):
+                scores.append(0.0)
+                continue
+            passed = sum(g == w for g, w in zip(lines, want, strict=True))
+            if self.partial_credit:
+                scores.append(passed / len(want))
+            else:
+                scores.append(1.0 if passed == len(want) else 0.0)
+        return scores
