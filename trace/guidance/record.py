@@ -1,0 +1,224 @@
+"""TRACE guidance records: what the rollout stores so the trainer can replay its FP4 rounding.
+
+Per guided site and token row: the mantissa bit of every element (packed 8 per byte), the block
+scale bytes and the row's FP32 outer scale; per MoE layer: the routed expert ids (routing replay).
+Optionally the full 4-bit codes (the full-codes ablation, and diagnostics that need exact
+unrecoverable counts). About 1.5 bits per element for long rows (1 + 8/16 + 32/K).
+
+Rows are addressed by (sequence id, position). The n samples of one prompt share its prompt rows:
+the engine records the prompt once and registers the other samples as aliases
+(`Recorder.alias(seq, src_seq, upto_pos)`). A lookup that misses a row, or a record whose layers,
+sites or row shapes do not match the batch, raises `RecordMismatch`; nothing is silently misaligned.
+
+    rec = Recorder(layers=guided_layers, full_codes=False)
+    rec.add(layer, "attn_in", fp4tensor_rows, seq, pos)       # engine, at each quantized site
+    rec.add_routing(layer, expert_ids, seq, pos)
+    record = rec.finish()                                     # GuidanceRecord
+    g = record.lookup(layer, "attn_in", seq, pos)             # trainer: fp4.Guide for those rows
+
+Compared against: nothing upstream has this; tests/guidance checks byte counts by hand.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kernels import reference as ref
+from trace import fp4
+
+# Quantization sites (DESIGN.md §2). Row shape is [K] for token sites, [H_kv, D] for k/v and
+# [top_k, I] for the expert down input (per token and expert slot).
+SITES = ("attn_in", "o_in", "k", "v", "moe_in", "moe_down_in", "shared_in", "shared_down_in",
+         "mlp_in", "mlp_down_in")
+_POS_BITS = 24  # key = seq << 24 | pos: 16M positions per sequence
+
+
+class RecordMismatch(ValueError):
+    """A record does not fit the batch it is applied to."""
+
+
+def _keys(seq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    return (seq.long() << _POS_BITS) | pos.long()
+
+
+@dataclass
+class SiteRows:
+    """Stored rows of one (layer, site), sorted by key."""
+
+    keys: torch.Tensor  # [N] int64
+    mantissa: torch.Tensor  # [N, *inner, K/8] uint8 packed bits
+    scales: torch.Tensor  # [N, *inner, K/block] uint8
+    outer: torch.Tensor  # [N, *inner, 1] float32
+    codes: torch.Tensor | None = None  # [N, *inner, K/2] packed codes (full-codes ablation)
+    fmt: str = "nvfp4"
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return (*self.mantissa.shape[1:-1], self.mantissa.shape[-1] * 8)
+
+    def nbytes(self, compact_only: bool = False) -> int:
+        n = self.mantissa.numel() + self.scales.numel() + 4 * self.outer.numel()
+        if self.codes is not None and not compact_only:
+            n += self.codes.numel()
+        return n
+
+
+@dataclass
+class GuidanceRecord:
+    """A finished record: sites[(layer, site)] -> SiteRows, routing[layer] -> (keys, ids)."""
+
+    sites: dict[tuple[int, str], SiteRows] = field(default_factory=dict)
+    routing: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    aliases: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq -> (src_seq, upto_pos)
+    full_codes: bool = False
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted({layer for layer, _ in self.sites})
+
+    def has(self, layer: int, site: str) -> bool:
+        return (layer, site) in self.sites
+
+    def _resolve(self, seq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        seq = seq.long().clone()
+        for s, (src, upto) in self.aliases.items():
+            m = (seq == s) & (pos < upto)
+            seq[m] = src
+        return _keys(seq, pos)
+
+    def _rows(self, keys_sorted: torch.Tensor, seq, pos, what: str) -> torch.Tensor:
+        want = self._resolve(seq, pos)
+        idx = torch.searchsorted(keys_sorted, want).clamp(max=max(len(keys_sorted) - 1, 0))
+        if len(keys_sorted) == 0 or not torch.equal(keys_sorted[idx], want):
+            miss = (keys_sorted[idx] != want).nonzero()[0, 0] if len(keys_sorted) else 0
+            raise RecordMismatch(
+                f"{what}: no recorded row for (seq {int(seq[miss])}, pos {int(pos[miss])}); "
+                f"the batch does not match the record"
+            )
+        return idx
+
+    def lookup(self, layer: int, site: str, seq: torch.Tensor, pos: torch.Tensor) -> fp4.Guide:
+        """Guide for rows (seq[i], pos[i]): mantissa [M, *inner, K] (unpacked 0/1), scales, outer."""
+        if (layer, site) not in self.sites:
+            raise RecordMismatch(f"record has no site {site!r} in layer {layer} (has layers {self.layers})")
+        r = self.sites[(layer, site)]
+        idx = self._rows(r.keys, seq, pos, f"layer {layer} site {site}")
+        return fp4.Guide(ref.unpack_bits(r.mantissa[idx]), r.scales[idx], r.outer[idx])
+
+    def lookup_codes(self, layer: int, site: str, seq, pos) -> torch.Tensor | None:
+        r = self.sites[(layer, site)]
+        if r.codes is None:
+            return None
+        idx = self._rows(r.keys, seq, pos, f"layer {layer} site {site}")
+        return ref.unpack_fp4(r.codes[idx])
+
+    def lookup_routing(self, layer: int, seq, pos) -> torch.Tensor:
+        if layer not in self.routing:
+            raise RecordMismatch(f"record has no routing for layer {layer}")
+        keys, ids = self.routing[layer]
+        return ids[self._rows(keys, seq, pos, f"routing layer {layer}")].long()
+
+    # -------------------------------------------------------------------- byte accounting
+    def bytes_by_site(self, compact_only: bool = True) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (_, site), r in self.sites.items():
+            out[site] = out.get(site, 0) + r.nbytes(compact_only)
+        out["routing"] = sum(ids.numel() * ids.element_size() for _, ids in self.routing.values())
+        return out
+
+    def total_bytes(self, compact_only: bool = False) -> int:
+        return sum(self.bytes_by_site(compact_only).values())
+
+    def num_tokens(self) -> int:
+        """Distinct (seq, pos) tokens the record covers, aliases included."""
+        keys = set()
+        for r in self.sites.values():
+            keys.update(r.keys.tolist())
+        for k, _ in self.routing.values():
+            keys.update(k.tolist())
+        n = len(keys)
+        for _, (src, upto) in self.aliases.items():
+            n += sum(1 for k in keys if (k >> _POS_BITS) == src and (k & ((1 << _POS_BITS) - 1)) < upto)
+        return n
+
+    def bytes_per_token(self, compact_only: bool = False) -> float:
+        n = self.num_tokens()
+        return self.total_bytes(compact_only) / max(n, 1)
+
+    def guided_elements(self) -> int:
+        return sum(r.mantissa.numel() * 8 for r in self.sites.values())
+
+    def bits_per_element(self) -> float:
+        """Compact bits (mantissa + scales + outer) per guided element, routing excluded."""
+        site_bytes = sum(r.nbytes(compact_only=True) for r in self.sites.values())
+        return 8 * site_bytes / max(self.guided_elements(), 1)
+
+
+class Recorder:
+    """Collects rows from a forward (the rollout engine's, or a QAT model's under `recording`).
+
+    layers: the guided layer indices (None: all). Recording off costs nothing: callers check
+    `wants(layer)` before quantizing anything extra."""
+
+    def __init__(self, layers=None, full_codes: bool = False, routing: bool = True):
+        self.layers = None if layers is None else set(int(i) for i in layers)
+        self.full_codes = full_codes
+        self.routing = routing
+        self._sites: dict[tuple[int, str], list] = {}
+        self._routing: dict[int, list] = {}
+        self._aliases: dict[int, tuple[int, int]] = {}
+
+    def wants(self, layer: int) -> bool:
+        return self.layers is None or layer in self.layers
+
+    def add(self, layer: int, site: str, t: fp4.FP4Tensor, seq: torch.Tensor, pos: torch.Tensor) -> None:
+        """Store rows of an FP4Tensor whose first dim is the token dim: codes [N, *inner, K]."""
+        if not self.wants(layer):
+            return
+        if site not in SITES:
+            raise ValueError(f"unknown site {site!r}; sites are {SITES}")
+        if t.codes.shape[0] != seq.numel() or seq.numel() != pos.numel():
+            raise RecordMismatch(f"{site}: {t.codes.shape[0]} rows but {seq.numel()} seq ids / {pos.numel()} positions")
+        if t.block_2d:
+            raise ValueError("activation records use 1x16 / 1x32 blocks")
+        outer = t.outer.float()
+        if outer.dim() == 0 or outer.shape[0] != t.codes.shape[0]:
+            raise RecordMismatch(f"{site}: record rows need a per-row outer scale, got shape {tuple(outer.shape)}")
+        self._sites.setdefault((layer, site), []).append((
+            _keys(seq, pos).cpu(),
+            ref.pack_bits(t.codes & 1).cpu(),
+            t.scales.cpu(),
+            outer.expand(*t.codes.shape[:-1], 1).contiguous().cpu(),
+            ref.pack_fp4(t.codes).cpu() if self.full_codes else None,
+            t.fmt,
+        ))
+
+    def add_routing(self, layer: int, expert_ids: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor) -> None:
+        if not self.routing:
+            return
+        if expert_ids.shape[0] != seq.numel():
+            raise RecordMismatch(f"routing: {expert_ids.shape[0]} rows but {seq.numel()} seq ids")
+        dt = torch.uint8 if expert_ids.numel() == 0 or int(expert_ids.max()) < 256 else torch.int16
+        self._routing.setdefault(layer, []).append((_keys(seq, pos).cpu(), expert_ids.to(dt).cpu()))
+
+    def alias(self, seq: int, src_seq: int, upto_pos: int) -> None:
+        """Positions < upto_pos of `seq` are the rows recorded for `src_seq` (shared prompt)."""
+        self._aliases[int(seq)] = (int(src_seq), int(upto_pos))
+
+    def finish(self) -> GuidanceRecord:
+        rec = GuidanceRecord(aliases=dict(self._aliases), full_codes=self.full_codes)
+        for key, chunks in self._sites.items():
+            keys = torch.cat([c[0] for c in chunks])
+            order = torch.argsort(keys)
+            keys = keys[order]
+            if len(keys) > 1 and bool((keys[1:] == keys[:-1]).any()):
+                raise RecordMismatch(f"layer {key[0]} site {key[1]}: a (seq, pos) row was recorded twice")
+            cat = lambda i: torch.cat([c[i] for c in chunks])[order]  # noqa: E731
+            rec.sites[key] = SiteRows(keys, cat(1), cat(2), cat(3), cat(4) if self.full_codes else None,
+                                      chunks[0][5])
+        for layer, chunks in self._routing.items():
+            keys = torch.cat([c[0] for c in chunks])
+            order = torch.argsort(keys)
+            rec.routing[layer] = (keys[order], torch.cat([c[1] for c in chunks])[order])
+        return rec
