@@ -314,11 +314,21 @@ def trace_attention(module, query, key, value, attention_mask, **kwargs):
     """SDPA with K (after norm and RoPE) and V fake-quantized per token and head."""
     rt = _rt(module)
     if rt is not None and rt.kv:
-        b, h, t, d = key.shape
         layer = module._trace_layer
-        key = rt.act(layer, "k", key.transpose(1, 2).reshape(b * t, h, d)).reshape(b, t, h, d).transpose(1, 2)
-        value = rt.act(layer, "v", value.transpose(1, 2).reshape(b * t, h, d)).reshape(b, t, h, d).transpose(1, 2)
+        key, value = (_kv_quant(rt, layer, site, x, query.shape[2]) for site, x in (("k", key), ("v", value)))
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _kv_quant(rt: QATRuntime, layer: int, site: str, x: torch.Tensor, t_new: int) -> torch.Tensor:
+    """x [B, H_kv, T_kv, D]: quantize per (token, head). With a KV cache (HF generate) only the
+    newest t_new rows belong to this forward's tokens; the cached rows are re-quantized plainly,
+    which gives them the same values they had when they were new (RTN is deterministic)."""
+    b, h, t, d = x.shape
+    rows = x.transpose(1, 2)  # [B, T_kv, H_kv, D]
+    new = rt.act(layer, site, rows[:, t - t_new:].reshape(b * t_new, h, d)).reshape(b, t_new, h, d)
+    if t > t_new:
+        new = torch.cat([fp4.fake_quant(rows[:, : t - t_new], rt.fmt, "row"), new], dim=1)
+    return new.transpose(1, 2)
 
 
 AttentionInterface.register(ATTN_IMPL, trace_attention)
