@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from trace import fp4
-from trace.guidance import GuidanceRecord, RecordMismatch, Recorder
+from trace.guidance import GuidanceRecord, Recorder, RecordMismatch
 from trace.models import build_model
 from trace.qat import patch_model, recording
 
