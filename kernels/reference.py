@@ -284,3 +284,57 @@ def fake_quantize_rows(x: torch.Tensor, fmt: str = "nvfp4") -> torch.Tensor:
         return nvfp4_dequantize(c, s, o)
     c, s = mxfp4_quantize(x.float())
     return mxfp4_dequantize(c, s)
+
+
+# ----------------------------------------------------------------------------------------------
+# Oracles for the grouped MoE and FP4-KV attention kernels (added with the Triton kernels)
+# ----------------------------------------------------------------------------------------------
+def moe_fp4_reference(x: torch.Tensor, gate, up, down, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                      act_quant: bool = False) -> torch.Tensor:
+    """FP32 oracle of the SiLU-gated MoE expert MLP over NVFP4 weights. gate/up/down are
+    (codes, scale bytes, S_enc) with codes [E, I, H] / [E, I, H] / [E, H, I] (1x16 blocks).
+    out[t] = sum_j w[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t, j].
+    act_quant: per-row NVFP4 fake quantization of the gate/up input (per token) and of the down
+    input (per token and slot), DESIGN.md §2."""
+    wg, wu, wd = (nvfp4_dequantize(*t) for t in (gate, up, down))  # [E, I, H], [E, I, H], [E, H, I]
+    x = x.float()
+    if act_quant:
+        x = fake_quantize_rows(x)
+    T, k = topk_ids.shape
+    out = torch.zeros(T, wd.shape[1], dtype=torch.float32, device=x.device)
+    for j in range(k):
+        e = topk_ids[:, j].long()
+        g = torch.einsum("th,tih->ti", x, wg[e])
+        u = torch.einsum("th,tih->ti", x, wu[e])
+        h = torch.nn.functional.silu(g) * u
+        if act_quant:
+            h = fake_quantize_rows(h)
+        out += topk_weights[:, j, None].float() * torch.einsum("ti,thi->th", h, wd[e])
+    return out
+
+
+def kv_dequantize(codes_packed: torch.Tensor, scale_bytes: torch.Tensor, s_enc: torch.Tensor) -> torch.Tensor:
+    """FP4 KV-cache rows -> float32: packed codes [..., D/2], E4M3 scale bytes [..., D/16],
+    S_enc [...] (one per token and head) -> [..., D]."""
+    return nvfp4_dequantize(unpack_fp4(codes_packed), scale_bytes, s_enc.unsqueeze(-1))
+
+
+def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
+                               sm_scale: float | None = None) -> torch.Tensor:
+    """FP32 decode attention with GQA and variable lengths: q [B, Hq, D]; k, v [B, L, Hkv, D]
+    (already dequantized); sequence b attends to its first seq_lens[b] positions (the decode
+    token is the last of them, so this is the causal row). Returns [B, Hq, D]."""
+    B, Hq, D = q.shape
+    Hkv = k.shape[2]
+    G = Hq // Hkv
+    scale = sm_scale if sm_scale is not None else D ** -0.5
+    out = torch.zeros(B, Hq, D, dtype=torch.float32, device=q.device)
+    for b in range(B):
+        n = int(seq_lens[b])
+        if n == 0:
+            continue
+        kb = k[b, :n].float().repeat_interleave(G, dim=1)  # [n, Hq, D]
+        vb = v[b, :n].float().repeat_interleave(G, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[b].float(), kb) * scale
+        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(s, -1), vb)
+    return out

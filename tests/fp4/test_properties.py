@@ -1,7 +1,7 @@
 """Property tests (hypothesis) of the FP4 library: error bound, idempotence, packing round trip,
 guided rounding recovery, unbiased stochastic rounding and the straight-through gradient."""
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels import reference as ref
@@ -128,6 +128,7 @@ def test_guided_recovers_rtn_flips_that_plain_rtn_misses():
     assert res.unrecoverable.float().mean().item() == 0.0
 
 
+@settings(max_examples=15)  # 4000 samples each: the expensive property
 @given(seeds, fmts)
 def test_stochastic_rounding_is_unbiased(seed, fmt):
     block = 16 if fmt == "nvfp4" else 32
