@@ -33,6 +33,8 @@ MXFP4_BLOCK = 32
 # even, go up to i+1 when i is odd (0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4).
 _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 _FLT_MAX = torch.finfo(torch.float32).max
+# smallest amax for which S_enc = 2688/amax is still finite (1.0001x margin against rounding up)
+_AMAX_MIN = E2M1_MAX * E4M3_MAX / _FLT_MAX * 1.0001
 
 
 def _grid(device) -> torch.Tensor:
@@ -140,7 +142,9 @@ def nvfp4_outer_scale(amax: torch.Tensor) -> torch.Tensor:
     """S_enc = 6*448/amax, 1.0 where amax is 0. amax is clamped from below so S_enc stays finite
     (an expert that saw only tiny inputs must not give an infinite scale, DESIGN.md §6a)."""
     amax = amax.to(torch.float32)
-    s = (E2M1_MAX * E4M3_MAX) / amax.clamp(min=E2M1_MAX * E4M3_MAX / _FLT_MAX)
+    # tensor / tensor: one correctly rounded division on every device (torch evaluates
+    # `scalar / tensor` as reciprocal(tensor) * scalar, two roundings)
+    s = torch.full_like(amax, E2M1_MAX * E4M3_MAX) / amax.clamp(min=_AMAX_MIN)
     return torch.where(amax == 0, torch.ones_like(s), s)
 
 
@@ -155,7 +159,10 @@ def nvfp4_block_scales(x: torch.Tensor, s_enc: torch.Tensor, block_2d: bool = Fa
         amax_blk = _tiles_16x16(x).abs().amax(dim=(-2, -1))
     else:
         amax_blk = _blocks(x, NVFP4_BLOCK).abs().amax(-1)
-    return e4m3_encode(torch.clamp(amax_blk * s_enc / E2M1_MAX, max=E4M3_MAX))
+    # divide by a tensor, not a Python scalar: on CUDA torch turns `t / 6.0` into `t * (1/6)`,
+    # which changes about one scale byte in 1000 against the CPU (measured on the H200)
+    six = torch.full((), E2M1_MAX, dtype=torch.float32, device=x.device)
+    return e4m3_encode(torch.clamp(amax_blk * s_enc / six, max=E4M3_MAX))
 
 
 def nvfp4_scaled(x: torch.Tensor, scale_bytes: torch.Tensor, s_enc: torch.Tensor, block_2d: bool = False):

@@ -1,0 +1,102 @@
+"""Shared Triton helpers for the FP4 kernels (quantize, GEMM, MoE, attention).
+
+Everything here is pure Triton and runs both on a Hopper GPU and under the CPU interpreter
+(`TRITON_INTERPRET=1`). `INTERPRET` is read once from the environment and passed to kernels as a
+constexpr: under the interpreter dots run in FP32 (`input_precision="ieee"`) on FP32 operands,
+because the interpreter's BF16 dot operates on raw bit patterns (DESIGN.md §6a).
+
+Decode trick (DESIGN.md §6a): for a nibble n, the FP32 bit pattern ((n & 7) << 22) | ((n & 8) << 28)
+is E2M1(n) * 2^-126. Multiplying by s_b * 2^119 gives E2M1(n) * s_b * 2^-7 exactly (the product has
+at most 6 significant bits and stays normal), which is also exact in BF16; the remaining 2^7 is folded
+into the per-row / per-tensor outer factor applied after FP32 accumulation.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# 2^119 as an FP32 constant: block-scale factor of the decode trick; 2^7 goes to the epilogue.
+TWO_POW_119 = 6.646139978924579e35
+EPI_POW = 128.0  # 2^7
+
+
+@triton.jit
+def e2m1_rtn_idx(a):
+    """|v| (fp32, >= 0) -> E2M1 magnitude index 0..7, round-to-nearest-even, saturating at 6."""
+    idx = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+    idx += (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+    idx += (a > 5.0).to(tl.int32)
+    return idx
+
+
+@triton.jit
+def e2m1_floor_idx(a):
+    """Largest index whose grid value is <= a (a >= 0), 0..7."""
+    idx = (a >= 0.5).to(tl.int32) + (a >= 1.0).to(tl.int32) + (a >= 1.5).to(tl.int32)
+    idx += (a >= 2.0).to(tl.int32) + (a >= 3.0).to(tl.int32) + (a >= 4.0).to(tl.int32)
+    idx += (a >= 6.0).to(tl.int32)
+    return idx
+
+
+@triton.jit
+def e2m1_grid(idx):
+    """E2M1 magnitude of index 0..7 (fp32)."""
+    lo = tl.where(idx < 4, idx.to(tl.float32) * 0.5, 0.0)
+    hi = tl.where(idx == 4, 2.0, tl.where(idx == 5, 3.0, tl.where(idx == 6, 4.0, 6.0)))
+    return tl.where(idx < 4, lo, tl.where(idx <= 7, hi, 6.0))
+
+
+@triton.jit
+def e4m3_byte(s, INTERP: tl.constexpr):
+    """Non-negative fp32 -> E4M3 byte (uint8), RNE, saturating at 448.
+    GPU: the hardware cast (cvt.rn.satfinite). Interpreter: integer arithmetic, because its fp8 cast
+    neither saturates nor rounds correctly across binade boundaries (126.7 -> 64 seen)."""
+    s = tl.minimum(s, 448.0)
+    if INTERP:
+        sub = (s * 512.0 + 8388608.0) - 8388608.0  # rint(s / 2^-9): E4M3 subnormal grid (0..8)
+        bits = s.to(tl.int32, bitcast=True)
+        r = (bits + 0x7FFFF + ((bits >> 20) & 1)) & ~0xFFFFF  # RNE to 3 mantissa bits
+        nrm = ((((r >> 23) - 120) << 3) | ((r >> 20) & 7))
+        byte = tl.where(s < 0.015625, sub.to(tl.int32), nrm)
+        return byte.to(tl.uint8)
+    else:
+        return s.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+
+
+@triton.jit
+def e4m3_value(b):
+    """E4M3 byte (uint8) -> fp32."""
+    return b.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def nib_to_f32_scaled(n):
+    """int32 tensor whose low 4 bits hold an E2M1 code -> fp32 value * 2^-126 (decode trick)."""
+    bits = ((n & 7) << 22) | ((n & 8) << 28)
+    return bits.to(tl.float32, bitcast=True)
+
+
+def num_sms(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def check_tensor(x, name, dtypes=None, dim=None, finite=False, device=None):
+    """Python-side validation before a launch (raises TypeError/ValueError)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if dtypes is not None and x.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
+    if dim is not None and x.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(x.shape)}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name} is on {x.device}, expected {device}")
+    if finite and x.is_floating_point() and x.numel() and not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f"{name} has {bad} non-finite values of {x.numel()}")

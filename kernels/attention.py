@@ -1,0 +1,206 @@
+"""FP4 (NVFP4) KV cache: Triton store kernel and split-K decode-attention kernel (GQA, variable lengths).
+
+What: `FP4KVCache` holds K and V as packed E2M1 codes [slots, Hkv, D/2], E4M3 block-scale bytes
+[slots, Hkv, D/16] and one FP32 encode scale S_enc per (token, head) [slots, Hkv] (DESIGN.md §2:
+per-token-and-head outer scale, so the cache is batch-invariant). `kv_store` quantizes new K/V rows
+into given slots (the quantize kernel of `kernels.quantize` with a scatter of output rows).
+`decode_attention` computes one decode query per sequence: q [B, Hq, D] against the first
+seq_lens[b] cached tokens of sequence b, stored at slots seq_starts[b] + 0..len-1 (the decode token
+is the last, so the causal mask is the length mask). Flash-decoding: grid (B, Hkv, splits), each
+program serves all Hq/Hkv query heads of its KV head over one chunk of the context, dequantizing
+K and V tiles in registers (decode trick of `kernels._common`, per-token 2^7/S_enc folded into the
+scores for K and into the probabilities for V), online softmax in FP32, BF16 MMA; a second small
+kernel merges the splits by their log-sum-exp.
+
+Compared against: `kernels.reference.decode_attention_reference` over `kv_dequantize`d caches
+(tests/kernels/test_attention.py); timing vs BF16 SDPA in benchmarks/bench_kernels.py.
+Run: `python -m pytest tests/kernels/test_attention.py -q`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import EPI_POW, INTERPRET, check_tensor, e4m3_value, nib_to_f32_scaled, num_sms
+from kernels.quantize import QuantizedRows, quantize_rows
+
+
+@dataclass
+class FP4KVCache:
+    k_packed: torch.Tensor  # [S, Hkv, D/2] uint8
+    k_scales: torch.Tensor  # [S, Hkv, D/16] uint8 (E4M3)
+    k_outer: torch.Tensor  # [S, Hkv] fp32 S_enc
+    v_packed: torch.Tensor
+    v_scales: torch.Tensor
+    v_outer: torch.Tensor
+
+    @staticmethod
+    def allocate(num_slots: int, num_kv_heads: int, head_dim: int, device) -> "FP4KVCache":
+        if head_dim % 16:
+            raise ValueError(f"head_dim {head_dim} must be a multiple of 16")
+        S, H, D = num_slots, num_kv_heads, head_dim
+        u8 = dict(dtype=torch.uint8, device=device)
+        return FP4KVCache(torch.zeros(S, H, D // 2, **u8), torch.zeros(S, H, D // 16, **u8),
+                          torch.ones(S, H, dtype=torch.float32, device=device),
+                          torch.zeros(S, H, D // 2, **u8), torch.zeros(S, H, D // 16, **u8),
+                          torch.ones(S, H, dtype=torch.float32, device=device))
+
+    @property
+    def shape(self):
+        S, H, D2 = self.k_packed.shape
+        return S, H, 2 * D2
+
+    def nbytes_per_token(self) -> int:
+        S, H, D = self.shape
+        return 2 * H * (D // 2 + D // 16 + 4)
+
+
+def kv_store(cache: FP4KVCache, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, check_finite: bool = True):
+    """Quantize k, v [T, Hkv, D] (per token and head NVFP4, RTN) into cache slots [T] (int32/int64)."""
+    S, H, D = cache.shape
+    for name, t in (("k", k), ("v", v)):
+        check_tensor(t, name, (torch.bfloat16, torch.float16, torch.float32), dim=3, finite=check_finite)
+        if t.shape[1:] != (H, D):
+            raise ValueError(f"{name} must be [T, {H}, {D}], got {tuple(t.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    check_tensor(slots, "slots", (torch.int32, torch.int64), dim=1)
+    T = k.shape[0]
+    if slots.shape[0] != T:
+        raise ValueError(f"slots has {slots.shape[0]} entries, k has {T} tokens")
+    if check_finite and T and (int(slots.min()) < 0 or int(slots.max()) >= S):
+        raise ValueError(f"slots must lie in [0, {S})")
+    dst = (slots.to(torch.int64)[:, None] * H + torch.arange(H, device=k.device)).reshape(-1)  # [T*H] rows
+    for x, p, s, o in ((k, cache.k_packed, cache.k_scales, cache.k_outer), (v, cache.v_packed, cache.v_scales, cache.v_outer)):
+        quantize_rows(x.reshape(T * H, D), "nvfp4", out=QuantizedRows(p, s, o, None, "nvfp4"), dst_rows=dst,
+                      check_finite=False)
+
+
+@triton.jit
+def _dequant_rows(wp, sp, fp, rows, rmask, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Dequantize cache rows -> ([BLOCK_N, D] fp32 = q * s_b * 2^-7, [BLOCK_N] factor 2^7/S_enc)."""
+    offs_i = tl.arange(0, D // 8)
+    w = tl.load(wp + rows[:, None] * (D // 8) + offs_i[None, :], mask=rmask[:, None], other=0)  # [BN, D/8] int32
+    sc = e4m3_value(tl.load(sp + rows[:, None] * (D // 16) + (offs_i // 2)[None, :], mask=rmask[:, None], other=0))
+    sc = sc * 6.646139978924579e35
+    nib = w[:, :, None] >> (4 * tl.arange(0, 8))[None, None, :]  # [BN, D/8, 8]: element 8i+j
+    vals = nib_to_f32_scaled(nib) * sc[:, :, None]
+    f = tl.load(fp + rows, mask=rmask, other=1.0)
+    return tl.reshape(vals, [BLOCK_N, D]), 128.0 / f
+
+
+@triton.jit
+def _decode_attn_kernel(q_ptr, kw_ptr, ks_ptr, kf_ptr, vw_ptr, vs_ptr, vf_ptr, starts_ptr, lens_ptr,
+                        o_ptr, lse_ptr, qk_scale, Hq, Hkv, per_split, NSPLIT,
+                        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                        NIT: tl.constexpr, INTERP: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.program_id(2)
+    L = tl.load(lens_ptr + b)
+    start = tl.load(starts_ptr + b).to(tl.int64)
+    offs_g = tl.arange(0, GP)
+    gmask = offs_g < G
+    offs_d = tl.arange(0, D)
+    qh = h * G + offs_g  # [GP] query heads
+    q = tl.load(q_ptr + (b * Hq + qh)[:, None] * D + offs_d[None, :], mask=gmask[:, None], other=0.0)  # [GP, D]
+    q = q.to(tl.float32)
+    if not INTERP:
+        q = q.to(tl.bfloat16)
+    m_i = tl.full([GP], -float("inf"), tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, D], tl.float32)
+    n_lo = sp * per_split
+    for it in range(NIT):
+        offs_n = n_lo + it * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = offs_n < L
+        rows = (start + offs_n) * Hkv + h  # cache rows (slot, head)
+        kd, kf = _dequant_rows(kw_ptr, ks_ptr, kf_ptr, rows, nmask, D, BLOCK_N)
+        if INTERP:
+            s = tl.dot(q, tl.trans(kd), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(kd.to(tl.bfloat16)))
+        s = s * (kf * qk_scale)[None, :]  # [GP, BN], log2 domain
+        s = tl.where(nmask[None, :], s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vd, vf = _dequant_rows(vw_ptr, vs_ptr, vf_ptr, rows, nmask, D, BLOCK_N)
+        pv = p * vf[None, :]
+        if INTERP:
+            acc = acc * alpha[:, None] + tl.dot(pv, vd, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(pv.to(tl.bfloat16), vd.to(tl.bfloat16))
+        m_i = m_new
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    lse = tl.where(l_i == 0.0, -float("inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
+    ob = (b * Hq + qh) * NSPLIT + sp  # [GP] rows of o [B, Hq, NSPLIT, D]
+    tl.store(o_ptr + ob[:, None] * D + offs_d[None, :], o, mask=gmask[:, None])
+    tl.store(lse_ptr + ob, lse, mask=gmask)
+
+
+@triton.jit
+def _combine_kernel(o_ptr, lse_ptr, out_ptr, NSPLIT, SP: tl.constexpr, D: tl.constexpr):
+    r = tl.program_id(0)  # (b, hq)
+    offs_s = tl.arange(0, SP)
+    smask = offs_s < NSPLIT
+    lse = tl.load(lse_ptr + r * NSPLIT + offs_s, mask=smask, other=-float("inf"))  # [SP]
+    mx = tl.max(lse, axis=0)
+    mx = tl.where(mx == -float("inf"), 0.0, mx)
+    w = tl.exp2(lse - mx)  # 0 for empty splits
+    tot = tl.sum(w, axis=0)
+    offs_d = tl.arange(0, D)
+    o = tl.load(o_ptr + (r * NSPLIT + offs_s)[:, None] * D + offs_d[None, :], mask=smask[:, None], other=0.0)
+    res = tl.sum(o * w[:, None], axis=0) / tl.where(tot == 0.0, 1.0, tot)
+    tl.store(out_ptr + r * D + offs_d, res.to(out_ptr.dtype.element_ty))
+
+
+def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tensor, seq_lens: torch.Tensor,
+                     max_len: int, *, sm_scale: float | None = None, num_splits: int | None = None,
+                     block_n: int | None = None, num_warps: int = 4, check_finite: bool = True) -> torch.Tensor:
+    """q [B, Hq, D] (bf16/fp16/fp32) -> [B, Hq, D] in q's dtype. seq_starts/seq_lens int [B]; max_len
+    >= max(seq_lens) (a host int, so the launch needs no sync)."""
+    S, Hkv, D = cache.shape
+    check_tensor(q, "q", (torch.bfloat16, torch.float16, torch.float32), dim=3, finite=check_finite)
+    B, Hq, Dq = q.shape
+    if Dq != D:
+        raise ValueError(f"q head dim {Dq} != cache head dim {D}")
+    if Hq % Hkv:
+        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv}")
+    if D & (D - 1) or D < 16:
+        raise ValueError(f"head dim must be a power of two >= 16, got {D}")
+    for name, t in (("seq_starts", seq_starts), ("seq_lens", seq_lens)):
+        check_tensor(t, name, (torch.int32, torch.int64), dim=1)
+        if t.shape[0] != B:
+            raise ValueError(f"{name} must have {B} entries")
+    if check_finite and B and (int(seq_lens.max()) > max_len or int(seq_lens.min()) < 0
+                               or int((seq_starts + seq_lens).max()) > S):
+        raise ValueError("seq_lens must be in [0, max_len] and seq_starts + seq_lens <= cache slots")
+    G = Hq // Hkv
+    GP = max(16, triton.next_power_of_2(G))
+    bn = block_n or (16 if INTERPRET else 64)
+    if num_splits is None:
+        want = max(1, triton.cdiv(2 * num_sms(q.device), max(1, B * Hkv)))
+        num_splits = max(1, min(want, triton.cdiv(max(max_len, 1), 4 * bn)))
+    per_split = triton.cdiv(triton.cdiv(max(max_len, 1), num_splits), bn) * bn
+    num_splits = triton.cdiv(max(max_len, 1), per_split)
+    q = q.contiguous()
+    o_part = torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=q.device)
+    lse = torch.empty((B, Hq, num_splits), dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q)
+    if B == 0:
+        return out
+    scale = (sm_scale if sm_scale is not None else D ** -0.5) * math.log2(math.e)
+    kw, vw = cache.k_packed.view(torch.int32), cache.v_packed.view(torch.int32)
+    _decode_attn_kernel[(B, Hkv, num_splits)](
+        q, kw, cache.k_scales, cache.k_outer, vw, cache.v_scales, cache.v_outer,
+        seq_starts.to(torch.int32), seq_lens.to(torch.int32), o_part, lse, scale, Hq, Hkv, per_split, num_splits,
+        G=G, GP=GP, D=D, BLOCK_N=bn, NIT=per_split // bn, INTERP=INTERPRET, num_warps=num_warps)
+    _combine_kernel[(B * Hq,)](o_part, lse, out, num_splits, SP=max(2, triton.next_power_of_2(num_splits)), D=D)
+    return out

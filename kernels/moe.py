@@ -1,0 +1,237 @@
+"""Triton grouped MoE expert GEMMs over NVFP4 weights (decode and prefill), SiLU-gated.
+
+What: tokens are routed to `topk` experts; slots (token, k) are sorted by expert and padded per expert
+to multiples of BM (`moe_align`, pure torch, no host sync, so it can live in a CUDA graph). Two
+launches then do the expert MLP:
+  1. gate/up: h[slot] = silu(x[tok] @ Wg[e]^T) * (x[tok] @ Wu[e]^T), both products in one program
+     (the SiLU product is fused: h is written once, in the activation dtype);
+  2. down: y[slot] = topk_weight[slot] * (h[slot] @ Wd[e]^T), followed by a sum over the k slots of
+     each token (torch, [T, k, H] -> [T, H]).
+Weights use the layout of `kernels.gemm.prepare_weight` (int32 words of 8 nibbles, E4M3 scale bytes,
+per-expert epilogue factor 2^7/S_enc). With `act_quant=True` the gate/up input is NVFP4-quantized per
+token (shared by its experts) and the down input per (token, expert slot), as in DESIGN.md §2, and the
+GEMMs run W4A4 emulated exactly (BF16 MMA over E2M1*E4M3 products, FP32 accumulation).
+Experts with no tokens launch programs that exit at once; their weights are never read.
+
+Compared against: `kernels.reference.moe_fp4_reference` (FP32 dequantize-then-matmul); timing vs
+`torch._grouped_mm` BF16 in benchmarks/bench_kernels.py. Run: `python -m pytest tests/kernels/test_moe.py -q`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import EPI_POW, INTERPRET, check_tensor
+from kernels.gemm import PreparedFP4Weight, _fp4_tile_dot, prepare_weight
+
+
+@dataclass
+class MoEWeights:
+    """w13: gate rows [0, I) and up rows [I, 2I) of each expert, [E, 2I, H/8] words; factor [E, 2]
+    (gate, up). w2: down, [E, H, I/8] words, factor [E]."""
+
+    w13: PreparedFP4Weight
+    w2: PreparedFP4Weight
+    E: int
+    H: int
+    I: int
+
+    def nbytes(self) -> int:
+        return self.w13.nbytes() + self.w2.nbytes()
+
+
+def _fields(t):
+    if isinstance(t, (tuple, list)):
+        return t
+    return t.codes, t.scales, t.outer
+
+
+def prepare_moe_weights(gate, up, down) -> MoEWeights:
+    """gate, up: NVFP4 (codes [E, I, H], scales [E, I, H/16], outer [E, 1, 1] or scalar), as tuples
+    or FP4Tensor; down: (codes [E, H, I], scales [E, H, I/16], outer)."""
+    g, u, d = (prepare_weight(*_fields(t)) for t in (gate, up, down))
+    if g.E is None or u.E is None or d.E is None:
+        raise ValueError("expert weights need a leading expert dimension [E, N, K]")
+    if (g.E, g.N, g.K) != (u.E, u.N, u.K):
+        raise ValueError(f"gate {(g.E, g.N, g.K)} and up {(u.E, u.N, u.K)} shapes differ")
+    if (d.E, d.N, d.K) != (g.E, g.K, g.N):
+        raise ValueError(f"down must be [E, H, I] = {(g.E, g.K, g.N)}, got {(d.E, d.N, d.K)}")
+    w13 = PreparedFP4Weight(torch.cat([g.words, u.words], 1).contiguous(), torch.cat([g.scales, u.scales], 1).contiguous(),
+                            torch.stack([g.factor, u.factor], 1).contiguous(), 2 * g.N, g.K, g.E)
+    return MoEWeights(w13, d, g.E, g.K, g.N)
+
+
+def moe_align(topk_ids: torch.Tensor, E: int, BM: int):
+    """Sort the T*k slots by expert, pad each expert's run to a multiple of BM.
+    Returns sorted_slots int32 [P] (slot = t*k + j; padding = T*k) and block_expert int32 [P/BM]
+    (-1 for blocks past the used ones). P = the worst case, so no host sync is needed."""
+    T, k = topk_ids.shape
+    S = T * k
+    dev = topk_ids.device
+    P = triton.cdiv(S + E * (BM - 1), BM) * BM
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    counts = torch.zeros(E, dtype=torch.int64, device=dev).index_add_(0, ids, torch.ones_like(ids))
+    padded = (counts + BM - 1) // BM * BM
+    pend = torch.cumsum(padded, 0)
+    pstart = pend - padded
+    cstart = torch.cumsum(counts, 0) - counts
+    order = torch.argsort(ids, stable=True)  # slots grouped by expert
+    e_sorted = ids[order]
+    rank = torch.arange(S, device=dev) - cstart[e_sorted]
+    dest = pstart[e_sorted] + rank
+    sorted_slots = torch.full((P,), S, dtype=torch.int32, device=dev)
+    sorted_slots[dest] = order.to(torch.int32)
+    bstart = torch.arange(0, P, BM, device=dev)
+    be = torch.searchsorted(pend, bstart, right=True)
+    block_expert = torch.where(be < E, be, torch.full_like(be, -1)).to(torch.int32)
+    return sorted_slots, block_expert
+
+
+@triton.jit
+def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr,
+                     S, N, KW, stride_xm, A_DIV,
+                     BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
+                     GATED: tl.constexpr, ROUTE_W: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr):
+    pid_b = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(bexp_ptr + pid_b)
+    if e < 0:
+        return
+    slots = tl.load(slots_ptr + pid_b * BM + tl.arange(0, BM))  # [BM] slot ids, S = padding
+    mmask = slots < S
+    rows = tl.where(mmask, slots // A_DIV, 0)  # activation rows (token for gate/up, slot for down)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    nmask = offs_n < N
+    offs_i = tl.arange(0, BKW)
+    e64 = e.to(tl.int64)
+    if GATED:
+        NW = 2 * N  # weight rows per expert: gate [0, N), up [N, 2N)
+    else:
+        NW = N
+    wbase = w_ptr + e64 * NW * KW
+    sbase = ws_ptr + e64 * NW * (KW // 2)
+    w_ptrs = wbase + offs_n[:, None].to(tl.int64) * KW + offs_i[None, :]
+    s_ptrs = sbase + offs_n[:, None].to(tl.int64) * (KW // 2) + (offs_i // 2)[None, :]
+    acc = tl.zeros([BN, BM], tl.float32)
+    if GATED:
+        acc_u = tl.zeros([BN, BM], tl.float32)
+        u_ptrs = w_ptrs + N * KW
+        us_ptrs = s_ptrs + N * (KW // 2)
+    for it in range(NIT):
+        kw0 = it * BKW
+        acc = _fp4_tile_dot(acc, w_ptrs, s_ptrs, nmask[:, None], x_ptr, xs_ptr, rows, mmask, stride_xm, kw0, KW,
+                            A_FP4, BKW, INTERP)
+        w_ptrs += BKW
+        s_ptrs += BKW // 2
+        if GATED:
+            acc_u = _fp4_tile_dot(acc_u, u_ptrs, us_ptrs, nmask[:, None], x_ptr, xs_ptr, rows, mmask, stride_xm, kw0,
+                                  KW, A_FP4, BKW, INTERP)
+            u_ptrs += BKW
+            us_ptrs += BKW // 2
+    if GATED:
+        acc = acc * tl.load(wf_ptr + e * 2)
+        acc_u = acc_u * tl.load(wf_ptr + e * 2 + 1)
+    else:
+        acc = acc * tl.load(wf_ptr + e)
+    if A_FP4:
+        xf = tl.load(xf_ptr + rows, mask=mmask, other=0.0)[None, :]
+        acc = acc * xf
+        if GATED:
+            acc_u = acc_u * xf
+    if GATED:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_u  # silu(g) * u
+    if ROUTE_W:
+        acc = acc * tl.load(rw_ptr + slots, mask=mmask, other=0.0)[None, :]
+    o_ptrs = out_ptr + slots[None, :].to(tl.int64) * N + offs_n[:, None]  # out [S, N]
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & mmask[None, :])
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    BM: int = 16
+    BN: int = 64
+    BKW: int = 32
+    num_warps: int = 4
+    num_stages: int = 3
+    BN_down: int = 64
+
+
+def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
+    if INTERPRET:
+        return MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16)
+    per_expert = T * topk / E
+    bm = 16 if per_expert <= 16 else (32 if per_expert <= 48 else 64)
+    return MoEConfig(BM=bm, BN=64, BKW=32, num_warps=4, num_stages=4, BN_down=64)
+
+
+def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_div: int, gated: bool,
+             route_w=None, a_fp4=None, BM=16, BN=64, BKW=32, num_warps=4, num_stages=3, out_dtype=None):
+    """One grouped launch. a: activations [R, K] (R = tokens or slots; row of slot s = s // a_div) or,
+    with a_fp4=(words [R, K/8], scales [R, K/16], factor [R]), quantized activations. Returns [S, N]."""
+    N = w.N // 2 if gated else w.N
+    KW = w.K // 8
+    dev = w.words.device
+    out = torch.empty((S, N), dtype=out_dtype or a.dtype, device=dev)
+    nb = block_expert.numel()
+    if a_fp4 is not None:
+        xa, xs, xf = a_fp4
+        stride = KW
+    else:
+        xa, xs, xf, stride = a, a, a, a.stride(0)
+    grid = (nb, triton.cdiv(N, BN))
+    NIT = triton.cdiv(KW, BKW)
+    _moe_gemm_kernel[grid](xa, xs, xf, w.words, w.scales, w.factor, out, sorted_slots, block_expert,
+                           route_w if route_w is not None else out, S, N, KW, stride, a_div,
+                           BM=BM, BN=BN, BKW=BKW, A_FP4=a_fp4 is not None, GATED=gated, ROUTE_W=route_w is not None,
+                           INTERP=INTERPRET, NIT=NIT, num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
+              act_quant: bool = False, config: MoEConfig | None = None, align=None,
+              check_finite: bool = True) -> torch.Tensor:
+    """Expert MLP of a MoE layer: out [T, H] = sum_j topk_weights[t, j] * MLP_{topk_ids[t, j]}(x[t]).
+    x bf16/fp16/fp32 [T, H]; topk_ids int [T, k] in [0, E); topk_weights float [T, k].
+    align: optional precomputed moe_align(topk_ids, E, config.BM) result (shared across layers)."""
+    check_tensor(x, "x", (torch.bfloat16, torch.float16, torch.float32), dim=2, finite=check_finite)
+    check_tensor(topk_ids, "topk_ids", (torch.int32, torch.int64), dim=2)
+    check_tensor(topk_weights, "topk_weights", (torch.float32, torch.bfloat16, torch.float16), dim=2,
+                 finite=check_finite)
+    if not isinstance(w, MoEWeights):
+        raise TypeError("w must be MoEWeights from prepare_moe_weights")
+    T, H = x.shape
+    if H != w.H:
+        raise ValueError(f"x has hidden size {H}, weights expect {w.H}")
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != T:
+        raise ValueError(f"topk_ids {tuple(topk_ids.shape)} / topk_weights {tuple(topk_weights.shape)} must be [T={T}, k]")
+    if x.device != w.w13.words.device or topk_ids.device != x.device:
+        raise ValueError("x, topk_ids and the weights must be on one device")
+    if check_finite and topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= w.E):
+        raise ValueError(f"topk_ids must lie in [0, {w.E})")
+    k = topk_ids.shape[1]
+    if T == 0:
+        return torch.zeros_like(x)
+    cfg = config or default_moe_config(T, k, w.E)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    sorted_slots, block_expert = align if align is not None else moe_align(topk_ids, w.E, cfg.BM)
+    S = T * k
+    rw = topk_weights.reshape(-1).to(torch.float32)
+    kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if act_quant:
+        from kernels.quantize import quantize_rows
+
+        qx = quantize_rows(x, "nvfp4", check_finite=False)
+        a_fp4 = (qx.packed.view(torch.int32), qx.scales, EPI_POW / qx.outer.reshape(-1))
+        h = moe_gemm(x, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, a_fp4=a_fp4, BN=cfg.BN, **kw)
+        qh = quantize_rows(h, "nvfp4", check_finite=False)
+        h_fp4 = (qh.packed.view(torch.int32), qh.scales, EPI_POW / qh.outer.reshape(-1))
+        y = moe_gemm(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, a_fp4=h_fp4,
+                     BN=cfg.BN_down, **kw)
+    else:
+        h = moe_gemm(x, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, BN=cfg.BN, **kw)
+        y = moe_gemm(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, BN=cfg.BN_down, **kw)
+    return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)

@@ -1,0 +1,246 @@
+"""Triton activation / KV quantize kernel: rows -> packed FP4 codes, block scales, outer scales.
+
+What: per-row NVFP4 (16-element blocks, E4M3 block scales, FP32 per-row outer scale S_enc, so the
+result is batch-invariant) or MXFP4 (32-element blocks, E8M0 scales), with round-to-nearest-even
+('rtn') or seeded stochastic rounding. Optionally emits TRACE's guidance record in the same pass:
+the mantissa bit of every code, packed 8 per byte (element 8i+j in bit j of byte i), next to the
+block-scale bytes and outer scales that the kernel writes anyway. With `dst_rows` the outputs are
+scattered to given rows of caller-owned buffers (the FP4 KV-cache store uses this).
+
+Compared against: `kernels.reference.nvfp4_quantize(x, outer="row")` / `mxfp4_quantize` and
+`pack_fp4` / `pack_bits`; codes and scale bytes are bit-exact for 'rtn' (tests/kernels/test_quantize.py).
+Stochastic contract: u = Philox uniform `tl.rand(seed, row * K + col)`; the code rounds up from the
+grid point below |v| to the one above with probability (|v| - lo) / (hi - lo), so the result is
+unbiased within [-6, 6], always one of the two bracketing codes, deterministic for a given seed and
+independent of the launch configuration (not bit-identical to torch's generator in the reference).
+
+Run: `python -m pytest tests/kernels/test_quantize.py -q` (CPU interpreter without a GPU);
+GPU timing in `benchmarks/bench_kernels.py`.
+
+    from kernels.quantize import quantize_rows
+    q = quantize_rows(x_bf16, fmt="nvfp4", guidance=True)   # q.packed [M, K/2] uint8, q.scales [M, K/16]
+                                                            # q.outer [M, 1] fp32 S_enc, q.mantissa [M, K/8]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import reference as ref
+from kernels._common import INTERPRET, check_tensor, e2m1_floor_idx, e2m1_grid, e2m1_rtn_idx, e4m3_byte, e4m3_value
+
+_AMAX_MIN = ref._AMAX_MIN  # smallest amax that keeps S_enc finite
+# S_enc = 2688 / amax and s_b = amax_blk * S_enc / 6 are correctly rounded divisions (div_rn) in
+# the kernel and in the reference (which divides tensor by tensor for that reason).
+
+
+@dataclass
+class QuantizedRows:
+    """Kernel output. `packed` uint8 [..., K/2] (element 2i low nibble); `scales` uint8 [..., K/block]
+    (E4M3 for NVFP4, E8M0 for MXFP4); `outer` fp32 [..., 1] S_enc (ones for MXFP4); `mantissa`
+    uint8 [..., K/8] packed mantissa bits or None."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+    outer: torch.Tensor
+    mantissa: torch.Tensor | None
+    fmt: str
+
+    def codes(self) -> torch.Tensor:
+        return ref.unpack_fp4(self.packed)
+
+    def dequantize(self) -> torch.Tensor:
+        if self.fmt == "nvfp4":
+            return ref.nvfp4_dequantize(self.codes(), self.scales, self.outer)
+        return ref.mxfp4_dequantize(self.codes(), self.scales)
+
+
+@triton.jit
+def _load_chunk(x_ptr, rows, rmask, stride_xm, k0, K, NB: tl.constexpr, BLOCK: tl.constexpr):
+    # -> [BM, NB, BLOCK] fp32 tile of x and its element offsets within the row
+    kk = k0 + tl.arange(0, NB)[None, :, None] * BLOCK + tl.arange(0, BLOCK)[None, None, :]
+    mask = rmask[:, None, None] & (kk < K)
+    x = tl.load(x_ptr + rows[:, None, None].to(tl.int64) * stride_xm + kk, mask=mask, other=0.0)
+    return x.to(tl.float32), kk, mask
+
+
+@triton.jit
+def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
+                 codes_ptr, scales_ptr, mbits_ptr,
+                 BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
+                 NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, INTERP: tl.constexpr):
+    CH: tl.constexpr = NB * BLOCK
+    amax_blk = tl.max(tl.abs(xb), axis=2)  # [BM, NB]
+    if IS_NV:
+        sb = tl.minimum(tl.math.div_rn(amax_blk * s_enc[:, None], 6.0), 448.0)
+        sbyte = e4m3_byte(sb, INTERP)  # [BM, NB] uint8
+        s_b = e4m3_value(sbyte)
+        v = tl.math.div_rn(xb * s_enc[:, None, None], s_b[:, :, None])
+        v = tl.where(s_b[:, :, None] == 0.0, 0.0, v)
+    else:
+        bits = amax_blk.to(tl.int32, bitcast=True)
+        expf = (bits >> 23) & 0xFF
+        fl = expf - 127
+        if NOCLIP:
+            e = tl.where((bits & 0x7FFFFF) <= 0x400000, fl - 2, fl - 1)
+        else:
+            e = fl - 2
+        e = tl.where(expf == 0, -127, e)
+        e = tl.minimum(tl.maximum(e, -127), 127)
+        sbyte = (e + 127).to(tl.uint8)
+        inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, exact (field 2..254)
+        v = xb * inv[:, :, None]
+    a = tl.abs(v)
+    if STOCH:
+        a = tl.minimum(a, 6.0)
+        lo = tl.minimum(e2m1_floor_idx(a), 6)
+        glo = e2m1_grid(lo)
+        ghi = e2m1_grid(lo + 1)
+        p_up = (a - glo) / (ghi - glo)
+        u = tl.rand(seed, rows[:, None, None] * K + kk)
+        idx = lo + (u < p_up).to(tl.int32)
+    else:
+        idx = e2m1_rtn_idx(a)
+    sign = (v.to(tl.int32, bitcast=True) < 0).to(tl.int32)
+    code = idx | (sign << 3)  # [BM, NB, BLOCK] int32 0..15
+    # scales [BM, NB]
+    sk = k0 // BLOCK + tl.arange(0, NB)
+    nblk = K // BLOCK
+    tl.store(scales_ptr + drow[:, None].to(tl.int64) * nblk + sk[None, :], sbyte,
+             mask=rmask[:, None] & (sk[None, :] < nblk))
+    # packed codes [BM, CH/2]: element 2i low nibble
+    pair = tl.reshape(code, [BM, CH // 2, 2])
+    lo_n, hi_n = tl.split(pair)
+    byte = (lo_n | (hi_n << 4)).to(tl.uint8)
+    pk = k0 // 2 + tl.arange(0, CH // 2)
+    tl.store(codes_ptr + drow[:, None].to(tl.int64) * (K // 2) + pk[None, :], byte,
+             mask=rmask[:, None] & (pk[None, :] < K // 2))
+    if GUIDE:
+        m8 = tl.reshape(code & 1, [BM, CH // 8, 8])
+        w = 1 << tl.arange(0, 8)
+        mb = tl.sum(m8 * w[None, None, :], axis=2).to(tl.uint8)
+        mk = k0 // 8 + tl.arange(0, CH // 8)
+        tl.store(mbits_ptr + drow[:, None].to(tl.int64) * (K // 8) + mk[None, :], mb,
+                 mask=rmask[:, None] & (mk[None, :] < K // 8))
+
+
+@triton.jit
+def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_ptr,
+                       M, K, stride_xm, seed, amax_min,
+                       BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
+                       NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr,
+                       HAS_DST: tl.constexpr, SINGLE: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr,
+                       INTERP: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = pid * BM + tl.arange(0, BM)  # [BM]
+    rmask = rows < M
+    if HAS_DST:
+        drow = tl.load(dst_ptr + rows, mask=rmask, other=0)
+    else:
+        drow = rows
+    s_enc = tl.full([BM], 1.0, tl.float32)
+    if SINGLE:
+        xb, kk, mask = _load_chunk(x_ptr, rows, rmask, stride_xm, 0, K, NB, BLOCK)
+        if IS_NV:
+            amax = tl.max(tl.max(tl.abs(xb), axis=2), axis=1)
+            s_enc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(2688.0, tl.maximum(amax, amax_min)))
+            tl.store(outer_ptr + drow, s_enc, mask=rmask)
+        _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, 0, K, seed, codes_ptr, scales_ptr, mbits_ptr,
+                     BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, INTERP)
+    else:
+        if IS_NV:
+            amax = tl.zeros([BM], tl.float32)
+            for c in range(NCH):
+                k0 = c * CH
+                xb, kk, mask = _load_chunk(x_ptr, rows, rmask, stride_xm, k0, K, NB, BLOCK)
+                amax = tl.maximum(amax, tl.max(tl.max(tl.abs(xb), axis=2), axis=1))
+            s_enc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(2688.0, tl.maximum(amax, amax_min)))
+            tl.store(outer_ptr + drow, s_enc, mask=rmask)
+        for c in range(NCH):
+            k0 = c * CH
+            xb, kk, mask = _load_chunk(x_ptr, rows, rmask, stride_xm, k0, K, NB, BLOCK)
+            _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed, codes_ptr, scales_ptr, mbits_ptr,
+                         BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, INTERP)
+
+
+def _config(M: int, K: int, block: int):
+    """Tile choice: whole rows in one chunk when K <= 4096 (one read of x), else 2048-wide chunks."""
+    ch = max(block, triton.next_power_of_2(K))
+    single = ch <= 4096
+    if not single:
+        ch = 2048
+    bm = max(1, min(16, 4096 // ch)) if not INTERPRET else max(1, min(8, 1024 // ch))
+    bm = min(bm, triton.next_power_of_2(max(M, 1)))
+    return bm, ch // block, single
+
+
+def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *, seed: int = 0,
+                  guidance: bool = False, mx_rule: str = "floor", out: QuantizedRows | None = None,
+                  dst_rows: torch.Tensor | None = None, check_finite: bool = True) -> QuantizedRows:
+    """Quantize x [..., K] (fp32/bf16/fp16) per row. Returns QuantizedRows (see class docstring).
+
+    out/dst_rows: write into caller-owned flat buffers (packed [R, K/2], scales [R, K/b], outer [R],
+    mantissa [R, K/8] or None) at rows dst_rows [M] (int32/int64) instead of allocating."""
+    check_tensor(x, "x", (torch.float32, torch.bfloat16, torch.float16), finite=check_finite)
+    if fmt not in ("nvfp4", "mxfp4"):
+        raise ValueError(f"fmt must be 'nvfp4' or 'mxfp4', got {fmt!r}")
+    if rounding not in ("rtn", "stochastic"):
+        raise ValueError(f"rounding must be 'rtn' or 'stochastic', got {rounding!r}")
+    if mx_rule not in ("floor", "noclip"):
+        raise ValueError(f"mx_rule must be 'floor' or 'noclip', got {mx_rule!r}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension")
+    block = ref.NVFP4_BLOCK if fmt == "nvfp4" else ref.MXFP4_BLOCK
+    K = x.shape[-1]
+    if K == 0 or K % block:
+        raise ValueError(f"last dimension {K} must be a positive multiple of the {fmt} block size {block}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    dev = x.device
+    if out is None:
+        if dst_rows is not None:
+            raise ValueError("dst_rows needs out= buffers")
+        packed = torch.empty((M, K // 2), dtype=torch.uint8, device=dev)
+        scales = torch.empty((M, K // block), dtype=torch.uint8, device=dev)
+        outer = torch.ones((M,), dtype=torch.float32, device=dev)
+        mant = torch.empty((M, K // 8), dtype=torch.uint8, device=dev) if guidance else None
+    else:
+        packed, scales, outer, mant = out.packed, out.scales, out.outer, out.mantissa
+        for name, t, w, dt in (("packed", packed, K // 2, torch.uint8), ("scales", scales, K // block, torch.uint8)):
+            if t.dtype != dt or t.shape[-1] != w or not t.is_contiguous():
+                raise ValueError(f"out.{name} must be contiguous {dt} with last dim {w}, got {t.dtype} {tuple(t.shape)}")
+        if outer.dtype != torch.float32 or not outer.is_contiguous():
+            raise ValueError("out.outer must be contiguous float32")
+        if guidance and (mant is None or mant.shape[-1] != K // 8):
+            raise ValueError("guidance=True needs out.mantissa with last dim K/8")
+        rows_avail = packed.numel() // (K // 2)
+        if dst_rows is None and rows_avail != M:
+            raise ValueError(f"out buffers hold {rows_avail} rows, x has {M}")
+        if dst_rows is not None:
+            check_tensor(dst_rows, "dst_rows", (torch.int32, torch.int64), dim=1)
+            if dst_rows.shape[0] != M:
+                raise ValueError(f"dst_rows has {dst_rows.shape[0]} entries, x has {M} rows")
+            if scales.numel() // (K // block) != rows_avail or outer.numel() != rows_avail:
+                raise ValueError("out buffers disagree on the number of rows")
+    if M == 0:
+        return QuantizedRows(packed.reshape(*lead, K // 2), scales.reshape(*lead, K // block),
+                             outer.reshape(*lead, 1), None if mant is None else mant.reshape(*lead, K // 8), fmt)
+    bm, nb, single = _config(M, K, block)
+    grid = (triton.cdiv(M, bm),)
+    _quant_rows_kernel[grid](
+        x2, packed, scales, outer, mant if guidance else packed, dst_rows if dst_rows is not None else packed,
+        M, K, x2.stride(0), int(seed), _AMAX_MIN,
+        BM=bm, NB=nb, BLOCK=block, IS_NV=fmt == "nvfp4", NOCLIP=mx_rule == "noclip",
+        STOCH=rounding == "stochastic", GUIDE=guidance, HAS_DST=dst_rows is not None, SINGLE=single, CH=nb * block, NCH=triton.cdiv(K, nb * block), INTERP=INTERPRET,
+        num_warps=4,
+    )
+    if out is not None:
+        return out
+    return QuantizedRows(packed.reshape(*lead, K // 2), scales.reshape(*lead, K // block),
+                         outer.reshape(*lead, 1), None if mant is None else mant.reshape(*lead, K // 8), fmt)
