@@ -37,11 +37,11 @@ def plot_series(rows, op, group_of, x_of, xlabel, title, out):
         return None
     n = len(groups)
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
-    for ax, (g, provs) in zip(axes[0], sorted(groups.items())):
+    for ax, (g, provs) in zip(axes[0], sorted(groups.items()), strict=False):
         for p, pts in sorted(provs.items()):
             pts.sort()
-            xs, med, lo, hi = zip(*pts)
-            ax.errorbar(xs, med, yerr=[[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]],
+            xs, med, lo, hi = zip(*pts, strict=False)
+            ax.errorbar(xs, med, yerr=[[m - a for m, a in zip(med, lo, strict=False)], [b - m for m, b in zip(med, hi, strict=False)]],
                         marker="o", capsize=2, label=p)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import EPI_POW, INTERPRET, check_tensor, e4m3_value, nib_to_f32_scaled, num_sms
+from kernels._common import INTERPRET, check_tensor, e4m3_value, nib_to_f32_scaled, num_sms
 from kernels.quantize import QuantizedRows, quantize_rows
 
 

@@ -28,7 +28,14 @@ import triton
 import triton.language as tl
 
 from kernels import reference as ref
-from kernels._common import EPI_POW, INTERPRET, TWO_POW_119, check_tensor, e4m3_value, nib_to_f32_scaled, num_sms
+from kernels._common import (
+    EPI_POW,
+    INTERPRET,
+    check_tensor,
+    e4m3_value,
+    nib_to_f32_scaled,
+    num_sms,
+)
 
 
 @dataclass

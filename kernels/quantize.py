@@ -30,7 +30,15 @@ import triton
 import triton.language as tl
 
 from kernels import reference as ref
-from kernels._common import INTERPRET, check_tensor, e2m1_floor_idx, e2m1_grid, e2m1_rtn_idx, e4m3_byte, e4m3_value
+from kernels._common import (
+    INTERPRET,
+    check_tensor,
+    e2m1_floor_idx,
+    e2m1_grid,
+    e2m1_rtn_idx,
+    e4m3_byte,
+    e4m3_value,
+)
 
 _AMAX_MIN = ref._AMAX_MIN  # smallest amax that keeps S_enc finite
 # S_enc = 2688 / amax and s_b = amax_blk * S_enc / 6 are correctly rounded divisions (div_rn) in
