@@ -1,0 +1,89 @@
+"""Static per-batch KV cache of the rollout engine, in the engine dtype or FP4 (codes + scales).
+
+What: one buffer per layer of `[B, cap + 1, H_kv, D]` (slot `cap` is a trash slot that padded chunk
+positions are written to and that is never attended). Row `b` holds the tokens of sample `b` at slots
+= absolute positions 0..len-1. With `fp4=True`, K (after norm and RoPE) and V are quantized per token
+and head (`trace.fp4.quantize(x, fmt, "row")` over D, the DESIGN.md §2 KV site) and stored as packed
+codes [B, cap+1, H_kv, D/2] uint8, scale bytes [.., D/block] and the FP32 outer scale [.., 1]; they are
+dequantized when attended. The FP4Tensor of the written rows is returned so the caller can record it.
+
+Compared against: the trainer's K/V fake quant (`trace.qat.patch.trace_attention`), through the
+engine-vs-patched-HF log-prob tests in tests/rollout.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels import reference as ref
+from trace import fp4
+
+
+def quant_rows(x: torch.Tensor, fmt: str) -> fp4.FP4Tensor:
+    """Per-row RTN FP4 quantization = `trace.fp4.quantize(x, fmt, "row")`. On CUDA the library's
+    finiteness check (a host sync per call) is skipped and the same oracle functions are called
+    directly (identical codes); non-finite values still surface in the engine's logits check."""
+    if not x.is_cuda:
+        return fp4.quantize(x, fmt, "row")
+    xf = x.float()
+    if fmt == "nvfp4":
+        codes, sb, s_enc = ref.nvfp4_quantize(xf, "row")
+    else:
+        codes, sb = ref.mxfp4_quantize(xf, "rtn", "floor")
+        s_enc = torch.ones((), device=x.device)
+    return fp4.FP4Tensor(codes, sb, s_enc, fmt, False, x.dtype)
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch: int, cap: int, kv_heads: int, head_dim: int, *,
+                 dtype: torch.dtype, device, fp4_kv: bool = False, fmt: str = "nvfp4"):
+        self.cap, self.batch, self.fp4_kv, self.fmt, self.dtype = cap, batch, fp4_kv, fmt, dtype
+        shape = (batch, cap + 1, kv_heads, head_dim)
+        if fp4_kv:
+            block = ref.NVFP4_BLOCK if fmt == "nvfp4" else ref.MXFP4_BLOCK
+            self.codes = [[torch.zeros(*shape[:-1], head_dim // 2, dtype=torch.uint8, device=device)
+                           for _ in range(2)] for _ in range(num_layers)]
+            self.scales = [[torch.zeros(*shape[:-1], head_dim // block, dtype=torch.uint8, device=device)
+                            for _ in range(2)] for _ in range(num_layers)]
+            self.outer = [[torch.ones(*shape[:-1], 1, dtype=torch.float32, device=device)
+                           for _ in range(2)] for _ in range(num_layers)]
+        else:
+            self.kv = [[torch.zeros(shape, dtype=dtype, device=device) for _ in range(2)]
+                       for _ in range(num_layers)]
+
+    def write(self, layer: int, rows, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Store k, v [R, T, H_kv, D] at (rows [R], slots [R, T]); rows None = all B rows.
+        Returns the FP4Tensors of k and v (flattened to [R*T, H_kv, D]) when the cache is FP4, else None."""
+        r = torch.arange(self.batch, device=slots.device) if rows is None else rows
+        idx = (r[:, None].expand_as(slots), slots)
+        if not self.fp4_kv:
+            self.kv[layer][0][idx] = k.to(self.dtype)
+            self.kv[layer][1][idx] = v.to(self.dtype)
+            return None
+        out = []
+        for j, x in enumerate((k, v)):
+            t = quant_rows(x.reshape(-1, *x.shape[2:]), self.fmt)  # [R*T, H_kv, D] per (token, head)
+            self.codes[layer][j][idx] = ref.pack_fp4(t.codes).reshape(*x.shape[:-1], -1)
+            self.scales[layer][j][idx] = t.scales.reshape(*x.shape[:-1], -1)
+            self.outer[layer][j][idx] = t.outer.expand(*t.codes.shape[:-1], 1).reshape(*x.shape[:-1], 1)
+            out.append(t)
+        return out
+
+    def read(self, layer: int, rows, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of slots [0, length) for rows (None = all): [R, length, H_kv, D] in the engine dtype."""
+        sel = slice(None) if rows is None else rows
+        if not self.fp4_kv:
+            return self.kv[layer][0][sel, :length], self.kv[layer][1][sel, :length]
+        out = []
+        for j in range(2):
+            codes = ref.unpack_fp4(self.codes[layer][j][sel, :length])
+            t = fp4.FP4Tensor(codes, self.scales[layer][j][sel, :length], self.outer[layer][j][sel, :length],
+                              self.fmt, False, self.dtype)
+            out.append(t.dequantize(self.dtype))
+        return out[0], out[1]
+
+    def copy_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Rows dst <- rows src (the n samples of a prompt share its prefilled prompt)."""
+        bufs = ([b for lay in self.kv for b in lay] if not self.fp4_kv else
+                [b for grp in (self.codes, self.scales, self.outer) for lay in grp for b in lay])
+        for b in bufs:
+            b[dst] = b[src]

@@ -1,0 +1,305 @@
+"""The embedded FP4 rollout engine: batched prefill + decode with a KV cache, sampling, multi-turn, recording.
+
+What: `RolloutEngine(config, mode="bf16"|"w4a4", fmt, kv_fp4, dtype, device, max_seq_len)` loads a
+policy's weights by their HF names (`sync_weights(model_or_state_dict)`, re-quantizing FP4 weights with
+`trace.qat.quantize_weight` at every sync) and generates with its own forward (trace/rollout/forward.py):
+
+    eng = RolloutEngine(model.config, mode="w4a4", kv_fp4=True); eng.sync_weights(model)
+    out = eng.generate([[1, 40, 41]], n=4, max_new_tokens=32, temperature=1.0, seed=0,
+                       stop_token_ids=(EOS_ID,), recorder=Recorder())
+    out.tokens[i], out.logprobs[i], out.trainable[i]     # sample i = prompt out.prompt_index[i]
+
+How: the unique prompts are prefilled ONCE (mixed lengths in one ragged chunk, each row at its own
+positions, no left padding) into the cache row of their first sample; the row is copied to the other
+n-1 samples (their prompt records are aliases: `recorder.alias(seq, first_seq, prompt_len)`). Decode
+then feeds every unfinished sample one token per step; a sample whose turn ended at a stop string
+gets the environment's observation appended (trainable False, log-prob 0.0) and fed as one chunk,
+reusing the cache. Sampling: temperature (0 = greedy), nucleus top_p, one seeded `torch.Generator`
+per call (same seed and batch -> same outputs). `logprobs` are the POLICY log-probs of the sampled
+tokens, log_softmax of the engine's own logits at temperature 1 (independent of the sampling
+temperature / top_p), which is what the RL trainer compares its own log-probs with.
+
+Stops: `stop_token_ids` finish a sample (e.g. pass `(EOS_ID,)`; nothing is implicit); a stop string
+(needs `tokenizer`) ends the turn and is kept in the output; `max_new_tokens` caps the policy tokens
+of each turn; the context (`max_seq_len`, default `config.max_position_embeddings`) caps the total.
+`stop_reason` is one of "stop_token", "stop_string", "length", "context", "env_done", "max_turns".
+With recording on, the last sampled token is also fed once so that every (seq, pos) of every sample
+is in the record (the trainer's forward sees every token).
+
+Compared against: transformers forward / patched QAT model (tests/rollout/test_engine.py); batch vs
+alone and seeds in tests/rollout/test_generate.py. Run: `.venv/bin/python -m pytest tests/rollout -q`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from trace import fp4
+from trace.rollout import fast
+from trace.rollout.cache import KVCache
+from trace.rollout.forward import EngineForward, RecCtx
+from trace.rollout.weights import Arch, EngineWeights
+
+MODES = ("bf16", "w4a4")
+
+
+@dataclass
+class RolloutBatch:
+    tokens: list[list[int]]  # per sample: prompt + generated (+ env) token ids
+    prompt_lens: list[int]
+    logprobs: list[list[float]]  # per sample, per token after the prompt (0.0 for env tokens)
+    trainable: list[list[bool]]  # per sample, aligned with tokens[prompt_len:]
+    prompt_index: list[int]  # which prompt each sample came from (samples of a prompt are contiguous)
+    seq_ids: list[int]  # record address of each sample (= sample index)
+    finished: list[bool]  # ended naturally (stop token/string, env done, max_turns); False = truncated
+    stop_reason: list[str]
+    num_generated_tokens: int  # policy tokens sampled (env tokens excluded)
+    elapsed_s: float
+    turns: list[int] = field(default_factory=list)  # completed environment turns per sample
+
+    def response_tokens(self, i: int) -> list[int]:
+        return self.tokens[i][self.prompt_lens[i]:]
+
+    def texts(self, tokenizer) -> list[str]:
+        """Decoded responses (everything after the prompt)."""
+        return [tokenizer.decode(self.response_tokens(i)) for i in range(len(self.tokens))]
+
+
+def _call_env(env, i: int, text: str):
+    step = getattr(env, "step", None)
+    out = step(i, text) if step is not None else env(i, text)
+    if not (isinstance(out, tuple) and len(out) >= 2):
+        raise ValueError(f"env.step(sample_index, text) must return (observation_text, done), got {out!r}")
+    return str(out[0]), bool(out[-1])
+
+
+class RolloutEngine:
+    def __init__(self, config, *, mode: str = "bf16", fmt: str = "nvfp4", kv_fp4: bool = False,
+                 dtype: torch.dtype = torch.float32, device="cpu", max_seq_len: int | None = None):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if fmt not in fp4.FORMATS:
+            raise ValueError(f"fmt must be one of {fp4.FORMATS}, got {fmt!r}")
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+        self.config, self.mode, self.fmt, self.kv_fp4 = config, mode, fmt, kv_fp4
+        self.dtype, self.device = dtype, torch.device(device)
+        self.arch = Arch.from_config(config)
+        self.max_seq_len = int(max_seq_len or self.arch.max_pos)
+        if self.max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
+        self.weights: EngineWeights | None = None
+        self.fwd: EngineForward | None = None
+
+    # ------------------------------------------------------------------------------ weights
+    def sync_weights(self, model_or_state_dict) -> None:
+        """(Re)load the policy's weights; in w4a4 mode re-quantize them from the master weights."""
+        self.weights = EngineWeights.load(self.arch, model_or_state_dict, self.mode, self.fmt, self.dtype,
+                                          self.device)
+        self.fwd = EngineForward(self.weights, mode=self.mode, fmt=self.fmt, dtype=self.dtype)
+        if self.mode == "w4a4" and self.fmt == "nvfp4" and fast.available(self.device, self.dtype):
+            self.fwd.fast = fast.TritonPath.build(self.weights)
+
+    def _check_ready(self):
+        if self.fwd is None:
+            raise RuntimeError("call sync_weights(model_or_state_dict) before generating")
+
+    def _new_cache(self, batch: int, cap: int) -> KVCache:
+        a = self.arch
+        return KVCache(a.num_layers, batch, cap, a.num_kv_heads, a.head_dim, dtype=self.dtype, device=self.device,
+                       fp4_kv=self.kv_fp4, fmt=self.fmt)
+
+    def _check_prompts(self, prompts, what="prompt"):
+        if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
+            raise ValueError(f"need a non-empty list of {what}s (lists of token ids)")
+        for j, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"{what} {j} is empty")
+            if len(p) >= self.max_seq_len:
+                raise ValueError(f"{what} {j} has {len(p)} tokens; the context is {self.max_seq_len} "
+                                 f"(max_seq_len), leaving no room to generate")
+            bad = [t for t in p if not 0 <= int(t) < self.arch.vocab]
+            if bad:
+                raise ValueError(f"{what} {j} has token ids outside [0, {self.arch.vocab}): {bad[:5]}")
+
+    def _chunk(self, cache, seqs: list[list[int]], starts: list[int], rows: list[int], recorder, seq_ids,
+               all_logits=False):
+        """Feed token lists seqs[r] at positions starts[r].. into cache rows rows[r]."""
+        R, T = len(seqs), max(len(s) for s in seqs)
+        ids = torch.zeros(R, T, dtype=torch.long)
+        for r, s in enumerate(seqs):
+            ids[r, :len(s)] = torch.as_tensor(s, dtype=torch.long)
+        dev = self.device
+        lens = torch.tensor([len(s) for s in seqs], device=dev)
+        start = torch.tensor(starts, device=dev)
+        rows_t = None if rows == list(range(cache.batch)) else torch.tensor(rows, device=dev)
+        rec = None
+        if recorder is not None:
+            valid = (torch.arange(T)[None, :] < lens.cpu()[:, None]).reshape(-1)  # [R*T]
+            seq = torch.tensor(seq_ids).repeat_interleave(T)[valid]
+            pos = (torch.tensor(starts)[:, None] + torch.arange(T)).reshape(-1)[valid]
+            rec = RecCtx(recorder, valid.nonzero().squeeze(-1).to(dev), seq, pos)
+        max_len = max(st + len(sq) for st, sq in zip(starts, seqs, strict=False))
+        logits = self.fwd(ids.to(dev), start, lens, rows_t, cache, rec, all_logits, max_len)
+        return logits
+
+    # ------------------------------------------------------------------------------ scoring
+    def score(self, sequences: list[list[int]], *, recorder=None, seq_ids=None) -> list[list[float]]:
+        """Teacher-forced log-probs (temperature 1) of tokens[1:] of each sequence, from ONE full-sequence
+        prefill (the engine's prefill numerics). With `recorder`, the prefill is recorded at
+        (seq_ids[b] or b, position)."""
+        self._check_ready()
+        self._check_prompts(sequences, "sequence")
+        cache = self._new_cache(len(sequences), max(len(s) for s in sequences))
+        ids = list(range(len(sequences))) if seq_ids is None else list(seq_ids)
+        logits = self._chunk(cache, [list(s) for s in sequences], [0] * len(sequences), list(range(len(sequences))),
+                             recorder, ids, all_logits=True)  # [B, T, V]
+        self._check_logits(logits)
+        lp = torch.log_softmax(logits.float(), dim=-1).cpu()
+        out = []
+        for b, s in enumerate(sequences):
+            tgt = torch.as_tensor(s[1:], dtype=torch.long)
+            out.append(lp[b, : len(s) - 1].gather(-1, tgt[:, None]).squeeze(-1).tolist())
+        return out
+
+    @staticmethod
+    def _check_logits(logits):
+        if not bool(torch.isfinite(logits).all()):
+            raise ValueError("the engine produced non-finite logits (NaN/inf); the weights or inputs are broken")
+
+    # ------------------------------------------------------------------------------ sampling
+    @staticmethod
+    def _sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator):
+        """logits [A, V] -> (tokens [A], policy log-probs [A]) ."""
+        lf = logits.float()
+        logp = torch.log_softmax(lf, dim=-1)
+        if temperature == 0:
+            tok = lf.argmax(-1)
+        else:
+            probs = torch.softmax(lf / temperature, dim=-1)
+            if top_p < 1.0:
+                sp, si = probs.sort(-1, descending=True)
+                keep = (sp.cumsum(-1) - sp) < top_p  # smallest prefix whose mass reaches top_p
+                sp = sp * keep
+                probs = torch.zeros_like(probs).scatter_(-1, si, sp)
+            tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+    # ------------------------------------------------------------------------------ generate
+    def generate(self, prompts: list[list[int]], *, n: int = 1, max_new_tokens: int = 32, temperature: float = 1.0,
+                 top_p: float = 1.0, seed: int = 0, stop_token_ids=(), stop_strings=(), tokenizer=None,
+                 recorder=None, env=None, max_turns: int = 1) -> RolloutBatch:
+        t0 = time.perf_counter()
+        self._check_ready()
+        self._check_prompts(prompts)
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n (samples per prompt) must be an int >= 1, got {n!r}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if temperature < 0 or temperature != temperature:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        stop_strings = tuple(stop_strings)
+        stop_ids = {int(t) for t in stop_token_ids}
+        if (stop_strings or env is not None) and tokenizer is None:
+            raise ValueError("stop_strings and env need the tokenizer (tokenizer=...)")
+        if env is not None and not stop_strings:
+            raise ValueError("multi-turn generation (env) needs stop_strings to know where a turn ends")
+
+        P = len(prompts)
+        B = P * n
+        tokens = [list(map(int, prompts[b // n])) for b in range(B)]
+        plens = [len(t) for t in tokens]
+        cap = self.max_seq_len if env is not None else min(self.max_seq_len, max(plens) + max_new_tokens)
+        cache = self._new_cache(B, cap)
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(int(seed))
+
+        # Prefill each prompt once, into the row of its first sample; copy to the other samples.
+        first = [p * n for p in range(P)]
+        logits_p = self._chunk(cache, [tokens[b] for b in first], [0] * P, first, recorder, first)  # [P, V]
+        if n > 1:
+            src = torch.tensor(first, device=self.device).repeat_interleave(n - 1)
+            dst = torch.tensor([b for b in range(B) if b % n], device=self.device)
+            cache.copy_rows(src, dst)
+            if recorder is not None:
+                for b in range(B):
+                    if b % n:
+                        recorder.alias(b, b - b % n, plens[b])
+        logits = logits_p.repeat_interleave(n, dim=0)  # [B, V]
+        fed = list(plens)  # tokens of each row already in the cache
+        logps = [[] for _ in range(B)]
+        trainable = [[] for _ in range(B)]
+        finished, reason = [False] * B, [""] * B  # finished: no more tokens will be sampled
+        turn_text, turn_count, turns = [""] * B, [0] * B, [0] * B
+        n_gen = 0
+        row_of = list(range(B))  # logits row of sample b
+
+        while True:
+            active = [b for b in range(B) if not finished[b]]
+            if not active:
+                break
+            lg = logits[torch.tensor([row_of[b] for b in active], device=logits.device)]
+            self._check_logits(lg)
+            tok, lp = self._sample(lg, temperature, top_p, gen)
+            tok, lp = tok.tolist(), lp.tolist()
+            pending: dict[int, list[int]] = {}
+            for j, b in enumerate(active):
+                t = tok[j]
+                tokens[b].append(t)
+                logps[b].append(lp[j])
+                trainable[b].append(True)
+                n_gen += 1
+                turn_count[b] += 1
+                feed = [t]
+                if stop_strings:
+                    turn_text[b] += tokenizer.decode([t])
+                if t in stop_ids:
+                    finished[b], reason[b] = True, "stop_token"
+                elif stop_strings and any(s in turn_text[b] for s in stop_strings):
+                    if env is None:
+                        finished[b], reason[b] = True, "stop_string"
+                    else:
+                        obs, done = _call_env(env, b, turn_text[b])
+                        turns[b] += 1
+                        room = cap - len(tokens[b])
+                        obs_ids = [int(x) for x in tokenizer(obs, add_special_tokens=False)["input_ids"]] if obs else []
+                        if len(obs_ids) > room:
+                            obs_ids, done, reason[b] = obs_ids[:room], True, "context"
+                        tokens[b].extend(obs_ids)
+                        logps[b].extend([0.0] * len(obs_ids))
+                        trainable[b].extend([False] * len(obs_ids))
+                        feed += obs_ids
+                        turn_text[b], turn_count[b] = "", 0
+                        if done:
+                            finished[b], reason[b] = True, reason[b] or "env_done"
+                        elif turns[b] >= max_turns:
+                            finished[b], reason[b] = True, "max_turns"
+                if not finished[b]:
+                    if len(tokens[b]) >= cap:
+                        finished[b], reason[b] = True, ("length" if cap < self.max_seq_len else "context")
+                    elif turn_count[b] >= max_new_tokens:
+                        finished[b], reason[b] = True, "length"
+                if not finished[b] or recorder is not None:
+                    feed = feed[: max(0, cap - fed[b])]
+                    if feed:
+                        pending[b] = feed
+            if not pending:
+                break
+            rows = sorted(pending)
+            out = self._chunk(cache, [pending[b] for b in rows], [fed[b] for b in rows], rows, recorder, rows)
+            for r, b in enumerate(rows):
+                fed[b] += len(pending[b])
+                row_of[b] = r
+            logits = out
+
+        return RolloutBatch(tokens=tokens, prompt_lens=plens, logprobs=logps, trainable=trainable,
+                            prompt_index=[b // n for b in range(B)], seq_ids=list(range(B)),
+                            finished=[r not in ("length", "context") for r in reason],
+                            stop_reason=reason, num_generated_tokens=n_gen, elapsed_s=time.perf_counter() - t0,
+                            turns=turns)

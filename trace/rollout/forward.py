@@ -1,0 +1,217 @@
+"""The rollout engine's own forward for the four MoE families (torch reference path, CPU or GPU).
+
+What: `EngineForward.__call__(ids [R, T], start [R], lens [R], rows, cache, rec)` runs a ragged chunk:
+row r feeds `lens[r]` new tokens at absolute positions start[r] .. start[r]+lens[r]-1 (right padding
+up to T), writes their K/V into cache row `rows[r]` and attends to that row's slots <= its position.
+The same function does the batched prefill (many prompts of mixed lengths, per-row positions, no left
+padding), the one-token decode steps and the multi-token environment-observation chunks of multi-turn
+generation. It is written from FAMILIES.md, not by calling the HF modules:
+
+    h = x + o_proj(attn(rope(qk_norm(q, k)), v))      # qwen3_moe per-head q/k norm; olmoe full-width;
+    y = h + moe(rmsnorm(h))                            #   mixtral none; qwen2_moe q/k/v bias
+    moe: softmax(router, fp32) -> top-k -> [renorm] -> per-expert gate_up / silu*up / down,
+         weighted sum over the k slots; qwen2_moe adds sigmoid(shared_gate(x)) * shared_expert(x)
+
+Modes: `bf16` (no quantization, any dtype) and `w4a4` (dequantized FP4 weights from EngineWeights;
+activations per-token RTN via `trace.fp4.quantize(x, fmt, "row")` at attn_in, o_in, moe_in,
+moe_down_in [N, k, I], shared_in, shared_down_in, mlp_in, mlp_down_in); FP4 KV in the cache (sites k, v).
+Decode order differs from the trainer on purpose (incremental, chunked, own MoE reduction order).
+
+Recording: with `rec` given, each quantized site of a layer the recorder wants calls
+`recorder.add(layer, site, FP4Tensor of the valid rows, seq, pos)`, and MoE layers call
+`recorder.add_routing`. Without `rec` nothing extra is computed.
+
+Compared against: the transformers forward (bf16 mode) and `trace.qat.patch_model(model, "w4a4")`
+(w4a4 mode) in tests/rollout/test_engine.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from trace import fp4
+from trace.rollout.cache import KVCache, quant_rows
+from trace.rollout.weights import EngineWeights
+
+
+@dataclass
+class RecCtx:
+    """Addressing of the flattened [R*T] token rows of one chunk for the recorder."""
+
+    recorder: object
+    valid: torch.Tensor  # [Nv] indices of real (non-padding) rows in the flattened chunk
+    seq: torch.Tensor  # [Nv] sequence ids
+    pos: torch.Tensor  # [Nv] absolute positions
+
+
+def row_subset(t: fp4.FP4Tensor, idx: torch.Tensor) -> fp4.FP4Tensor:
+    """Rows idx of a per-row quantized FP4Tensor [N, *inner, K], with a per-row outer scale [n, *inner, 1]
+    (MXFP4 has a scalar outer of ones; the recorder wants one per row)."""
+    outer = t.outer.expand(*t.codes.shape[:-1], 1)  # [N, *inner, 1]
+    return fp4.FP4Tensor(t.codes[idx], t.scales[idx], outer[idx], t.fmt)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm: float32 statistics, cast back, then weight * x."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class EngineForward:
+    def __init__(self, w: EngineWeights, *, mode: str, fmt: str, dtype: torch.dtype):
+        self.w, self.a, self.mode, self.fmt, self.dtype = w, w.arch, mode, fmt, dtype
+        self.acts = mode == "w4a4"
+        self.fast = None  # TritonPath (trace/rollout/fast.py) when enabled by the engine
+
+    # ------------------------------------------------------------------------------ helpers
+    def _act(self, x: torch.Tensor, layer: int, site: str, rec: RecCtx | None) -> torch.Tensor:
+        """Per-row FP4 RTN of x [N, *inner, K] at (layer, site); returns the dequantized value."""
+        if not self.acts:
+            return x
+        t = quant_rows(x, self.fmt)
+        if rec is not None and rec.recorder.wants(layer):
+            rec.recorder.add(layer, site, row_subset(t, rec.valid), rec.seq, rec.pos)
+        return t.dequantize(self.dtype)
+
+    def _rope(self, pos: torch.Tensor):
+        """cos, sin [R, T, D] for absolute positions pos [R, T] (float32 like transformers, then dtype)."""
+        freqs = pos.float()[..., None] * self.w.inv_freq  # [R, T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    # ------------------------------------------------------------------------------ blocks
+    def _attention(self, i, lw, x, cos, sin, slots, start, lens, rows, cache: KVCache, rec, S: int):
+        a = self.a
+        R, T, _ = x.shape
+        nh, nkv, D = a.num_heads, a.num_kv_heads, a.head_dim
+        fast = self.fast if rec is None else None
+        if fast is not None:  # W4A4 Triton GEMMs (activation quantized inside, same codes)
+            x2 = x.reshape(R * T, -1)
+            q, k, v = (fast.linear(i, n, x2, lw.get(n + "_b")) for n in ("q", "k", "v"))
+        else:
+            xq = self._act(x.reshape(R * T, -1), i, "attn_in", rec)  # [R*T, H], one quantization for q/k/v
+            q = F.linear(xq, lw["q"], lw.get("q_b"))  # [R*T, nh*D]
+            k = F.linear(xq, lw["k"], lw.get("k_b"))  # [R*T, nkv*D]
+            v = F.linear(xq, lw["v"], lw.get("v_b"))
+        if a.family == "olmoe":  # q/k norm over the whole projection, before the head split
+            q = rms_norm(q, lw["q_norm"], a.eps)
+            k = rms_norm(k, lw["k_norm"], a.eps)
+        if a.clip_qkv is not None:
+            q, k, v = (t.clamp(-a.clip_qkv, a.clip_qkv) for t in (q, k, v))
+        q = q.view(R, T, nh, D)
+        k = k.view(R, T, nkv, D)
+        v = v.view(R, T, nkv, D)
+        if a.family == "qwen3_moe":  # per-head q/k norm
+            q = rms_norm(q, lw["q_norm"], a.eps)
+            k = rms_norm(k, lw["k_norm"], a.eps)
+        c, s = cos[:, :, None, :], sin[:, :, None, :]  # [R, T, 1, D]
+        q = q * c + rotate_half(q) * s
+        k = k * c + rotate_half(k) * s
+        if fast is not None and cache.fp4_kv and T == 1 and cache.fmt == "nvfp4":  # FP4-KV decode kernel
+            o = fast.decode_attention(cache, i, rows, slots, start, q, k, v, S).reshape(R * T, nh * D)
+            return fast.linear(i, "o", o, lw.get("o_b")).view(R, T, -1)
+        kv4 = cache.write(i, rows, slots, k, v)  # K after norm+RoPE, V
+        if kv4 is not None and rec is not None and rec.recorder.wants(i):
+            for site, t in zip(("k", "v"), kv4, strict=False):
+                rec.recorder.add(i, site, row_subset(t, rec.valid), rec.seq, rec.pos)
+        kc, vc = cache.read(i, rows, S)  # [R, S, nkv, D]
+        rep = nh // nkv
+        kc = kc.transpose(1, 2).repeat_interleave(rep, dim=1)  # [R, nh, S, D]
+        vc = vc.transpose(1, 2).repeat_interleave(rep, dim=1)
+        qpos = start[:, None] + torch.arange(T, device=x.device)  # [R, T]
+        mask = torch.arange(S, device=x.device)[None, None, :] <= qpos[:, :, None]  # [R, T, S]
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc, attn_mask=mask[:, None])  # [R, nh, T, D]
+        o = o.transpose(1, 2).reshape(R * T, nh * D)
+        if fast is not None:
+            return fast.linear(i, "o", o, lw.get("o_b")).view(R, T, -1)
+        o = self._act(o, i, "o_in", rec)
+        return F.linear(o, lw["o"], lw.get("o_b")).view(R, T, -1)
+
+    def _moe(self, i, lw, x, rec):
+        """x [N, H] (normed) -> [N, H]."""
+        a = self.a
+        N, H = x.shape
+        k = a.top_k
+        logits = F.linear(x, lw["router"])  # [N, E], unquantized router
+        probs = torch.softmax(logits.float(), dim=-1)
+        topv, topi = torch.topk(probs, k, dim=-1)  # [N, k], slot order = top-k order
+        if a.renorm:
+            topv = topv / topv.sum(-1, keepdim=True)
+        if a.family != "mixtral":  # Mixtral keeps its routing weights float32
+            topv = topv.to(x.dtype)
+        if rec is not None and rec.recorder.wants(i):
+            rec.recorder.add_routing(i, topi[rec.valid], rec.seq, rec.pos)
+        fast = self.fast if rec is None else None
+        if fast is not None:
+            out = fast.experts(i, x, topi, topv)  # [N, H] W4A4 grouped expert GEMMs
+            if "sg" in lw:
+                hs = F.silu(fast.linear(i, "sg", x)) * fast.linear(i, "su", x)
+                out = out + torch.sigmoid(F.linear(x, lw["shared_gate"])) * fast.linear(i, "sd", hs)
+            return out
+        xq = self._act(x, i, "moe_in", rec)  # per token, shared by its k experts
+        wgu, wd = lw["gate_up"], lw["down"]  # [E, 2I, H], [E, H, I]
+        I = wd.shape[-1]
+        flat = topi.reshape(-1)  # [N*k] expert of each (token, slot) pair
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=a.num_experts).tolist()
+        h = x.new_empty(N * k, I)  # [N*k, I] down input per (token, slot)
+        groups, off = [], 0
+        for e, c in enumerate(counts):
+            if c:
+                idx = order[off:off + c]
+                gate, up = F.linear(xq[idx // k], wgu[e]).chunk(2, dim=-1)
+                h[idx] = F.silu(gate) * up
+                groups.append((e, idx))
+                off += c
+        h = self._act(h.view(N, k, I), i, "moe_down_in", rec).reshape(N * k, I)  # per (token, slot)
+        y = x.new_empty(N * k, H)
+        for e, idx in groups:
+            y[idx] = F.linear(h[idx], wd[e])
+        out = (y.view(N, k, H) * topv[..., None]).to(x.dtype).sum(1)  # [N, H]
+        if "sg" in lw:  # qwen2_moe shared expert, gated by a per-token sigmoid of the unquantized input
+            xs = self._act(x, i, "shared_in", rec)
+            hs = F.silu(F.linear(xs, lw["sg"])) * F.linear(xs, lw["su"])  # [N, Is]
+            hs = self._act(hs, i, "shared_down_in", rec)
+            out = out + torch.sigmoid(F.linear(x, lw["shared_gate"])) * F.linear(hs, lw["sd"])
+        return out
+
+    def _dense_mlp(self, i, lw, x, rec):
+        if self.fast is not None and rec is None:
+            hs = F.silu(self.fast.linear(i, "mg", x)) * self.fast.linear(i, "mu", x)
+            return self.fast.linear(i, "md", hs)
+        xs = self._act(x, i, "mlp_in", rec)
+        hs = F.silu(F.linear(xs, lw["mg"])) * F.linear(xs, lw["mu"])
+        return F.linear(self._act(hs, i, "mlp_down_in", rec), lw["md"])
+
+    # ------------------------------------------------------------------------------ chunk
+    @torch.no_grad()
+    def __call__(self, ids: torch.Tensor, start: torch.Tensor, lens: torch.Tensor, rows, cache: KVCache,
+                 rec: RecCtx | None = None, all_logits: bool = False, max_len: int | None = None) -> torch.Tensor:
+        """ids [R, T] long (padded), start/lens [R] long; max_len = max(start + lens) (host int, optional).
+        Returns logits [R, V] at each row's last fed token (or [R, T, V] with all_logits)."""
+        S = int((start + lens).max()) if max_len is None else max_len
+        a, w = self.a, self.w
+        R, T = ids.shape
+        t = torch.arange(T, device=ids.device)
+        pos = start[:, None] + t  # [R, T] absolute positions
+        valid = t[None, :] < lens[:, None]  # [R, T]
+        slots = torch.where(valid, pos, torch.full_like(pos, cache.cap))  # padding -> trash slot
+        cos, sin = self._rope(pos)
+        x = F.embedding(ids, w.embed)  # [R, T, H]
+        for i, lw in enumerate(w.layers):
+            h = rms_norm(x, lw["ln1"], a.eps)
+            x = x + self._attention(i, lw, h, cos, sin, slots, start, lens, rows, cache, rec, S)
+            h = rms_norm(x, lw["ln2"], a.eps).reshape(R * T, -1)  # [N, H]
+            m = self._moe(i, lw, h, rec) if "gate_up" in lw else self._dense_mlp(i, lw, h, rec)
+            x = x + m.view(R, T, -1)
+        if not all_logits:
+            x = x[torch.arange(R, device=ids.device), lens - 1]  # [R, H] last fed token
+        return F.linear(rms_norm(x, w.norm, a.eps), w.lm_head)

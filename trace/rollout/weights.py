@@ -1,0 +1,129 @@
+"""Engine weights: load a policy's parameters by their Hugging Face names and (re)quantize them.
+
+What: `EngineWeights.load(config, source, mode, fmt, dtype, device)` reads the transformers 5
+in-memory names (fused experts `mlp.experts.gate_up_proj [E, 2I, H]` / `down_proj [E, H, I]`, router
+`mlp.gate.weight [E, H]`, qwen2_moe `mlp.shared_expert.*` + `mlp.shared_expert_gate.weight`, q/k
+norms, biases) from a model or a state_dict. In `w4a4` mode every linear weight of attention, experts,
+shared expert and dense MLPs goes through `trace.qat.quantize_weight` -- THE weight quantizer the
+trainer uses, applied to the trainer's master tensor as given, so codes/scales/outer scales are
+bit-identical to the trainer's -- and the engine keeps the FP4Tensor (`fp4[name]`) plus its dequantized
+value in the engine dtype for the torch compute path. Router, embeddings, lm_head, norms, biases and
+`shared_expert_gate` stay unquantized (DESIGN.md §2).
+
+Compared against: `trace.qat.quantize_weight` (tests/rollout/test_engine.py checks identical codes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from trace import fp4
+from trace.models.registry import family_of, head_dim_of
+from trace.qat.patch import quantize_weight
+
+# Linear weights that are FP4-quantized in w4a4 mode, by their name inside a layer.
+QUANTIZED = ("q", "k", "v", "o", "gate_up", "down", "sg", "su", "sd", "mg", "mu", "md")
+_LAYER_NAMES = {
+    "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight",
+    "o": "self_attn.o_proj.weight", "q_b": "self_attn.q_proj.bias", "k_b": "self_attn.k_proj.bias",
+    "v_b": "self_attn.v_proj.bias", "o_b": "self_attn.o_proj.bias",
+    "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
+    "ln1": "input_layernorm.weight", "ln2": "post_attention_layernorm.weight",
+    "router": "mlp.gate.weight", "gate_up": "mlp.experts.gate_up_proj", "down": "mlp.experts.down_proj",
+    "sg": "mlp.shared_expert.gate_proj.weight", "su": "mlp.shared_expert.up_proj.weight",
+    "sd": "mlp.shared_expert.down_proj.weight", "shared_gate": "mlp.shared_expert_gate.weight",
+    "mg": "mlp.gate_proj.weight", "mu": "mlp.up_proj.weight", "md": "mlp.down_proj.weight",
+}
+
+
+@dataclass
+class Arch:
+    """The numbers of the forward, read once from the HF config."""
+
+    family: str
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab: int
+    eps: float
+    rope_theta: float
+    top_k: int
+    num_experts: int
+    renorm: bool  # renormalize the top-k probabilities (Mixtral: always)
+    clip_qkv: float | None
+    max_pos: int
+
+    @classmethod
+    def from_config(cls, config) -> "Arch":
+        family = family_of(config)
+        rope = getattr(config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"rollout engine implements default RoPE only, got {rope.get('rope_type')!r}")
+        n_exp = getattr(config, "num_experts", None) or config.num_local_experts
+        renorm = True if family == "mixtral" else bool(getattr(config, "norm_topk_prob", False))
+        return cls(family, int(config.num_hidden_layers), int(config.hidden_size), int(config.num_attention_heads),
+                   int(config.num_key_value_heads), head_dim_of(config), int(config.vocab_size),
+                   float(config.rms_norm_eps), float(theta), int(config.num_experts_per_tok), int(n_exp), renorm,
+                   getattr(config, "clip_qkv", None), int(config.max_position_embeddings))
+
+
+@dataclass
+class EngineWeights:
+    arch: Arch
+    embed: torch.Tensor  # [V, H]
+    norm: torch.Tensor  # [H]
+    lm_head: torch.Tensor  # [V, H]
+    layers: list[dict[str, torch.Tensor]]  # compute weights (dequantized FP4 in w4a4 mode)
+    inv_freq: torch.Tensor  # [D/2] float32
+    fp4: dict[str, fp4.FP4Tensor] = field(default_factory=dict)  # HF name -> FP4 weight (w4a4)
+
+    @staticmethod
+    def load(arch: Arch, source, mode: str, fmt: str, dtype: torch.dtype, device) -> "EngineWeights":
+        if isinstance(source, torch.nn.Module):
+            sd = dict(source.state_dict())
+            rot = getattr(getattr(source, "model", None), "rotary_emb", None)
+            inv_freq = getattr(rot, "inv_freq", None)
+        elif isinstance(source, dict):
+            sd, inv_freq = source, None
+        else:
+            raise TypeError(f"sync_weights takes a transformers model or a state_dict, got {type(source).__name__}")
+
+        def get(name: str, required: bool = True):
+            t = sd.get(name)
+            if t is None and required:
+                raise KeyError(f"weight {name!r} missing from the given model/state_dict")
+            return t
+
+        def dense(t):
+            return None if t is None else t.detach().to(device=device, dtype=dtype).contiguous()
+
+        fp4w: dict[str, fp4.FP4Tensor] = {}
+        layers = []
+        for i in range(arch.num_layers):
+            lw: dict[str, torch.Tensor] = {}
+            for key, suffix in _LAYER_NAMES.items():
+                name = f"model.layers.{i}.{suffix}"
+                t = get(name, required=key in ("q", "k", "v", "o", "ln1", "ln2"))
+                if t is None:
+                    continue
+                if mode == "w4a4" and key in QUANTIZED:
+                    q = quantize_weight(t.detach(), fmt)  # the trainer's function, on the master tensor
+                    fp4w[name] = q
+                    lw[key] = q.dequantize(dtype).to(device).contiguous()
+                else:
+                    lw[key] = dense(t)
+            if "gate_up" not in lw and "mg" not in lw:
+                raise KeyError(f"layer {i}: neither experts (mlp.experts.gate_up_proj) nor a dense MLP found")
+            layers.append(lw)
+        # RoPE frequencies: the model's own buffer when given (a bf16 HF model keeps them bf16-rounded;
+        # matching the trainer's forward wins), else computed in float32 like transformers.
+        if inv_freq is None:
+            d = arch.head_dim
+            inv_freq = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float) / d))
+        inv_freq = inv_freq.detach().to(device=device, dtype=torch.float32)
+        return EngineWeights(arch, dense(get("model.embed_tokens.weight")), dense(get("model.norm.weight")),
+                             dense(get("lm_head.weight")), layers, inv_freq, fp4w)
