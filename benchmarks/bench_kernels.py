@@ -15,7 +15,8 @@ rows, the FP4 side its two kernels + the top-k sum. tb_per_s counts the minimal 
 experts actually hit (or the KV cache) read once, activations read once, outputs written once.
 
 Run (repo root, on a GPU): `PYTHONPATH=. python benchmarks/bench_kernels.py --out results/kernels/kernels.csv`
-(`--quick` for a subset). Plot: `python figures/plot_kernels.py`.
+(`--quick` for a subset). v1 decode kernels only (each variant checked against the oracle, then timed):
+`--only dense_v1,moe_v1 --out results/kernels/kernels_v1.csv`. Plot: `python figures/plot_kernels.py`.
 """
 from __future__ import annotations
 
@@ -355,6 +356,178 @@ def run_attention(dev, quick):
         torch.cuda.empty_cache()
 
 
+# ------------------------------------------------------------------------------------------------
+# v1 decode kernels (GEMV layout): dense gemv2 and grouped-MoE gemv, each checked against the FP32
+# oracle on fresh data right before it is timed; BF16 baselines timed in the same run.
+def gemv2_variants(M, N, K, dev):
+    from kernels.gemm import gemv2_config
+    d = gemv2_config(M, N, K, dev)
+    bm = d.BM
+    vs = [d]
+    for bn, nw, u, sp, pf in [(32, 4, 2, 1, False), (64, 4, 2, 1, False), (64, 4, 1, 1, False), (16, 4, 2, 1, False),
+                              (128, 8, 2, 1, False), (64, 4, 2, 2, False), (32, 4, 2, 4, False),
+                              (32, 4, 1, d.split, True), (16, 4, 1, d.split, True), (64, 4, 1, d.split, True)]:
+        c = GemmConfig(kind="gemv2", BN=bn, BM=bm, split=sp, num_warps=nw, num_stages=1, U=u, prefetch=pf)
+        if c not in vs:
+            vs.append(c)
+    return vs
+
+
+def run_dense_v1(dev, quick):
+    log("== dense FP4 GEMM, v1 GEMV path")
+    shapes = [(14336, 4096), (4096, 14336)] + ([] if quick else [(2048, 5632)])
+    Ms = [1, 2, 4, 8, 16]
+    for N, K in shapes:
+        c, s, o = nv_weight((N, K), dev)
+        pw = prepare_weight(c, s, o)
+        wb = ref.nvfp4_dequantize(c, s, o).to(torch.bfloat16)
+        for M in Ms:
+            shape = f"M{M} N{N} K{K}"
+            x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+            r = ref.fp4_linear(x.float(), c, s, o)
+            base = record("dense", shape, "bf16-cublas", bench(lambda: F.linear(x, wb)), N * K * 2 + M * K * 2 + M * N * 2)
+            fp4_bytes = pw.gv_words.numel() * 4 + pw.gv_scales.numel() + M * K * 2 + M * N * 2
+            best = None
+            for cfg in gemv2_variants(M, N, K, dev):
+                try:
+                    y = fp4_linear(x, pw, config=cfg, check_finite=False)
+                    e = relerr(y, r)
+                    ok = e < 1e-2
+                    check(f"dense v1 {shape} {cfg_str(cfg)}", ok, f"rel err {e:.2e} (tol 1e-2, bf16 output)")
+                    if not ok:
+                        continue
+                    t = bench(lambda: fp4_linear(x, pw, config=cfg, check_finite=False))
+                except Exception as ex:
+                    log(f"  variant {cfg} failed: {type(ex).__name__}: {str(ex)[:300]}")
+                    continue
+                ROWS.append(dict(op="dense-sweep", shape=shape, provider="fp4-w4a16-v1", median_ms=round(t[0], 5),
+                                 p20_ms=round(t[1], 5), p80_ms=round(t[2], 5), tb_per_s="", speedup_vs_bf16=round(base / t[0], 3),
+                                 gpu=GPU, commit=COMMIT, config=cfg_str(cfg)))
+                if best is None or t[0] < best[0][0]:
+                    best = (t, cfg)
+            if best:
+                record("dense", shape, "fp4-w4a16-v1", best[0], fp4_bytes, base, cfg_str(best[1]))
+            if M == 1 and N == 14336:  # the v0 default in the same run, for reference
+                t = bench(lambda: fp4_linear(x, pw, config=default_config(M, N, K, dev), check_finite=False))
+                record("dense", shape, "fp4-w4a16-v0mma", t, pw.nbytes() + M * K * 2 + M * N * 2, base,
+                       cfg_str(default_config(M, N, K, dev)))
+
+
+def run_moe_v1(dev, quick):
+    log("== grouped MoE FP4, v1 GEMV path")
+    fams = ["qwen3-30b-a3b"] if quick else ["qwen3-30b-a3b", "olmoe-1b-7b"]
+    for fam in fams:
+        H, I, E, k, _ = FAMILIES[fam]
+        wg, wu, wd = (nv_weight((E, I, H), dev, "expert"), nv_weight((E, I, H), dev, "expert"),
+                      nv_weight((E, H, I), dev, "expert"))
+        mw = prepare_moe_weights(wg, wu, wd)
+        w13 = torch.cat([ref.nvfp4_dequantize(*wg), ref.nvfp4_dequantize(*wu)], 1).to(torch.bfloat16)
+        w2 = ref.nvfp4_dequantize(*wd).to(torch.bfloat16)
+        w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
+        for T in [1, 16, 64]:
+            shape = f"{fam} T{T}"
+            x = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
+            ids, tw = route(T, E, k, dev)
+            r = ref.moe_fp4_reference(x.float(), wg, wu, wd, ids, tw)  # (first run: `u` was shadowed by a loop var)
+            flat = ids.reshape(-1).long()
+            order = torch.argsort(flat, stable=True)
+            counts = torch.bincount(flat, minlength=E)
+            offs = torch.cumsum(counts, 0).to(torch.int32)
+            hit = int((counts > 0).sum())
+            xs = x[order // k].contiguous()
+
+            def bf16_moe():
+                h = torch._grouped_mm(xs, w13t, offs=offs)
+                a = F.silu(h[:, :I]) * h[:, I:]
+                return torch._grouped_mm(a, w2t, offs=offs)
+            S = T * k
+            act_bytes = T * H * 2 + S * I * 2 * 2 + S * H * 2 + T * H * 2
+            base = record("moe", shape, "bf16-grouped_mm", bench(bf16_moe), hit * 3 * H * I * 2 + act_bytes)
+            fp4_bytes = hit * 3 * H * I * (0.5 + 1 / 8) + act_bytes  # v1 layout: 4 scale bytes per 32 weights
+            d0 = default_moe_config(T, k, E)
+            variants = [d0]
+            for bm in (1, 2, 4):
+                for bn, bnd, uu, nw in [(32, 32, 1, 4), (64, 64, 1, 4), (32, 32, 2, 4), (16, 16, 1, 4)]:
+                    c = MoEConfig(BM=bm, BN=bn, BN_down=bnd, num_warps=nw, num_stages=1, kind="gemv", U=uu)
+                    if c not in variants:
+                        variants.append(c)
+            best = None
+            for cfg in variants:
+                try:
+                    al = moe_align(ids, E, cfg.BM)
+                    y = fused_moe(x, mw, ids, tw, config=cfg, align=al, check_finite=False)
+                    e = relerr(y, r)
+                    ok = e < 2e-2
+                    check(f"moe v1 {shape} {cfg_str(cfg)}", ok, f"rel err {e:.2e} (tol 2e-2, bf16 h and output)")
+                    if not ok:
+                        continue
+                    t = bench(lambda: fused_moe(x, mw, ids, tw, config=cfg, align=al, check_finite=False))
+                except Exception as ex:
+                    log(f"  variant {cfg} failed: {type(ex).__name__}: {str(ex)[:300]}")
+                    continue
+                ROWS.append(dict(op="moe-sweep", shape=shape, provider="fp4-w4a16-v1", median_ms=round(t[0], 5),
+                                 p20_ms=round(t[1], 5), p80_ms=round(t[2], 5), tb_per_s="", speedup_vs_bf16=round(base / t[0], 3),
+                                 gpu=GPU, commit=COMMIT, config=cfg_str(cfg)))
+                if best is None or t[0] < best[0][0]:
+                    best = (t, cfg)
+            if best:
+                record("moe", shape, "fp4-w4a16-v1", best[0], fp4_bytes, base, cfg_str(best[1]) + f";experts_hit={hit}")
+        del mw, w13, w2, w13t, w2t, wg, wu, wd
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------------
+# Offline SASS of the v1 GEMV kernel (no GPU needed: Triton compiles for sm_90 with its bundled
+# ptxas; cuobjdump disassembles). Counts the instructions of the main loop per weight.
+def sass_counts(out_csv):
+    import glob
+    import re
+    from collections import Counter
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.gemm import _fp4_gemv2_kernel
+    bindir = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin"))[0]
+    sig = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "wf_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
+           "K": "i32", "G": "i32", "stride_xm": "i32", "g_per_split": "i32", "BN": "constexpr", "BM": "constexpr",
+           "U": "constexpr", "SPLIT": "constexpr", "NIT": "constexpr", "EVEN": "constexpr", "PREFETCH": "constexpr"}
+    aligned = ["x_ptr", "w_ptr", "s_ptr", "wf_ptr", "out_ptr", "N", "K", "stride_xm"]
+    attrs = {(list(sig).index(k),): [["tt.divisibility", 16]] for k in aligned}
+    rows = []
+    for bn, bm, u, nw, pf in [(32, 1, 2, 4, False), (64, 1, 2, 4, False), (16, 1, 2, 4, False), (32, 2, 2, 4, False),
+                              (32, 4, 2, 4, False), (64, 4, 2, 4, False), (32, 1, 1, 4, True)]:
+        cst = dict(BN=bn, BM=bm, U=u, SPLIT=1, NIT=16 // u, EVEN=not pf, PREFETCH=pf)  # K=4096: 16 groups
+        ck = triton.compile(ASTSource(fn=_fp4_gemv2_kernel, signature=sig, constexprs=cst, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=nw, num_stages=1))
+        path = f"/tmp/gemv2_{bn}_{bm}_{u}_{nw}_{int(pf)}.cubin"
+        with open(path, "wb") as f:
+            f.write(ck.asm["cubin"])
+        sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", path], capture_output=True, text=True).stdout
+        ins = []
+        for line in sass.splitlines():
+            m = re.match(r"\s+/\*([0-9a-f]{4})\*/\s+(.*?);", line)
+            if m:
+                ins.append((int(m.group(1), 16), m.group(2).strip()))
+        body = []
+        for a, t in ins:  # the loop = the span of the (last) backward branch
+            tg = re.search(r"BRA\s+0x([0-9a-f]+)", t)
+            if tg and int(tg.group(1), 16) < a:
+                body = [x for b, x in ins if int(tg.group(1), 16) <= b <= a]
+        ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", x).split()[0].split(".")[0] for x in body)
+        wpt = (bn // (4 * nw)) * 32 * u  # weights per thread per iteration (rows/thread * 32 * U)
+        rows.append(dict(kernel="_fp4_gemv2_kernel", config=f"BN={bn};BM={bm};U={u};num_warps={nw};prefetch={pf}",
+                         ttgir_convert_layouts=ck.asm["ttgir"].count("convert_layout"), loop_instr=len(body),
+                         weights_per_thread_iter=wpt, instr_per_weight=round(len(body) / wpt, 3),
+                         instr_per_weight_row=round(len(body) / wpt / bm, 3),
+                         top_ops=" ".join(f"{k}:{v}" for k, v in ops.most_common(8))))
+        log(rows[-1])
+    with open(out_csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
 def main():
     global GPU, COMMIT, OUT_PATH
     ap = argparse.ArgumentParser()
@@ -362,7 +535,10 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--only", default="quantize,dense,attention,moe")
+    ap.add_argument("--sass", default=None, help="offline: write v1 GEMV SASS instruction counts to this CSV and exit")
     args = ap.parse_args()
+    if args.sass:
+        return sass_counts(args.sass)
     OUT_PATH = args.out
     if not torch.cuda.is_available():
         sys.exit("bench_kernels.py needs a CUDA GPU")
@@ -377,7 +553,8 @@ def main():
     t0 = time.time()
     for part in args.only.split(","):
         try:
-            {"quantize": run_quantize, "dense": run_dense, "moe": run_moe, "attention": run_attention}[part](dev, args.quick)
+            {"quantize": run_quantize, "dense": run_dense, "moe": run_moe, "attention": run_attention,
+             "dense_v1": run_dense_v1, "moe_v1": run_moe_v1}[part](dev, args.quick)
         except Exception:
             log(f"!! {part} failed:\n{traceback.format_exc()}")
         log(f"   [{part} done at {time.time() - t0:.0f}s]")

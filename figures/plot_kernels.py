@@ -84,6 +84,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--csv", default="results/kernels/kernels.csv")
     ap.add_argument("--outdir", default="figures")
+    ap.add_argument("--v1csv", default="results/kernels/kernels_v1.csv")
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)
     load_all = load(a.csv)
@@ -96,4 +97,16 @@ if __name__ == "__main__":
                     "Decode attention: FP4 KV (Triton) vs BF16 SDPA", os.path.join(a.outdir, "kernels_attention.png")),
         plot_bandwidth(load_all, os.path.join(a.outdir, "kernels_bandwidth.png")),
     ]
+    if os.path.exists(a.v1csv):  # v1 decode kernels (same-run BF16 baselines) + the v0 FP4 rows of the earlier run
+        v1 = load(a.v1csv)
+        v0 = [dict(r, provider=r["provider"] + " (v0, earlier run)") for r in load_all
+              if r["op"] in ("dense", "moe") and r["provider"] == "fp4-w4a16"
+              and any(r["shape"] == q["shape"] for q in v1)]
+        made += [
+            plot_series(v1 + v0, "dense", lambda s: f"N{_num(s, 'N')} K{_num(s, 'K')}", lambda s: _num(s, "M"),
+                        "rows M (decode batch)", "Dense FP4 decode v1 (GEMV layout) vs cuBLAS BF16",
+                        os.path.join(a.outdir, "kernels_v1_dense.png")),
+            plot_series(v1 + v0, "moe", lambda s: s.split()[0], lambda s: _num(s, "T"), "tokens T",
+                        "Grouped MoE decode v1 vs torch._grouped_mm BF16", os.path.join(a.outdir, "kernels_v1_moe.png")),
+        ]
     print("\n".join(m for m in made if m))

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import EPI_POW, INTERPRET, check_tensor
-from kernels.gemm import PreparedFP4Weight, _fp4_tile_dot, prepare_weight
+from kernels.gemm import GV_GK, PreparedFP4Weight, _fp4_tile_dot, _gv_group, prepare_weight
 
 
 @dataclass
@@ -60,7 +60,9 @@ def prepare_moe_weights(gate, up, down) -> MoEWeights:
     if (d.E, d.N, d.K) != (g.E, g.K, g.N):
         raise ValueError(f"down must be [E, H, I] = {(g.E, g.K, g.N)}, got {(d.E, d.N, d.K)}")
     w13 = PreparedFP4Weight(torch.cat([g.words, u.words], 1).contiguous(), torch.cat([g.scales, u.scales], 1).contiguous(),
-                            torch.stack([g.factor, u.factor], 1).contiguous(), 2 * g.N, g.K, g.E)
+                            torch.stack([g.factor, u.factor], 1).contiguous(), 2 * g.N, g.K, g.E,
+                            torch.cat([g.gv_words, u.gv_words], 2).contiguous(),  # [E, G, 2I, 8, 4]
+                            torch.cat([g.gv_scales, u.gv_scales], 2).contiguous())
     return MoEWeights(w13, d, g.E, g.K, g.N)
 
 
@@ -149,6 +151,121 @@ def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slot
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & mmask[None, :])
 
 
+@triton.jit
+def _moe_gemv_kernel(x_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr,
+                     S, N, K, G, stride_xm, A_DIV,
+                     BN: tl.constexpr, BM: tl.constexpr, U: tl.constexpr, GATED: tl.constexpr,
+                     ROUTE_W: tl.constexpr, NIT: tl.constexpr, EVEN: tl.constexpr):
+    """v1 decode path: one program = one block of BM <= 4 slots of one expert x BN output rows, the
+    inner loop of kernels.gemm._fp4_gemv2_kernel over the expert's `gemv_layout` weight (gate and up
+    rows in one program, SiLU product fused; routing weight fused into down)."""
+    pid_b = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(bexp_ptr + pid_b)
+    if e < 0:
+        return
+    sl0 = tl.load(slots_ptr + pid_b * BM)
+    sl1 = S
+    sl2 = S
+    sl3 = S
+    if BM > 1:
+        sl1 = tl.load(slots_ptr + pid_b * BM + 1)
+    if BM > 2:
+        sl2 = tl.load(slots_ptr + pid_b * BM + 2)
+    if BM > 3:
+        sl3 = tl.load(slots_ptr + pid_b * BM + 3)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    nmask = offs_n < N
+    n3 = offs_n[None, :, None]
+    t3 = tl.arange(0, 8)[:, None, None]
+    w3 = tl.arange(0, 4)[None, None, :]
+    if GATED:
+        NW = 2 * N  # gate rows [0, N), up rows [N, 2N)
+    else:
+        NW = N
+    e64 = e.to(tl.int64)
+    wb = w_ptr + e64 * G * NW * 32
+    sb = s_ptr + e64 * G * NW * 32
+    xr0 = x_ptr + tl.where(sl0 < S, sl0 // A_DIV, 0).to(tl.int64) * stride_xm
+    xr1 = x_ptr + tl.where(sl1 < S, sl1 // A_DIV, 0).to(tl.int64) * stride_xm
+    xr2 = x_ptr + tl.where(sl2 < S, sl2 // A_DIV, 0).to(tl.int64) * stride_xm
+    xr3 = x_ptr + tl.where(sl3 < S, sl3 // A_DIV, 0).to(tl.int64) * stride_xm
+    acc0 = tl.zeros([8, BN, 4], tl.float32)
+    acc1 = tl.zeros([8, BN, 4], tl.float32)
+    acc2 = tl.zeros([8, BN, 4], tl.float32)
+    acc3 = tl.zeros([8, BN, 4], tl.float32)
+    u0 = tl.zeros([8, BN, 4], tl.float32)
+    u1 = tl.zeros([8, BN, 4], tl.float32)
+    u2 = tl.zeros([8, BN, 4], tl.float32)
+    u3 = tl.zeros([8, BN, 4], tl.float32)
+    for it in range(NIT):
+        for uu in tl.static_range(U):
+            g = it * U + uu
+            base = (g.to(tl.int64) * NW + n3) * 32 + t3 * 4 + w3  # [8, BN, 4]
+            kk = g * 256 + t3 * 32 + w3
+            if EVEN:
+                wmask = None
+                xok = kk >= 0
+            else:
+                wmask = (n3 < N) & (g < G)
+                xok = (kk < K) & (g < G)
+            acc0, acc1, acc2, acc3 = _gv_group(
+                acc0, acc1, acc2, acc3, wb + base, sb + base, wmask, xr0 + kk, xr1 + kk, xr2 + kk, xr3 + kk,
+                xok & (sl0 < S), xok & (sl1 < S), xok & (sl2 < S), xok & (sl3 < S), kk, K, BM)
+            if GATED:
+                u0, u1, u2, u3 = _gv_group(
+                    u0, u1, u2, u3, wb + base + N * 32, sb + base + N * 32, wmask, xr0 + kk, xr1 + kk, xr2 + kk,
+                    xr3 + kk, xok & (sl0 < S), xok & (sl1 < S), xok & (sl2 < S), xok & (sl3 < S), kk, K, BM)
+    if GATED:
+        fg = tl.load(wf_ptr + e * 2)
+        fu = tl.load(wf_ptr + e * 2 + 1)
+    else:
+        fg = tl.load(wf_ptr + e)
+        fu = fg
+    _moe_gv_store(out_ptr, acc0, u0, fg, fu, sl0, S, N, offs_n, nmask, rw_ptr, GATED, ROUTE_W)
+    if BM > 1:
+        _moe_gv_store(out_ptr, acc1, u1, fg, fu, sl1, S, N, offs_n, nmask, rw_ptr, GATED, ROUTE_W)
+    if BM > 2:
+        _moe_gv_store(out_ptr, acc2, u2, fg, fu, sl2, S, N, offs_n, nmask, rw_ptr, GATED, ROUTE_W)
+    if BM > 3:
+        _moe_gv_store(out_ptr, acc3, u3, fg, fu, sl3, S, N, offs_n, nmask, rw_ptr, GATED, ROUTE_W)
+
+
+@triton.jit
+def _moe_gv_store(out_ptr, acc, accu, fg, fu, slot, S, N, offs_n, nmask, rw_ptr, GATED: tl.constexpr,
+                  ROUTE_W: tl.constexpr):
+    y = tl.sum(tl.sum(acc, axis=2), axis=0) * fg
+    if GATED:
+        yu = tl.sum(tl.sum(accu, axis=2), axis=0) * fu
+        y = y / (1.0 + tl.exp(-y)) * yu
+    ok = slot < S
+    if ROUTE_W:
+        y = y * tl.load(rw_ptr + tl.where(ok, slot, 0))
+    tl.store(out_ptr + slot.to(tl.int64) * N + offs_n, y.to(out_ptr.dtype.element_ty), mask=nmask & ok)
+
+
+def moe_gemv(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_div: int, gated: bool,
+             route_w=None, BM=4, BN=32, U=1, num_warps=4, out_dtype=None):
+    """v1 grouped launch over the GEMV layout (W4A16 only). a: activations [R, K]; row of slot s is
+    s // a_div. sorted_slots/block_expert from moe_align(topk_ids, E, BM) with the same BM (<= 4)."""
+    if w.gv_words is None:
+        raise ValueError("expert weights were prepared without the GEMV layout")
+    if BM > 4:
+        raise ValueError("moe_gemv handles BM <= 4 slots per block")
+    N = w.N // 2 if gated else w.N
+    K = w.K
+    G = w.gv_words.shape[1]
+    out = torch.empty((S, N), dtype=out_dtype or a.dtype, device=a.device)
+    nb = block_expert.numel()
+    grid = (nb, triton.cdiv(N, BN))
+    even = N % BN == 0 and K % GV_GK == 0 and G % U == 0
+    _moe_gemv_kernel[grid](a, w.gv_words, w.gv_scales, w.factor, out, sorted_slots, block_expert,
+                           route_w if route_w is not None else out, S, N, K, G, a.stride(0), a_div,
+                           BN=BN, BM=BM, U=U, GATED=gated, ROUTE_W=route_w is not None, NIT=triton.cdiv(G, U),
+                           EVEN=even, num_warps=num_warps, num_stages=1)
+    return out
+
+
 @dataclass(frozen=True)
 class MoEConfig:
     BM: int = 16
@@ -157,12 +274,20 @@ class MoEConfig:
     num_warps: int = 4
     num_stages: int = 3
     BN_down: int = 64
+    kind: str = "mma"  # "mma" (v0, tensor cores, any T, W4A4 too) or "gemv" (v1 decode, BM <= 4, W4A16)
+    U: int = 1  # gemv: K-groups of 256 per loop iteration
 
 
 def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
-    if INTERPRET:
-        return MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16)
     per_expert = T * topk / E
+    if INTERPRET:
+        if per_expert <= 4:
+            return MoEConfig(BM=min(4, max(1, T * topk)), BN=8, num_warps=1, num_stages=1, BN_down=8, kind="gemv")
+        return MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16)
+    if per_expert <= 8:  # decode: weight-streaming GEMV (v1)
+        bm = 1 if per_expert <= 0.5 else (2 if per_expert <= 1.5 else 4)
+        bn = 16 if bm == 1 else 32  # BN=16 best at T=1 on the H200 (kernels_v1.csv); T>=16 not yet measured
+        return MoEConfig(BM=bm, BN=bn, num_warps=4, num_stages=1, BN_down=bn, kind="gemv", U=1)
     bm = 16 if per_expert <= 16 else (32 if per_expert <= 48 else 64)
     return MoEConfig(BM=bm, BN=64, BKW=32, num_warps=4, num_stages=4, BN_down=64)
 
@@ -215,11 +340,20 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
     if T == 0:
         return torch.zeros_like(x)
     cfg = config or default_moe_config(T, k, w.E)
+    if act_quant and cfg.kind == "gemv":  # the v1 GEMV path is W4A16 only: W4A4 runs the v0 MMA kernels
+        cfg = MoEConfig(BM=16, BN=16 if INTERPRET else 64, BKW=4 if INTERPRET else 32, num_warps=cfg.num_warps,
+                        num_stages=cfg.num_stages, BN_down=16 if INTERPRET else 64)
+        align = None
     if x.stride(-1) != 1:
         x = x.contiguous()
     sorted_slots, block_expert = align if align is not None else moe_align(topk_ids, w.E, cfg.BM)
     S = T * k
     rw = topk_weights.reshape(-1).to(torch.float32)
+    if cfg.kind == "gemv":
+        kw = dict(BM=cfg.BM, U=cfg.U, num_warps=cfg.num_warps)
+        h = moe_gemv(x, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, BN=cfg.BN, **kw)
+        y = moe_gemv(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, BN=cfg.BN_down, **kw)
+        return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)
     kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if act_quant:
         from kernels.quantize import quantize_rows

@@ -168,8 +168,10 @@ def nvfp4_block_scales(x: torch.Tensor, s_enc: torch.Tensor, block_2d: bool = Fa
 def nvfp4_scaled(x: torch.Tensor, scale_bytes: torch.Tensor, s_enc: torch.Tensor, block_2d: bool = False):
     """x * S_enc / s_b per element (0 where s_b is 0), the value that is rounded to E2M1."""
     s_b = expand_scales(e4m3_decode(scale_bytes), x.shape, NVFP4_BLOCK, block_2d)
-    v = x * s_enc / s_b
-    return torch.where(s_b == 0, torch.zeros_like(v), v)
+    zero = s_b == 0
+    # divide by a safe scale: `where` after a division by 0 would give 0 * inf = NaN gradients
+    v = x * s_enc / torch.where(zero, torch.ones_like(s_b), s_b)
+    return torch.where(zero, torch.zeros_like(v), v)
 
 
 def nvfp4_quantize(

@@ -27,8 +27,11 @@ def test_mma_path(M, N, K, act_quant):
     c, s, o = _w(N, K, M + N + K)
     pw = prepare_weight(c, s, o)
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(K))
-    y = fp4_linear(x, pw, act_quant=act_quant)
+    cfg = GemmConfig(BN=16, BM=16, BKW=4, split=2 if K >= 128 else 1, num_warps=1, num_stages=1)  # MMA explicitly
+    y = fp4_linear(x, pw, act_quant=act_quant, config=cfg)
     r = ref.fp4_linear(x, c, s, o, act_quant=act_quant)
+    assert y.shape == (M, N) and _rel(y, r) < TOL
+    y = fp4_linear(x, pw, act_quant=act_quant)  # default (v1 GEMV for W4A16 at M <= 16)
     assert y.shape == (M, N) and _rel(y, r) < TOL
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels import reference as ref
-from kernels.moe import fused_moe, moe_align, prepare_moe_weights
+from kernels.moe import MoEConfig, fused_moe, moe_align, prepare_moe_weights
 
 TOL = 1e-5
 
@@ -25,9 +25,13 @@ def test_fused_moe_matches_reference(T, E, H, I, k, act_quant):
     x = torch.randn(T, H, generator=gen)
     ids = torch.stack([torch.randperm(E - 1, generator=gen)[:k] for _ in range(T)])  # expert E-1 stays empty
     tw = torch.softmax(torch.randn(T, k, generator=gen), -1)
-    y = fused_moe(x, mw, ids, tw, act_quant=act_quant)
+    y = fused_moe(x, mw, ids, tw, act_quant=act_quant)  # default config (v1 GEMV at these sizes for W4A16)
     r = ref.moe_fp4_reference(x, g, u, d, ids, tw, act_quant=act_quant)
     assert float((y - r).norm() / r.norm()) < TOL
+    if not act_quant:  # v0 MMA kernels explicitly
+        cfg = MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16)
+        y = fused_moe(x, mw, ids, tw, config=cfg)
+        assert float((y - r).norm() / r.norm()) < TOL
 
 
 def test_align_pads_per_expert():

@@ -175,3 +175,41 @@ def test_alignment_loss_pulls_trainer_rounding_toward_rollout():
         opt.step()
     assert counts[0] > 50 and losses[0] > 0
     assert counts[-1] <= counts[0] // 20, counts
+
+
+def test_full_codes_replay_reproduces_the_rollout_exactly_and_zero_scales_keep_grads_finite():
+    m = build_model("qwen3_moe-tiny", seed=0)
+    patch_model(m, "w4a4kv4")
+    ids, seq, pos = _batch()
+    rec = Recorder(full_codes=True)
+    with torch.no_grad(), recording(m, rec, seq, pos):
+        lp_roll = _token_lp(m, ids)
+    record = rec.finish()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        layers = guided_layer_indices(len(m.model.layers), 0.5)
+        with replay(m, record, seq, pos, guide_layers=layers) as st_m:
+            _token_lp(m, ids)
+        with replay(m, record, seq, pos, guide_layers=layers, full_codes=True) as st_f:
+            _token_lp(m, ids)
+    assert sum(st_m.summary()["unrecoverable_rate"][i] for i in layers) > 0
+    assert all(st_f.summary()["unrecoverable_rate"][i] == 0 for i in layers)
+    with pytest.raises(Exception, match="full_codes=True"):
+        rec2 = Recorder()
+        with torch.no_grad(), recording(m, rec2, seq, pos):
+            m(ids)
+        with torch.no_grad(), replay(m, rec2.finish(), seq, pos, full_codes=True):
+            m(ids)
+    # a zero block (scale byte 0) in a guided site: the alignment loss backward stays finite
+    from trace import fp4
+    from trace.qat.patch import QATRuntime, ReplayStats
+
+    x_roll = torch.randn(4, 32)
+    x_roll[:, :16] = 0.0
+    r = Recorder()
+    r.add(0, "attn_in", fp4.quantize(x_roll, "nvfp4", "row"), torch.zeros(4, dtype=torch.long), torch.arange(4))
+    x = (x_roll + 0.05 * torch.randn(4, 32)).requires_grad_(True)
+    rt = QATRuntime(mode="w4a4", record=r.finish(), stats=ReplayStats(), align=True,
+                    seq=torch.zeros(4, dtype=torch.long), pos=torch.arange(4))
+    (rt.act(0, "attn_in", x).sum() + rt.stats.alignment_loss()).backward()
+    assert torch.isfinite(x.grad).all()
+    del lp_roll

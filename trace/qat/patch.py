@@ -115,6 +115,7 @@ class QATRuntime:
     record: GuidanceRecord | None = None
     guide_layers: set[int] | None = None  # None: every layer the record has
     routing_replay: bool = True
+    full_codes: bool = False  # guide with the recorded full codes (ablation) instead of mantissa bits
     align: bool = False
     stats: ReplayStats | None = None
     seq: torch.Tensor | None = None  # [Ntok] sequence id per flattened token row
@@ -157,7 +158,13 @@ class QATRuntime:
         own = fp4.quantize(xv.detach(), self.fmt, "row")
         rec_codes = self.record.lookup_codes(layer, site, seq[valid], pos[valid])
         use_guide = self.guided(layer)
-        if use_guide:
+        if use_guide and self.full_codes:
+            if rec_codes is None:
+                raise RecordMismatch("full-codes replay needs a record made with Recorder(full_codes=True)")
+            # the full-codes ablation: the rollout's own operands, nothing left to recover
+            qv = fp4.FP4Tensor(rec_codes, g.scales, g.outer, self.fmt, False, x.dtype)
+            res = fp4.GuidedResult(qv, torch.zeros_like(rec_codes, dtype=torch.bool))
+        elif use_guide:
             res = fp4.guided_quantize(xv.detach(), g.mantissa, g.scales, g.outer, self.fmt, ref_codes=rec_codes)
             qv = res.tensor
         if self.stats is not None:
@@ -413,21 +420,23 @@ def recording(model, recorder: Recorder, seq: torch.Tensor, pos: torch.Tensor):
 
 @contextlib.contextmanager
 def replay(model, record: GuidanceRecord, seq: torch.Tensor, pos: torch.Tensor, *, guide: bool = True,
-           guide_layers=None, routing: bool = True, align: bool = False):
+           guide_layers=None, routing: bool = True, align: bool = False, full_codes: bool = False):
     """Within the block, forwards use guided rounding at the record's layers (or `guide_layers`),
     routing replay, and collect flip statistics / the alignment loss into the yielded ReplayStats.
-    guide=False measures flips against the record without guiding (the unguided arms)."""
+    guide=False measures flips against the record without guiding (the unguided arms).
+    full_codes=True guides with the recorded 4-bit codes themselves (the full-codes ablation; the
+    record must hold them); otherwise full codes in a record only serve the statistics."""
     rt = model._trace_rt
-    old = (rt.record, rt.guide_layers, rt.routing_replay, rt.align, rt.stats, rt.seq, rt.pos)
+    old = (rt.record, rt.guide_layers, rt.routing_replay, rt.align, rt.full_codes, rt.stats, rt.seq, rt.pos)
     stats = ReplayStats()
     rt.record = record
     rt.guide_layers = (set() if not guide else (None if guide_layers is None else set(guide_layers)))
-    rt.routing_replay, rt.align, rt.stats = routing, align, stats
+    rt.routing_replay, rt.align, rt.full_codes, rt.stats = routing, align, full_codes, stats
     rt.seq, rt.pos = _flat_address(seq, pos)
     try:
         yield stats
     finally:
-        rt.record, rt.guide_layers, rt.routing_replay, rt.align, rt.stats, rt.seq, rt.pos = old
+        rt.record, rt.guide_layers, rt.routing_replay, rt.align, rt.full_codes, rt.stats, rt.seq, rt.pos = old
 
 
 def guided_layer_indices(num_layers: int, rho: float) -> list[int]:
