@@ -1,0 +1,187 @@
+"""Plumbing of one RL step per arm: the right engine/trainer modes, records, metrics keys, and the
+non-finite guard (step not applied, last checkpoint kept)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.rl.conftest import small_cfg
+from trace import config as C
+from trace.rl.trainer import ARMS, NonFiniteError, RLTrainer, build_train_batch
+
+KEYS = ("step", "reward_mean", "accuracy", "response_len", "k1", "k3", "dlp_abs_mean", "dlp_abs_max",
+        "ratio_out_frac", "chi2", "code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate",
+        "guidance_bytes_per_token", "rollout_tokens_per_s", "time_rollout_s", "time_train_s", "time_step_s",
+        "loss", "grad_norm")
+
+
+@pytest.mark.parametrize("method", sorted(ARMS))
+def test_one_step_each_arm(tmp_path, method, sft_ckpt):
+    extra = {"fp4-naive": "rl.tis_cap=2.0", "qat-weight-only": "rl.icepop=[0.5, 2.0]", "bf16": "rl.kl_coef=0.05"}
+    cfg = small_cfg([f"rl.method={method}", "rl.steps=1", "rl.prompts_per_step=8",
+                     extra.get(method, "rl.advantage=rloo")], init_ckpt=sft_ckpt)
+    tr = RLTrainer(cfg, tmp_path / method, progress=False)
+    arm = ARMS[method]
+    assert tr.engine.mode == arm.engine_mode and tr.engine.kv_fp4 == arm.kv_fp4
+    assert tr.model._trace_rt.mode == arm.trainer_mode
+    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    recs = tr.run()
+    rec = json.loads((tmp_path / method / "metrics.jsonl").read_text().splitlines()[-1])
+    for k in KEYS:
+        assert k in rec, k
+    assert rec["step"] == 1 and 0.0 <= rec["accuracy"] <= 1.0
+    assert all(v == v for v in (rec["k3"], rec["loss"], rec["grad_norm"]))
+    assert rec["k3"] >= 0 and rec["dlp_abs_max"] >= rec["dlp_abs_mean"] >= 0
+    changed = any(not torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
+    assert changed, "the optimizer step changed nothing"
+    if method.startswith("trace"):
+        assert rec["guidance_bytes_per_token"] > 0
+        layers = {int(k) for k in rec["code_flip_rate"]}
+        assert layers == {2, 3}  # rho = 0.5 of 4 layers: the deepest two
+        if method != "trace-noroutingreplay":
+            assert rec["routing_flip_rate"]
+    elif method == "qat-independent":
+        assert {int(k) for k in rec["code_flip_rate"]} == {0, 1, 2, 3}  # diagnostic record of all layers
+        assert rec["guidance_bytes_per_token"] == 0.0
+    else:
+        assert rec["code_flip_rate"] == {}
+    if method == "trace-fullcodes":
+        assert any(v >= 0 for v in rec["unrecoverable_rate"].values())
+    assert (tmp_path / method / "done").exists()
+    assert C.latest_checkpoint(tmp_path / method) is not None
+    assert len(recs) == 1
+
+
+def test_trace_with_all_layers_guided_cuts_mismatch(tmp_path, sft_ckpt):
+    """rho = 1 with routing replay: the trainer sees the rollout's FP4 operands everywhere, so the
+    mismatch falls far below the unguided trainer's on the same prompts and seed."""
+    out = {}
+    for m, rho in (("qat-independent", 0.5), ("trace", 1.0)):
+        cfg = small_cfg([f"rl.method={m}", f"rl.rho={rho}", "rl.steps=1", "rl.prompts_per_step=8"], init_ckpt=sft_ckpt)
+        out[m] = RLTrainer(cfg, tmp_path / m, progress=False).step(1)
+    assert out["trace"]["k3"] < 0.2 * out["qat-independent"]["k3"], (out["trace"]["k3"], out["qat-independent"]["k3"])
+    assert out["trace"]["dlp_abs_mean"] < out["qat-independent"]["dlp_abs_mean"]
+
+
+def test_train_batch_alignment(tmp_path, sft_ckpt):
+    """Trainer log-probs line up with the rollout's: with the trainer in FP32 (no autocast) and the
+    engine in FP32, the bf16 arm's log-probs agree to float rounding on every trainable token."""
+    cfg = small_cfg(["rl.method=bf16", "rl.autocast=none"], init_ckpt=sft_ckpt)
+    tr = RLTrainer(cfg, tmp_path / "r", progress=False)
+    ex = tr._prompts_for(1)
+    batch, _ = tr.rollout(ex, 3, seed=5, temperature=1.0, max_new_tokens=5)
+    tb = build_train_batch(batch, tr.tok.pad_token_id)
+    from trace.rl.trainer import token_logprobs
+    with torch.no_grad():
+        lp = token_logprobs(tr.model, tb, autocast=False)
+    assert int(tb.mask.sum()) == sum(sum(t) for t in batch.trainable)
+    torch.testing.assert_close(lp[tb.mask], tb.lp_roll[tb.mask], atol=1e-4, rtol=0)
+    # every input position is addressed, padding is -1
+    assert bool(((tb.pos >= 0) == tb.att.bool()).all())
+
+
+def test_nonfinite_stops_step_and_keeps_checkpoint(tmp_path, monkeypatch, sft_ckpt):
+    cfg = small_cfg(["rl.method=trace", "rl.steps=4", "rl.ckpt_every=2"], init_ckpt=sft_ckpt)
+    tr = RLTrainer(cfg, tmp_path / "nf", progress=False)
+    orig = RLTrainer.step
+
+    def poisoned(self, step):
+        if step == 3:  # the trainer's weights go bad after the engine synced: its forward must catch it
+            with torch.no_grad():
+                self.model.lm_head.weight[5, 0] = float("nan")
+            self._poison_snapshot = {k: v.clone() for k, v in self.model.state_dict().items()}
+        return orig(self, step)
+
+    monkeypatch.setattr(RLTrainer, "step", poisoned)
+    with pytest.raises(NonFiniteError) as ei:
+        tr.run()
+    msg = str(ei.value)
+    assert "RL step 3" in msg and "non-finite" in msg and "step not applied" in msg
+    assert "step_000002" in msg
+    # nothing was applied: parameters are exactly the poisoned snapshot (no optimizer step)
+    for k, v in tr.model.state_dict().items():
+        assert torch.equal(v, tr._poison_snapshot[k]) or (torch.isnan(v).any() and k.startswith("lm_head"))
+    recs = C.read_metrics(tmp_path / "nf" / "metrics.jsonl")
+    assert [r["step"] for r in recs] == [1, 2]
+    latest = C.latest_checkpoint(tmp_path / "nf")
+    assert latest.name == "step_000002"
+    from safetensors.torch import load_file
+    sd = load_file(str(latest / "model.safetensors"))
+    assert all(bool(torch.isfinite(t).all()) for t in sd.values())
+    assert not (tmp_path / "nf" / "done").exists()
+
+
+def test_nonfinite_loss_guard(tmp_path, monkeypatch):
+    """A NaN that appears only in the loss (e.g. an advantage) is caught before backward/step."""
+    cfg = small_cfg(["rl.method=bf16", "rl.steps=1"])
+    tr = RLTrainer(cfg, tmp_path / "nl", progress=False)
+    import trace.rl.trainer as T
+    monkeypatch.setattr(T, "compute_advantages", lambda *a, **k: torch.full_like(a[1], float("nan"), dtype=torch.float32))
+    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    with pytest.raises(NonFiniteError, match="non-finite loss"):
+        tr.step(1)
+    assert all(torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
+
+
+def test_nonfinite_trainer_logits(tmp_path, sft_ckpt):
+    """The engine is clean (it holds its own copy), the trainer's forward goes NaN: caught by the
+    trainer's logits check, before any backward or optimizer step."""
+    import copy
+    cfg = small_cfg(["rl.method=bf16", "rl.steps=1"], init_ckpt=sft_ckpt)
+    tr = RLTrainer(cfg, tmp_path / "nt", progress=False)
+    tr.engine.sync_weights(copy.deepcopy(tr.model))
+    with torch.no_grad():
+        tr.model.model.norm.weight[3] = float("inf")
+    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    with pytest.raises(NonFiniteError, match="non-finite logits in the trainer forward"):
+        tr.step(1)
+    for k, v in tr.model.state_dict().items():
+        assert torch.equal(v, before[k])
+    assert all(p.grad is None for p in tr.model.parameters())
+
+
+@pytest.mark.parametrize("task", ["long_horizon", "coding"])
+def test_step_other_tasks(tmp_path, task):
+    """Multi-turn (environment tokens masked out of the loss) and sandboxed coding rewards run end to end."""
+    cfg = small_cfg([f"task.name={task}", "rl.method=trace", "rl.steps=1", "rl.max_new_tokens=4",
+                     "rl.prompts_per_step=2", "rl.group_size=2", "rl.max_turns=3"])
+    tr = RLTrainer(cfg, tmp_path / task, progress=False)
+    ex = tr._prompts_for(1)
+    batch, scores = tr.rollout(ex, 2, seed=3, temperature=1.0, max_new_tokens=4)
+    assert len(scores) == 4 and all(0.0 <= s <= 1.0 for s in scores)
+    tb = build_train_batch(batch, tr.tok.pad_token_id)
+    assert int(tb.mask.sum()) == sum(sum(t) for t in batch.trainable)
+    if task == "long_horizon" and any(batch.turns):
+        assert any(not all(t) for t in batch.trainable), "environment tokens must be non-trainable"
+    rec = tr.step(1)
+    assert rec["k3"] is not None and rec["n_tokens"] > 0
+
+
+def test_wandb_offline_mirror(tmp_path):
+    pytest.importorskip("wandb")
+    cfg = small_cfg(["rl.method=bf16", "rl.steps=1", "wandb.mode=offline"])
+    RLTrainer(cfg, tmp_path / "w", progress=False).run()
+    assert list((tmp_path / "w").glob("wandb/offline-run-*")), "no offline wandb run written"
+    assert len(C.read_metrics(tmp_path / "w" / "metrics.jsonl")) == 1
+
+
+def test_build_train_batch_multiturn_masks():
+    """Hand-made multi-turn batch: env tokens in the middle are inputs but not targets; env tokens
+    after the last action are dropped (never needed, maybe never fed to the engine)."""
+    from trace.rollout import RolloutBatch
+    # sample 0: prompt [1,10,11], action [20,4], env [30,31], action [21,4], env [32,33] (final obs)
+    # sample 1: prompt [1,10,11], action [22,23,4]
+    toks = [[1, 10, 11, 20, 4, 30, 31, 21, 4, 32, 33], [1, 10, 11, 22, 23, 4]]
+    tr = [[True, True, False, False, True, True, False, False], [True, True, True]]
+    lp = [[-0.1, -0.2, 0.0, 0.0, -0.3, -0.4, 0.0, 0.0], [-0.5, -0.6, -0.7]]
+    b = RolloutBatch(toks, [3, 3], lp, tr, [0, 0], [7, 8], [True, True], ["env_done", "stop_string"], 7, 0.0)
+    tb = build_train_batch(b, pad_id=0)
+    assert tb.ids.shape == (2, 8)  # sample 0 inputs end before its last action token (index 8)
+    assert tb.ids[0].tolist() == [1, 10, 11, 20, 4, 30, 31, 21]
+    assert tb.tgt[0].tolist() == [10, 11, 20, 4, 30, 31, 21, 4]
+    assert tb.mask[0].tolist() == [False, False, True, True, False, False, True, True]
+    assert tb.lp_roll[0].tolist() == pytest.approx([0, 0, -0.1, -0.2, 0, 0, -0.3, -0.4])
+    assert tb.pos[1].tolist() == [0, 1, 2, 3, 4, -1, -1, -1] and tb.seq.tolist() == [7, 8]
+    assert tb.mask[1].tolist() == [False, False, True, True, True, False, False, False]

@@ -1,0 +1,34 @@
+"""`python -m trace.rl --config CFG.yaml --out DIR [--set rl.method=trace ...]`: one RL run.
+
+Writes DIR/config.yaml, meta.json, metrics.jsonl (one object per step), ckpt/ and `done`. Restarting
+the same command after a crash resumes from the last checkpoint (see trace/rl/trainer.py).
+Exit codes: 0 done, 2 bad config, 3 non-finite loss/logits (step not applied, checkpoint kept).
+"""
+from __future__ import annotations
+
+import sys
+
+from trace import config as C
+
+
+def main(argv=None) -> int:
+    p = C.base_parser("python -m trace.rl", "GRPO-style RL of a tiny MoE policy under one method arm.")
+    p.add_argument("--out", required=True, help="run directory (created; resumed if it holds a checkpoint)")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    a = p.parse_args(argv)
+    try:
+        cfg = C.load_config(a.config, a.set)
+    except C.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from trace.rl.trainer import NonFiniteError, run_rl
+    try:
+        run_rl(cfg, a.out, progress=not a.no_progress)
+    except NonFiniteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,391 @@
+"""GRPO-style RL trainer with the method arms of DESIGN.md §4 and per-step train-rollout mismatch metrics.
+
+    python -m trace.rl --config experiments/configs/smoke_rl_reasoning.yaml --out runs/rl_trace
+
+One step (`RLTrainer.step`):
+  prompts (seeded by (seed, step))
+  -> `RolloutEngine.generate` (bf16 engine for `bf16`; W4A4 + FP4 KV for every FP4 arm), recording
+     TRACE guidance for `trace*` (deepest `rho` of the layers, mantissa+scales, or full codes for
+     `trace-fullcodes`), and for `qat-independent` a full-codes diagnostic record of all layers used
+     only to count code/scale flips (never to guide; `rl.diag_flips`)
+  -> rewards (task verifier; the multi-turn env for long_horizon) -> advantages (group_norm / rloo /
+     reinforce_baseline, OpenRLHF numerics)
+  -> trainer forward of the patched HF model in the arm's mode (bf16 for bf16 and fp4-naive, w4a16 for
+     qat-weight-only, w4a4kv4 for qat-independent and trace*) under BF16 autocast on FP32 master
+     weights, inside `replay(...)` whenever a record exists (guided rounding + routing replay +
+     alignment loss for trace; flip counting only for the diagnostic record)
+  -> PPO-clip loss vs the rollout log-probs with TIS / ICEPOP, + kl_coef * KL(ref) + align_coef * align
+  -> AdamW step with gradient clipping -> `engine.sync_weights(model)` (FP4 weights re-quantized by the
+     shared quantizer).
+
+Mismatch metrics (k1, k3, |dlp| mean/max, ratio-outside fraction, chi2) compare the trainer forward's
+log-probs, in its own quantized mode, with the rollout's, over trainable tokens. Per-layer flip rates
+are logged where a record exists and the trainer quantizes activations: the guided layers of trace*
+arms and all layers of qat-independent; they are empty dicts for bf16 / fp4-naive / qat-weight-only.
+
+PPO ratio (`rl.ppo_ratio`): "rollout" (default; the old policy is the rollout, ratio =
+exp(lp_train - lp_rollout), TIS multiplies by min(ratio, cap) detached and ICEPOP masks tokens whose
+detached ratio is outside [lo, hi]) or "trainer" (OpenRLHF's decoupled form: the old policy is the
+trainer's own detached log-prob, so the PPO ratio is 1 on the single update and TIS / ICEPOP act on
+pi_train / pi_rollout alone).
+
+Determinism: prompts, rollout seeds and evaluation seeds derive from (seed, step), model and optimizer
+state are checkpointed exactly, so a resumed run reproduces an uninterrupted one on the CPU.
+Non-finite logits, loss or gradients raise `NonFiniteError` before the optimizer step (nothing applied,
+the last checkpoint untouched). Compared against: OpenRLHF 0.11.2 losses (tests/rl/test_openrlhf_crosscheck.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from trace import config as C
+from trace.rl.losses import compute_advantages, kl_k3, masked_mean, mismatch_metrics, policy_loss
+
+
+class NonFiniteError(FloatingPointError):
+    """The trainer produced NaN/inf; the step was not applied."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    engine_mode: str  # "bf16" | "w4a4"
+    kv_fp4: bool
+    trainer_mode: str  # patch_model mode
+    record: str | None  # None | "guide" | "diag"
+    full_codes: bool = False
+    routing: bool = False
+    align: bool = False
+
+    @property
+    def deploy(self) -> str:
+        return "bf16" if self.engine_mode == "bf16" else "fp4"
+
+
+ARMS: dict[str, Arm] = {
+    "bf16": Arm("bf16", False, "bf16", None),
+    "fp4-naive": Arm("w4a4", True, "bf16", None),
+    "qat-weight-only": Arm("w4a4", True, "w4a16", None),
+    "qat-independent": Arm("w4a4", True, "w4a4kv4", "diag", full_codes=True),
+    "trace": Arm("w4a4", True, "w4a4kv4", "guide", routing=True, align=True),
+    "trace-fullcodes": Arm("w4a4", True, "w4a4kv4", "guide", full_codes=True, routing=True, align=True),
+    "trace-noalign": Arm("w4a4", True, "w4a4kv4", "guide", routing=True, align=False),
+    "trace-noroutingreplay": Arm("w4a4", True, "w4a4kv4", "guide", routing=False, align=True),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Batch construction for the trainer forward
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class TrainBatch:
+    ids: torch.Tensor  # [B, T] inputs (right padded)
+    att: torch.Tensor  # [B, T] 1 = real token
+    tgt: torch.Tensor  # [B, T] next token
+    pos: torch.Tensor  # [B, T] absolute position, -1 = padding (record addressing)
+    seq: torch.Tensor  # [B] record seq id
+    mask: torch.Tensor  # [B, T] bool: target is a trainable (policy) token
+    lp_roll: torch.Tensor  # [B, T] rollout log-prob of the target (0 where not trainable)
+
+
+def build_train_batch(batch, pad_id: int, device="cpu") -> TrainBatch:
+    """Inputs are tokens[:j] where j is the index of the sample's last trainable token: every input
+    position was fed through the rollout engine (so it is in any record) and every trainable target
+    has its logits. Environment tokens after the last action (e.g. "correct\\n") are not needed."""
+    B = len(batch.tokens)
+    lens = []
+    for b in range(B):
+        P = batch.prompt_lens[b]
+        tr = batch.trainable[b]
+        last = max((k for k, t in enumerate(tr) if t), default=None)
+        if last is None:
+            raise ValueError(f"sample {b} has no trainable token (empty response)")
+        lens.append(P + last)  # inputs 0 .. P+last-1 predict targets 1 .. P+last
+    T = max(lens)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    tgt = torch.full((B, T), pad_id, dtype=torch.long)
+    att = torch.zeros((B, T), dtype=torch.long)
+    pos = torch.full((B, T), -1, dtype=torch.long)
+    mask = torch.zeros((B, T), dtype=torch.bool)
+    lp = torch.zeros((B, T), dtype=torch.float32)
+    for b, n in enumerate(lens):
+        toks = torch.as_tensor(batch.tokens[b][: n + 1], dtype=torch.long)
+        P = batch.prompt_lens[b]
+        ids[b, :n] = toks[:n]
+        tgt[b, :n] = toks[1:]
+        att[b, :n] = 1
+        pos[b, :n] = torch.arange(n)
+        k = n + 1 - P  # response tokens covered: indices 0..k-1, target of input position P-1+i
+        mask[b, P - 1: n] = torch.as_tensor(batch.trainable[b][:k], dtype=torch.bool)
+        lp[b, P - 1: n] = torch.as_tensor(batch.logprobs[b][:k], dtype=torch.float32)
+    seq = torch.as_tensor(batch.seq_ids, dtype=torch.long)
+    d = torch.device(device)
+    return TrainBatch(ids.to(d), att.to(d), tgt.to(d), pos.to(d), seq.to(d), mask.to(d), lp.to(d))
+
+
+def token_logprobs(model, tb: TrainBatch, autocast: bool) -> torch.Tensor:
+    dev_type = tb.ids.device.type
+    with torch.autocast(dev_type, dtype=torch.bfloat16, enabled=autocast):
+        logits = model(input_ids=tb.ids, attention_mask=tb.att).logits
+    logits = logits.float()
+    valid = tb.att.bool()
+    if not bool(torch.isfinite(logits[valid]).all()):
+        raise NonFiniteError("non-finite logits in the trainer forward")
+    return F.log_softmax(logits, dim=-1).gather(-1, tb.tgt[..., None]).squeeze(-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Trainer
+# ----------------------------------------------------------------------------------------------
+class RLTrainer:
+    def __init__(self, cfg: dict, out: str | Path, progress: bool = True):
+        from trace.models import build_model, build_tokenizer, load_checkpoint
+        from trace.qat import patch_model
+        from trace.rollout import RolloutEngine
+        from trace.sft import build_task
+
+        C.set_threads(cfg)
+        self.cfg, self.rl = cfg, cfg["rl"]
+        self.progress = progress
+        self.arm = ARMS[self.rl["method"]]
+        self.out = C.prepare_run_dir(out, cfg, kind="rl")
+        self.device = cfg["device"]
+        self.task = build_task(cfg)
+        self.tok = build_tokenizer()
+        t = cfg["task"]
+        self.train_set = self.task.make_split("train", t["n_train"], t["seed"])
+        self.test_set = None  # built lazily by evaluate
+
+        init = self.rl["init_ckpt"]
+        self.init_dir = C.resolve_checkpoint(init) if init else None
+        latest = C.latest_checkpoint(self.out)
+        if latest is not None:
+            self.model, _ = load_checkpoint(latest, device=self.device, load_tokenizer=False)
+            state = C.load_trainer_state(latest)
+            self.start_step = int(state["step"])
+        else:
+            if self.init_dir is not None:
+                self.model, _ = load_checkpoint(self.init_dir, device=self.device, load_tokenizer=False)
+            else:
+                self.model = build_model(cfg["model"], seed=cfg["seed"], device=self.device)
+            state, self.start_step = None, 0
+        self.resumed = latest is not None
+        self.model.train()
+        patch_model(self.model, self.arm.trainer_mode, self.rl["fmt"])
+        self.ref = None
+        if self.rl["kl_coef"] > 0:
+            # the reference is the initial policy (SFT checkpoint), unquantized and frozen
+            if self.init_dir is not None:
+                self.ref, _ = load_checkpoint(self.init_dir, device=self.device, load_tokenizer=False)
+            else:
+                self.ref = build_model(cfg["model"], seed=cfg["seed"], device=self.device)
+            self.ref.requires_grad_(False)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.rl["lr"], betas=(0.9, 0.99),
+                                     weight_decay=self.rl["weight_decay"])
+        if state is not None:
+            self.opt.load_state_dict(state["optimizer"])
+        self.engine = RolloutEngine(self.model.config, mode=self.arm.engine_mode, fmt=self.rl["fmt"],
+                                    kv_fp4=self.arm.kv_fp4, dtype=torch.float32, device=self.device)
+        self.engine.sync_weights(self.model)
+        self.num_layers = self.model.config.num_hidden_layers
+
+    # ------------------------------------------------------------------------------ pieces
+    def _prompts_for(self, step: int):
+        g = torch.Generator().manual_seed(self.cfg["seed"] * 1_000_003 + 7919 * step + 17)
+        idx = torch.randperm(len(self.train_set), generator=g)[: self.rl["prompts_per_step"]].tolist()
+        return [self.train_set[i] for i in idx]
+
+    def _recorder(self):
+        from trace.guidance.record import Recorder
+        from trace.qat import guided_layer_indices
+        if self.arm.record == "guide":
+            return Recorder(layers=guided_layer_indices(self.num_layers, self.rl["rho"]),
+                            full_codes=self.arm.full_codes)
+        if self.arm.record == "diag" and self.rl["diag_flips"]:
+            return Recorder(layers=None, full_codes=True)
+        return None
+
+    def rollout(self, examples, n: int, seed: int, temperature: float, max_new_tokens: int, recorder=None,
+                engine=None):
+        """Generate n samples per example; returns (RolloutBatch, scores per sample)."""
+        from trace.models import EOS_ID
+        from trace.rollout import EnvPool
+        from trace.sft import encode_prompt
+        eng = engine or self.engine
+        prompts = [encode_prompt(self.tok, e.prompt) for e in examples]
+        env, max_turns = None, 1
+        if self.task.multi_turn:
+            env = EnvPool.for_examples(self.task, examples, n)
+            max_turns = min(self.rl["max_turns"], getattr(self.task, "max_turns", self.rl["max_turns"]))
+        batch = eng.generate(prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                             stop_token_ids=(EOS_ID,), stop_strings=(self.task.stop,), tokenizer=self.tok,
+                             recorder=recorder, env=env, max_turns=max_turns)
+        texts = batch.texts(self.tok)
+        scores = self.task.score_batch([examples[i] for i in batch.prompt_index], texts)
+        return batch, scores
+
+    # ------------------------------------------------------------------------------ one step
+    def step(self, step: int) -> dict:
+        """Run RL step number `step` (1-based) and return its metrics. Non-finite values anywhere
+        before the optimizer step (engine logits, FP4 library inputs, trainer logits, loss, gradient
+        norm) raise NonFiniteError with nothing applied."""
+        try:
+            return self._step(step)
+        except ValueError as e:
+            # the engine and the FP4 library raise ValueError("... non-finite ...") at their boundary
+            if "non-finite" in str(e):
+                self.opt.zero_grad(set_to_none=True)
+                raise NonFiniteError(str(e)) from e
+            raise
+
+    def _step(self, step: int) -> dict:
+        from trace.qat import replay
+        rl, arm = self.rl, self.arm
+        t0 = time.perf_counter()
+        examples = self._prompts_for(step)
+        rec = self._recorder()
+        batch, scores = self.rollout(examples, rl["group_size"], self.cfg["seed"] * 1_000_003 + step,
+                                     rl["temperature"], rl["max_new_tokens"], rec)
+        record = rec.finish() if rec is not None else None
+        t1 = time.perf_counter()
+
+        tb = build_train_batch(batch, self.tok.pad_token_id, self.device)
+        rewards = torch.tensor(scores, dtype=torch.float32, device=tb.ids.device)
+        adv = compute_advantages(rewards, tb.mask, rl["group_size"], rl["advantage"])
+        autocast = rl["autocast"] == "bf16"
+        if record is not None:
+            guide = arm.record == "guide"
+            ctx = replay(self.model, record, tb.seq, tb.pos, guide=guide, routing=guide and arm.routing,
+                         align=guide and arm.align, full_codes=guide and arm.full_codes)
+        else:
+            ctx = contextlib.nullcontext(None)
+        with ctx as stats:
+            lp_train = token_logprobs(self.model, tb, autocast)
+        mm = mismatch_metrics(lp_train.detach(), tb.lp_roll, tb.mask)
+
+        if rl["ppo_ratio"] == "rollout":
+            old, is_old = tb.lp_roll, lp_train.detach()
+        else:
+            old, is_old = lp_train.detach(), None
+        ice = tuple(rl["icepop"]) if rl["icepop"] is not None else None
+        pl, info = policy_loss(lp_train, old, adv, tb.mask, tb.lp_roll, clip_eps=rl["clip_eps"],
+                               tis_cap=rl["tis_cap"], icepop=ice, is_old_log_probs=is_old)
+        loss = pl
+        kl_val = None
+        if self.ref is not None:
+            with torch.no_grad():
+                lp_ref = token_logprobs(self.ref, tb, autocast)
+            kl = masked_mean(kl_k3(lp_train, lp_ref), tb.mask)
+            loss = loss + rl["kl_coef"] * kl
+            kl_val = float(kl.detach())
+        align_val = None
+        if stats is not None and arm.align and arm.record == "guide":
+            al = stats.alignment_loss()
+            align_val = float(al.detach())
+            if rl["align_coef"] > 0 and al.requires_grad:
+                loss = loss + rl["align_coef"] * al
+        if not bool(torch.isfinite(loss)):
+            raise NonFiniteError(f"non-finite loss ({float(loss)})")
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), rl["grad_clip"])
+        if not bool(torch.isfinite(gn)):
+            self.opt.zero_grad(set_to_none=True)
+            raise NonFiniteError(f"non-finite gradient norm ({float(gn)})")
+        self.opt.step()
+        self.engine.sync_weights(self.model)
+        t2 = time.perf_counter()
+
+        summ = stats.summary() if stats is not None else {}
+        n_samples = len(batch.tokens)
+        resp_len = sum(sum(tr) for tr in batch.trainable) / n_samples
+        sc = torch.tensor(scores)
+        rec_out = {
+            "step": step,
+            "method": rl["method"],
+            "reward_mean": float(sc.mean()),
+            "accuracy": float((sc >= 1.0).float().mean()),
+            "response_len": resp_len,
+            **mm,
+            "code_flip_rate": summ.get("code_flip_rate", {}),
+            "scale_flip_rate": summ.get("scale_flip_rate", {}),
+            "unrecoverable_rate": summ.get("unrecoverable_rate", {}),
+            "routing_flip_rate": summ.get("routing_flip_rate", {}),
+            "guidance_bytes_per_token": (record.bytes_per_token() if record is not None and arm.record == "guide"
+                                         else 0.0),
+            "guidance_bits_per_element": (record.bits_per_element() if record is not None and arm.record == "guide"
+                                          else None),
+            "rollout_tokens_per_s": batch.num_generated_tokens / max(batch.elapsed_s, 1e-9),
+            "time_rollout_s": t1 - t0,
+            "time_train_s": t2 - t1,
+            "loss": float(loss.detach()),
+            "policy_loss": float(pl.detach()),
+            "kl_ref": kl_val,
+            "align_loss": align_val,
+            "grad_norm": float(gn),
+            "clip_frac": info["clip_frac"],
+            "is_filter_frac": info.get("is_filter_frac"),
+            "n_tokens": int(tb.mask.sum()),
+        }
+        return rec_out
+
+    # ------------------------------------------------------------------------------ evaluation
+    def evaluate(self, mode: str | None = None) -> dict:
+        from trace.eval import evaluate_policy
+        return evaluate_policy(self.model, self.cfg, self.task, self.tok, mode=mode or self.arm.deploy)
+
+    # ------------------------------------------------------------------------------ loop
+    def _save(self, step: int) -> None:
+        C.save_run_checkpoint(self.out, step, self.model, self.tok,
+                              {"optimizer": self.opt.state_dict(), "rng": C.rng_state(),
+                               "method": self.rl["method"]})
+
+    def run(self) -> list[dict]:
+        from tqdm import tqdm
+        rl = self.rl
+        log = C.MetricsLog.open(self.out, upto_step=self.start_step if self.resumed else None,
+                                wandb_cfg=self.cfg["wandb"], cfg=self.cfg)
+        recs = []
+        try:
+            if not self.resumed and self.start_step == 0 and rl["eval_every"]:
+                # step 0: the initial policy's test accuracy (the SFT base) in this arm's deployment
+                log.log({"step": 0, "method": rl["method"], "eval_accuracy": self.evaluate()["accuracy"]})
+            bar = tqdm(range(self.start_step + 1, rl["steps"] + 1), desc=f"rl[{rl['method']}]",
+                       disable=not self.progress, file=sys.stderr)
+            for step in bar:
+                ts = time.perf_counter()
+                try:
+                    rec = self.step(step)
+                except NonFiniteError as e:
+                    last = C.latest_checkpoint(self.out)
+                    raise NonFiniteError(f"RL step {step} ({rl['method']}): {e}; step not applied, last good "
+                                         f"checkpoint kept: {last}") from None
+                if rl["eval_every"] and (step % rl["eval_every"] == 0 or step == rl["steps"]):
+                    ev = self.evaluate()
+                    rec["eval_accuracy"], rec["eval_reward"] = ev["accuracy"], ev["reward"]
+                rec["time_step_s"] = time.perf_counter() - ts
+                log.log(rec)
+                recs.append(rec)
+                bar.set_postfix(acc=f"{rec['accuracy']:.2f}", k3=f"{rec['k3']:.1e}")
+                if step % rl["ckpt_every"] == 0 or step == rl["steps"]:
+                    self._save(step)
+            if rl["steps"] == 0 and C.latest_checkpoint(self.out) is None:
+                self._save(0)
+        finally:
+            log.close()
+        C.mark_done(self.out, {"steps": rl["steps"]})
+        return recs
+
+
+def run_rl(cfg: dict, out, progress: bool = True) -> list[dict]:
+    return RLTrainer(cfg, out, progress=progress).run()
+
+
+__all__ = ["ARMS", "Arm", "NonFiniteError", "RLTrainer", "TrainBatch", "build_train_batch", "run_rl",
+           "token_logprobs"]

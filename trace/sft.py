@@ -1,0 +1,174 @@
+"""Supervised warm start (SFT): teach a tiny MoE model the task format and some of the skill.
+
+    python -m trace.sft --config experiments/configs/smoke_sft_reasoning.yaml --out runs/sft_reasoning
+
+Data: `task.make_split("train", n_train, seed)`; each example is `<bos> prompt` followed by the task's
+gold response (`sft_target_and_mask`; for the multi-turn task the environment text is in the input but
+masked out of the loss). Loss: token-mean cross-entropy over the trainable response tokens (optionally label-smoothed,
+`sft.label_smoothing`, which leaves the base policy some entropy for RL to remove). FP32 on the
+CPU (the tiny models are small enough; BF16 autocast is used in RL where the FP4 arms need it).
+AdamW, linear warmup then cosine decay to 10 %, gradient clipping. Batches are drawn from a generator
+seeded by (seed, step), so a resumed run sees exactly the batches an uninterrupted run would.
+
+Writes a run directory (see trace/config.py): checkpoints in ckpt/ are what `rl.init_ckpt` points at
+(the run dir itself is accepted). The prompt encoding `encode_prompt` here is shared with RL and eval.
+Compared against: nothing upstream; tests/test_sft.py checks the base policy is non-trivial.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from trace import config as C
+
+
+def encode_prompt(tok, prompt: str) -> list[int]:
+    """`<bos>` + the prompt's character ids (the tokenizer adds no special tokens by itself)."""
+    return [tok.bos_token_id] + tok(prompt, add_special_tokens=False)["input_ids"]
+
+
+def encode_text(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def build_task(cfg: dict):
+    from trace.tasks import get_task
+    t = cfg["task"]
+    return get_task(t["name"], difficulty=t["difficulty"], **(t.get("knobs") or {}))
+
+
+def sft_examples(task, tok, examples) -> list[tuple[list[int], list[bool]]]:
+    """(ids, loss mask) per example; mask[i] says whether token i is a trained target."""
+    out = []
+    for ex in examples:
+        p = encode_prompt(tok, ex.prompt)
+        target, cmask = task.sft_target_and_mask(ex)
+        t = encode_text(tok, target)
+        if len(t) != len(cmask):
+            raise ValueError("character tokenizer expected: one token per character of the target")
+        out.append((p + t, [False] * len(p) + list(cmask)))
+    return out
+
+
+def pad_batch(seqs: list[list[int]], masks: list[list[bool]], pad_id: int):
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    lm = torch.zeros((len(seqs), T), dtype=torch.bool)
+    att = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, (s, m) in enumerate(zip(seqs, masks, strict=True)):
+        ids[i, : len(s)] = torch.tensor(s)
+        lm[i, : len(m)] = torch.tensor(m)
+        att[i, : len(s)] = 1
+    return ids, lm, att
+
+
+def lr_at(step: int, total: int, warmup: int, base: float) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    frac = (step - warmup) / max(1, total - warmup)
+    return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def sft_loss(model, ids, lm, att, label_smoothing: float = 0.0):
+    """Token-mean cross-entropy over trained targets; with label smoothing eps the target is
+    (1 - eps) one-hot + eps uniform over the vocabulary (so the base policy keeps some entropy that
+    sampling at temperature 1 exposes, headroom that RL can remove)."""
+    logits = model(input_ids=ids, attention_mask=att).logits.float()
+    if not torch.isfinite(logits).all():
+        raise FloatingPointError("SFT: non-finite logits")
+    logp = F.log_softmax(logits[:, :-1], -1)
+    nll = -logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    if label_smoothing > 0:
+        nll = (1 - label_smoothing) * nll - label_smoothing * logp.mean(-1)
+    m = lm[:, 1:].float()
+    return (nll * m).sum() / m.sum().clamp(min=1)
+
+
+def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
+    """Train (or resume) an SFT run into `out`; returns the final checkpoint directory."""
+    from tqdm import tqdm
+
+    from trace.models import build_model, build_tokenizer, load_checkpoint
+
+    C.set_threads(cfg)
+    out = C.prepare_run_dir(out, cfg, kind="sft")
+    s = cfg["sft"]
+    task = build_task(cfg)
+    tok = build_tokenizer()
+    train = task.make_split("train", cfg["task"]["n_train"], cfg["task"]["seed"])
+    data = sft_examples(task, tok, train)
+
+    latest = C.latest_checkpoint(out)
+    if latest is not None:
+        model, _ = load_checkpoint(latest, device=cfg["device"], load_tokenizer=False)
+        state = C.load_trainer_state(latest)
+        start = state["step"]
+    else:
+        model = build_model(cfg["model"], seed=s["init_seed"], device=cfg["device"])
+        state, start = None, 0
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=s["lr"], weight_decay=s["weight_decay"], betas=(0.9, 0.95))
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])
+    log = C.MetricsLog.open(out, upto_step=start if latest is not None else None, wandb_cfg=cfg["wandb"], cfg=cfg)
+    total = s["steps"]
+    bar = tqdm(range(start, total), desc="sft", disable=not progress, file=sys.stderr)
+    for step in bar:
+        t0 = time.time()
+        g = torch.Generator().manual_seed(cfg["seed"] * 1_000_003 + step)
+        idx = torch.randint(len(data), (s["batch_size"],), generator=g).tolist()
+        ids, lm, att = pad_batch([data[i][0] for i in idx], [data[i][1] for i in idx], tok.pad_token_id)
+        ids, lm, att = ids.to(cfg["device"]), lm.to(cfg["device"]), att.to(cfg["device"])
+        lr = lr_at(step, total, s["warmup"], s["lr"])
+        for gr in opt.param_groups:
+            gr["lr"] = lr
+        loss = sft_loss(model, ids, lm, att, s["label_smoothing"])
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"SFT step {step + 1}: non-finite loss; step not applied")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"])
+        if not torch.isfinite(gn):
+            raise FloatingPointError(f"SFT step {step + 1}: non-finite gradient norm; step not applied")
+        opt.step()
+        done_steps = step + 1
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if done_steps % s["log_every"] == 0 or done_steps == total:
+            rec = {"step": done_steps, "loss": loss.item(), "lr": lr, "grad_norm": gn.item(),
+                   "time_step_s": time.time() - t0}
+            if s["eval_every"] and (done_steps % s["eval_every"] == 0 or done_steps == total):
+                from trace.eval import evaluate_policy
+                model.eval()
+                rec["eval_accuracy"] = evaluate_policy(model, cfg, task, tok, mode="bf16")["accuracy"]
+                model.train()
+            log.log(rec)
+        if done_steps % s["ckpt_every"] == 0 or done_steps == total:
+            C.save_run_checkpoint(out, done_steps, model, tok, {"optimizer": opt.state_dict()})
+    log.close()
+    if total == 0 and C.latest_checkpoint(out) is None:  # steps: 0 -> the untrained init as checkpoint
+        C.save_run_checkpoint(out, 0, model, tok, {"optimizer": opt.state_dict()})
+    C.mark_done(out, {"steps": total})
+    return C.latest_checkpoint(out)
+
+
+def main(argv=None) -> int:
+    p = C.base_parser("python -m trace.sft", "Supervised warm start of a tiny MoE policy on a task.")
+    p.add_argument("--out", required=True, help="run directory (created; resumed if it holds a checkpoint)")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        cfg = C.load_config(a.config, a.set)
+    except C.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    run_sft(cfg, a.out, progress=not a.no_progress)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
