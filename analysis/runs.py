@@ -1,0 +1,222 @@
+"""Read logged runs (the trainer's run dirs) into per-run summaries; shared by analysis.tables and figures.
+
+A run dir (``results/runs/<profile>/<model>/<task>/<arm>/seed<k>/``) holds ``config.yaml``,
+``metrics.jsonl`` (one JSON object per RL step), ``eval.json`` ({"bf16": {"accuracy", ...}, "fp4": {...}})
+and a ``done`` marker; see DESIGN.md section 4 for the metric definitions. Runs are found through the
+pipeline's ``manifest.json`` (which also says which runs *must* exist) or, without one, by walking
+the runs dir for ``metrics.jsonl``.
+
+    from analysis.runs import load_runs
+    runs = load_runs("results/runs/smoke")            # list[RunData]
+
+Summary conventions (documented once, used by every table and figure):
+* *final* value of a per-step metric = mean over the last 10% of logged steps (at least one step);
+* *mean* = mean over all logged steps;
+* per-layer rates (``code_flip_rate`` etc., dicts {layer: rate}) -> mean over steps per layer, and the
+  scalar = mean over layers of that;
+* rollout tokens/s = median over steps, leaving out the first step (warm-up) when there are >= 3.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import yaml
+
+MAIN_METHODS = ("bf16", "fp4-naive", "qat-independent", "qat-weight-only", "trace")
+POSTHOC = "posthoc-fp4"
+LAYER_METRICS = ("code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate")
+
+
+@dataclass
+class RunData:
+    model: str
+    task: str
+    arm: str
+    seed: int
+    method: str
+    ablation: bool
+    dir: str
+    config: dict = field(default_factory=dict)
+    metrics: list[dict] = field(default_factory=list)
+    eval: dict | None = None
+    done: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}/{self.task}/{self.arm}/seed{self.seed}"
+
+    def series(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, values) of a scalar per-step metric; steps without it are skipped."""
+        xs, ys = [], []
+        for m in self.metrics:
+            v = m.get(name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                xs.append(m.get("step", len(xs)))
+                ys.append(float(v))
+        return np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+
+    def layer_profile(self, name: str) -> dict[str, float]:
+        """Mean over steps of a per-layer metric: {layer: rate}, layers sorted numerically."""
+        acc: dict[str, list[float]] = {}
+        for m in self.metrics:
+            d = m.get(name)
+            if isinstance(d, dict):
+                for layer, v in d.items():
+                    if isinstance(v, (int, float)):
+                        acc.setdefault(str(layer), []).append(float(v))
+        return {k: float(np.mean(v)) for k, v in sorted(acc.items(), key=lambda kv: _layer_sort_key(kv[0]))}
+
+
+def _layer_sort_key(layer: str):
+    digits = "".join(c for c in layer if c.isdigit())
+    return (int(digits) if digits else 1 << 30, layer)
+
+
+def read_metrics(path: str) -> list[dict]:
+    """Parse metrics.jsonl; a truncated last line (run killed mid-write) is ignored; duplicate steps
+    (should not happen after a resume) keep the last record."""
+    out: dict[Any, dict] = {}
+    order: list[Any] = []
+    with open(path) as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                continue
+            raise ValueError(f"{path}:{i + 1}: invalid JSON") from None
+        step = rec.get("step", i)
+        if step not in out:
+            order.append(step)
+        out[step] = rec
+    return [out[s] for s in order]
+
+
+def _load_yaml(path: str) -> dict:
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return yaml.safe_load(f) or {}
+
+
+def load_run(run_dir: str, model: str, task: str, arm: str, seed: int, method: str | None = None,
+             ablation: bool | None = None) -> RunData:
+    cfg = _load_yaml(os.path.join(run_dir, "config.yaml"))
+    method = method or (cfg.get("rl", {}) or {}).get("method") or arm
+    if ablation is None:
+        ablation = arm not in MAIN_METHODS
+    r = RunData(model, task, arm, int(seed), method, bool(ablation), run_dir, cfg)
+    mpath = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.exists(mpath):
+        r.metrics = read_metrics(mpath)
+    else:
+        r.problems.append("no metrics.jsonl")
+    epath = os.path.join(run_dir, "eval.json")
+    if os.path.exists(epath):
+        with open(epath) as f:
+            r.eval = json.load(f)
+    else:
+        r.problems.append("no eval.json")
+    r.done = os.path.exists(os.path.join(run_dir, "done"))
+    if not r.done:
+        r.problems.append("not done")
+    return r
+
+
+def load_runs(runs_dir: str, manifest: str | None = None) -> list[RunData]:
+    """All runs of a profile. With a manifest, exactly its runs (missing ones carry `problems`);
+    without, every ``<model>/<task>/<arm>/seed<k>/metrics.jsonl`` below `runs_dir`."""
+    if manifest is None and os.path.exists(os.path.join(runs_dir, "manifest.json")):
+        manifest = os.path.join(runs_dir, "manifest.json")
+    runs: list[RunData] = []
+    if manifest:
+        with open(manifest) as f:
+            man = json.load(f)
+        for e in man["runs"]:
+            d = os.path.join(runs_dir, e["model"], e["task"], e["arm"], f"seed{e['seed']}")
+            runs.append(load_run(d, e["model"], e["task"], e["arm"], e["seed"], e.get("method"), e.get("ablation")))
+        return runs
+    for root, _dirs, files in os.walk(runs_dir):
+        if "metrics.jsonl" not in files:
+            continue
+        rel = os.path.relpath(root, runs_dir).split(os.sep)
+        if len(rel) != 4 or not rel[3].startswith("seed") or not rel[3][4:].isdigit():
+            continue
+        model, task, arm, seed = rel
+        runs.append(load_run(root, model, task, arm, int(seed[4:])))
+    runs.sort(key=lambda r: (r.model, r.task, r.ablation, r.arm, r.seed))
+    return runs
+
+
+def _tail_mean(y: np.ndarray, frac: float = 0.1) -> float:
+    if y.size == 0:
+        return math.nan
+    k = max(1, int(math.ceil(frac * y.size)))
+    return float(np.mean(y[-k:]))
+
+
+def _mean(y: np.ndarray) -> float:
+    return float(np.mean(y)) if y.size else math.nan
+
+
+def guidance_kind(method: str, cfg: dict) -> str:
+    if not method.startswith("trace"):
+        return "none"
+    return "full codes" if method == "trace-fullcodes" else "mantissa+scale"
+
+
+def summarize(r: RunData) -> dict:
+    """One row of scalars per run (see the module docstring for the conventions)."""
+    rl = (r.config.get("rl") or {}) if isinstance(r.config, dict) else {}
+    row: dict[str, Any] = {
+        "model": r.model, "task": r.task, "arm": r.arm, "seed": r.seed, "method": r.method,
+        "ablation": r.ablation, "steps": len(r.metrics),
+    }
+    ev = r.eval or {}
+    for dep in ("bf16", "fp4"):
+        blk = ev.get(dep) or {}
+        row[f"acc_{dep}"] = float(blk["accuracy"]) if isinstance(blk.get("accuracy"), (int, float)) else math.nan
+        row[f"reward_{dep}"] = float(blk["reward"]) if isinstance(blk.get("reward"), (int, float)) else math.nan
+    _, reward = r.series("reward_mean")
+    _, acc = r.series("accuracy")
+    row["reward_final"] = _tail_mean(reward)
+    row["train_acc_final"] = _tail_mean(acc)
+    for name in ("k3", "k1", "dlp_abs_mean", "ratio_out_frac", "chi2"):
+        _, y = r.series(name)
+        row[f"{name}_mean"] = _mean(y)
+        row[f"{name}_final"] = _tail_mean(y)
+    _, dmax = r.series("dlp_abs_max")
+    row["dlp_abs_max"] = float(np.max(dmax)) if dmax.size else math.nan
+    for name in LAYER_METRICS:
+        prof = r.layer_profile(name)
+        row[name] = float(np.mean(list(prof.values()))) if prof else math.nan
+    _, gb = r.series("guidance_bytes_per_token")
+    row["guidance_bytes_per_token"] = _mean(gb)
+    _, tps = r.series("rollout_tokens_per_s")
+    if tps.size >= 3:
+        tps = tps[1:]
+    row["rollout_tokens_per_s"] = float(np.median(tps)) if tps.size else math.nan
+    for name in ("time_rollout_s", "time_train_s", "time_step_s"):
+        _, y = r.series(name)
+        row[name] = _mean(y)
+    # ablation factors, read from the run's own (resolved) config
+    rho = rl.get("rho")
+    # rho: fraction of (deepest) layers guided; 0 for arms without guidance, NaN = trainer default not logged
+    if not r.method.startswith("trace"):
+        rho = 0.0
+    row["rho"] = float(rho) if isinstance(rho, (int, float)) and not isinstance(rho, bool) else math.nan
+    row["guidance"] = guidance_kind(r.method, r.config)
+    align_coef = rl.get("align_coef")
+    row["align_loss"] = bool(r.method.startswith("trace") and r.method != "trace-noalign"
+                             and not (isinstance(align_coef, (int, float)) and align_coef == 0))
+    row["routing_replay"] = bool(r.method.startswith("trace") and r.method != "trace-noroutingreplay")
+    return row

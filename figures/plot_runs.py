@@ -1,0 +1,238 @@
+"""Figures from logged RL runs: training curves, mismatch, per-layer flip rates, accuracy under deployment.
+
+    python -m figures.plot_runs --runs results/runs/smoke --tables results/tables/smoke --out figures/smoke
+
+Writes (PNG + PDF each), one panel per model x task, one line per arm (mean over seeds):
+* ``curves_reward``: reward and training accuracy vs RL step;
+* ``curves_mismatch``: token k3 mismatch between trainer and rollout log-probs vs step (log scale);
+* ``flip_rates``: per-layer FP4 code-flip rate (trainer vs rollout, mean over steps) vs layer index;
+* ``mismatch_vs_bytes``: mean k3 vs guidance bytes per token, one point per arm (the cost/benefit of
+  guidance: full codes, compact, rho);
+* ``final_accuracy``: final test accuracy under BF16 and FP4 deployment per arm (from main.csv).
+Compared against: the paper's figures (TRACE tracks the bf16 curves while naive FP4 drifts; k3 drops
+with guided layers; compact guidance near full codes at a fraction of the bytes).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+
+from analysis.runs import MAIN_METHODS, load_runs
+from figures import style
+from figures.style import plt
+
+NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy"]
+
+
+def _groups(runs):
+    """{(model, task): {arm: [runs over seeds]}} with a stable arm order (main arms first)."""
+    g: dict = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        if r.metrics:
+            g[(r.model, r.task)][r.arm].append(r)
+    order = {a: i for i, a in enumerate(MAIN_METHODS)}
+    return {k: dict(sorted(v.items(), key=lambda kv: (order.get(kv[0], 99), kv[0]))) for k, v in sorted(g.items())}
+
+
+def _mean_curve(runs, name, smooth: int = 1):
+    """Mean over seeds on the union of steps (NaN-aware), then a trailing moving average."""
+    by_step: dict[float, list[float]] = defaultdict(list)
+    for r in runs:
+        xs, ys = r.series(name)
+        for x, y in zip(xs, ys, strict=False):
+            by_step[x].append(y)
+    if not by_step:
+        return np.array([]), np.array([])
+    xs = np.array(sorted(by_step))
+    ys = np.array([np.mean(by_step[x]) for x in xs])
+    if smooth > 1 and ys.size > smooth:
+        ys = pd.Series(ys).rolling(smooth, min_periods=1).mean().to_numpy()
+    return xs, ys
+
+
+def _panel_grid(n_groups: int, n_cols: int, w: float = 4.2, h: float = 3.0):
+    fig, axes = plt.subplots(n_groups, n_cols, figsize=(w * n_cols, h * n_groups), squeeze=False)
+    return fig, axes
+
+
+def _legend(fig, axes):
+    handles, labels = {}, []
+    for ax in axes.flat:
+        for hd, lb in zip(*ax.get_legend_handles_labels(), strict=False):
+            if lb not in handles:
+                handles[lb] = hd
+                labels.append(lb)
+    if handles:
+        fig.legend([handles[lb] for lb in labels], labels, loc="lower center", ncol=min(5, len(labels)),
+                   bbox_to_anchor=(0.5, -0.02), frameon=False)
+        fig.tight_layout(rect=(0, 0.04 + 0.025 * math.ceil(len(labels) / 5), 1, 1))
+
+
+def plot_curves(runs, out: str, main_only: bool = True) -> list[str]:
+    groups = _groups(runs)
+    if not groups:
+        return style.placeholder(out, "curves_reward", "Reward and accuracy", "no logged runs with metrics")
+    fig, axes = _panel_grid(len(groups), 2)
+    for i, ((model, task), arms) in enumerate(groups.items()):
+        n_steps = max(len(r.metrics) for rs in arms.values() for r in rs)
+        smooth = max(1, n_steps // 20)
+        for arm, rs in arms.items():
+            if main_only and arm not in MAIN_METHODS:
+                continue
+            for j, name in enumerate(("reward_mean", "accuracy")):
+                x, y = _mean_curve(rs, name, smooth)
+                if x.size:
+                    axes[i, j].plot(x, y, label=arm, **style.arm_style(arm))
+        for j, label in enumerate(("mean reward", "training accuracy")):
+            ax = axes[i, j]
+            ax.set_title(f"{model} / {task}: {label}")
+            ax.set_xlabel("RL step")
+            ax.set_ylabel(label + (" (fraction correct)" if j else ""))
+    fig.suptitle(f"Rollout reward and accuracy per arm (mean over seeds{', smoothed' if smooth > 1 else ''})", y=1.0)
+    _legend(fig, axes)
+    return style.save(fig, out, "curves_reward")
+
+
+def plot_mismatch(runs, out: str) -> list[str]:
+    groups = _groups(runs)
+    if not groups:
+        return style.placeholder(out, "curves_mismatch", "Mismatch", "no logged runs with metrics")
+    fig, axes = _panel_grid(len(groups), 2)
+    for i, ((model, task), arms) in enumerate(groups.items()):
+        for arm, rs in arms.items():
+            for j, name in enumerate(("k3", "dlp_abs_max")):
+                x, y = _mean_curve(rs, name)
+                pos = y > 0
+                if pos.any():
+                    axes[i, j].plot(x[pos], y[pos], label=arm, **style.arm_style(arm))
+        for j, (label, unit) in enumerate((("token k3 mismatch", "k3 (nats, log scale)"),
+                                           ("max |Δ log-prob|", "max |Δlp| (nats, log scale)"))):
+            ax = axes[i, j]
+            ax.set_yscale("log")
+            ax.set_title(f"{model} / {task}: {label}")
+            ax.set_xlabel("RL step")
+            ax.set_ylabel(unit)
+    fig.suptitle("Trainer vs rollout mismatch of sampled tokens' log-probs (lower is better)", y=1.0)
+    _legend(fig, axes)
+    return style.save(fig, out, "curves_mismatch")
+
+
+def plot_flip_rates(runs, out: str) -> list[str]:
+    groups = _groups(runs)
+    have = any(r.layer_profile("code_flip_rate") for rs in (v for g in groups.values() for v in g.values()) for r in rs)
+    if not groups or not have:
+        return style.placeholder(out, "flip_rates", "Per-layer flip rates", "no per-layer code_flip_rate logged")
+    fig, axes = _panel_grid(len(groups), 2)
+    for i, ((model, task), arms) in enumerate(groups.items()):
+        for arm, rs in arms.items():
+            for j, name in enumerate(("code_flip_rate", "routing_flip_rate")):
+                profs = [r.layer_profile(name) for r in rs]
+                profs = [p for p in profs if p]
+                if not profs:
+                    continue
+                layers = list(profs[0])
+                y = [np.mean([p.get(layer, np.nan) for p in profs]) for layer in layers]
+                axes[i, j].plot(range(len(layers)), y, marker="o", markersize=3, label=arm, **style.arm_style(arm))
+                axes[i, j].set_xticks(range(len(layers)))
+                axes[i, j].set_xticklabels(layers, fontsize=7)
+        for j, label in enumerate(("FP4 code-flip rate", "routing flip rate")):
+            ax = axes[i, j]
+            ax.set_title(f"{model} / {task}: {label}")
+            ax.set_xlabel("layer (input to deeper layers on the right)")
+            ax.set_ylabel("fraction differing, trainer vs rollout")
+    fig.suptitle("Per-layer disagreement between trainer and rollout (mean over steps and seeds)", y=1.0)
+    _legend(fig, axes)
+    return style.save(fig, out, "flip_rates")
+
+
+def plot_mismatch_vs_bytes(runs_df: pd.DataFrame, out: str) -> list[str]:
+    if runs_df is None or runs_df.empty:
+        return style.placeholder(out, "mismatch_vs_bytes", "Mismatch vs guidance bytes", "no runs")
+    d = runs_df.groupby(["model", "task", "arm"], as_index=False)[["k3_mean", "guidance_bytes_per_token"]].mean()
+    groups = list(d.groupby(["model", "task"], sort=True))
+    fig, axes = _panel_grid(1, len(groups), w=4.6, h=3.6)
+    for j, ((model, task), g) in enumerate(groups):
+        ax = axes[0, j]
+        for _, row in g.iterrows():
+            if not (np.isfinite(row.k3_mean) and row.k3_mean > 0 and np.isfinite(row.guidance_bytes_per_token)):
+                continue
+            ax.scatter(row.guidance_bytes_per_token, row.k3_mean, color=style.arm_color(row.arm), s=36,
+                       label=row.arm, zorder=3)
+            ax.annotate(row.arm, (row.guidance_bytes_per_token, row.k3_mean), fontsize=7,
+                        xytext=(4, 3), textcoords="offset points")
+        ax.set_yscale("log")
+        ax.set_xlabel("guidance cache (bytes per token)")
+        ax.set_ylabel("mean token k3 (nats, log scale)")
+        ax.set_title(f"{model} / {task}")
+    fig.suptitle("Mismatch vs guidance cost (each point: one arm, mean over steps and seeds)", y=1.0)
+    _legend(fig, axes)
+    return style.save(fig, out, "mismatch_vs_bytes")
+
+
+def plot_final_accuracy(main_df: pd.DataFrame, out: str) -> list[str]:
+    if main_df is None or main_df.empty:
+        return style.placeholder(out, "final_accuracy", "Final accuracy", "no main table")
+    groups = list(main_df.groupby(["model", "task"], sort=True))
+    fig, axes = _panel_grid(1, len(groups), w=max(4.6, 0.7 * main_df["arm"].nunique() + 1.5), h=3.6)
+    for j, ((model, task), g) in enumerate(groups):
+        ax = axes[0, j]
+        x = np.arange(len(g))
+        w = 0.38
+        for k, (col, lab, hatch) in enumerate((("acc_bf16", "BF16 deployment", ""), ("acc_fp4", "FP4 deployment", "//"))):
+            vals = g[col].to_numpy(dtype=float)
+            err = g.get(f"{col}_std")
+            err = err.to_numpy(dtype=float) if err is not None else None
+            if err is not None and not np.isfinite(err).any():
+                err = None
+            ax.bar(x + (k - 0.5) * w, vals, w, yerr=err, label=lab, hatch=hatch,
+                   color=[style.arm_color(a) for a in g["arm"]], alpha=1.0 if k == 0 else 0.55,
+                   edgecolor="black", linewidth=0.5, capsize=2)
+        ax.set_xticks(x)
+        ax.set_xticklabels(g["arm"], rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel("test accuracy (fraction correct)")
+        ax.set_ylim(0, max(1e-3, float(np.nanmax(g[["acc_bf16", "acc_fp4"]].to_numpy(dtype=float)))) * 1.15)
+        ax.set_title(f"{model} / {task}")
+    fig.suptitle("Final test accuracy of each policy: solid = BF16 deployment, hatched = FP4 deployment", y=1.0)
+    fig.tight_layout()
+    return style.save(fig, out, "final_accuracy")
+
+
+def plot_all_runs(runs_dir: str, tables_dir: str | None, out: str, manifest: str | None = None) -> list[str]:
+    style.setup()
+    runs = load_runs(runs_dir, manifest)
+    written = []
+    written += plot_curves(runs, out)
+    written += plot_mismatch(runs, out)
+    written += plot_flip_rates(runs, out)
+    runs_df = main_df = None
+    if tables_dir and os.path.exists(os.path.join(tables_dir, "runs.csv")):
+        runs_df = pd.read_csv(os.path.join(tables_dir, "runs.csv"))
+        main_df = pd.read_csv(os.path.join(tables_dir, "main.csv"))
+    else:
+        from analysis.tables import main_table, runs_frame
+
+        runs_df = runs_frame([r for r in runs if r.metrics])
+        main_df = main_table(runs_df) if not runs_df.empty else None
+    written += plot_mismatch_vs_bytes(runs_df, out)
+    written += plot_final_accuracy(main_df, out)
+    return written
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", required=True)
+    ap.add_argument("--tables", help="tables dir (runs.csv, main.csv); recomputed from runs if absent")
+    ap.add_argument("--manifest")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    for p in plot_all_runs(a.runs, a.tables, a.out, a.manifest):
+        print("wrote", p)
+
+
+if __name__ == "__main__":
+    main()

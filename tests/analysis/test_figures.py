@@ -1,0 +1,61 @@
+"""figures.plot_all on synthetic run dirs: every figure is written as PNG and PDF, with and without the
+tables and the benchmark CSVs, and reruns are byte-identical (so committed figures do not churn)."""
+import hashlib
+
+import pytest
+
+from analysis.tables import build
+from figures.plot_all import main as plot_all_main
+from tests.analysis.synthetic import write_profile
+
+NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy", "speedups"]
+
+KERNEL_CSV = """op,shape,provider,median_ms,p20_ms,p80_ms,tb_per_s,speedup_vs_bf16,gpu,commit
+moe,qwen3 T=16,torch_bf16,0.4,0.39,0.41,2.5,1.0,H200,abc
+moe,qwen3 T=16,triton_fp4,0.12,0.11,0.13,2.0,3.3,H200,abc
+"""
+ROLLOUT_CSV = """shape,provider,tokens_per_s,gpu,commit
+qwen3 B=256,bf16,1000,H200,abc
+qwen3 B=256,fp4,3100,H200,abc
+"""
+
+
+@pytest.fixture()
+def setup_dirs(tmp_path):
+    runs = tmp_path / "runs" / "smoke"
+    write_profile(runs, models=["qwen3_moe-tiny"], seeds=[0])
+    tables = tmp_path / "tables"
+    build(str(runs), str(tables), strict=True)
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "kernels.csv").write_text(KERNEL_CSV)
+    (tmp_path / "rollout").mkdir()
+    (tmp_path / "rollout" / "rollout.csv").write_text(ROLLOUT_CSV)
+    return tmp_path, runs, tables
+
+
+def _digest(d):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
+
+
+def test_all_figures_written_and_stable(setup_dirs):
+    tmp, runs, tables = setup_dirs
+    out = tmp / "figs"
+    args = ["--runs", str(runs), "--tables", str(tables), "--kernels", str(tmp / "kernels"),
+            "--rollout", str(tmp / "rollout"), "--out", str(out)]
+    plot_all_main(args)
+    for n in NAMES:
+        for ext in ("png", "pdf"):
+            p = out / f"{n}.{ext}"
+            assert p.exists() and p.stat().st_size > 1000, p
+    first = _digest(out)
+    plot_all_main(args)
+    assert _digest(out) == first
+
+
+def test_figures_without_tables_or_csvs(setup_dirs):
+    tmp, runs, _ = setup_dirs
+    out = tmp / "figs2"
+    plot_all_main(["--runs", str(runs), "--kernels", str(tmp / "none"), "--rollout", str(tmp / "none"),
+                   "--out", str(out)])
+    for n in NAMES:
+        assert (out / f"{n}.png").exists() and (out / f"{n}.pdf").exists()

@@ -1,0 +1,42 @@
+# Shared definitions: the run plan of the loaded profile, paths, wildcard constraints, helpers.
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(workflow.basedir, "workflow", "scripts"))
+from runplan import Plan  # noqa: E402
+
+PLAN = Plan(config)
+PROFILE = PLAN.profile
+RUNS = PLAN.runs_dir
+TABLES = PLAN.tables_dir
+FIGS = PLAN.figures_dir
+LOGS = f"logs/{PROFILE}"
+RES = config["resources"]
+BENCH = config.get("bench", {}) or {}
+# Every rule runs from the repo root with the root on PYTHONPATH (the package `trace` shadows the
+# stdlib module only there) and the interpreter running Snakemake first on PATH (so `python` is the
+# project's environment); set here in the environment, not in the shell commands, so that the rules'
+# code does not depend on where the checkout lives. Threads cap BLAS/OpenMP per job.
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [workflow.basedir] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
+ENV = "export OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} TQDM_DISABLE=1;"
+
+wildcard_constraints:
+    model=r"[a-z0-9_]+-(tiny|small|paper)",
+    task=r"reasoning|coding|long_horizon",
+    arm=r"[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*",
+    seed=r"\d+",
+
+RUN_DONE = [f"{PLAN.run_dir(r.model, r.task, r.arm, r.seed)}/done" for r in PLAN.runs]
+RUN_EVAL = [f"{PLAN.run_dir(r.model, r.task, r.arm, r.seed)}/eval.json" for r in PLAN.runs]
+MANIFEST = f"{RUNS}/manifest.json"
+TABLE_FILES = [f"{TABLES}/{name}.{ext}" for name in ("main", "ablation") for ext in ("csv", "md")] + [
+    f"{TABLES}/runs.csv"
+]
+FIGURE_NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy",
+                "speedups"]
+FIGURE_FILES = [f"{FIGS}/{n}.{ext}" for n in FIGURE_NAMES for ext in ("png", "pdf")]
+BENCH_STATUS = [f"results/bench/{PROFILE}/{what}.json" for what in ("kernels", "rollout")]

@@ -1,0 +1,55 @@
+# Tables and figures from the logged runs. `snakemake figures` rebuilds both from whatever is under
+# results/ (committed or freshly run) without training anything: a rule with no outputs always runs
+# and depends on no training job.
+
+
+rule manifest:
+    """The list of runs the tables must cover (the profile's model x task x arm x seed)."""
+    output:
+        MANIFEST,
+    params:
+        m=lambda wc: json.dumps(PLAN.manifest(), sort_keys=True),
+    run:
+        os.makedirs(os.path.dirname(output[0]), exist_ok=True)
+        with open(output[0], "w") as f:
+            json.dump(json.loads(params.m), f, indent=1)
+            f.write("\n")
+
+
+rule tables:
+    input:
+        manifest=MANIFEST,
+        done=RUN_DONE,
+        evals=RUN_EVAL,
+    output:
+        TABLE_FILES,
+    log:
+        f"{LOGS}/tables.log",
+    threads: 1
+    shell:
+        ENV + " python -m analysis.tables --runs {RUNS} --manifest {input.manifest} --out {TABLES}"
+        " --strict > {log} 2>&1"
+
+
+rule plot:
+    input:
+        TABLE_FILES,
+        BENCH_STATUS,
+        manifest=MANIFEST,
+    output:
+        FIGURE_FILES,
+    log:
+        f"{LOGS}/figures.log",
+    threads: 1
+    shell:
+        ENV + " python -m figures.plot_all --runs {RUNS} --manifest {input.manifest} --tables {TABLES}"
+        " --kernels results/kernels --rollout results/rollout --out {FIGS} > {log} 2>&1"
+
+
+rule figures:
+    """Rebuild tables and figures of the loaded profile from results/ (no training, no GPU)."""
+    threads: 1
+    shell:
+        ENV + " python -m analysis.tables --runs {RUNS} --out {TABLES}"
+        " && python -m figures.plot_all --runs {RUNS} --tables {TABLES}"
+        " --kernels results/kernels --rollout results/rollout --out {FIGS}"

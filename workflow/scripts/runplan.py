@@ -1,0 +1,160 @@
+"""Expand a pipeline profile (experiments/profiles/*.yaml) into the list of runs and their configs.
+
+Used by the Snakefile (workflow/rules/common.smk) and by the tests; pure Python, no Snakemake import.
+A run is (model, task, arm, seed). An *arm* is a method (bf16, fp4-naive, qat-independent,
+qat-weight-only, trace, ...) or a named ablation variant (e.g. ``trace-rho0.5`` = method trace with
+``rl.rho: 0.5``). ``posthoc-fp4`` is not a run: it is the FP4-deployment evaluation of the ``bf16`` run,
+derived in analysis/tables.py.
+
+Generated run configs use exactly the keys of the trainer's config contract (trace/config.py):
+model, task{name, difficulty, n_train, n_test, seed, ...}, sft{...}, rl{method, init_ckpt, ...},
+seed, device, wandb{mode}. One such YAML file is a complete single experiment:
+``python -m trace.rl --config results/runs/smoke/configs/<model>/<task>/<arm>-seed<k>.yaml --out DIR``.
+
+    python workflow/scripts/runplan.py experiments/profiles/smoke.yaml     # print the run list
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+MAIN_METHODS = ("bf16", "fp4-naive", "qat-independent", "qat-weight-only", "trace")
+DATA_SEED = 0  # the task data (train/test splits) is shared by every arm and seed
+
+
+@dataclass(frozen=True)
+class Run:
+    model: str
+    task: str
+    arm: str
+    seed: int
+    method: str
+    ablation: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}/{self.task}/{self.arm}/seed{self.seed}"
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """Recursive dict merge; values of `over` win; inputs are not modified."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def set_dotted(cfg: dict, dotted: str, value: Any) -> None:
+    """``set_dotted(cfg, "rl.rho", 0.5)`` sets cfg["rl"]["rho"] (creating dicts on the way)."""
+    node = cfg
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"cannot set {dotted!r}: {p!r} is not a mapping")
+    node[parts[-1]] = copy.deepcopy(value)
+
+
+class Plan:
+    """The runs of one profile and their paths. `config` is the validated profile dict."""
+
+    def __init__(self, config: dict):
+        self.config = config
+        self.profile = config["profile"]
+        self.runs_dir = config.get("runs_dir", f"results/runs/{self.profile}")
+        self.tables_dir = config.get("tables_dir", f"results/tables/{self.profile}")
+        self.figures_dir = config.get("figures_dir", f"figures/{self.profile}")
+        self.sft_enabled = bool(config.get("sft", {}).get("enabled", True))
+        abl = config.get("ablation", {}) or {}
+        self.arms: dict[str, dict] = {m: {"method": m, "set": {}} for m in config["methods"]}
+        self.ablation_arms: dict[str, dict] = {}
+        for name, spec in (abl.get("arms") or {}).items():
+            if name in self.arms:
+                raise ValueError(f"ablation arm {name!r} clashes with a method of the main table")
+            self.ablation_arms[name] = {"method": spec["method"], "set": dict(spec.get("set") or {})}
+        runs: list[Run] = []
+        for model, task, method, seed in itertools.product(
+            config["models"], config["tasks"], config["methods"], config["seeds"]
+        ):
+            runs.append(Run(model, task, method, int(seed), method, False))
+        abl_seeds = abl.get("seeds", config["seeds"])
+        for model, task, arm, seed in itertools.product(
+            abl.get("models", []), abl.get("tasks", []), self.ablation_arms, abl_seeds
+        ):
+            if task not in config["tasks"]:
+                raise ValueError(f"ablation task {task!r} is not in tasks")
+            runs.append(Run(model, task, arm, int(seed), self.ablation_arms[arm]["method"], True))
+        seen = set()
+        self.runs = [r for r in runs if not (r.key in seen or seen.add(r.key))]
+
+    # ---- paths -------------------------------------------------------------------------------
+    def run_dir(self, model, task, arm, seed) -> str:
+        return f"{self.runs_dir}/{model}/{task}/{arm}/seed{seed}"
+
+    def sft_dir(self, model, task) -> str:
+        return f"{self.runs_dir}/{model}/{task}/sft"
+
+    def run_config_path(self, model, task, arm, seed) -> str:
+        return f"{self.runs_dir}/configs/{model}/{task}/{arm}-seed{seed}.yaml"
+
+    def sft_config_path(self, model, task) -> str:
+        return f"{self.runs_dir}/configs/{model}/{task}/sft.yaml"
+
+    def arm_spec(self, arm: str) -> dict:
+        if arm in self.arms:
+            return self.arms[arm]
+        if arm in self.ablation_arms:
+            return self.ablation_arms[arm]
+        raise KeyError(f"unknown arm {arm!r} (not a method or ablation arm of profile {self.profile!r})")
+
+    # ---- configs -----------------------------------------------------------------------------
+    def _base(self, model: str, task: str, seed: int) -> dict:
+        d = copy.deepcopy(self.config.get("defaults", {}))
+        task_cfg = deep_merge({"seed": DATA_SEED}, self.config["tasks"][task] or {})
+        d["model"] = model
+        d["task"] = deep_merge(d.get("task", {}), {"name": task, **task_cfg})
+        d["seed"] = int(seed)
+        return d
+
+    def sft_config(self, model: str, task: str) -> dict:
+        d = self._base(model, task, self.config["seeds"][0])
+        d.pop("rl", None)
+        return d
+
+    def run_config(self, model: str, task: str, arm: str, seed: int) -> dict:
+        spec = self.arm_spec(arm)
+        d = self._base(model, task, seed)
+        d.pop("sft", None)
+        d.setdefault("rl", {})["method"] = spec["method"]
+        if self.sft_enabled:
+            d["rl"]["init_ckpt"] = f"{self.sft_dir(model, task)}/ckpt"
+        for k, v in sorted(spec["set"].items()):
+            set_dotted(d, k, v)
+        return d
+
+    def manifest(self) -> dict:
+        """What the tables must contain: one entry per run (analysis/tables.py --manifest)."""
+        return {
+            "profile": self.profile,
+            "runs_dir": self.runs_dir,
+            "runs": [
+                {"model": r.model, "task": r.task, "arm": r.arm, "seed": r.seed, "method": r.method,
+                 "ablation": r.ablation, "dir": self.run_dir(r.model, r.task, r.arm, r.seed)}
+                for r in self.runs
+            ],
+        }
+
+
+if __name__ == "__main__":
+    import yaml
+
+    with open(sys.argv[1]) as f:
+        plan = Plan(yaml.safe_load(f))
+    print(json.dumps(plan.manifest(), indent=1))
