@@ -7,7 +7,8 @@ throughput measured inside the RL runs of a profile.
 Inputs are the committed long-format benchmark CSVs (kernels: op, shape, provider, median_ms, p20_ms,
 p80_ms, tb_per_s, speedup_vs_bf16, gpu, commit; rollout: ..., provider, tokens_per_s, ...), written on
 a GPU by benchmarks/bench_kernels.py and benchmarks/bench_rollout.py, so this runs without a GPU.
-When ``<dir>/<dir name>.csv`` exists (results/kernels/kernels.csv) only that file is read, else every CSV.
+Every CSV of a folder is read (quick runs and SASS counts excepted); for the same (op, shape, provider,
+config) the file that sorts last wins, so a newer benchmark run replaces an older one.
 A panel whose CSVs are absent says so instead of showing anything. Writes ``speedups.png/pdf``.
 Compared against: DESIGN.md section 6 targets (>= 4x grouped MoE GEMM, >= 3x dense GEMM and FP4-KV
 attention, >= 3x rollout tokens/s) drawn as reference lines, and 1x (BF16).
@@ -31,10 +32,9 @@ def read_csvs(d: str | None) -> pd.DataFrame:
     if not d or not os.path.isdir(d):
         return pd.DataFrame()
     frames = []
-    paths = sorted(glob.glob(os.path.join(d, "*.csv")))
-    canonical = os.path.join(d, os.path.basename(os.path.normpath(d)) + ".csv")  # kernels/kernels.csv
-    if canonical in paths:
-        paths = [canonical]
+    # every full benchmark run in the folder; quick runs and offline SASS counts are not comparisons
+    paths = [p for p in sorted(glob.glob(os.path.join(d, "*.csv")))
+             if not any(t in os.path.basename(p) for t in ("quick", "sass"))]
     for p in paths:
         try:
             f = pd.read_csv(p)
@@ -43,7 +43,13 @@ def read_csvs(d: str | None) -> pd.DataFrame:
             continue
         f["source"] = os.path.basename(p)
         frames.append(f)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if not frames:
+        return pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True)
+    # a later run (file names sort by version: kernels.csv < kernels_v1.csv < kernels_v1b.csv)
+    # replaces an earlier one's row for the same measurement; each row keeps its same-run speedup
+    key = [c for c in ("op", "shape", "provider", "config", "batch") if c in df.columns]
+    return df.drop_duplicates(subset=key, keep="last") if key else df
 
 
 def _is_bf16(provider) -> bool:
