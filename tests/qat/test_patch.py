@@ -19,6 +19,17 @@ def _batch(b=3, t=24, seed=0):
     return ids, torch.arange(b), torch.arange(t).expand(b, t)
 
 
+def _recorded_fp32(name):
+    """A w4a4kv4 tiny model, a batch, and the full-codes record of its float32 forward."""
+    m = build_model(name, seed=0)
+    patch_model(m, "w4a4kv4")
+    ids, seq, pos = _batch()
+    rec = Recorder(full_codes=True)
+    with torch.no_grad(), recording(m, rec, seq, pos):
+        lp_roll = _token_lp(m, ids)
+    return m, ids, seq, pos, rec.finish(), lp_roll
+
+
 def _token_lp(model, ids):
     lp = torch.log_softmax(model(ids).logits.float(), -1)
     return lp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
@@ -68,13 +79,7 @@ def test_weight_codes_are_the_shared_quantizer(name):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_record_fp32_replay_bf16_guided_is_far_closer(name):
-    m = build_model(name, seed=0)
-    patch_model(m, "w4a4kv4")
-    ids, seq, pos = _batch()
-    rec = Recorder(full_codes=True)
-    with torch.no_grad(), recording(m, rec, seq, pos):
-        lp_roll = _token_lp(m, ids)
-    record = rec.finish()
+    m, ids, seq, pos, record, lp_roll = _recorded_fp32(name)
     ac = torch.autocast("cpu", dtype=torch.bfloat16)
     with torch.no_grad(), ac:
         with replay(m, record, seq, pos, guide=False) as st_un:
@@ -92,13 +97,7 @@ def test_record_fp32_replay_bf16_guided_is_far_closer(name):
 
 
 def test_partial_guidance_reports_unrecoverable_and_helps():
-    m = build_model("mixtral-tiny", seed=0)
-    patch_model(m, "w4a4kv4")
-    ids, seq, pos = _batch()
-    rec = Recorder(full_codes=True)
-    with torch.no_grad(), recording(m, rec, seq, pos):
-        lp_roll = _token_lp(m, ids)
-    record = rec.finish()
+    m, ids, seq, pos, record, lp_roll = _recorded_fp32("mixtral-tiny")
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         with replay(m, record, seq, pos, guide=False):
             d_un = (_token_lp(m, ids) - lp_roll).abs().mean().item()
@@ -178,13 +177,7 @@ def test_alignment_loss_pulls_trainer_rounding_toward_rollout():
 
 
 def test_full_codes_replay_reproduces_the_rollout_exactly_and_zero_scales_keep_grads_finite():
-    m = build_model("qwen3_moe-tiny", seed=0)
-    patch_model(m, "w4a4kv4")
-    ids, seq, pos = _batch()
-    rec = Recorder(full_codes=True)
-    with torch.no_grad(), recording(m, rec, seq, pos):
-        lp_roll = _token_lp(m, ids)
-    record = rec.finish()
+    m, ids, seq, pos, record, lp_roll = _recorded_fp32("qwen3_moe-tiny")
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         layers = guided_layer_indices(len(m.model.layers), 0.5)
         with replay(m, record, seq, pos, guide_layers=layers) as st_m:
