@@ -38,6 +38,7 @@ def test_defaults_validate_and_yaml_floats(tmp_path):
     ({"rl": {"icepop": [2.0, 0.5]}}, "config key 'rl.icepop'"),
     ({"rl": {"icepop": [0.5]}}, "config key 'rl.icepop'"),
     ({"rl": {"tis_cap": -1}}, "config key 'rl.tis_cap'"),
+    ({"rl": {"icepop": [0.5, 2.0]}}, "config key 'rl.icepop': ICEPOP replaces TIS"),
     ({"rl": {"rho": 1.5}}, "config key 'rl.rho'"),
     ({"task": {"name": "poetry"}}, "config key 'task.name'"),
     ({"task": {"n_train": 2.5}}, "config key 'task.n_train': expected integer"),

@@ -53,7 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "rl": {
         "method": "bf16", "steps": 20, "prompts_per_step": 8, "group_size": 8, "max_new_tokens": 8,
         "temperature": 1.0, "lr": 1.0e-4, "weight_decay": 0.0, "grad_clip": 1.0, "clip_eps": 0.2,
-        "kl_coef": 0.0, "advantage": "group_norm", "tis_cap": None, "icepop": None, "ppo_ratio": "rollout",
+        "kl_coef": 0.0, "advantage": "group_norm", "tis_cap": 2.0, "icepop": None, "ppo_ratio": "trainer",
         "rho": 0.5, "align_coef": 0.1, "fmt": "nvfp4", "autocast": "bf16", "init_ckpt": None,
         "ckpt_every": 5, "eval_every": 0, "max_turns": 8, "diag_flips": True,
     },
@@ -164,6 +164,8 @@ def _semantic_checks(cfg: dict) -> None:
     ice = rl.get("icepop")
     if ice is not None and not ice[0] < ice[1]:
         raise ConfigError(f"config key 'rl.icepop': expected [lo, hi] with lo < hi, got {ice!r}")
+    if ice is not None and rl.get("tis_cap") is not None:
+        raise ConfigError("config key 'rl.icepop': ICEPOP replaces TIS; set rl.tis_cap to null with it")
     if rl.get("advantage") == "rloo" and rl.get("group_size", 2) < 2:
         raise ConfigError("config key 'rl.group_size': rloo needs group_size >= 2")
     # bool is a subclass of int in Python; jsonschema treats it separately, so nothing to do here.

@@ -19,9 +19,10 @@ KEYS = ("step", "reward_mean", "accuracy", "response_len", "k1", "k3", "dlp_abs_
 
 @pytest.mark.parametrize("method", sorted(ARMS))
 def test_one_step_each_arm(tmp_path, method, sft_ckpt):
-    extra = {"fp4-naive": "rl.tis_cap=2.0", "qat-weight-only": "rl.icepop=[0.5, 2.0]", "bf16": "rl.kl_coef=0.05"}
+    extra = {"fp4-naive": ["rl.ppo_ratio=rollout"], "qat-weight-only": ["rl.icepop=[0.5, 2.0]", "rl.tis_cap=null"],
+             "bf16": ["rl.kl_coef=0.05"]}
     cfg = small_cfg([f"rl.method={method}", "rl.steps=1", "rl.prompts_per_step=8",
-                     extra.get(method, "rl.advantage=rloo")], init_ckpt=sft_ckpt)
+                     *extra.get(method, ["rl.advantage=rloo"])], init_ckpt=sft_ckpt)
     tr = RLTrainer(cfg, tmp_path / method, progress=False)
     arm = ARMS[method]
     assert tr.engine.mode == arm.engine_mode and tr.engine.kv_fp4 == arm.kv_fp4

@@ -74,7 +74,8 @@ class LayerStats:
     code_flips: int = 0  # own RTN code != rollout code (guided code when full codes absent)
     blocks: int = 0
     scale_flips: int = 0  # own block scale byte != recorded
-    unrecoverable: int = 0  # guided code != recorded full code (only with full codes)
+    unrecoverable: int = 0  # guided code != recorded full code
+    unrec_checked: int = 0  # elements whose recovery could be checked (records with full codes)
     routing_tokens: int = 0
     routing_flips: int = 0  # own top-k set != recorded set
 
@@ -99,7 +100,8 @@ class ReplayStats:
         for i, s in sorted(self.layers.items()):
             if s.elements:
                 out["code_flip_rate"][i] = s.code_flips / s.elements
-                out["unrecoverable_rate"][i] = s.unrecoverable / s.elements
+            if s.unrec_checked:  # unknown (absent) when the record holds no full codes
+                out["unrecoverable_rate"][i] = s.unrecoverable / s.unrec_checked
             if s.blocks:
                 out["scale_flip_rate"][i] = s.scale_flips / s.blocks
             if s.routing_tokens:
@@ -177,6 +179,7 @@ class QATRuntime:
                 st.code_flips += int(((own.codes != target) & ((own.codes | target) & 7 != 0)).sum())
             if use_guide and res.unrecoverable is not None:
                 st.unrecoverable += int(res.unrecoverable.sum())
+                st.unrec_checked += res.unrecoverable.numel()
             if use_guide and self.align:
                 self._alignment(xv, own, qv, g)
         if not use_guide:

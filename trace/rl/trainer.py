@@ -23,11 +23,12 @@ log-probs, in its own quantized mode, with the rollout's, over trainable tokens.
 are logged where a record exists and the trainer quantizes activations: the guided layers of trace*
 arms and all layers of qat-independent; they are empty dicts for bf16 / fp4-naive / qat-weight-only.
 
-PPO ratio (`rl.ppo_ratio`): "rollout" (default; the old policy is the rollout, ratio =
-exp(lp_train - lp_rollout), TIS multiplies by min(ratio, cap) detached and ICEPOP masks tokens whose
-detached ratio is outside [lo, hi]) or "trainer" (OpenRLHF's decoupled form: the old policy is the
-trainer's own detached log-prob, so the PPO ratio is 1 on the single update and TIS / ICEPOP act on
-pi_train / pi_rollout alone).
+PPO ratio (`rl.ppo_ratio`): "trainer" (default; OpenRLHF's decoupled form: the old policy is the
+trainer's own detached log-prob, so the PPO ratio is 1 on the single update and the rollout mismatch
+is corrected only by TIS, weight min(pi_train / pi_rollout, tis_cap) with tis_cap 2.0 by default
+(FlashRL-style truncated IS, DESIGN.md §4: every arm shares it), or ICEPOP's mask) or "rollout" (the
+old policy is the rollout: ratio = exp(lp_train - lp_rollout), so PPO's clip also acts on the mismatch
+and TIS applies it a second time; kept for comparison).
 
 Determinism: prompts, rollout seeds and evaluation seeds derive from (seed, step), model and optimizer
 state are checkpointed exactly, so a resumed run reproduces an uninterrupted one on the CPU.
