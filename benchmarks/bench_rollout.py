@@ -8,6 +8,10 @@ Shapes: the tiny flavors (`qwen3_moe-tiny`, ...) and `qwen3_30b_a3b` = Qwen3-30B
 (H 2048, 32/4 heads x 128, 128 experts top-8, I 768, vocab 151936) with random weights and FEWER
 LAYERS (`--layers`, default 4; tokens/s scale ~1/layers for the decoder part).
 
+With `--breakdown`, each engine provider is also profiled (torch.profiler, up to 64 tokens) and
+rows `op=rollout_breakdown` give ms per generated token in attention / moe / other / total
+(`note=component=...`, `ms_per_step` holds the value).
+
 Output: long-format CSV (op, shape, provider, batch, prompt, gen, tokens_per_s, elapsed_s, ms_per_step,
 gpu, commit) at `--out` (default $OUT/bench_rollout.csv if $OUT is set, else results/rollout/bench_rollout.csv),
 written row by row; `--deadline` seconds stops starting new runs (the GPU budget is small).
@@ -84,6 +88,47 @@ def run_engine(model, mode, kv, prompts, gen, device, dtype):
     return out.num_generated_tokens, dt
 
 
+def breakdown(model, mode, kv, prompts, gen, device, dtype) -> dict[str, float]:
+    """Milliseconds per generated token in attention, MoE (or dense MLP) and everything else, from
+    torch.profiler over one generate call (device time on CUDA, CPU time otherwise). The labels
+    are the `record_function` scopes of trace/rollout/forward.py; 'other' = total - both."""
+    from torch.profiler import ProfilerActivity, profile
+
+    eng = RolloutEngine(model.config, mode=mode, kv_fp4=kv, dtype=dtype, device=device,
+                        max_seq_len=len(prompts[0]) + gen + 1)
+    eng.sync_weights(model)
+    eng.generate([p[:8] for p in prompts[:2]], max_new_tokens=2, temperature=0.0)  # warm-up
+    cuda = str(device).startswith("cuda")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        out = eng.generate(prompts, max_new_tokens=gen, temperature=0.0)
+        sync(device)
+    wall_ms = 1000 * (time.perf_counter() - t0)
+
+    def t_us(evt):  # device time on CUDA (its name changed across torch versions), CPU time otherwise
+        if cuda:
+            return getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        return evt.cpu_time_total
+
+    parts = {k: 0.0 for k in ("attention", "moe")}
+    for evt in prof.key_averages():
+        for k in parts:
+            if evt.key == f"rollout.{k}":
+                parts[k] += t_us(evt) / 1000.0
+    if cuda:  # total device time: every kernel once (self time), not the nested label totals
+        total = sum(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0)
+                    for e in prof.key_averages()) / 1000.0
+    else:
+        total = wall_ms
+    n = max(out.num_generated_tokens, 1)
+    res = {k: v / n for k, v in parts.items()}
+    res["other"] = max(total - sum(parts.values()), 0.0) / n
+    res["total"] = total / n
+    return res
+
+
 def run_hf(model, prompts, gen, device):
     ids = torch.tensor(prompts, device=device)
     kw = dict(do_sample=False, max_new_tokens=gen, min_new_tokens=gen, pad_token_id=0, eos_token_id=None)
@@ -108,6 +153,8 @@ def main(argv=None):
     ap.add_argument("--hf-experts", default="grouped_mm", help="transformers experts_implementation for hf-bf16")
     ap.add_argument("--deadline", type=float, default=1e9, help="seconds after which no new run starts")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also profile each engine provider: ms per token in attention / moe / other (op rollout_breakdown)")
     a = ap.parse_args(argv)
     dtype = getattr(torch, a.dtype) if a.dtype else (torch.bfloat16 if a.device.startswith("cuda") else torch.float32)
     out = Path(a.out or (Path(os.environ["OUT"]) / "bench_rollout.csv" if os.environ.get("OUT")
@@ -145,6 +192,14 @@ def main(argv=None):
                     w.writerow(row)
                     f.flush()
                     print(row, flush=True)
+                    if a.breakdown and prov != "hf-bf16" and ntok:
+                        mode = "bf16" if prov == "engine-bf16" else "w4a4"
+                        parts = breakdown(model, mode, prov.endswith("kv4"), prompts, min(a.gen, 64), a.device, dtype)
+                        for comp, ms in parts.items():
+                            w.writerow(dict(row, op="rollout_breakdown", gen=min(a.gen, 64), tokens_per_s="",
+                                            elapsed_s="", ms_per_step=round(ms, 5), note=f"component={comp}"))
+                        f.flush()
+                        print("breakdown", prov, {k: round(v, 4) for k, v in parts.items()}, flush=True)
                     if a.device.startswith("cuda"):
                         torch.cuda.empty_cache()
             del model

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from trace import fp4
 from trace.rollout.cache import KVCache, quant_rows
@@ -208,9 +209,14 @@ class EngineForward:
         x = F.embedding(ids, w.embed)  # [R, T, H]
         for i, lw in enumerate(w.layers):
             h = rms_norm(x, lw["ln1"], a.eps)
-            x = x + self._attention(i, lw, h, cos, sin, slots, start, lens, rows, cache, rec, S)
+            # profiler labels (no-ops unless torch.profiler is active): benchmarks/bench_rollout.py
+            # --breakdown splits step time into attention / moe / other with them
+            with record_function("rollout.attention"):
+                att = self._attention(i, lw, h, cos, sin, slots, start, lens, rows, cache, rec, S)
+            x = x + att
             h = rms_norm(x, lw["ln2"], a.eps).reshape(R * T, -1)  # [N, H]
-            m = self._moe(i, lw, h, rec) if "gate_up" in lw else self._dense_mlp(i, lw, h, rec)
+            with record_function("rollout.moe"):
+                m = self._moe(i, lw, h, rec) if "gate_up" in lw else self._dense_mlp(i, lw, h, rec)
             x = x + m.view(R, T, -1)
         if not all_logits:
             x = x[torch.arange(R, device=ids.device), lens - 1]  # [R, H] last fed token
