@@ -22,7 +22,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-MAIN_METHODS = ("bf16", "fp4-naive", "qat-independent", "qat-weight-only", "trace")
 DATA_SEED = 0  # the task data (train/test splits) is shared by every arm and seed
 
 
