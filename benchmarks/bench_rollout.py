@@ -2,15 +2,19 @@
 
 What: for each model shape, batch size and provider, generate `--gen` tokens after a `--prompt`-token random
 prompt (greedy, no stop), and report generated tokens per second (prefill included, wall clock, after
-one short warm-up). Providers: `engine-bf16`, `engine-w4a4`, `engine-w4a4-kv4` (trace.rollout.RolloutEngine)
-and `hf-bf16` (transformers `model.generate`, BF16, `experts_implementation` as given by --hf-experts).
+one short warm-up). Providers (trace.rollout.RolloutEngine unless hf): `engine-bf16`; `engine-w4a4` and `engine-w4a4-kv4`
+(FP4 codes, computed with BF16 GEMMs on the dequantized FP4 weights: fp4_backend="torch");
+`engine-w4a4-triton`, `engine-w4a4-kv4-triton` (the FP4 kernels of kernels/: FP4 weights in memory);
+`engine-bf16-eager` (no CUDA graphs, to show what they are worth); `hf-bf16` (transformers
+`model.generate`, BF16, `experts_implementation` as given by --hf-experts). Engine caches are allocated
+and decode graphs captured before the clock starts (`RolloutEngine.prepare`, as a server does at start-up).
 Shapes: the tiny flavors (`qwen3_moe-tiny`, ...) and `qwen3_30b_a3b` = Qwen3-30B-A3B layer shape
 (H 2048, 32/4 heads x 128, 128 experts top-8, I 768, vocab 151936) with random weights and FEWER
 LAYERS (`--layers`, default 4; tokens/s scale ~1/layers for the decoder part).
 
-With `--breakdown`, each engine provider is also profiled (torch.profiler, up to 64 tokens) and
-rows `op=rollout_breakdown` give ms per generated token in attention / moe / other / total
-(`note=component=...`, `ms_per_step` holds the value).
+With `--breakdown`, each engine provider is also profiled (torch.profiler, eager, up to 64 tokens minus
+a prefill-only run) and rows `op=rollout_breakdown` give ms per DECODED token in attention / moe / other
+/ total (`note=component=...`, `ms_per_step` holds the value; multiply by the batch for ms per step).
 
 Output: long-format CSV (op, shape, provider, batch, prompt, gen, tokens_per_s, elapsed_s, ms_per_step,
 gpu, commit) at `--out` (default $OUT/bench_rollout.csv if $OUT is set, else results/rollout/bench_rollout.csv),
@@ -37,9 +41,10 @@ import torch  # noqa: E402
 from trace.models import build_config, get_spec  # noqa: E402
 from trace.rollout import RolloutEngine  # noqa: E402
 
-PROVIDERS = ("engine-bf16", "engine-w4a4", "engine-w4a4-kv4", "hf-bf16")
-FIELDS = ("op", "shape", "provider", "batch", "prompt", "gen", "tokens_per_s", "elapsed_s", "ms_per_step", "dtype",
-          "layers", "note", "gpu", "commit")
+PROVIDERS = ("engine-bf16", "engine-w4a4", "engine-w4a4-kv4", "engine-w4a4-triton", "engine-w4a4-kv4-triton",
+             "engine-bf16-eager", "hf-bf16")
+FIELDS = ("op", "shape", "provider", "batch", "prompt", "gen", "tokens_per_s", "elapsed_s", "ms_per_step",
+          "prefill_s", "decode_ms_per_step", "setup_s", "dtype", "layers", "note", "gpu", "commit")
 
 
 def _commit() -> str:
@@ -74,70 +79,118 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def run_engine(model, mode, kv, prompts, gen, device, dtype):
-    eng = RolloutEngine(model.config, mode=mode, kv_fp4=kv, dtype=dtype, device=device,
-                        max_seq_len=len(prompts[0]) + gen + 1)
+def engine_kwargs(prov: str) -> dict:
+    """engine-<bf16|w4a4>[-kv4][-triton|-eager]: mode, FP4 KV cache, FP4 compute backend (torch = FP4
+    weights dequantized to BF16 at sync + per-row FP4 activation quant + BF16 GEMMs, i.e. the same codes
+    on BF16 tensor cores; triton = the FP4 kernels of kernels/), CUDA graphs (off for -eager)."""
+    return dict(mode="bf16" if prov.startswith("engine-bf16") else "w4a4", kv_fp4="-kv4" in prov,
+                fp4_backend="triton" if prov.endswith("-triton") else "torch", cuda_graphs=not prov.endswith("-eager"))
+
+
+def make_engine(model, prov, prompts, gen, device, dtype):
+    eng = RolloutEngine(model.config, dtype=dtype, device=device, max_seq_len=len(prompts[0]) + gen + 1,
+                        **engine_kwargs(prov))
     eng.sync_weights(model)
-    eng.generate([p[:8] for p in prompts[:2]], max_new_tokens=2, temperature=0.0)  # warm-up
+    eng.prepare(len(prompts), len(prompts[0]), gen)  # allocate the cache, capture the decode graphs
+    eng.generate(prompts, max_new_tokens=2, temperature=0.0)  # warm-up at full size (prefill kernels, lazy init)
     sync(device)
+    return eng
+
+
+def _timed(fn, device):
+    """(result of fn(), seconds including a device sync)."""
     t0 = time.perf_counter()
-    out = eng.generate(prompts, max_new_tokens=gen, temperature=0.0)
+    out = fn()
     sync(device)
-    dt = time.perf_counter() - t0
-    del eng
-    return out.num_generated_tokens, dt
+    return out, time.perf_counter() - t0
 
 
-def breakdown(model, mode, kv, prompts, gen, device, dtype) -> dict[str, float]:
-    """Milliseconds per generated token in attention, MoE (or dense MLP) and everything else, from
-    torch.profiler over one generate call (device time on CUDA, CPU time otherwise). The labels
-    are the `record_function` scopes of trace/rollout/forward.py; 'other' = total - both."""
+def run_engine(model, prov, prompts, gen, device, dtype):
+    """-> (generated tokens, seconds for the whole call, seconds for a prefill + 1 token call, setup seconds)."""
+    t0 = time.perf_counter()
+    eng = make_engine(model, prov, prompts, gen, device, dtype)
+    setup = time.perf_counter() - t0
+    out, dt = _timed(lambda: eng.generate(prompts, max_new_tokens=gen, temperature=0.0), device)
+    _, pre = _timed(lambda: eng.generate(prompts, max_new_tokens=1, temperature=0.0), device)
+    return out.num_generated_tokens, dt, pre, setup
+
+
+def _device_parts(prof) -> dict[str, float]:
+    """Device milliseconds of every kernel / memcpy / memset, summed by the `rollout.*` label whose GPU-side
+    span (a gpu_user_annotation event: first to last kernel of the scope) contains it; from the
+    profiler's Chrome trace, so no kernel is counted twice and launch gaps count nowhere."""
+    import json
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    spans = sorted((e["ts"], e["ts"] + e["dur"], e["name"].split(".", 1)[1]) for e in events
+                   if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("rollout."))
+    parts = {"attention": 0.0, "moe": 0.0, "other": 0.0}
+    starts = [s[0] for s in spans]
+    import bisect
+
+    for e in events:
+        if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        j = bisect.bisect_right(starts, e["ts"]) - 1
+        label = spans[j][2] if j >= 0 and e["ts"] < spans[j][1] else "other"
+        parts[label if label in parts else "other"] += e["dur"] / 1000.0
+    return parts
+
+
+def _profile(eng, prompts, gen, device) -> tuple[dict[str, float], int]:
     from torch.profiler import ProfilerActivity, profile
 
-    eng = RolloutEngine(model.config, mode=mode, kv_fp4=kv, dtype=dtype, device=device,
-                        max_seq_len=len(prompts[0]) + gen + 1)
-    eng.sync_weights(model)
-    eng.generate([p[:8] for p in prompts[:2]], max_new_tokens=2, temperature=0.0)  # warm-up
     cuda = str(device).startswith("cuda")
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     sync(device)
     t0 = time.perf_counter()
-    with profile(activities=acts) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         out = eng.generate(prompts, max_new_tokens=gen, temperature=0.0)
         sync(device)
     wall_ms = 1000 * (time.perf_counter() - t0)
+    if cuda:
+        parts = _device_parts(prof)
+    else:  # CPU time of the labelled scopes; the rest of the wall clock is 'other' (Python included)
+        parts = {k: 0.0 for k in ("attention", "moe")}
+        for evt in prof.key_averages():
+            for k in parts:
+                if evt.key == f"rollout.{k}":
+                    parts[k] += evt.cpu_time_total / 1000.0
+        parts["other"] = max(wall_ms - parts["attention"] - parts["moe"], 0.0)
+    return parts, out.num_generated_tokens
 
-    def t_us(evt):  # device time on CUDA (its name changed across torch versions), CPU time otherwise
-        if cuda:
-            return getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
-        return evt.cpu_time_total
 
-    parts = {k: 0.0 for k in ("attention", "moe")}
-    for evt in prof.key_averages():
-        for k in parts:
-            if evt.key == f"rollout.{k}":
-                parts[k] += t_us(evt) / 1000.0
-    if cuda:  # total device time: every kernel once (self time), not the nested label totals
-        total = sum(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0)
-                    for e in prof.key_averages()) / 1000.0
-    else:
-        total = wall_ms
-    n = max(out.num_generated_tokens, 1)
-    res = {k: v / n for k, v in parts.items()}
-    res["other"] = max(total - sum(parts.values()), 0.0) / n
-    res["total"] = total / n
+def breakdown(model, prov, prompts, gen, device, dtype) -> dict[str, float]:
+    """Milliseconds per DECODED token in attention, MoE (or dense MLP) and everything else (embedding,
+    norms, lm_head, sampling): one profiled generate of `gen` tokens minus one of a single token (the
+    prefill), divided by the difference in tokens. On CUDA: kernel time by label (launch gaps excluded,
+    see _device_parts); on a CPU: CPU time of the labels, 'other' = wall - both. The profiled engine
+    runs eagerly (labels are not visible inside CUDA-graph replays); the kernels are the same ones the
+    graphs replay. Labels: the `record_function` scopes of trace/rollout/forward.py."""
+    kw = {**engine_kwargs(prov), "cuda_graphs": False}
+    eng = RolloutEngine(model.config, dtype=dtype, device=device, max_seq_len=len(prompts[0]) + gen + 1, **kw)
+    eng.sync_weights(model)
+    eng.generate(prompts, max_new_tokens=2, temperature=0.0)  # warm-up at full size
+    full, n_full = _profile(eng, prompts, gen, device)
+    pre, n_pre = _profile(eng, prompts, 1, device)
+    n = max(n_full - n_pre, 1)
+    res = {k: max(full[k] - pre[k], 0.0) / n for k in ("attention", "moe", "other")}
+    res["total"] = sum(res.values())
     return res
 
 
 def run_hf(model, prompts, gen, device):
     ids = torch.tensor(prompts, device=device)
     kw = dict(do_sample=False, max_new_tokens=gen, min_new_tokens=gen, pad_token_id=0, eos_token_id=None)
-    model.generate(ids[:2, :8], **{**kw, "max_new_tokens": 2, "min_new_tokens": 2})  # warm-up
+    mask = torch.ones_like(ids)
+    model.generate(ids, attention_mask=mask, **{**kw, "max_new_tokens": 2, "min_new_tokens": 2})  # warm-up, full size
     sync(device)
-    t0 = time.perf_counter()
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-    sync(device)
-    return (out.shape[1] - ids.shape[1]) * ids.shape[0], time.perf_counter() - t0
+    out, dt = _timed(lambda: model.generate(ids, attention_mask=mask, **kw), device)
+    one = {**kw, "max_new_tokens": 1, "min_new_tokens": 1}
+    _, pre = _timed(lambda: model.generate(ids, attention_mask=mask, **one), device)
+    return (out.shape[1] - ids.shape[1]) * ids.shape[0], dt, pre, 0.0
 
 
 def main(argv=None):
@@ -178,26 +231,33 @@ def main(argv=None):
                     note = ""
                     try:
                         if prov == "hf-bf16":
-                            ntok, dt = run_hf(model, prompts, a.gen, a.device)
+                            ntok, dt, pre, setup = run_hf(model, prompts, a.gen, a.device)
                             note = f"experts={a.hf_experts}"
                         else:
-                            mode = "bf16" if prov == "engine-bf16" else "w4a4"
-                            ntok, dt = run_engine(model, mode, prov.endswith("kv4"), prompts, a.gen, a.device, dtype)
+                            ntok, dt, pre, setup = run_engine(model, prov, prompts, a.gen, a.device, dtype)
                     except Exception as e:  # noqa: BLE001 - record the failure, keep benchmarking
-                        ntok, dt, note = 0, float("nan"), f"error: {type(e).__name__}: {str(e)[:120]}"
+                        ntok, dt, pre, setup = 0, float("nan"), float("nan"), float("nan")
+                        note = f"error: {type(e).__name__}: {str(e)[:120]}"
+                    # decode_ms_per_step: (whole call - prefill-and-one-token call) / (gen - 1)
                     row = dict(op="rollout_generate", shape=name, provider=prov, batch=bsz, prompt=a.prompt, gen=a.gen,
                                tokens_per_s=round(ntok / dt, 2) if ntok else 0.0, elapsed_s=round(dt, 3),
-                               ms_per_step=round(1000 * dt / a.gen, 3), dtype=str(dtype).replace("torch.", ""),
+                               ms_per_step=round(1000 * dt / a.gen, 3), prefill_s=round(pre, 4),
+                               decode_ms_per_step=round(1000 * (dt - pre) / max(a.gen - 1, 1), 3),
+                               setup_s=round(setup, 2), dtype=str(dtype).replace("torch.", ""),
                                layers=model.config.num_hidden_layers, note=note, gpu=gpu, commit=commit)
                     w.writerow(row)
                     f.flush()
                     print(row, flush=True)
-                    if a.breakdown and prov != "hf-bf16" and ntok:
-                        mode = "bf16" if prov == "engine-bf16" else "w4a4"
-                        parts = breakdown(model, mode, prov.endswith("kv4"), prompts, min(a.gen, 64), a.device, dtype)
+                    if a.breakdown and prov != "hf-bf16" and not prov.endswith("-eager") and ntok:
+                        try:
+                            parts = breakdown(model, prov, prompts, min(a.gen, 64), a.device, dtype)
+                        except Exception as e:  # noqa: BLE001
+                            parts = {}
+                            print(f"breakdown {prov} failed: {type(e).__name__}: {e}", flush=True)
                         for comp, ms in parts.items():
                             w.writerow(dict(row, op="rollout_breakdown", gen=min(a.gen, 64), tokens_per_s="",
-                                            elapsed_s="", ms_per_step=round(ms, 5), note=f"component={comp}"))
+                                            elapsed_s="", prefill_s="", decode_ms_per_step="", setup_s="",
+                                            ms_per_step=round(ms, 5), note=f"component={comp}"))
                         f.flush()
                         print("breakdown", prov, {k: round(v, 4) for k, v in parts.items()}, flush=True)
                     if a.device.startswith("cuda"):

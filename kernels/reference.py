@@ -37,8 +37,16 @@ _FLT_MAX = torch.finfo(torch.float32).max
 _AMAX_MIN = E2M1_MAX * E4M3_MAX / _FLT_MAX * 1.0001
 
 
+_GRIDS: dict = {}
+
+
 def _grid(device) -> torch.Tensor:
-    return torch.tensor(E2M1_GRID, dtype=torch.float32, device=device)
+    # one constant tensor per device: creating it from a Python list is a host-to-device copy, which is
+    # not allowed inside a CUDA graph capture (the rollout engine captures its decode steps)
+    g = _GRIDS.get(device)
+    if g is None:
+        g = _GRIDS[device] = torch.tensor(E2M1_GRID, dtype=torch.float32, device=device)
+    return g
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,11 +12,11 @@ bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
 
-@pytest.mark.parametrize("mode,kv", [("bf16", False), ("w4a4", True)])
-def test_breakdown_components_add_up(mode, kv):
+@pytest.mark.parametrize("prov", ["engine-bf16", "engine-w4a4-kv4"])
+def test_breakdown_components_add_up(prov):
     model = bench.build("qwen3_moe-tiny", 4, "cpu", torch.float32, "eager", 64)
     prompts = torch.randint(5, 100, (2, 8), generator=torch.Generator().manual_seed(0)).tolist()
-    parts = bench.breakdown(model, mode, kv, prompts, 6, "cpu", torch.float32)
+    parts = bench.breakdown(model, prov, prompts, 6, "cpu", torch.float32)
     assert set(parts) == {"attention", "moe", "other", "total"}
     assert parts["attention"] > 0 and parts["moe"] > 0 and parts["other"] >= 0
     assert parts["attention"] + parts["moe"] + parts["other"] == pytest.approx(parts["total"], rel=1e-6)

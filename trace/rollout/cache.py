@@ -1,8 +1,10 @@
 """Static per-batch KV cache of the rollout engine, in the engine dtype or FP4 (codes + scales).
 
-What: one buffer per layer of `[B, cap + 1, H_kv, D]` (slot `cap` is a trash slot that padded chunk
+What: one buffer per layer of `[B, H_kv, cap + 1, D]` (slot `cap` is a trash slot that padded chunk
 positions are written to and that is never attended). Row `b` holds the tokens of sample `b` at slots
-= absolute positions 0..len-1. With `fp4=True`, K (after norm and RoPE) and V are quantized per token
+= absolute positions 0..len-1; head-major, so a decode step's grouped-query matmul reads each KV head's
+slots as one strided batch without a copy. With `fp4=True` (token-major `[B, cap + 1, H_kv, ..]`, the
+layout of kernels/attention.py's FP4 KV cache, which the Triton decode kernel reads in place), K (after norm and RoPE) and V are quantized per token
 and head (`trace.fp4.quantize(x, fmt, "row")` over D, the DESIGN.md §2 KV site) and stored as packed
 codes [B, cap+1, H_kv, D/2] uint8, scale bytes [.., D/block] and the FP32 outer scale [.., 1]; they are
 dequantized when attended. The FP4Tensor of the written rows is returned so the caller can record it.
@@ -37,7 +39,7 @@ class KVCache:
     def __init__(self, num_layers: int, batch: int, cap: int, kv_heads: int, head_dim: int, *,
                  dtype: torch.dtype, device, fp4_kv: bool = False, fmt: str = "nvfp4"):
         self.cap, self.batch, self.fp4_kv, self.fmt, self.dtype = cap, batch, fp4_kv, fmt, dtype
-        shape = (batch, cap + 1, kv_heads, head_dim)
+        shape = (batch, cap + 1, kv_heads, head_dim)  # token-major (FP4); BF16 is head-major below
         if fp4_kv:
             block = ref.NVFP4_BLOCK if fmt == "nvfp4" else ref.MXFP4_BLOCK
             self.codes = [[torch.zeros(*shape[:-1], head_dim // 2, dtype=torch.uint8, device=device)
@@ -47,7 +49,7 @@ class KVCache:
             self.outer = [[torch.ones(*shape[:-1], 1, dtype=torch.float32, device=device)
                            for _ in range(2)] for _ in range(num_layers)]
         else:
-            self.kv = [[torch.zeros(shape, dtype=dtype, device=device) for _ in range(2)]
+            self.kv = [[torch.zeros(batch, kv_heads, cap + 1, head_dim, dtype=dtype, device=device) for _ in range(2)]
                        for _ in range(num_layers)]
 
     def write(self, layer: int, rows, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -55,9 +57,9 @@ class KVCache:
         Returns the FP4Tensors of k and v (flattened to [R*T, H_kv, D]) when the cache is FP4, else None."""
         r = torch.arange(self.batch, device=slots.device) if rows is None else rows
         idx = (r[:, None].expand_as(slots), slots)
-        if not self.fp4_kv:
-            self.kv[layer][0][idx] = k.to(self.dtype)
-            self.kv[layer][1][idx] = v.to(self.dtype)
+        if not self.fp4_kv:  # [B, H_kv, cap+1, D][rows, :, slots] is [R, T, H_kv, D]
+            self.kv[layer][0][idx[0], :, idx[1]] = k.to(self.dtype)
+            self.kv[layer][1][idx[0], :, idx[1]] = v.to(self.dtype)
             return None
         out = []
         for j, x in enumerate((k, v)):
@@ -69,16 +71,17 @@ class KVCache:
         return out
 
     def read(self, layer: int, rows, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of slots [0, length) for rows (None = all): [R, length, H_kv, D] in the engine dtype."""
+        """K, V of slots [0, length) for rows (None = all): [R, H_kv, length, D] in the engine dtype
+        (a view of the cache for BF16 and all rows)."""
         sel = slice(None) if rows is None else rows
         if not self.fp4_kv:
-            return self.kv[layer][0][sel, :length], self.kv[layer][1][sel, :length]
+            return self.kv[layer][0][sel, :, :length], self.kv[layer][1][sel, :, :length]
         out = []
         for j in range(2):
             codes = ref.unpack_fp4(self.codes[layer][j][sel, :length])
             t = fp4.FP4Tensor(codes, self.scales[layer][j][sel, :length], self.outer[layer][j][sel, :length],
                               self.fmt, False, self.dtype)
-            out.append(t.dequantize(self.dtype))
+            out.append(t.dequantize(self.dtype).transpose(1, 2))  # [R, H_kv, length, D]
         return out[0], out[1]
 
     def copy_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:

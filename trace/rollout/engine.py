@@ -40,6 +40,7 @@ from trace import fp4
 from trace.rollout import fast
 from trace.rollout.cache import KVCache
 from trace.rollout.forward import EngineForward, RecCtx
+from trace.rollout.graphs import DecodeGraphs
 from trace.rollout.weights import Arch, EngineWeights
 
 MODES = ("bf16", "w4a4")
@@ -77,14 +78,18 @@ def _call_env(env, i: int, text: str):
 
 class RolloutEngine:
     def __init__(self, config, *, mode: str = "bf16", fmt: str = "nvfp4", kv_fp4: bool = False,
-                 dtype: torch.dtype = torch.float32, device="cpu", max_seq_len: int | None = None):
+                 dtype: torch.dtype = torch.float32, device="cpu", max_seq_len: int | None = None,
+                 cuda_graphs: bool = True, fp4_backend: str = "auto"):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if fmt not in fp4.FORMATS:
             raise ValueError(f"fmt must be one of {fp4.FORMATS}, got {fmt!r}")
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+        if fp4_backend not in fast.BACKENDS:
+            raise ValueError(f"fp4_backend must be one of {fast.BACKENDS}, got {fp4_backend!r}")
         self.config, self.mode, self.fmt, self.kv_fp4 = config, mode, fmt, kv_fp4
+        self.fp4_backend = fp4_backend
         self.dtype, self.device = dtype, torch.device(device)
         self.arch = Arch.from_config(config)
         self.max_seq_len = int(max_seq_len or self.arch.max_pos)
@@ -92,14 +97,18 @@ class RolloutEngine:
             raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
         self.weights: EngineWeights | None = None
         self.fwd: EngineForward | None = None
+        # decode steps replay CUDA graphs (trace/rollout/graphs.py) on a GPU when nothing is recorded
+        self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"
+        self._kept = None  # ((batch, cap), KVCache, DecodeGraphs) reused across calls with graphs on
 
     # ------------------------------------------------------------------------------ weights
     def sync_weights(self, model_or_state_dict) -> None:
         """(Re)load the policy's weights; in w4a4 mode re-quantize them from the master weights."""
+        self._kept = None  # captured graphs point at the old weight tensors
         self.weights = EngineWeights.load(self.arch, model_or_state_dict, self.mode, self.fmt, self.dtype,
                                           self.device)
         self.fwd = EngineForward(self.weights, mode=self.mode, fmt=self.fmt, dtype=self.dtype)
-        if self.mode == "w4a4" and self.fmt == "nvfp4" and fast.available(self.device, self.dtype):
+        if self.mode == "w4a4" and self.fmt == "nvfp4" and fast.available(self.device, self.dtype, self.fp4_backend):
             self.fwd.fast = fast.TritonPath.build(self.weights)
 
     def _check_ready(self):
@@ -110,6 +119,25 @@ class RolloutEngine:
         a = self.arch
         return KVCache(a.num_layers, batch, cap, a.num_kv_heads, a.head_dim, dtype=self.dtype, device=self.device,
                        fp4_kv=self.kv_fp4, fmt=self.fmt)
+
+    def _cache_and_graphs(self, batch: int, cap: int, recorder=None):
+        """The KV cache (and decode graphs, on a GPU with nothing recorded) for a generate call. With graphs,
+        the pair is kept for the next call of the same (batch, cap): every slot a step attends to is written
+        earlier in the same call, so stale contents are never read."""
+        if not self.cuda_graphs or recorder is not None:
+            return self._new_cache(batch, cap), None
+        if self._kept is None or self._kept[0] != (batch, cap):
+            self._kept = None  # free the old pair first
+            cache = self._new_cache(batch, cap)
+            self._kept = ((batch, cap), cache, DecodeGraphs(self.fwd, cache))
+        return self._kept[1], self._kept[2]
+
+    def prepare(self, batch: int, max_prompt_len: int, max_new_tokens: int) -> None:
+        """Allocate the cache of a generate call of `batch` samples (prompts * n) and capture its decode
+        graphs now rather than during the first call (no-op without CUDA graphs)."""
+        self._check_ready()
+        if self.cuda_graphs:
+            self._cache_and_graphs(batch, min(self.max_seq_len, max_prompt_len + max_new_tokens))[1].capture_all()
 
     def _check_prompts(self, prompts, what="prompt"):
         if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
@@ -142,8 +170,19 @@ class RolloutEngine:
             pos = (torch.tensor(starts)[:, None] + torch.arange(T)).reshape(-1)[valid]
             rec = RecCtx(recorder, valid.nonzero().squeeze(-1).to(dev), seq, pos)
         max_len = max(st + len(sq) for st, sq in zip(starts, seqs, strict=False))
-        logits = self.fwd(ids.to(dev), start, lens, rows_t, cache, rec, all_logits, max_len)
-        return logits
+        causal = all(st == 0 for st in starts)  # a fresh prefill: then max_len == T
+        return self.fwd(ids.to(dev), start, lens, rows_t, cache, rec, all_logits, max_len, causal)
+
+    def _decode_all(self, graphs: DecodeGraphs, pending: dict[int, list[int]], fed: list[int]) -> torch.Tensor:
+        """One-token step for every cache row through the CUDA graphs; rows not in `pending` feed nothing
+        (lens 0). Returns logits [B, V] (row b = sample b), valid until the next call."""
+        B, cap = graphs.cache.batch, graphs.cache.cap
+        ids, lens = [0] * B, [0] * B
+        for b, feed in pending.items():
+            ids[b], lens[b] = feed[0], 1
+        host = torch.tensor([ids, [min(f, cap - 1) for f in fed], lens], dtype=torch.long)  # one H2D copy
+        step = host.pin_memory().to(self.device, non_blocking=True)  # [3, B]: token, position, fed or not
+        return graphs(step[0, :, None], step[1], step[2], max(fed[b] + 1 for b in pending))
 
     # ------------------------------------------------------------------------------ scoring
     def score(self, sequences: list[list[int]], *, recorder=None, seq_ids=None) -> list[list[float]]:
@@ -216,7 +255,7 @@ class RolloutEngine:
         tokens = [list(map(int, prompts[b // n])) for b in range(B)]
         plens = [len(t) for t in tokens]
         cap = self.max_seq_len if env is not None else min(self.max_seq_len, max(plens) + max_new_tokens)
-        cache = self._new_cache(B, cap)
+        cache, graphs = self._cache_and_graphs(B, cap, recorder)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int(seed))
 
@@ -291,6 +330,12 @@ class RolloutEngine:
                         pending[b] = feed
             if not pending:
                 break
+            if graphs is not None and all(len(f) == 1 for f in pending.values()):
+                logits = self._decode_all(graphs, pending, fed)
+                for b in pending:
+                    fed[b] += 1
+                row_of = list(range(B))
+                continue
             rows = sorted(pending)
             out = self._chunk(cache, [pending[b] for b in rows], [fed[b] for b in rows], rows, recorder, rows)
             for r, b in enumerate(rows):

@@ -23,11 +23,16 @@ import torch
 
 from trace import fp4
 
+BACKENDS = ("auto", "torch", "triton")
 
-def available(device, dtype=torch.bfloat16) -> bool:
-    """Triton path on CUDA by default; on a CPU only when TRACE_ROLLOUT_BACKEND=triton (with
-    TRITON_INTERPRET=1, for tests). TRACE_ROLLOUT_BACKEND=torch disables it everywhere."""
-    want = os.environ.get("TRACE_ROLLOUT_BACKEND", "")
+
+def available(device, dtype=torch.bfloat16, backend: str = "auto") -> bool:
+    """Triton path on CUDA by default; on a CPU only when asked for (backend="triton" or
+    TRACE_ROLLOUT_BACKEND=triton, with TRITON_INTERPRET=1, for tests). backend="torch" (or the
+    environment variable, when backend is "auto") disables it everywhere."""
+    if backend not in BACKENDS:
+        raise ValueError(f"fp4_backend must be one of {BACKENDS}, got {backend!r}")
+    want = backend if backend != "auto" else os.environ.get("TRACE_ROLLOUT_BACKEND", "")
     if want == "torch":
         return False
     if torch.device(device).type != "cuda" and want != "triton":

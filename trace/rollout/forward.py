@@ -54,6 +54,20 @@ def row_subset(t: fp4.FP4Tensor, idx: torch.Tensor) -> fp4.FP4Tensor:
     return fp4.FP4Tensor(t.codes[idx], t.scales[idx], outer[idx], t.fmt)
 
 
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """x [M, K] rows sorted by group, w [G, K, N], offs [G] int32 cumulative row ends -> [M, N].
+    torch's grouped GEMM (CUTLASS on Hopper, a loop of mm on the CPU), as transformers'
+    `grouped_mm` experts implementation calls it."""
+    if x.is_cuda and x.dtype != torch.bfloat16:  # the CUDA kernel is bf16-only: loop (host sync, eager only)
+        out, lo = x.new_empty(x.shape[0], w.shape[-1]), 0
+        for g, hi in enumerate(offs.tolist()):
+            out[lo:hi] = x[lo:hi] @ w[g]
+            lo = hi
+        return out
+    fn = getattr(F, "grouped_mm", None) or torch._grouped_mm
+    return fn(x, w, offs=offs)
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' RMSNorm: float32 statistics, cast back, then weight * x."""
     xf = x.float()
@@ -89,11 +103,11 @@ class EngineForward:
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
     # ------------------------------------------------------------------------------ blocks
-    def _attention(self, i, lw, x, cos, sin, slots, start, lens, rows, cache: KVCache, rec, S: int):
+    def _attention(self, i, lw, x, cos, sin, slots, start, lens, rows, cache: KVCache, rec, S: int, causal: bool,
+                   fast):
         a = self.a
         R, T, _ = x.shape
         nh, nkv, D = a.num_heads, a.num_kv_heads, a.head_dim
-        fast = self.fast if rec is None else None
         if fast is not None:  # W4A4 Triton GEMMs (activation quantized inside, same codes)
             x2 = x.reshape(R * T, -1)
             q, k, v = (fast.linear(i, n, x2, lw.get(n + "_b")) for n in ("q", "k", "v"))
@@ -123,20 +137,26 @@ class EngineForward:
         if kv4 is not None and rec is not None and rec.recorder.wants(i):
             for site, t in zip(("k", "v"), kv4, strict=False):
                 rec.recorder.add(i, site, row_subset(t, rec.valid), rec.seq, rec.pos)
-        kc, vc = cache.read(i, rows, S)  # [R, S, nkv, D]
-        rep = nh // nkv
-        kc = kc.transpose(1, 2).repeat_interleave(rep, dim=1)  # [R, nh, S, D]
-        vc = vc.transpose(1, 2).repeat_interleave(rep, dim=1)
-        qpos = start[:, None] + torch.arange(T, device=x.device)  # [R, T]
-        mask = torch.arange(S, device=x.device)[None, None, :] <= qpos[:, :, None]  # [R, T, S]
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc, attn_mask=mask[:, None])  # [R, nh, T, D]
-        o = o.transpose(1, 2).reshape(R * T, nh * D)
+        kc, vc = cache.read(i, rows, S)  # [R, nkv, S, D]
+        if T == 1:  # decode: grouped-query matmuls, K/V read once per KV head (no repeat_interleave copy)
+            qg = q.view(R, nkv, nh // nkv, D)  # query heads of KV head j are j*rep .. j*rep+rep-1
+            sc = torch.matmul(qg, kc.transpose(-1, -2)).float() * D ** -0.5  # [R, nkv, rep, S]
+            keep = torch.arange(S, device=x.device)[None, :] <= start[:, None]  # [R, S]
+            sc = sc.masked_fill(~keep[:, None, None, :], float("-inf"))
+            o = torch.matmul(torch.softmax(sc, dim=-1).to(vc.dtype), vc)  # [R, nkv, rep, D]
+        elif causal:  # fresh prefill: every row starts at 0 and S == T, so the causal mask is the whole mask
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc, is_causal=True, enable_gqa=True)
+        else:  # chunk appended at per-row offsets (environment observations)
+            qpos = start[:, None] + torch.arange(T, device=x.device)  # [R, T]
+            mask = torch.arange(S, device=x.device)[None, None, :] <= qpos[:, :, None]  # [R, T, S]
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc, attn_mask=mask[:, None], enable_gqa=True)
+        o = o.transpose(1, 2).reshape(R * T, nh * D) if T > 1 else o.reshape(R, nh * D)
         if fast is not None:
             return fast.linear(i, "o", o, lw.get("o_b")).view(R, T, -1)
         o = self._act(o, i, "o_in", rec)
         return F.linear(o, lw["o"], lw.get("o_b")).view(R, T, -1)
 
-    def _moe(self, i, lw, x, rec):
+    def _moe(self, i, lw, x, rec, fast):
         """x [N, H] (normed) -> [N, H]."""
         a = self.a
         N, H = x.shape
@@ -150,7 +170,6 @@ class EngineForward:
             topv = topv.to(x.dtype)
         if rec is not None and rec.recorder.wants(i):
             rec.recorder.add_routing(i, topi[rec.valid], rec.seq, rec.pos)
-        fast = self.fast if rec is None else None
         if fast is not None:
             out = fast.experts(i, x, topi, topv)  # [N, H] W4A4 grouped expert GEMMs
             if "sg" in lw:
@@ -160,22 +179,18 @@ class EngineForward:
         xq = self._act(x, i, "moe_in", rec)  # per token, shared by its k experts
         wgu, wd = lw["gate_up"], lw["down"]  # [E, 2I, H], [E, H, I]
         I = wd.shape[-1]
+        # (token, slot) pairs sorted by expert -> one grouped GEMM per projection, no host sync (so decode
+        # steps can be captured in a CUDA graph): counts by scatter_add, not bincount (which syncs on CUDA)
         flat = topi.reshape(-1)  # [N*k] expert of each (token, slot) pair
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=a.num_experts).tolist()
-        h = x.new_empty(N * k, I)  # [N*k, I] down input per (token, slot)
-        groups, off = [], 0
-        for e, c in enumerate(counts):
-            if c:
-                idx = order[off:off + c]
-                gate, up = F.linear(xq[idx // k], wgu[e]).chunk(2, dim=-1)
-                h[idx] = F.silu(gate) * up
-                groups.append((e, idx))
-                off += c
-        h = self._act(h.view(N, k, I), i, "moe_down_in", rec).reshape(N * k, I)  # per (token, slot)
-        y = x.new_empty(N * k, H)
-        for e, idx in groups:
-            y[idx] = F.linear(h[idx], wd[e])
+        counts = torch.zeros(a.num_experts, dtype=torch.long, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+        offs = counts.cumsum(0).to(torch.int32)  # [E] end row of each expert's group
+        gate, up = grouped_mm(xq[order // k], wgu.transpose(1, 2), offs).chunk(2, dim=-1)  # [N*k, I] each, sorted
+        h = torch.empty_like(gate)
+        h[order] = F.silu(gate) * up  # back to (token, slot) order: the down input is quantized per pair
+        h = self._act(h.view(N, k, I), i, "moe_down_in", rec).reshape(N * k, I)
+        y = torch.empty(N * k, H, dtype=h.dtype, device=x.device)
+        y[order] = grouped_mm(h[order], wd.transpose(1, 2), offs)  # [N*k, H]
         out = (y.view(N, k, H) * topv[..., None]).to(x.dtype).sum(1)  # [N, H]
         if "sg" in lw:  # qwen2_moe shared expert, gated by a per-token sigmoid of the unquantized input
             xs = self._act(x, i, "shared_in", rec)
@@ -184,10 +199,10 @@ class EngineForward:
             out = out + torch.sigmoid(F.linear(x, lw["shared_gate"])) * F.linear(hs, lw["sd"])
         return out
 
-    def _dense_mlp(self, i, lw, x, rec):
-        if self.fast is not None and rec is None:
-            hs = F.silu(self.fast.linear(i, "mg", x)) * self.fast.linear(i, "mu", x)
-            return self.fast.linear(i, "md", hs)
+    def _dense_mlp(self, i, lw, x, rec, fast):
+        if fast is not None:
+            hs = F.silu(fast.linear(i, "mg", x)) * fast.linear(i, "mu", x)
+            return fast.linear(i, "md", hs)
         xs = self._act(x, i, "mlp_in", rec)
         hs = F.silu(F.linear(xs, lw["mg"])) * F.linear(xs, lw["mu"])
         return F.linear(self._act(hs, i, "mlp_down_in", rec), lw["md"])
@@ -195,8 +210,11 @@ class EngineForward:
     # ------------------------------------------------------------------------------ chunk
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, start: torch.Tensor, lens: torch.Tensor, rows, cache: KVCache,
-                 rec: RecCtx | None = None, all_logits: bool = False, max_len: int | None = None) -> torch.Tensor:
-        """ids [R, T] long (padded), start/lens [R] long; max_len = max(start + lens) (host int, optional).
+                 rec: RecCtx | None = None, all_logits: bool = False, max_len: int | None = None,
+                 causal: bool = False) -> torch.Tensor:
+        """ids [R, T] long (padded), start/lens [R] long; max_len = max(start + lens) (host int, optional;
+        a decode step may pass more: slots past a row's position are masked). causal: the caller knows
+        every row starts at 0 and max_len == T (a fresh prefill), so attention needs only the causal mask.
         Returns logits [R, V] at each row's last fed token (or [R, T, V] with all_logits)."""
         S = int((start + lens).max()) if max_len is None else max_len
         a, w = self.a, self.w
@@ -206,17 +224,21 @@ class EngineForward:
         valid = t[None, :] < lens[:, None]  # [R, T]
         slots = torch.where(valid, pos, torch.full_like(pos, cache.cap))  # padding -> trash slot
         cos, sin = self._rope(pos)
+        # FP4 kernels (kernels/) for decode steps only: they stream FP4 weights, which pays when a step is
+        # memory-bound; prefill and multi-token chunks are compute-bound and run the same codes on BF16
+        # tensor cores (dequantized weights), where the MMA kernels measured slower (kernels/NOTES.md)
+        fast = self.fast if (rec is None and T == 1) else None
         x = F.embedding(ids, w.embed)  # [R, T, H]
         for i, lw in enumerate(w.layers):
             h = rms_norm(x, lw["ln1"], a.eps)
             # profiler labels (no-ops unless torch.profiler is active): benchmarks/bench_rollout.py
             # --breakdown splits step time into attention / moe / other with them
             with record_function("rollout.attention"):
-                att = self._attention(i, lw, h, cos, sin, slots, start, lens, rows, cache, rec, S)
+                att = self._attention(i, lw, h, cos, sin, slots, start, lens, rows, cache, rec, S, causal, fast)
             x = x + att
             h = rms_norm(x, lw["ln2"], a.eps).reshape(R * T, -1)  # [N, H]
             with record_function("rollout.moe"):
-                m = self._moe(i, lw, h, rec) if "gate_up" in lw else self._dense_mlp(i, lw, h, rec)
+                m = self._moe(i, lw, h, rec, fast) if "gate_up" in lw else self._dense_mlp(i, lw, h, rec, fast)
             x = x + m.view(R, T, -1)
         if not all_logits:
             x = x[torch.arange(R, device=ids.device), lens - 1]  # [R, H] last fed token
