@@ -48,11 +48,14 @@ FIELDS = ("op", "shape", "provider", "batch", "prompt", "gen", "tokens_per_s", "
 
 
 def _commit() -> str:
+    """GIT_COMMIT when set (the GPU machine gets a copy of the tree, not necessarily its git state), else HEAD."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
                                        stderr=subprocess.DEVNULL).strip()
     except Exception:
-        return os.environ.get("GIT_COMMIT", "unknown")
+        return "unknown"
 
 
 def build(name: str, layers: int, device, dtype, hf_experts: str, max_len: int):

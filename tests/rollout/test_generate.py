@@ -221,3 +221,26 @@ def test_bad_inputs(tok):
     short.sync_weights(tiny("qwen3_moe"))
     out = short.generate([[5, 6, 7]], max_new_tokens=100)
     assert len(out.tokens[0]) == 8 and out.finished == [False]
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_kv_value_store_equals_code_store(fmt):
+    """The torch path keeps decoded FP4 KV values; decoding at write time must give the very numbers the
+    code store decodes at read time, for mixed row subsets and positions."""
+    from trace.rollout.cache import KVCache
+
+    g = torch.Generator().manual_seed(0)
+    caches = [KVCache(2, 3, 10, 2, 32, dtype=torch.bfloat16, device="cpu", fp4_kv=True, fmt=fmt, fp4_store=s)
+              for s in ("values", "codes")]
+    for step, (rows, T) in enumerate([(None, 4), (torch.tensor([0, 2]), 1), (torch.tensor([1]), 3)]):
+        R = 3 if rows is None else len(rows)
+        k, v = (torch.randn(R, T, 2, 32, generator=g) * 3).bfloat16(), torch.randn(R, T, 2, 32, generator=g).bfloat16()
+        slots = torch.arange(T)[None, :].repeat(R, 1) + 4 * (step > 0)
+        for layer in range(2):
+            outs = [c.write(layer, rows, slots, k, v) for c in caches]
+            assert all(torch.equal(a.codes, b.codes) for a, b in zip(*outs, strict=True))
+    for layer in range(2):
+        for rows in (None, torch.tensor([2, 0])):
+            (ka, va), (kb, vb) = (c.read(layer, rows, 8) for c in caches)
+            assert ka.shape == kb.shape == (3 if rows is None else 2, 2, 8, 32)
+            assert torch.equal(ka, kb) and torch.equal(va, vb)

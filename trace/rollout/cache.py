@@ -3,11 +3,15 @@
 What: one buffer per layer of `[B, H_kv, cap + 1, D]` (slot `cap` is a trash slot that padded chunk
 positions are written to and that is never attended). Row `b` holds the tokens of sample `b` at slots
 = absolute positions 0..len-1; head-major, so a decode step's grouped-query matmul reads each KV head's
-slots as one strided batch without a copy. With `fp4=True` (token-major `[B, cap + 1, H_kv, ..]`, the
-layout of kernels/attention.py's FP4 KV cache, which the Triton decode kernel reads in place), K (after norm and RoPE) and V are quantized per token
-and head (`trace.fp4.quantize(x, fmt, "row")` over D, the DESIGN.md §2 KV site) and stored as packed
-codes [B, cap+1, H_kv, D/2] uint8, scale bytes [.., D/block] and the FP32 outer scale [.., 1]; they are
-dequantized when attended. The FP4Tensor of the written rows is returned so the caller can record it.
+slots as one strided batch without a copy. With `fp4_kv=True`, K (after norm and RoPE) and V are quantized per token
+and head (`trace.fp4.quantize(x, fmt, "row")` over D, the DESIGN.md §2 KV site) and stored either as
+  - `fp4_store="codes"`: packed codes [B, cap+1, H_kv, D/2] uint8, scale bytes [.., D/block] and the FP32
+    outer scale [.., 1] (token-major: kernels/attention.py's layout, which the Triton decode kernel
+    reads in place; the torch path dequantizes on read), a quarter of the bytes; or
+  - `fp4_store="values"` (default): the dequantized values in the engine dtype, decoded once at write
+    time -- bit-identical to decoding at read time (same codes, same formula, same final cast), without
+    decoding the whole context at every step. FP4 KV numerics, BF16 KV memory: the torch emulation
+    path's choice; the Triton path uses "codes". The FP4Tensor of the written rows is returned so the caller can record it.
 
 Compared against: the trainer's K/V fake quant (`trace.qat.patch.trace_attention`), through the
 engine-vs-patched-HF log-prob tests in tests/rollout.
@@ -37,10 +41,13 @@ def quant_rows(x: torch.Tensor, fmt: str) -> fp4.FP4Tensor:
 
 class KVCache:
     def __init__(self, num_layers: int, batch: int, cap: int, kv_heads: int, head_dim: int, *,
-                 dtype: torch.dtype, device, fp4_kv: bool = False, fmt: str = "nvfp4"):
+                 dtype: torch.dtype, device, fp4_kv: bool = False, fmt: str = "nvfp4", fp4_store: str = "values"):
+        if fp4_store not in ("values", "codes"):
+            raise ValueError(f"fp4_store must be 'values' or 'codes', got {fp4_store!r}")
         self.cap, self.batch, self.fp4_kv, self.fmt, self.dtype = cap, batch, fp4_kv, fmt, dtype
-        shape = (batch, cap + 1, kv_heads, head_dim)  # token-major (FP4); BF16 is head-major below
-        if fp4_kv:
+        self.codes_stored = fp4_kv and fp4_store == "codes"
+        shape = (batch, cap + 1, kv_heads, head_dim)  # token-major (FP4 codes); values are head-major below
+        if self.codes_stored:
             block = ref.NVFP4_BLOCK if fmt == "nvfp4" else ref.MXFP4_BLOCK
             self.codes = [[torch.zeros(*shape[:-1], head_dim // 2, dtype=torch.uint8, device=device)
                            for _ in range(2)] for _ in range(num_layers)]
@@ -64,17 +71,20 @@ class KVCache:
         out = []
         for j, x in enumerate((k, v)):
             t = quant_rows(x.reshape(-1, *x.shape[2:]), self.fmt)  # [R*T, H_kv, D] per (token, head)
+            out.append(t)
+            if not self.codes_stored:  # the value read() would decode, decoded once here
+                self.kv[layer][j][idx[0], :, idx[1]] = t.dequantize(self.dtype).reshape(x.shape)
+                continue
             self.codes[layer][j][idx] = ref.pack_fp4(t.codes).reshape(*x.shape[:-1], -1)
             self.scales[layer][j][idx] = t.scales.reshape(*x.shape[:-1], -1)
             self.outer[layer][j][idx] = t.outer.expand(*t.codes.shape[:-1], 1).reshape(*x.shape[:-1], 1)
-            out.append(t)
         return out
 
     def read(self, layer: int, rows, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of slots [0, length) for rows (None = all): [R, H_kv, length, D] in the engine dtype
         (a view of the cache for BF16 and all rows)."""
         sel = slice(None) if rows is None else rows
-        if not self.fp4_kv:
+        if not self.codes_stored:
             return self.kv[layer][0][sel, :, :length], self.kv[layer][1][sel, :, :length]
         out = []
         for j in range(2):
@@ -86,7 +96,7 @@ class KVCache:
 
     def copy_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Rows dst <- rows src (the n samples of a prompt share its prefilled prompt)."""
-        bufs = ([b for lay in self.kv for b in lay] if not self.fp4_kv else
+        bufs = ([b for lay in self.kv for b in lay] if not self.codes_stored else
                 [b for grp in (self.codes, self.scales, self.outer) for lay in grp for b in lay])
         for b in bufs:
             b[dst] = b[src]

@@ -117,8 +117,11 @@ class RolloutEngine:
 
     def _new_cache(self, batch: int, cap: int) -> KVCache:
         a = self.arch
+        # FP4 codes in the cache only where a kernel reads them (the Triton decode attention); the torch
+        # path keeps the decoded values (same numbers, decoded once per token instead of once per step)
+        store = "codes" if self.fwd is not None and self.fwd.fast is not None else "values"
         return KVCache(a.num_layers, batch, cap, a.num_kv_heads, a.head_dim, dtype=self.dtype, device=self.device,
-                       fp4_kv=self.kv_fp4, fmt=self.fmt)
+                       fp4_kv=self.kv_fp4, fmt=self.fmt, fp4_store=store)
 
     def _cache_and_graphs(self, batch: int, cap: int, recorder=None):
         """The KV cache (and decode graphs, on a GPU with nothing recorded) for a generate call. With graphs,

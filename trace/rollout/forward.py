@@ -130,7 +130,7 @@ class EngineForward:
         c, s = cos[:, :, None, :], sin[:, :, None, :]  # [R, T, 1, D]
         q = q * c + rotate_half(q) * s
         k = k * c + rotate_half(k) * s
-        if fast is not None and cache.fp4_kv and T == 1 and cache.fmt == "nvfp4":  # FP4-KV decode kernel
+        if fast is not None and cache.codes_stored and T == 1 and cache.fmt == "nvfp4":  # FP4-KV decode kernel
             o = fast.decode_attention(cache, i, rows, slots, start, q, k, v, S).reshape(R * T, nh * D)
             return fast.linear(i, "o", o, lw.get("o_b")).view(R, T, -1)
         kv4 = cache.write(i, rows, slots, k, v)  # K after norm+RoPE, V
