@@ -4,13 +4,14 @@
         --kernels results/kernels --rollout results/rollout --out figures/smoke
 
 Runs figures.plot_runs (curves_reward, curves_mismatch, flip_rates, mismatch_vs_bytes, final_accuracy)
-and figures.plot_speedups (speedups); PNG + PDF each. This is what the pipeline's `plot` rule and the
+figures.plot_speedups (speedups) and figures.plot_rollout (rollout); PNG + PDF each. This is what the pipeline's `plot` rule and the
 `figures` target call; no GPU and no training needed.
 """
 from __future__ import annotations
 
 import argparse
 
+from figures.plot_rollout import plot_rollout
 from figures.plot_runs import plot_all_runs
 from figures.plot_speedups import plot_speedups
 
@@ -26,6 +27,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     written = plot_all_runs(a.runs, a.tables, a.out, a.manifest)
     written += plot_speedups(a.kernels, a.rollout, a.tables, a.out)
+    written += plot_rollout(a.rollout, a.out)
     for p in written:
         print("wrote", p)
 

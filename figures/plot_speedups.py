@@ -48,7 +48,7 @@ def read_csvs(d: str | None) -> pd.DataFrame:
     df = pd.concat(frames, ignore_index=True)
     # a later run (file names sort by version: kernels.csv < kernels_v1.csv < kernels_v1b.csv)
     # replaces an earlier one's row for the same measurement; each row keeps its same-run speedup
-    key = [c for c in ("op", "shape", "provider", "config", "batch") if c in df.columns]
+    key = [c for c in ("op", "shape", "provider", "config", "batch", "gen", "note") if c in df.columns]
     return df.drop_duplicates(subset=key, keep="last") if key else df
 
 
@@ -74,8 +74,12 @@ def rollout_speedups(df: pd.DataFrame) -> pd.DataFrame:
     """Rows (config, provider, tokens_per_s, speedup vs the BF16 provider of the same config)."""
     if df.empty or "tokens_per_s" not in df.columns:
         return pd.DataFrame()
+    if "op" in df.columns:  # throughput rows only (not the breakdown rows of the same CSV)
+        df = df[df["op"] == "rollout_generate"]
+    if "provider" in df.columns:  # HF generate and the eager engine are reference points, not the baseline
+        df = df[~df["provider"].astype(str).isin(["hf-bf16", "engine-bf16-eager"])]
     prov = next((c for c in ("provider", "mode", "fmt", "kv") if c in df.columns), None)
-    cfg_cols = [c for c in ("op", "shape", "model", "batch", "batch_size", "context") if c in df.columns]
+    cfg_cols = [c for c in ("shape", "model", "batch", "batch_size", "gen", "context") if c in df.columns]
     df = df.copy()
     df["provider_"] = df[prov].astype(str) if prov else "fp4"
     df["config_"] = df[cfg_cols].astype(str).agg(" ".join, axis=1) if cfg_cols else "engine"

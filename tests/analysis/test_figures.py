@@ -8,15 +8,21 @@ from analysis.tables import build
 from figures.plot_all import main as plot_all_main
 from tests.analysis.synthetic import write_profile
 
-NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy", "speedups"]
+NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy", "speedups",
+         "rollout"]
 
 KERNEL_CSV = """op,shape,provider,median_ms,p20_ms,p80_ms,tb_per_s,speedup_vs_bf16,gpu,commit
 moe,qwen3 T=16,torch_bf16,0.4,0.39,0.41,2.5,1.0,H200,abc
 moe,qwen3 T=16,triton_fp4,0.12,0.11,0.13,2.0,3.3,H200,abc
 """
-ROLLOUT_CSV = """shape,provider,tokens_per_s,gpu,commit
-qwen3 B=256,bf16,1000,H200,abc
-qwen3 B=256,fp4,3100,H200,abc
+# the format benchmarks/bench_rollout.py writes (throughput rows + breakdown rows)
+ROLLOUT_CSV = """op,shape,provider,batch,prompt,gen,tokens_per_s,decode_ms_per_step,ms_per_step,layers,note,gpu,commit
+rollout_generate,qwen3_30b_a3b,engine-bf16,256,512,1024,40000,5.5,5.9,4,,H200,abc
+rollout_generate,qwen3_30b_a3b,hf-bf16,256,512,1024,2000,100,101,4,experts=grouped_mm,H200,abc
+rollout_generate,qwen3_30b_a3b,engine-w4a4-kv4,256,512,1024,20000,9.4,10,4,,H200,abc
+rollout_generate,qwen3_30b_a3b,engine-w4a4-kv4-triton,256,512,1024,30000,8,9,4,,H200,abc
+rollout_breakdown,qwen3_30b_a3b,engine-bf16,256,512,64,,,0.006,4,component=attention,H200,abc
+rollout_breakdown,qwen3_30b_a3b,engine-bf16,256,512,64,,,0.007,4,component=moe,H200,abc
 """
 
 
@@ -59,3 +65,15 @@ def test_figures_without_tables_or_csvs(setup_dirs):
                    "--out", str(out)])
     for n in NAMES:
         assert (out / f"{n}.png").exists() and (out / f"{n}.pdf").exists()
+
+
+def test_rollout_ratios_from_bench_rows(tmp_path):
+    import io
+
+    import pandas as pd
+
+    from figures.plot_rollout import ratios
+
+    r = ratios(pd.read_csv(io.StringIO(ROLLOUT_CSV)).query("op == 'rollout_generate'")).iloc[0]
+    assert r["engine_vs_hf"] == pytest.approx(20.0)  # engine BF16 / HF generate
+    assert r["fp4kv4_vs_bf16"] == pytest.approx(0.75)  # best FP4 + KV4 provider / engine BF16

@@ -19,6 +19,18 @@ per call (same seed and batch -> same outputs). `logprobs` are the POLICY log-pr
 tokens, log_softmax of the engine's own logits at temperature 1 (independent of the sampling
 temperature / top_p), which is what the RL trainer compares its own log-probs with.
 
+GPU: decode steps replay CUDA graphs (trace/rollout/graphs.py: all B rows, one graph per 256-slot attention
+bucket, kept across calls until the next sync_weights; `prepare(batch, prompt_len, new_tokens)` captures
+them up front); prefill and multi-token chunks run eagerly. Experts are grouped GEMMs (torch._grouped_mm)
+and decode attention is a grouped-query matmul over a head-major cache. In w4a4 mode `fp4_backend`
+picks how the FP4 numbers are computed: "torch" = FP4 weights dequantized at sync + per-row FP4
+activation quant + BF16 GEMMs (the same codes on BF16 tensor cores), FP4 KV decoded once per token;
+"triton" (the default on CUDA for NVFP4, "auto") = the FP4 kernels of kernels/ for decode steps (FP4
+weights and FP4 KV codes read from memory), the torch path for prefill. Measured on an H200
+(results/rollout/, docs/LOG.md): BF16 engine 17.5-18.8x transformers generate; FP4 modes 0.5-0.7x the
+engine's BF16 (the FP4 kernels lose to cuBLAS/grouped_mm at batch >= 16; see kernels/NOTES.md).
+Recording (a `recorder`) always runs the eager torch path, which produces the same codes.
+
 Stops: `stop_token_ids` finish a sample (e.g. pass `(EOS_ID,)`; nothing is implicit); a stop string
 (needs `tokenizer`) ends the turn and is kept in the output; `max_new_tokens` caps the policy tokens
 of each turn; the context (`max_seq_len`, default `config.max_position_embeddings`) caps the total.

@@ -9,9 +9,11 @@ and `kernels.moe.prepare_moe_weights`; the engine forward then calls
     (per-token gate/up input, per-(token, slot) down input),
   - `kernels.attention.kv_store` + `decode_attention` for one-token decode steps with the FP4 KV cache
     (a zero-copy view of the engine's cache buffers).
-It is used only when the device is CUDA (or forced for interpreter tests), mode is w4a4, fmt nvfp4 and
-NO recorder is attached: recording runs the torch reference path, which produces the same codes.
-Set TRACE_ROLLOUT_BACKEND=torch to disable it (=triton to force it on a CPU under TRITON_INTERPRET=1).
+It is used only when the device is CUDA (or forced for interpreter tests), mode is w4a4, fmt nvfp4, NO
+recorder is attached (recording runs the torch reference path, which produces the same codes) and only
+for one-token decode steps: prefill is compute-bound, and there the MMA kernels measured slower than BF16
+GEMMs on the dequantized weights (same codes). `RolloutEngine(fp4_backend="torch")` or
+TRACE_ROLLOUT_BACKEND=torch disables it (=triton forces it on a CPU under TRITON_INTERPRET=1).
 
 Compared against: the engine's torch path (tests/rollout/test_fast.py runs it under TRITON_INTERPRET=1).
 """

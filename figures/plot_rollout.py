@@ -1,0 +1,141 @@
+"""Rollout-engine throughput figure from the committed benchmark CSVs (no GPU needed).
+
+    python -m figures.plot_rollout --rollout results/rollout --out figures/smoke
+
+Input: the long-format CSVs of benchmarks/bench_rollout.py (rows `rollout_generate`: tokens_per_s per
+shape, batch, generated tokens and provider; rows `rollout_breakdown`: ms per decoded token by
+component). Every CSV of the folder is read in name order; for a repeated measurement the file that
+sorts last wins (files are named by run: rollout_<gpu>_<run>_<commit>_*.csv).
+
+Left panel: generated tokens/s (prefill included, log scale) of every provider for each configuration;
+above each group, the two ratios DESIGN.md section 6 / issue 5 set targets for: engine BF16 over
+transformers `generate` (target >= 5x) and the best FP4 W4A4 + FP4 KV engine mode over the engine's
+BF16 (target >= 3x). Right panel: device time of one decode step (ms = ms per token x batch) in
+attention / MoE / other per engine provider, from the profiler breakdown rows; the wall-clock decode
+step of the CUDA-graph run is drawn as a tick, so the gap above the bar is host time.
+Writes ``rollout.png/pdf``.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+
+import numpy as np
+import pandas as pd
+
+from figures import style
+from figures.style import plt
+
+COMPONENTS = ("attention", "moe", "other")
+
+
+def read_rollout(d: str | None) -> pd.DataFrame:
+    paths = sorted(glob.glob(os.path.join(d, "*.csv"))) if d and os.path.isdir(d) else []
+    frames = [pd.read_csv(p).assign(source=os.path.basename(p)) for p in paths]
+    frames = [f for f in frames if {"op", "shape", "provider", "batch", "gen"} <= set(f.columns)]
+    if not frames:
+        return pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True)
+    df["note"] = df.get("note", pd.Series([""] * len(df))).fillna("").astype(str)
+    return df.drop_duplicates(subset=["op", "shape", "provider", "batch", "gen", "note"], keep="last")
+
+
+def ratios(gen: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration: engine BF16 / HF generate and best FP4 (W4A4 + KV4) / engine BF16."""
+    out = []
+    for (shape, batch, n), g in gen.groupby(["shape", "batch", "gen"], sort=False):
+        tps = g.set_index("provider")["tokens_per_s"].astype(float)
+        bf16, hf = tps.get("engine-bf16", np.nan), tps.get("hf-bf16", np.nan)
+        kv4 = tps[[p for p in tps.index if "w4a4-kv4" in p]]
+        out.append(dict(shape=shape, batch=batch, gen=n, engine_vs_hf=bf16 / hf,
+                        fp4kv4_vs_bf16=(kv4.max() / bf16) if len(kv4) else np.nan))
+    return pd.DataFrame(out)
+
+
+def plot_rollout(rollout_dir: str | None, out: str) -> list[str]:
+    style.setup()
+    df = read_rollout(rollout_dir)
+    fig, axes = plt.subplots(1, 2, figsize=(17, 5.2), squeeze=False, gridspec_kw={"width_ratios": [1.7, 1]})
+    if df.empty:
+        for ax in axes[0]:
+            ax.axis("off")
+        axes[0, 0].text(0.5, 0.5, f"no rollout benchmark CSV in {rollout_dir}/\n(run benchmarks/bench_rollout.py on a GPU)",
+                        ha="center", va="center", transform=axes[0, 0].transAxes)
+    else:
+        gen = df[df["op"] == "rollout_generate"].copy()
+        gen = gen[pd.to_numeric(gen["tokens_per_s"], errors="coerce") > 0]
+        configs = list(dict.fromkeys(zip(gen["shape"], gen["batch"], gen["gen"], strict=True)))
+        provs = list(dict.fromkeys(gen["provider"]))
+        ax, w = axes[0, 0], 0.8 / max(1, len(provs))
+        for i, p in enumerate(provs):
+            sub = gen[gen["provider"] == p].set_index(["shape", "batch", "gen"])["tokens_per_s"].astype(float)
+            vals = [sub.get(c, np.nan) for c in configs]
+            ax.bar(np.arange(len(configs)) + (i - (len(provs) - 1) / 2) * w, vals, w, label=p,
+                   color=plt.cm.tab10(i % 10))
+        r = ratios(gen).set_index(["shape", "batch", "gen"])
+        top = gen.groupby(["shape", "batch", "gen"])["tokens_per_s"].max()
+        for j, c in enumerate(configs):
+            lines = []
+            if np.isfinite(r.loc[c, "engine_vs_hf"]):
+                lines.append(f"BF16 eng/HF {r.loc[c, 'engine_vs_hf']:.1f}x")
+            if np.isfinite(r.loc[c, "fp4kv4_vs_bf16"]):
+                lines.append(f"FP4+KV4/BF16 {r.loc[c, 'fp4kv4_vs_bf16']:.2f}x")
+            ax.text(j, float(top[c]) * 1.15, "\n".join(lines), ha="center", va="bottom", fontsize=7)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(configs)))
+        ax.set_xticklabels([f"{s}\nbatch {b}, {n} gen" for s, b, n in configs], fontsize=7, rotation=20, ha="right")
+        ax.set_ylabel("generated tokens / s (prefill included)")
+        gpu = ", ".join(sorted(set(map(str, gen["gpu"])))) if "gpu" in gen.columns else "GPU"
+        layers = sorted(set(map(str, gen["layers"]))) if "layers" in gen.columns else []
+        ax.set_title(f"Rollout throughput ({gpu}; {', '.join(layers)} layers; targets: BF16 engine >= 5x HF, "
+                     "FP4+KV4 >= 3x BF16 engine)", fontsize=9)
+        tps = gen["tokens_per_s"].astype(float)
+        ax.set_ylim(float(tps.min()) * 0.5, float(tps.max()) * 40)  # room for the ratios and the legend on top
+        ax.legend(fontsize=7, ncol=4, loc="upper right")
+
+        ax = axes[0, 1]
+        br = df[df["op"] == "rollout_breakdown"].copy()
+        if br.empty:
+            ax.axis("off")
+            ax.text(0.5, 0.5, "no breakdown rows (bench_rollout.py --breakdown)", ha="center", va="center",
+                    transform=ax.transAxes)
+        else:
+            br["component"] = br["note"].str.replace("component=", "", regex=False)
+            br["ms_step"] = br["ms_per_step"].astype(float) * br["batch"].astype(float)
+            bars = list(dict.fromkeys(zip(br["shape"], br["batch"], br["provider"], strict=True)))
+            src = {k: v for k, v in zip(zip(br["shape"], br["batch"], br["provider"], strict=True), br["source"],
+                                        strict=True)}  # the generate row measured with the breakdown
+            bottom = np.zeros(len(bars))
+            for k, comp in enumerate(COMPONENTS):
+                v = np.array([br[(br["shape"] == s) & (br["batch"] == b) & (br["provider"] == p)
+                                 & (br["component"] == comp)]["ms_step"].sum() for s, b, p in bars])
+                ax.bar(range(len(bars)), v, 0.7, bottom=bottom, label=comp, color=plt.cm.Set2(k))
+                bottom += v
+            wall = gen.set_index(["source", "shape", "batch", "provider"])["decode_ms_per_step"] \
+                if "decode_ms_per_step" in gen.columns else pd.Series(dtype=float)
+            for j, key in enumerate(bars):
+                k = (src[key], *key)
+                if k in wall.index and np.isfinite(float(wall[k])):
+                    ax.plot([j - 0.35, j + 0.35], [float(wall[k])] * 2, color="black", linewidth=2,
+                            label="decode step, wall (graphs)" if j == 0 else None)
+            ax.set_xticks(range(len(bars)))
+            ax.set_xticklabels([f"{p}\n{s} b{b}" for s, b, p in bars], fontsize=6, rotation=30, ha="right")
+            ax.set_ylabel("ms per decode step")
+            ax.set_title("Decode step: kernel time by component (eager profile) vs wall", fontsize=9)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    return style.save(fig, out, "rollout")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rollout", default="results/rollout")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    for p in plot_rollout(a.rollout, a.out):
+        print("wrote", p)
+
+
+if __name__ == "__main__":
+    main()
