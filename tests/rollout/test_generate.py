@@ -205,6 +205,12 @@ def test_bad_inputs(tok):
         eng.generate([[5, 6]], stop_strings=("x",))
     with pytest.raises(ValueError, match="mode"):
         RolloutEngine(m.config, mode="fp8")
+    with pytest.raises(ValueError, match="fp4_backend"):
+        RolloutEngine(m.config, mode="w4a4", fp4_backend="cutlass")
+    with pytest.raises(ValueError, match="fp4_store"):
+        from trace.rollout.cache import KVCache
+
+        KVCache(1, 1, 4, 1, 16, dtype=torch.float32, device="cpu", fp4_kv=True, fp4_store="bytes")
     with pytest.raises(RuntimeError, match="sync_weights"):
         RolloutEngine(m.config).generate([[5, 6]])
     with pytest.raises(KeyError, match="missing"):
