@@ -27,7 +27,9 @@ Compared against: transformers generate (same weights, BF16) and the engine's ow
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -109,31 +111,29 @@ def _timed(fn, device):
 
 
 def run_engine(model, prov, prompts, gen, device, dtype):
-    """-> (generated tokens, seconds for the whole call, seconds for a prefill + 1 token call, setup seconds)."""
+    """-> (generated tokens, seconds for the whole call, seconds for a prefill + 1 token call, setup seconds,
+    the engine)."""
     t0 = time.perf_counter()
     eng = make_engine(model, prov, prompts, gen, device, dtype)
     setup = time.perf_counter() - t0
     out, dt = _timed(lambda: eng.generate(prompts, max_new_tokens=gen, temperature=0.0), device)
     _, pre = _timed(lambda: eng.generate(prompts, max_new_tokens=1, temperature=0.0), device)
-    return out.num_generated_tokens, dt, pre, setup
+    return out.num_generated_tokens, dt, pre, setup, eng
 
 
 def _device_parts(prof) -> dict[str, float]:
     """Device milliseconds of every kernel / memcpy / memset, summed by the `rollout.*` label whose GPU-side
     span (a gpu_user_annotation event: first to last kernel of the scope) contains it; from the
     profiler's Chrome trace, so no kernel is counted twice and launch gaps count nowhere."""
-    import json
     import tempfile
 
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        events = json.load(open(f.name))["traceEvents"]
+        events = json.loads(Path(f.name).read_text())["traceEvents"]
     spans = sorted((e["ts"], e["ts"] + e["dur"], e["name"].split(".", 1)[1]) for e in events
                    if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("rollout."))
     parts = {"attention": 0.0, "moe": 0.0, "other": 0.0}
     starts = [s[0] for s in spans]
-    import bisect
-
     for e in events:
         if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
             continue
@@ -165,17 +165,16 @@ def _profile(eng, prompts, gen, device) -> tuple[dict[str, float], int]:
     return parts, out.num_generated_tokens
 
 
-def breakdown(model, prov, prompts, gen, device, dtype) -> dict[str, float]:
+def breakdown(eng, prompts, gen, device) -> dict[str, float]:
     """Milliseconds per DECODED token in attention, MoE (or dense MLP) and everything else (embedding,
     norms, lm_head, sampling): one profiled generate of `gen` tokens minus one of a single token (the
     prefill), divided by the difference in tokens. On CUDA: kernel time by label (launch gaps excluded,
     see _device_parts); on a CPU: CPU time of the labels, 'other' = wall - both. The profiled engine
     runs eagerly (labels are not visible inside CUDA-graph replays); the kernels are the same ones the
-    graphs replay. Labels: the `record_function` scopes of trace/rollout/forward.py."""
-    kw = {**engine_kwargs(prov), "cuda_graphs": False}
-    eng = RolloutEngine(model.config, dtype=dtype, device=device, max_seq_len=len(prompts[0]) + gen + 1, **kw)
-    eng.sync_weights(model)
-    eng.generate(prompts, max_new_tokens=2, temperature=0.0)  # warm-up at full size
+    graphs replay. Labels: the `record_function` scopes of trace/rollout/forward.py. `eng` is a synced
+    engine (the timed one: its weights are not quantized again); its CUDA graphs are switched off."""
+    eng.cuda_graphs = False
+    eng.generate(prompts, max_new_tokens=2, temperature=0.0)  # eager warm-up at full size
     full, n_full = _profile(eng, prompts, gen, device)
     pre, n_pre = _profile(eng, prompts, 1, device)
     n = max(n_full - n_pre, 1)
@@ -234,12 +233,12 @@ def main(argv=None):
                     note = ""
                     try:
                         if prov == "hf-bf16":
-                            ntok, dt, pre, setup = run_hf(model, prompts, a.gen, a.device)
+                            (ntok, dt, pre, setup), eng = run_hf(model, prompts, a.gen, a.device), None
                             note = f"experts={a.hf_experts}"
                         else:
-                            ntok, dt, pre, setup = run_engine(model, prov, prompts, a.gen, a.device, dtype)
+                            ntok, dt, pre, setup, eng = run_engine(model, prov, prompts, a.gen, a.device, dtype)
                     except Exception as e:  # noqa: BLE001 - record the failure, keep benchmarking
-                        ntok, dt, pre, setup = 0, float("nan"), float("nan"), float("nan")
+                        ntok, dt, pre, setup, eng = 0, float("nan"), float("nan"), float("nan"), None
                         note = f"error: {type(e).__name__}: {str(e)[:120]}"
                     # decode_ms_per_step: (whole call - prefill-and-one-token call) / (gen - 1)
                     row = dict(op="rollout_generate", shape=name, provider=prov, batch=bsz, prompt=a.prompt, gen=a.gen,
@@ -251,9 +250,9 @@ def main(argv=None):
                     w.writerow(row)
                     f.flush()
                     print(row, flush=True)
-                    if a.breakdown and prov != "hf-bf16" and not prov.endswith("-eager") and ntok:
+                    if a.breakdown and eng is not None and not prov.endswith("-eager") and ntok:
                         try:
-                            parts = breakdown(model, prov, prompts, min(a.gen, 64), a.device, dtype)
+                            parts = breakdown(eng, prompts, min(a.gen, 64), a.device)
                         except Exception as e:  # noqa: BLE001
                             parts = {}
                             print(f"breakdown {prov} failed: {type(e).__name__}: {e}", flush=True)
@@ -263,6 +262,7 @@ def main(argv=None):
                                             ms_per_step=round(ms, 5), note=f"component={comp}"))
                         f.flush()
                         print("breakdown", prov, {k: round(v, 4) for k, v in parts.items()}, flush=True)
+                    del eng
                     if a.device.startswith("cuda"):
                         torch.cuda.empty_cache()
             del model

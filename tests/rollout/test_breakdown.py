@@ -16,7 +16,8 @@ spec.loader.exec_module(bench)
 def test_breakdown_components_add_up(prov):
     model = bench.build("qwen3_moe-tiny", 4, "cpu", torch.float32, "eager", 64)
     prompts = torch.randint(5, 100, (2, 8), generator=torch.Generator().manual_seed(0)).tolist()
-    parts = bench.breakdown(model, prov, prompts, 6, "cpu", torch.float32)
+    eng = bench.make_engine(model, prov, prompts, 6, "cpu", torch.float32)
+    parts = bench.breakdown(eng, prompts, 6, "cpu")
     assert set(parts) == {"attention", "moe", "other", "total"}
     assert parts["attention"] > 0 and parts["moe"] > 0 and parts["other"] >= 0
     assert parts["attention"] + parts["moe"] + parts["other"] == pytest.approx(parts["total"], rel=1e-6)
