@@ -2,7 +2,8 @@
 
 A run dir (``results/runs/<profile>/<model>/<task>/<arm>/seed<k>/``) holds ``config.yaml``,
 ``metrics.jsonl`` (one JSON object per RL step), ``eval.json`` ({"bf16": {"accuracy", ...}, "fp4": {...}})
-and a ``done`` marker; see DESIGN.md section 4 for the metric definitions. Runs are found through the
+and a ``done`` marker (layout: trace/rundir.py, which also holds the metrics reader; arms:
+trace/arms.py); see DESIGN.md section 4 for the metric definitions. Runs are found through the
 pipeline's ``manifest.json`` (which also says which runs *must* exist) or, without one, by walking
 the runs dir for ``metrics.jsonl``.
 
@@ -27,8 +28,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-MAIN_METHODS = ("bf16", "fp4-naive", "qat-independent", "qat-weight-only", "trace")
-POSTHOC = "posthoc-fp4"
+from trace.arms import ARMS, MAIN_METHODS, POSTHOC, Arm
+from trace.rundir import read_metrics
+
+__all__ = ["LAYER_METRICS", "MAIN_METHODS", "POSTHOC", "RunData", "load_run", "load_runs", "summarize"]
 LAYER_METRICS = ("code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate")
 
 
@@ -78,29 +81,6 @@ def _layer_sort_key(layer: str):
     return (int(digits) if digits else 1 << 30, layer)
 
 
-def read_metrics(path: str) -> list[dict]:
-    """Parse metrics.jsonl; a truncated last line (run killed mid-write) is ignored; duplicate steps
-    (should not happen after a resume) keep the last record."""
-    out: dict[Any, dict] = {}
-    order: list[Any] = []
-    with open(path) as f:
-        lines = f.read().splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                continue
-            raise ValueError(f"{path}:{i + 1}: invalid JSON") from None
-        step = rec.get("step", i)
-        if step not in out:
-            order.append(step)
-        out[step] = rec
-    return [out[s] for s in order]
-
-
 def _load_yaml(path: str) -> dict:
     if not os.path.exists(path):
         return {}
@@ -117,7 +97,7 @@ def load_run(run_dir: str, model: str, task: str, arm: str, seed: int, method: s
     r = RunData(model, task, arm, int(seed), method, bool(ablation), run_dir, cfg)
     mpath = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(mpath):
-        r.metrics = read_metrics(mpath)
+        r.metrics = read_metrics(mpath, last_per_step=True)
     else:
         r.problems.append("no metrics.jsonl")
     epath = os.path.join(run_dir, "eval.json")
@@ -168,10 +148,9 @@ def _mean(y: np.ndarray) -> float:
     return float(np.mean(y)) if y.size else math.nan
 
 
-def guidance_kind(method: str, cfg: dict) -> str:
-    if not method.startswith("trace"):
-        return "none"
-    return "full codes" if method == "trace-fullcodes" else "mantissa+scale"
+def _arm(method: str) -> Arm:
+    """The arm table's entry; an unknown method is treated as an arm without guidance."""
+    return ARMS.get(method, Arm("bf16", False, "bf16", None))
 
 
 def summarize(r: RunData) -> dict:
@@ -208,15 +187,15 @@ def summarize(r: RunData) -> dict:
     for name in ("time_rollout_s", "time_train_s", "time_step_s"):
         _, y = r.series(name)
         row[name] = _mean(y)
-    # ablation factors, read from the run's own (resolved) config
+    # ablation factors: the arm table, and the run's own (resolved) config
+    arm = _arm(r.method)
     rho = rl.get("rho")
     # rho: fraction of (deepest) layers guided; 0 for arms without guidance, NaN = trainer default not logged
-    if not r.method.startswith("trace"):
+    if arm.record != "guide":
         rho = 0.0
     row["rho"] = float(rho) if isinstance(rho, (int, float)) and not isinstance(rho, bool) else math.nan
-    row["guidance"] = guidance_kind(r.method, r.config)
+    row["guidance"] = arm.guidance
     align_coef = rl.get("align_coef")
-    row["align_loss"] = bool(r.method.startswith("trace") and r.method != "trace-noalign"
-                             and not (isinstance(align_coef, (int, float)) and align_coef == 0))
-    row["routing_replay"] = bool(r.method.startswith("trace") and r.method != "trace-noroutingreplay")
+    row["align_loss"] = bool(arm.align and not (isinstance(align_coef, (int, float)) and align_coef == 0))
+    row["routing_replay"] = bool(arm.routing)
     return row

@@ -1,7 +1,6 @@
 """Config schema (errors name the key), overrides, run-dir files and the resume truncation of metrics.jsonl."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -71,42 +70,3 @@ def test_cli_bad_config_exit_code(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert "config key 'rl.clip_eps': expected number" in r.stderr
-
-
-def test_run_dir_and_metrics_truncation(tmp_path):
-    cfg = C.load_config(None, [])
-    d = C.prepare_run_dir(tmp_path / "run", cfg, kind="rl")
-    meta = json.loads((d / "meta.json").read_text())
-    for k in ("git_commit", "torch", "transformers", "triton", "hostname", "cpu", "gpu", "python", "start_time"):
-        assert k in meta
-    assert yaml.safe_load((d / "config.yaml").read_text()) == cfg
-    # a restart with the same config is accepted and recorded; a different config is refused
-    C.prepare_run_dir(d, cfg, kind="rl")
-    assert len(json.loads((d / "meta.json").read_text())["resumes"]) == 1
-    with pytest.raises(C.ConfigError, match="different config"):
-        C.prepare_run_dir(d, C.load_config(None, ["rl.lr=0.5"]), kind="rl")
-
-    log = C.MetricsLog.open(d, upto_step=None)
-    for s in range(1, 6):
-        log.log({"step": s, "x": float(s), "d": {1: 0.5}})
-    log.close()
-    with open(d / "metrics.jsonl", "a") as f:
-        f.write('{"step": 6, "x":')  # torn by a kill -9
-    log = C.MetricsLog.open(d, upto_step=3)
-    log.log({"step": 4, "x": 40.0})
-    log.close()
-    recs = C.read_metrics(d / "metrics.jsonl")
-    assert [r["step"] for r in recs] == [1, 2, 3, 4] and recs[-1]["x"] == 40.0
-    assert recs[0]["d"] == {"1": 0.5}
-
-
-def test_resolve_checkpoint(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        C.resolve_checkpoint(tmp_path)
-    step = tmp_path / "ckpt" / "step_000003"
-    step.mkdir(parents=True)
-    (step / "config.json").write_text("{}")
-    C.commit_checkpoint(tmp_path, step)
-    assert C.resolve_checkpoint(tmp_path) == step
-    assert C.resolve_checkpoint(tmp_path / "ckpt") == step
-    assert C.resolve_checkpoint(step) == step

@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 from trace import config as C
-from trace.eval import evaluate_policy, heldout_examples
+from trace.episode import evaluate_policy, heldout_examples
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,10 +39,11 @@ def test_eval_cli_json(tmp_path):
 def test_gold_policy_scores_one(monkeypatch):
     """Feed the evaluator an engine whose samples are the gold responses: accuracy must be 1, and the
     reasoning accuracy of a random-init model must be ~0."""
+    from trace.episode import build_task, encode_prompt
     from trace.models import build_model, build_tokenizer
     from trace.rollout import RolloutBatch
     from trace.rollout import engine as E
-    from trace.sft import build_task, encode_prompt, encode_text
+    from trace.sft import encode_text
     cfg = _cfg()
     task, tok = build_task(cfg), build_tokenizer()
     with warnings.catch_warnings():

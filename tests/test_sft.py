@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from trace import config as C
-from trace.sft import build_task, encode_prompt, lr_at, pad_batch, run_sft, sft_examples
+from trace import rundir
+from trace.episode import build_task, encode_prompt
+from trace.sft import lr_at, pad_batch, run_sft, sft_examples
 
 
 def _cfg(extra=()):
@@ -57,18 +59,18 @@ def test_sft_crash_and_resume_matches_uninterrupted(tmp_path, monkeypatch):
         monkeypatch.setattr(S, "sft_loss", crashing)
         with pytest.raises(KeyboardInterrupt):
             run_sft(cfg, tmp_path / "b", progress=False)
-        assert [r["step"] for r in C.read_metrics(tmp_path / "b" / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+        assert [r["step"] for r in rundir.read_metrics(tmp_path / "b" / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
         assert not (tmp_path / "b" / "done").exists()
         monkeypatch.setattr(S, "sft_loss", orig)
         run_sft(cfg, tmp_path / "b", progress=False)
-    a = C.read_metrics(tmp_path / "a" / "metrics.jsonl")
-    b = C.read_metrics(tmp_path / "b" / "metrics.jsonl")
+    a = rundir.read_metrics(tmp_path / "a" / "metrics.jsonl")
+    b = rundir.read_metrics(tmp_path / "b" / "metrics.jsonl")
     strip = lambda rs: [{k: v for k, v in r.items() if k != "time_step_s"} for r in rs]  # noqa: E731
     assert [r["step"] for r in b] == list(range(1, 11))
     assert strip(a) == strip(b)
     from safetensors.torch import load_file
-    wa = load_file(str(C.latest_checkpoint(tmp_path / "a") / "model.safetensors"))
-    wb = load_file(str(C.latest_checkpoint(tmp_path / "b") / "model.safetensors"))
+    wa = load_file(str(rundir.latest_checkpoint(tmp_path / "a") / "model.safetensors"))
+    wb = load_file(str(rundir.latest_checkpoint(tmp_path / "b") / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
@@ -87,7 +89,7 @@ def test_sft_gives_nontrivial_base_policy(tmp_path):
     acc = res["bf16"]["accuracy"]
     assert 0.1 < acc < 0.9, acc
     # a random-init model of the same family scores ~0 on the same prompts
-    from trace.eval import evaluate_policy
+    from trace.episode import evaluate_policy
     from trace.models import build_model, build_tokenizer
     base = evaluate_policy(build_model("qwen3_moe-tiny", seed=0), cfg, build_task(cfg), build_tokenizer(), "bf16")
     assert base["accuracy"] < 0.05 and acc > base["accuracy"] + 0.1

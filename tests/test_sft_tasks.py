@@ -1,4 +1,4 @@
-"""SFT warm start on the coding and long-horizon tasks (issue 6 item 2 beyond arithmetic): a short SFT of
+"""SFT warm start on the coding and long-horizon tasks (beyond arithmetic): a short SFT of
 qwen3_moe-tiny gives a base policy whose held-out accuracy (sampled at temperature 1, BF16 deployment)
 is clearly above what the untrained model of the same family reaches on the same prompts and seeds, and
 clearly below 1 (room for RL). Settings mirror experiments/configs/smoke_sft_{coding,long_horizon}.yaml,
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from trace import config as C
+from trace import rundir
 
 TASKS = {
     # name: per-turn max_new_tokens and extra overrides (as in the smoke configs)
@@ -36,14 +37,15 @@ def _cfg(name: str):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_sft_base_policy_nontrivial_and_improvable(name, tmp_path):
-    from trace.eval import evaluate_checkpoint, evaluate_policy
+    from trace.episode import build_task, evaluate_policy
+    from trace.eval import evaluate_checkpoint
     from trace.models import build_model, build_tokenizer
-    from trace.sft import build_task, run_sft
+    from trace.sft import run_sft
 
     cfg = _cfg(name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        C.set_threads(cfg)
+        rundir.set_threads(cfg)
         task = build_task(cfg)
         # the untrained model (same init seed as SFT starts from) on the same held-out prompts and seeds
         untrained = build_model(cfg["model"], seed=cfg["sft"]["init_seed"], device=cfg["device"]).eval()

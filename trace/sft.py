@@ -10,8 +10,8 @@ CPU (the tiny models are small enough; BF16 autocast is used in RL where the FP4
 AdamW, linear warmup then cosine decay to 10 %, gradient clipping. Batches are drawn from a generator
 seeded by (seed, step), so a resumed run sees exactly the batches an uninterrupted run would.
 
-Writes a run directory (see trace/config.py): checkpoints in ckpt/ are what `rl.init_ckpt` points at
-(the run dir itself is accepted). The prompt encoding `encode_prompt` here is shared with RL and eval.
+Writes a run directory (see trace/rundir.py): checkpoints in ckpt/ are what `rl.init_ckpt` points at
+(the run dir itself is accepted). Prompts are encoded by `trace.episode.encode_prompt`, as in RL and eval.
 Compared against: nothing upstream; tests/test_sft.py checks the base policy is non-trivial.
 """
 from __future__ import annotations
@@ -25,21 +25,12 @@ import torch
 import torch.nn.functional as F
 
 from trace import config as C
-
-
-def encode_prompt(tok, prompt: str) -> list[int]:
-    """`<bos>` + the prompt's character ids (the tokenizer adds no special tokens by itself)."""
-    return [tok.bos_token_id] + tok(prompt, add_special_tokens=False)["input_ids"]
+from trace import rundir
+from trace.episode import build_task, encode_prompt, evaluate_policy
 
 
 def encode_text(tok, text: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
-
-
-def build_task(cfg: dict):
-    from trace.tasks import get_task
-    t = cfg["task"]
-    return get_task(t["name"], difficulty=t["difficulty"], **(t.get("knobs") or {}))
 
 
 def sft_examples(task, tok, examples) -> list[tuple[list[int], list[bool]]]:
@@ -95,18 +86,18 @@ def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
 
     from trace.models import build_model, build_tokenizer, load_checkpoint
 
-    C.set_threads(cfg)
-    out = C.prepare_run_dir(out, cfg, kind="sft")
+    rundir.set_threads(cfg)
+    out = rundir.prepare_run_dir(out, cfg, kind="sft")
     s = cfg["sft"]
     task = build_task(cfg)
     tok = build_tokenizer()
     train = task.make_split("train", cfg["task"]["n_train"], cfg["task"]["seed"])
     data = sft_examples(task, tok, train)
 
-    latest = C.latest_checkpoint(out)
+    latest = rundir.latest_checkpoint(out)
     if latest is not None:
         model, _ = load_checkpoint(latest, device=cfg["device"], load_tokenizer=False)
-        state = C.load_trainer_state(latest)
+        state = rundir.load_trainer_state(latest)
         start = state["step"]
     else:
         model = build_model(cfg["model"], seed=s["init_seed"], device=cfg["device"])
@@ -115,7 +106,7 @@ def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
     opt = torch.optim.AdamW(model.parameters(), lr=s["lr"], weight_decay=s["weight_decay"], betas=(0.9, 0.95))
     if state is not None:
         opt.load_state_dict(state["optimizer"])
-    log = C.MetricsLog.open(out, upto_step=start if latest is not None else None, wandb_cfg=cfg["wandb"], cfg=cfg)
+    log = rundir.MetricsLog.open(out, upto_step=start if latest is not None else None, wandb_cfg=cfg["wandb"], cfg=cfg)
     total = s["steps"]
     bar = tqdm(range(start, total), desc="sft", disable=not progress, file=sys.stderr)
     for step in bar:
@@ -142,30 +133,24 @@ def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
             rec = {"step": done_steps, "loss": loss.item(), "lr": lr, "grad_norm": gn.item(),
                    "time_step_s": time.time() - t0}
             if s["eval_every"] and (done_steps % s["eval_every"] == 0 or done_steps == total):
-                from trace.eval import evaluate_policy
                 model.eval()
                 rec["eval_accuracy"] = evaluate_policy(model, cfg, task, tok, mode="bf16")["accuracy"]
                 model.train()
             log.log(rec)
         if done_steps % s["ckpt_every"] == 0 or done_steps == total:
-            C.save_run_checkpoint(out, done_steps, model, tok, {"optimizer": opt.state_dict()})
+            rundir.save_run_checkpoint(out, done_steps, model, tok, {"optimizer": opt.state_dict()})
     log.close()
-    if total == 0 and C.latest_checkpoint(out) is None:  # steps: 0 -> the untrained init as checkpoint
-        C.save_run_checkpoint(out, 0, model, tok, {"optimizer": opt.state_dict()})
-    C.mark_done(out, {"steps": total})
-    return C.latest_checkpoint(out)
+    if total == 0 and rundir.latest_checkpoint(out) is None:  # steps: 0 -> the untrained init as checkpoint
+        rundir.save_run_checkpoint(out, 0, model, tok, {"optimizer": opt.state_dict()})
+    rundir.mark_done(out, {"steps": total})
+    return rundir.latest_checkpoint(out)
 
 
 def main(argv=None) -> int:
     p = C.base_parser("python -m trace.sft", "Supervised warm start of a tiny MoE policy on a task.")
     p.add_argument("--out", required=True, help="run directory (created; resumed if it holds a checkpoint)")
     p.add_argument("--no-progress", action="store_true")
-    a = p.parse_args(argv)
-    try:
-        cfg = C.load_config(a.config, a.set)
-    except C.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    a, cfg = C.parse_cli(p, argv)
     run_sft(cfg, a.out, progress=not a.no_progress)
     return 0
 

@@ -1,13 +1,11 @@
 """analysis.tables on synthetic run dirs (tests/analysis/synthetic.py): every arm present, finite numbers,
 posthoc-fp4 derived from the bf16 run, ablation factors read from the run configs, strict mode."""
-import json
 import math
 import os
 
 import pandas as pd
 import pytest
 
-from analysis.runs import read_metrics
 from analysis.tables import build
 from tests.analysis.synthetic import ABLATIONS, METHODS, write_profile
 
@@ -74,14 +72,6 @@ def test_discovery_without_manifest(profile):
     os.makedirs(runs / "qwen3_moe-tiny" / "reasoning" / "sft" / "ckpt")  # not an RL run
     t = build(str(runs), str(out))
     assert len(t["runs"]) == len(keys)
-
-
-def test_read_metrics_torn_line_and_duplicate_steps(tmp_path):
-    p = tmp_path / "metrics.jsonl"
-    p.write_text(json.dumps({"step": 0, "k3": 1.0}) + "\n" + json.dumps({"step": 0, "k3": 2.0}) + "\n"
-                 + json.dumps({"step": 1, "k3": 3.0}) + "\n" + '{"step": 2, "k3"')
-    m = read_metrics(str(p))
-    assert [r["k3"] for r in m] == [2.0, 3.0]
 
 
 def test_cli(profile, tmp_path):

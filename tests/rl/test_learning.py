@@ -1,4 +1,4 @@
-"""The two experimental claims of issue 6 on the CPU (qwen3_moe-tiny, easy arithmetic, the smoke configs):
+"""The two experimental claims of the smoke setting on the CPU (qwen3_moe-tiny, easy arithmetic, the smoke configs):
 
 1. Learning signal: `bf16` RL raises held-out accuracy over the SFT base by more than 3 standard
    errors of the evaluation's binomial noise (same prompts, same sampling seed, n = 64 prompts x 16
@@ -6,7 +6,7 @@
 2. Mismatch ordering: on the same base, prompts and seeds, `trace` has lower k3 and mean |dlp| than
    `qat-independent`, and `fp4-naive` the highest of the three.
 
-Same runs from the command line (numbers in the closing note of issue 6):
+Same runs from the command line (numbers in docs/LOG.md):
     python -m trace.sft --config experiments/configs/smoke_sft_reasoning.yaml --out runs/sft
     python -m trace.rl  --config experiments/configs/smoke_rl_reasoning.yaml --out runs/rl_bf16 \\
         --set rl.method=bf16 --set rl.init_ckpt=runs/sft

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.rl.conftest import small_cfg
-from trace import config as C
+from trace import rundir
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMING = {"rollout_tokens_per_s", "time_rollout_s", "time_train_s", "time_step_s"}
@@ -55,15 +55,15 @@ def test_kill9_resume_identical(tmp_path, sft_ckpt):
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     assert not (out / "done").exists()
-    killed_steps = [r["step"] for r in C.read_metrics(metrics)]
+    killed_steps = [r["step"] for r in rundir.read_metrics(metrics)]
     assert 3 <= max(killed_steps) < 6, killed_steps
 
     res = subprocess.run(_cmd(cfg_path, out), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    a = C.read_metrics(tmp_path / "a" / "metrics.jsonl")
-    b = C.read_metrics(metrics)
+    a = rundir.read_metrics(tmp_path / "a" / "metrics.jsonl")
+    b = rundir.read_metrics(metrics)
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4, 5, 6]
     assert [r["step"] for r in b if "eval_accuracy" in r] == [0, 3, 6]
     assert _strip(a) == _strip(b)
     assert (out / "done").exists()
-    assert C.latest_checkpoint(out).name == "step_000006"
+    assert rundir.latest_checkpoint(out).name == "step_000006"

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from tests.rl.conftest import small_cfg
-from trace import config as C
-from trace.rl.trainer import ARMS, NonFiniteError, RLTrainer, build_train_batch
+from trace import rundir
+from trace.arms import ARMS
+from trace.episode import run_episode
+from trace.rl.trainer import NonFiniteError, RLTrainer, build_train_batch
 
 KEYS = ("step", "reward_mean", "accuracy", "response_len", "k1", "k3", "dlp_abs_mean", "dlp_abs_max",
         "ratio_out_frac", "chi2", "code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate",
@@ -51,7 +53,7 @@ def test_one_step_each_arm(tmp_path, method, sft_ckpt):
     if method == "trace-fullcodes":
         assert any(v >= 0 for v in rec["unrecoverable_rate"].values())
     assert (tmp_path / method / "done").exists()
-    assert C.latest_checkpoint(tmp_path / method) is not None
+    assert rundir.latest_checkpoint(tmp_path / method) is not None
     assert len(recs) == 1
 
 
@@ -72,7 +74,8 @@ def test_train_batch_alignment(tmp_path, sft_ckpt):
     cfg = small_cfg(["rl.method=bf16", "rl.autocast=none"], init_ckpt=sft_ckpt)
     tr = RLTrainer(cfg, tmp_path / "r", progress=False)
     ex = tr._prompts_for(1)
-    batch, _ = tr.rollout(ex, 3, seed=5, temperature=1.0, max_new_tokens=5)
+    batch = run_episode(tr.engine, tr.task, tr.tok, ex, n=3, seed=5, temperature=1.0, max_new_tokens=5,
+                        max_turns=1).batch
     tb = build_train_batch(batch, tr.tok.pad_token_id)
     from trace.rl.trainer import token_logprobs
     with torch.no_grad():
@@ -104,9 +107,9 @@ def test_nonfinite_stops_step_and_keeps_checkpoint(tmp_path, monkeypatch, sft_ck
     # nothing was applied: parameters are exactly the poisoned snapshot (no optimizer step)
     for k, v in tr.model.state_dict().items():
         assert torch.equal(v, tr._poison_snapshot[k]) or (torch.isnan(v).any() and k.startswith("lm_head"))
-    recs = C.read_metrics(tmp_path / "nf" / "metrics.jsonl")
+    recs = rundir.read_metrics(tmp_path / "nf" / "metrics.jsonl")
     assert [r["step"] for r in recs] == [1, 2]
-    latest = C.latest_checkpoint(tmp_path / "nf")
+    latest = rundir.latest_checkpoint(tmp_path / "nf")
     assert latest.name == "step_000002"
     from safetensors.torch import load_file
     sd = load_file(str(latest / "model.safetensors"))
@@ -150,7 +153,8 @@ def test_step_other_tasks(tmp_path, task):
                      "rl.prompts_per_step=2", "rl.group_size=2", "rl.max_turns=3"])
     tr = RLTrainer(cfg, tmp_path / task, progress=False)
     ex = tr._prompts_for(1)
-    batch, scores = tr.rollout(ex, 2, seed=3, temperature=1.0, max_new_tokens=4)
+    ep = run_episode(tr.engine, tr.task, tr.tok, ex, n=2, seed=3, temperature=1.0, max_new_tokens=4, max_turns=3)
+    batch, scores = ep.batch, ep.scores
     assert len(scores) == 4 and all(0.0 <= s <= 1.0 for s in scores)
     tb = build_train_batch(batch, tr.tok.pad_token_id)
     assert int(tb.mask.sum()) == sum(sum(t) for t in batch.trainable)
@@ -165,7 +169,7 @@ def test_wandb_offline_mirror(tmp_path):
     cfg = small_cfg(["rl.method=bf16", "rl.steps=1", "wandb.mode=offline"])
     RLTrainer(cfg, tmp_path / "w", progress=False).run()
     assert list((tmp_path / "w").glob("wandb/offline-run-*")), "no offline wandb run written"
-    assert len(C.read_metrics(tmp_path / "w" / "metrics.jsonl")) == 1
+    assert len(rundir.read_metrics(tmp_path / "w" / "metrics.jsonl")) == 1
 
 
 def test_build_train_batch_multiturn_masks():

@@ -3,4 +3,4 @@ qat-weight-only, trace and its ablations), OpenRLHF-compatible losses and advant
 train-rollout mismatch metrics. Entry point: ``python -m trace.rl --config CFG.yaml --out DIR``.
 See trace/rl/trainer.py (the step) and trace/rl/losses.py (the math)."""
 from trace.rl.losses import compute_advantages, kl_k3, mismatch_metrics, policy_loss  # noqa: F401
-from trace.rl.trainer import ARMS, NonFiniteError, RLTrainer, run_rl  # noqa: F401
+from trace.rl.trainer import NonFiniteError, RLTrainer, run_rl  # noqa: F401

@@ -15,12 +15,7 @@ def main(argv=None) -> int:
     p = C.base_parser("python -m trace.rl", "GRPO-style RL of a tiny MoE policy under one method arm.")
     p.add_argument("--out", required=True, help="run directory (created; resumed if it holds a checkpoint)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
-    a = p.parse_args(argv)
-    try:
-        cfg = C.load_config(a.config, a.set)
-    except C.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    a, cfg = C.parse_cli(p, argv)
     from trace.rl.trainer import NonFiniteError, run_rl
     try:
         run_rl(cfg, a.out, progress=not a.no_progress)

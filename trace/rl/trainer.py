@@ -2,21 +2,23 @@
 
     python -m trace.rl --config experiments/configs/smoke_rl_reasoning.yaml --out runs/rl_trace
 
-One step (`RLTrainer.step`):
-  prompts (seeded by (seed, step))
-  -> `RolloutEngine.generate` (bf16 engine for `bf16`; W4A4 + FP4 KV for every FP4 arm), recording
-     TRACE guidance for `trace*` (deepest `rho` of the layers, mantissa+scales, or full codes for
-     `trace-fullcodes`), and for `qat-independent` a full-codes diagnostic record of all layers used
-     only to count code/scale flips (never to guide; `rl.diag_flips`)
-  -> rewards (task verifier; the multi-turn env for long_horizon) -> advantages (group_norm / rloo /
-     reinforce_baseline, OpenRLHF numerics)
-  -> trainer forward of the patched HF model in the arm's mode (bf16 for bf16 and fp4-naive, w4a16 for
-     qat-weight-only, w4a4kv4 for qat-independent and trace*) under BF16 autocast on FP32 master
-     weights, inside `replay(...)` whenever a record exists (guided rounding + routing replay +
-     alignment loss for trace; flip counting only for the diagnostic record)
-  -> PPO-clip loss vs the rollout log-probs with TIS / ICEPOP, + kl_coef * KL(ref) + align_coef * align
-  -> AdamW step with gradient clipping -> `engine.sync_weights(model)` (FP4 weights re-quantized by the
-     shared quantizer).
+One step (`RLTrainer._step`, read top-down):
+  episode     `trace.episode.run_episode` (the same step evaluation runs): prompts seeded by (seed, step),
+              `RolloutEngine.generate` (bf16 engine for `bf16`; W4A4 + FP4 KV for every FP4 arm), rewards
+              from the task verifier (the multi-turn env for long_horizon). It records TRACE guidance for
+              `trace*` (deepest `rho` of the layers; mantissa+scales, or full codes for `trace-fullcodes`)
+              and for `qat-independent` a full-codes record of all layers used only to count flips
+              (never to guide; `rl.diag_flips`)
+  batch       `build_train_batch`: inputs, targets, (seq, pos) addressing, rollout log-probs
+  advantages  group_norm / rloo / reinforce_baseline (OpenRLHF numerics)
+  forward     the patched HF model in the arm's mode (bf16 for bf16 and fp4-naive, w4a16 for
+              qat-weight-only, w4a4kv4 for qat-independent and trace*) under BF16 autocast on FP32
+              master weights, inside `trace.qat.replay(...)` whenever a record exists (guided rounding,
+              routing replay and alignment term for trace; flip counting only for the diagnostic record)
+  loss        PPO-clip vs the rollout log-probs with TIS / ICEPOP, + kl_coef * KL(ref) + align_coef * align
+  optimizer   AdamW with gradient clipping
+  weight sync `engine.sync_weights(model)` (FP4 weights re-quantized by trace.fp4.quantize_weight).
+The arms (what each rolls out, records and trains) are the table in trace/arms.py.
 
 Mismatch metrics (k1, k3, |dlp| mean/max, ratio-outside fraction, chi2) compare the trainer forward's
 log-probs, in its own quantized mode, with the rollout's, over trainable tokens. Per-layer flip rates
@@ -46,39 +48,18 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trace import config as C
+from trace import rundir
+from trace.arms import ARMS
+from trace.episode import build_task, evaluate_policy, run_episode
+from trace.guidance import Recorder, guided_layer_indices
+from trace.models import build_model, build_tokenizer, load_checkpoint
+from trace.qat import patch_model, replay
 from trace.rl.losses import compute_advantages, kl_k3, masked_mean, mismatch_metrics, policy_loss
+from trace.rollout import RolloutEngine
 
 
 class NonFiniteError(FloatingPointError):
     """The trainer produced NaN/inf; the step was not applied."""
-
-
-@dataclass(frozen=True)
-class Arm:
-    engine_mode: str  # "bf16" | "w4a4"
-    kv_fp4: bool
-    trainer_mode: str  # patch_model mode
-    record: str | None  # None | "guide" | "diag"
-    full_codes: bool = False
-    routing: bool = False
-    align: bool = False
-
-    @property
-    def deploy(self) -> str:
-        return "bf16" if self.engine_mode == "bf16" else "fp4"
-
-
-ARMS: dict[str, Arm] = {
-    "bf16": Arm("bf16", False, "bf16", None),
-    "fp4-naive": Arm("w4a4", True, "bf16", None),
-    "qat-weight-only": Arm("w4a4", True, "w4a16", None),
-    "qat-independent": Arm("w4a4", True, "w4a4kv4", "diag", full_codes=True),
-    "trace": Arm("w4a4", True, "w4a4kv4", "guide", routing=True, align=True),
-    "trace-fullcodes": Arm("w4a4", True, "w4a4kv4", "guide", full_codes=True, routing=True, align=True),
-    "trace-noalign": Arm("w4a4", True, "w4a4kv4", "guide", routing=True, align=False),
-    "trace-noroutingreplay": Arm("w4a4", True, "w4a4kv4", "guide", routing=False, align=True),
-}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,29 +127,23 @@ def token_logprobs(model, tb: TrainBatch, autocast: bool) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 class RLTrainer:
     def __init__(self, cfg: dict, out: str | Path, progress: bool = True):
-        from trace.models import build_model, build_tokenizer, load_checkpoint
-        from trace.qat import patch_model
-        from trace.rollout import RolloutEngine
-        from trace.sft import build_task
-
-        C.set_threads(cfg)
+        rundir.set_threads(cfg)
         self.cfg, self.rl = cfg, cfg["rl"]
         self.progress = progress
         self.arm = ARMS[self.rl["method"]]
-        self.out = C.prepare_run_dir(out, cfg, kind="rl")
+        self.out = rundir.prepare_run_dir(out, cfg, kind="rl")
         self.device = cfg["device"]
         self.task = build_task(cfg)
         self.tok = build_tokenizer()
         t = cfg["task"]
         self.train_set = self.task.make_split("train", t["n_train"], t["seed"])
-        self.test_set = None  # built lazily by evaluate
 
         init = self.rl["init_ckpt"]
-        self.init_dir = C.resolve_checkpoint(init) if init else None
-        latest = C.latest_checkpoint(self.out)
+        self.init_dir = rundir.resolve_checkpoint(init) if init else None
+        latest = rundir.latest_checkpoint(self.out)
         if latest is not None:
             self.model, _ = load_checkpoint(latest, device=self.device, load_tokenizer=False)
-            state = C.load_trainer_state(latest)
+            state = rundir.load_trainer_state(latest)
             self.start_step = int(state["step"])
         else:
             if self.init_dir is not None:
@@ -202,8 +177,7 @@ class RLTrainer:
         idx = torch.randperm(len(self.train_set), generator=g)[: self.rl["prompts_per_step"]].tolist()
         return [self.train_set[i] for i in idx]
 
-    def _recorder(self):
-        from trace.guidance import Recorder, guided_layer_indices
+    def _recorder(self) -> Recorder | None:
         if self.arm.record == "guide":
             return Recorder(layers=guided_layer_indices(self.num_layers, self.rl["rho"]),
                             full_codes=self.arm.full_codes)
@@ -211,24 +185,19 @@ class RLTrainer:
             return Recorder(layers=None, full_codes=True)
         return None
 
-    def rollout(self, examples, n: int, seed: int, temperature: float, max_new_tokens: int, recorder=None,
-                engine=None):
-        """Generate n samples per example; returns (RolloutBatch, scores per sample)."""
-        from trace.models import EOS_ID
-        from trace.rollout import EnvPool
-        from trace.sft import encode_prompt
-        eng = engine or self.engine
-        prompts = [encode_prompt(self.tok, e.prompt) for e in examples]
-        env, max_turns = None, 1
-        if self.task.multi_turn:
-            env = EnvPool.for_examples(self.task, examples, n)
-            max_turns = min(self.rl["max_turns"], getattr(self.task, "max_turns", self.rl["max_turns"]))
-        batch = eng.generate(prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                             stop_token_ids=(EOS_ID,), stop_strings=(self.task.stop,), tokenizer=self.tok,
-                             recorder=recorder, env=env, max_turns=max_turns)
-        texts = batch.texts(self.tok)
-        scores = self.task.score_batch([examples[i] for i in batch.prompt_index], texts)
-        return batch, scores
+    def _replayed_logprobs(self, tb: TrainBatch, record):
+        """Trainer forward of the train batch in the arm's mode; inside replay when a record exists.
+        Returns (log-probs [B, T], ReplayStats or None)."""
+        arm = self.arm
+        if record is None:
+            ctx = contextlib.nullcontext(None)
+        else:
+            guide = arm.record == "guide"
+            ctx = replay(self.model, record, tb.seq, tb.pos, guide=guide, routing=guide and arm.routing,
+                         align=guide and arm.align, full_codes=guide and arm.full_codes)
+        with ctx as stats:
+            lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16")
+        return lp, stats
 
     # ------------------------------------------------------------------------------ one step
     def step(self, step: int) -> dict:
@@ -245,30 +214,55 @@ class RLTrainer:
             raise
 
     def _step(self, step: int) -> dict:
-        from trace.qat import replay
         rl, arm = self.rl, self.arm
         t0 = time.perf_counter()
-        examples = self._prompts_for(step)
         rec = self._recorder()
-        batch, scores = self.rollout(examples, rl["group_size"], self.cfg["seed"] * 1_000_003 + step,
-                                     rl["temperature"], rl["max_new_tokens"], rec)
+        ep = run_episode(self.engine, self.task, self.tok, self._prompts_for(step), n=rl["group_size"],
+                         max_new_tokens=rl["max_new_tokens"], temperature=rl["temperature"],
+                         seed=self.cfg["seed"] * 1_000_003 + step, max_turns=rl["max_turns"], recorder=rec)
         record = rec.finish() if rec is not None else None
         t1 = time.perf_counter()
 
-        tb = build_train_batch(batch, self.tok.pad_token_id, self.device)
-        rewards = torch.tensor(scores, dtype=torch.float32, device=tb.ids.device)
+        tb = build_train_batch(ep.batch, self.tok.pad_token_id, self.device)
+        rewards = torch.tensor(ep.scores, dtype=torch.float32, device=tb.ids.device)
         adv = compute_advantages(rewards, tb.mask, rl["group_size"], rl["advantage"])
-        autocast = rl["autocast"] == "bf16"
-        if record is not None:
-            guide = arm.record == "guide"
-            ctx = replay(self.model, record, tb.seq, tb.pos, guide=guide, routing=guide and arm.routing,
-                         align=guide and arm.align, full_codes=guide and arm.full_codes)
-        else:
-            ctx = contextlib.nullcontext(None)
-        with ctx as stats:
-            lp_train = token_logprobs(self.model, tb, autocast)
+        lp_train, stats = self._replayed_logprobs(tb, record)
         mm = mismatch_metrics(lp_train.detach(), tb.lp_roll, tb.mask)
 
+        loss, parts = self._loss(lp_train, tb, adv, stats)
+        gn = self._optimize(loss)
+        self.engine.sync_weights(self.model)
+        t2 = time.perf_counter()
+
+        summ = stats.summary() if stats is not None else {}
+        batch = ep.batch
+        guided = record is not None and arm.record == "guide"
+        return {
+            "step": step,
+            "method": rl["method"],
+            "reward_mean": ep.reward,
+            "accuracy": ep.accuracy,
+            "response_len": sum(sum(tr) for tr in batch.trainable) / len(batch.tokens),
+            **mm,
+            "code_flip_rate": summ.get("code_flip_rate", {}),
+            "scale_flip_rate": summ.get("scale_flip_rate", {}),
+            "unrecoverable_rate": summ.get("unrecoverable_rate", {}),
+            "routing_flip_rate": summ.get("routing_flip_rate", {}),
+            "guidance_bytes_per_token": record.bytes_per_token() if guided else 0.0,
+            "guidance_bits_per_element": record.bits_per_element() if guided else None,
+            "rollout_tokens_per_s": batch.num_generated_tokens / max(batch.elapsed_s, 1e-9),
+            "time_rollout_s": t1 - t0,
+            "time_train_s": t2 - t1,
+            "loss": float(loss.detach()),
+            **parts,
+            "grad_norm": float(gn),
+            "n_tokens": int(tb.mask.sum()),
+        }
+
+    def _loss(self, lp_train: torch.Tensor, tb: TrainBatch, adv: torch.Tensor, stats):
+        """PPO-clip policy loss with TIS / ICEPOP (+ kl_coef * KL to the reference, + align_coef *
+        alignment term for arms that align). Returns (loss, its logged parts)."""
+        rl, arm = self.rl, self.arm
         if rl["ppo_ratio"] == "rollout":
             old, is_old = tb.lp_roll, lp_train.detach()
         else:
@@ -277,79 +271,47 @@ class RLTrainer:
         pl, info = policy_loss(lp_train, old, adv, tb.mask, tb.lp_roll, clip_eps=rl["clip_eps"],
                                tis_cap=rl["tis_cap"], icepop=ice, is_old_log_probs=is_old)
         loss = pl
-        kl_val = None
+        parts = {"policy_loss": float(pl.detach()), "kl_ref": None, "align_loss": None,
+                 "clip_frac": info["clip_frac"], "is_filter_frac": info.get("is_filter_frac")}
         if self.ref is not None:
             with torch.no_grad():
-                lp_ref = token_logprobs(self.ref, tb, autocast)
+                lp_ref = token_logprobs(self.ref, tb, rl["autocast"] == "bf16")
             kl = masked_mean(kl_k3(lp_train, lp_ref), tb.mask)
             loss = loss + rl["kl_coef"] * kl
-            kl_val = float(kl.detach())
-        align_val = None
+            parts["kl_ref"] = float(kl.detach())
         if stats is not None and arm.align and arm.record == "guide":
             al = stats.alignment_loss()
-            align_val = float(al.detach())
+            parts["align_loss"] = float(al.detach())
             if rl["align_coef"] > 0 and al.requires_grad:
                 loss = loss + rl["align_coef"] * al
         if not bool(torch.isfinite(loss)):
             raise NonFiniteError(f"non-finite loss ({float(loss)})")
+        return loss, parts
+
+    def _optimize(self, loss: torch.Tensor) -> torch.Tensor:
+        """Backward, gradient clipping, AdamW step; returns the gradient norm before clipping."""
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), rl["grad_clip"])
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.rl["grad_clip"])
         if not bool(torch.isfinite(gn)):
             self.opt.zero_grad(set_to_none=True)
             raise NonFiniteError(f"non-finite gradient norm ({float(gn)})")
         self.opt.step()
-        self.engine.sync_weights(self.model)
-        t2 = time.perf_counter()
-
-        summ = stats.summary() if stats is not None else {}
-        n_samples = len(batch.tokens)
-        resp_len = sum(sum(tr) for tr in batch.trainable) / n_samples
-        sc = torch.tensor(scores)
-        rec_out = {
-            "step": step,
-            "method": rl["method"],
-            "reward_mean": float(sc.mean()),
-            "accuracy": float((sc >= 1.0).float().mean()),
-            "response_len": resp_len,
-            **mm,
-            "code_flip_rate": summ.get("code_flip_rate", {}),
-            "scale_flip_rate": summ.get("scale_flip_rate", {}),
-            "unrecoverable_rate": summ.get("unrecoverable_rate", {}),
-            "routing_flip_rate": summ.get("routing_flip_rate", {}),
-            "guidance_bytes_per_token": (record.bytes_per_token() if record is not None and arm.record == "guide"
-                                         else 0.0),
-            "guidance_bits_per_element": (record.bits_per_element() if record is not None and arm.record == "guide"
-                                          else None),
-            "rollout_tokens_per_s": batch.num_generated_tokens / max(batch.elapsed_s, 1e-9),
-            "time_rollout_s": t1 - t0,
-            "time_train_s": t2 - t1,
-            "loss": float(loss.detach()),
-            "policy_loss": float(pl.detach()),
-            "kl_ref": kl_val,
-            "align_loss": align_val,
-            "grad_norm": float(gn),
-            "clip_frac": info["clip_frac"],
-            "is_filter_frac": info.get("is_filter_frac"),
-            "n_tokens": int(tb.mask.sum()),
-        }
-        return rec_out
+        return gn
 
     # ------------------------------------------------------------------------------ evaluation
     def evaluate(self, mode: str | None = None) -> dict:
-        from trace.eval import evaluate_policy
         return evaluate_policy(self.model, self.cfg, self.task, self.tok, mode=mode or self.arm.deploy)
 
     # ------------------------------------------------------------------------------ loop
     def _save(self, step: int) -> None:
-        C.save_run_checkpoint(self.out, step, self.model, self.tok,
-                              {"optimizer": self.opt.state_dict(), "rng": C.rng_state(),
-                               "method": self.rl["method"]})
+        rundir.save_run_checkpoint(self.out, step, self.model, self.tok,
+                                   {"optimizer": self.opt.state_dict(), "method": self.rl["method"]})
 
     def run(self) -> list[dict]:
         from tqdm import tqdm
         rl = self.rl
-        log = C.MetricsLog.open(self.out, upto_step=self.start_step if self.resumed else None,
+        log = rundir.MetricsLog.open(self.out, upto_step=self.start_step if self.resumed else None,
                                 wandb_cfg=self.cfg["wandb"], cfg=self.cfg)
         recs = []
         try:
@@ -363,7 +325,7 @@ class RLTrainer:
                 try:
                     rec = self.step(step)
                 except NonFiniteError as e:
-                    last = C.latest_checkpoint(self.out)
+                    last = rundir.latest_checkpoint(self.out)
                     raise NonFiniteError(f"RL step {step} ({rl['method']}): {e}; step not applied, last good "
                                          f"checkpoint kept: {last}") from None
                 if rl["eval_every"] and (step % rl["eval_every"] == 0 or step == rl["steps"]):
@@ -375,11 +337,11 @@ class RLTrainer:
                 bar.set_postfix(acc=f"{rec['accuracy']:.2f}", k3=f"{rec['k3']:.1e}")
                 if step % rl["ckpt_every"] == 0 or step == rl["steps"]:
                     self._save(step)
-            if rl["steps"] == 0 and C.latest_checkpoint(self.out) is None:
+            if rl["steps"] == 0 and rundir.latest_checkpoint(self.out) is None:
                 self._save(0)
         finally:
             log.close()
-        C.mark_done(self.out, {"steps": rl["steps"]})
+        rundir.mark_done(self.out, {"steps": rl["steps"]})
         return recs
 
 
@@ -387,5 +349,5 @@ def run_rl(cfg: dict, out, progress: bool = True) -> list[dict]:
     return RLTrainer(cfg, out, progress=progress).run()
 
 
-__all__ = ["ARMS", "Arm", "NonFiniteError", "RLTrainer", "TrainBatch", "build_train_batch", "run_rl",
+__all__ = ["NonFiniteError", "RLTrainer", "TrainBatch", "build_train_batch", "run_rl",
            "token_logprobs"]

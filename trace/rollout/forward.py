@@ -5,7 +5,7 @@ row r feeds `lens[r]` new tokens at absolute positions start[r] .. start[r]+lens
 up to T), writes their K/V into cache row `rows[r]` and attends to that row's slots <= its position.
 The same function does the batched prefill (many prompts of mixed lengths, per-row positions, no left
 padding), the one-token decode steps and the multi-token environment-observation chunks of multi-turn
-generation. It is written from FAMILIES.md, not by calling the HF modules:
+generation. It is written from trace/models/FAMILIES.md, not by calling the HF modules:
 
     h = x + o_proj(attn(rope(qk_norm(q, k)), v))      # qwen3_moe per-head q/k norm; olmoe full-width;
     y = h + moe(rmsnorm(h))                            #   mixtral none; qwen2_moe q/k/v bias

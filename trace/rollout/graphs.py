@@ -20,7 +20,7 @@ and every shape in it depends only on (B, S).
 The logits tensor returned is the graph's static output: it is overwritten by the next replay, so it
 must be consumed (sampled) before the next call, which is what RolloutEngine.generate does.
 
-Compared against: the eager forward of the same steps (tests/rollout/test_graphs.py on a GPU; the engine
+Compared against: the eager forward of the same steps (tests/rollout/test_gpu.py on a GPU; the engine
 falls back to eager on a CPU, with a recorder, or when `cuda_graphs=False`).
 """
 from __future__ import annotations

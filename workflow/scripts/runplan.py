@@ -1,8 +1,8 @@
 """Expand a pipeline profile (experiments/profiles/*.yaml) into the list of runs and their configs.
 
 Used by the Snakefile (workflow/rules/common.smk) and by the tests; pure Python, no Snakemake import.
-A run is (model, task, arm, seed). An *arm* is a method (bf16, fp4-naive, qat-independent,
-qat-weight-only, trace, ...) or a named ablation variant (e.g. ``trace-rho0.5`` = method trace with
+A run is (model, task, arm, seed). An *arm* is a method (one of trace/arms.py: bf16, fp4-naive,
+qat-independent, qat-weight-only, trace, ...) or a named ablation variant (e.g. ``trace-rho0.5`` = method trace with
 ``rl.rho: 0.5``). ``posthoc-fp4`` is not a run: it is the FP4-deployment evaluation of the ``bf16`` run,
 derived in analysis/tables.py.
 
@@ -18,9 +18,15 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if _ROOT not in sys.path:  # the repo root: the arm table lives in the trainer's package
+    sys.path.insert(0, _ROOT)
+from trace.arms import METHODS  # noqa: E402
 
 DATA_SEED = 0  # the task data (train/test splits) is shared by every arm and seed
 
@@ -72,6 +78,11 @@ class Plan:
         self.figures_dir = config.get("figures_dir", f"figures/{self.profile}")
         self.sft_enabled = bool(config.get("sft", {}).get("enabled", True))
         abl = config.get("ablation", {}) or {}
+        unknown = [m for m in config["methods"] if m not in METHODS]
+        unknown += [spec["method"] for spec in (abl.get("arms") or {}).values() if spec["method"] not in METHODS]
+        if unknown:
+            raise ValueError(f"profile key 'methods' / 'ablation.arms.*.method': unknown method(s) {unknown}; "
+                             f"the arms are {list(METHODS)} (trace/arms.py)")
         self.arms: dict[str, dict] = {m: {"method": m, "set": {}} for m in config["methods"]}
         self.ablation_arms: dict[str, dict] = {}
         for name, spec in (abl.get("arms") or {}).items():

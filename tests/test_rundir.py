@@ -1,0 +1,62 @@
+"""Run directories: config/meta, metrics truncation on resume, the one metrics reader (torn last
+line, duplicate steps), checkpoint pointers and resolution."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from trace import config as C
+from trace import rundir
+from trace.rundir import read_metrics
+
+
+def test_run_dir_and_metrics_truncation(tmp_path):
+    cfg = C.load_config(None, [])
+    d = rundir.prepare_run_dir(tmp_path / "run", cfg, kind="rl")
+    meta = json.loads((d / "meta.json").read_text())
+    for k in ("git_commit", "torch", "transformers", "triton", "hostname", "cpu", "gpu", "python", "start_time"):
+        assert k in meta
+    assert yaml.safe_load((d / "config.yaml").read_text()) == cfg
+    # a restart with the same config is accepted and recorded; a different config is refused
+    rundir.prepare_run_dir(d, cfg, kind="rl")
+    assert len(json.loads((d / "meta.json").read_text())["resumes"]) == 1
+    with pytest.raises(C.ConfigError, match="different config"):
+        rundir.prepare_run_dir(d, C.load_config(None, ["rl.lr=0.5"]), kind="rl")
+
+    log = rundir.MetricsLog.open(d, upto_step=None)
+    for s in range(1, 6):
+        log.log({"step": s, "x": float(s), "d": {1: 0.5}})
+    log.close()
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "x":')  # torn by a kill -9
+    log = rundir.MetricsLog.open(d, upto_step=3)
+    log.log({"step": 4, "x": 40.0})
+    log.close()
+    recs = read_metrics(d / "metrics.jsonl")
+    assert [r["step"] for r in recs] == [1, 2, 3, 4] and recs[-1]["x"] == 40.0
+    assert recs[0]["d"] == {"1": 0.5}
+
+
+def test_resolve_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        rundir.resolve_checkpoint(tmp_path)
+    step = tmp_path / "ckpt" / "step_000003"
+    step.mkdir(parents=True)
+    (step / "config.json").write_text("{}")
+    rundir.commit_checkpoint(tmp_path, step)
+    assert rundir.resolve_checkpoint(tmp_path) == step
+    assert rundir.resolve_checkpoint(tmp_path / "ckpt") == step
+    assert rundir.resolve_checkpoint(step) == step
+
+
+def test_read_metrics_torn_line_and_duplicate_steps(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text(json.dumps({"step": 0, "k3": 1.0}) + "\n" + json.dumps({"step": 0, "k3": 2.0}) + "\n"
+                 + json.dumps({"step": 1, "k3": 3.0}) + "\n" + '{"step": 2, "k3"')
+    assert [r["k3"] for r in read_metrics(p, last_per_step=True)] == [2.0, 3.0]
+    assert [r["k3"] for r in read_metrics(p)] == [1.0, 2.0, 3.0]  # the trainers' view: every line
+    p.write_text('{"step": 0}\n{"step": 1\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=":2: invalid JSON"):
+        read_metrics(p)

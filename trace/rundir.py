@@ -1,0 +1,291 @@
+"""Run directories: metadata, the per-step metrics log, checkpoints and resume.
+
+Layout (the contract with the Snakemake pipeline and analysis/):
+
+    DIR/config.yaml      resolved config (defaults filled in)
+    DIR/meta.json        git commit, library versions, host, CPU/GPU, python, start time (+ resumes)
+    DIR/metrics.jsonl    one JSON object per step; the source of truth (wandb only mirrors it)
+    DIR/ckpt/step_XXXXXX model (safetensors) + tokenizer + trainer_state.pt (optimizer, step)
+    DIR/ckpt/latest      name of the newest complete checkpoint (written atomically, last)
+    DIR/done             written when the run finished
+
+Resume: `MetricsLog.open(dir, upto_step)` drops lines after the checkpoint's step (and a torn last
+line from a kill -9), so the restarted run appends without duplicates or gaps. Everything a run
+draws at random derives from (seed, step) through its own generators, so no global RNG state is
+checkpointed. `read_metrics` is the one reader of metrics.jsonl (trainers, tests and analysis/).
+Compared against: nothing upstream; tests/test_rundir.py (resume truncation, torn lines, pointers).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from trace.config import ConfigError, diff_keys, dump_config
+
+
+def _git_commit() -> str | None:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+        if out.returncode != 0:
+            return None
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except Exception:  # noqa: BLE001 - meta data is best effort, never fatal
+        return None
+
+
+def _version(mod: str) -> str | None:
+    try:
+        from importlib.metadata import version
+        return version(mod)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def collect_meta() -> dict:
+    import torch
+    gpu = None
+    if torch.cuda.is_available():
+        gpu = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "git_commit": _git_commit(),
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "triton": _version("triton"),
+        "python": sys.version.split()[0],
+        "hostname": socket.gethostname(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": gpu,
+        "argv": sys.argv,
+        "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+    }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def prepare_run_dir(out: str | os.PathLike, cfg: dict, kind: str) -> Path:
+    """Create DIR, write config.yaml (or check it matches on a restart) and meta.json."""
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    cfg_path = d / "config.yaml"
+    text = dump_config(cfg)
+    if cfg_path.exists():
+        old = yaml.safe_load(cfg_path.read_text())
+        if old != yaml.safe_load(text):
+            diff = sorted(diff_keys(old, cfg))
+            raise ConfigError(f"{d} holds a run with a different config (keys {diff}); use a new --out")
+    else:
+        _atomic_write(cfg_path, text)
+    meta_path = d / "meta.json"
+    meta = collect_meta()
+    meta["kind"] = kind
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        old.setdefault("resumes", []).append(meta["start_time"])
+        meta = old
+    _atomic_write(meta_path, json.dumps(meta, indent=2))
+    return d
+
+
+class MetricsLog:
+    """Append-only JSONL of per-step metrics with resume truncation; mirrors to wandb if enabled."""
+
+    def __init__(self, path: Path, wandb_run=None):
+        self.path = path
+        self.wandb = wandb_run
+        self._f = open(path, "a")
+
+    @classmethod
+    def open(cls, run_dir: str | os.PathLike, upto_step: int | None, wandb_cfg: dict | None = None,
+             cfg: dict | None = None, name: str = "metrics.jsonl") -> MetricsLog:
+        """Keep lines with step <= upto_step (None: keep nothing) and drop a torn last line."""
+        path = Path(run_dir) / name
+        keep: list[str] = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    break  # a line torn by kill -9; everything after it is not trustworthy
+                if upto_step is not None and int(rec.get("step", -1)) <= upto_step:
+                    keep.append(line)
+            _atomic_write(path, "".join(k + "\n" for k in keep))
+        return cls(path, _wandb_init(run_dir, wandb_cfg, cfg))
+
+    def log(self, rec: dict) -> None:
+        self._f.write(json.dumps(_jsonable(rec), sort_keys=False) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        if self.wandb is not None:
+            flat = {k: v for k, v in _flatten(rec).items() if isinstance(v, (int, float))}
+            self.wandb.log(flat, step=int(rec.get("step", 0)))
+
+    def close(self) -> None:
+        self._f.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+def read_metrics(path: str | os.PathLike, last_per_step: bool = False) -> list[dict]:
+    """The records of a metrics.jsonl in file order. A torn last line (a run killed mid-write) is
+    ignored; an invalid line before it raises. last_per_step=True keeps one record per step (the
+    last), in order of first appearance, for readers that must not count a step twice."""
+    lines = Path(path).read_text().splitlines()
+    recs: list[tuple[int, dict]] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            recs.append((i, json.loads(line)))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}:{i + 1}: invalid JSON") from None
+    if not last_per_step:
+        return [r for _, r in recs]
+    by_step: dict = {}
+    for i, rec in recs:
+        by_step[rec.get("step", i)] = rec  # a repeated key keeps its first position, takes the last value
+    return list(by_step.values())
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "/"))
+        else:
+            out[key] = v
+    return out
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):
+        return x.item()
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        return None  # JSON has no NaN; a null is explicit
+    return x
+
+
+def _wandb_init(run_dir, wandb_cfg, cfg):
+    """wandb mirrors the JSONL; offline by default in configs, disabled in tests. Never fatal."""
+    if not wandb_cfg or wandb_cfg.get("mode", "disabled") == "disabled":
+        return None
+    try:
+        import wandb
+        return wandb.init(project=wandb_cfg.get("project"), name=wandb_cfg.get("name") or Path(run_dir).name,
+                          mode=wandb_cfg["mode"], dir=str(run_dir), config=cfg, resume="allow",
+                          id=Path(run_dir).resolve().name.replace("/", "_")[:64])
+    except Exception as e:  # noqa: BLE001
+        print(f"[trace] wandb disabled: {e}", file=sys.stderr)
+        return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoint directory bookkeeping (model files via trace.models.save_checkpoint)
+# ----------------------------------------------------------------------------------------------
+def ckpt_root(run_dir) -> Path:
+    return Path(run_dir) / "ckpt"
+
+
+def latest_checkpoint(run_dir) -> Path | None:
+    root = ckpt_root(run_dir)
+    ptr = root / "latest"
+    if not ptr.exists():
+        return None
+    p = root / ptr.read_text().strip()
+    return p if (p / "config.json").exists() else None
+
+
+def commit_checkpoint(run_dir, step_dir: Path, keep: int = 1) -> None:
+    """Point `latest` at step_dir (atomic), then delete older step dirs beyond `keep`."""
+    root = ckpt_root(run_dir)
+    _atomic_write(root / "latest", step_dir.name)
+    olds = sorted(p for p in root.glob("step_*") if p.is_dir() and p.name != step_dir.name)
+    for p in olds[: max(0, len(olds) - (keep - 1))]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def resolve_checkpoint(path) -> Path:
+    """A model directory from: a model dir (has config.json), a run dir or its ckpt/ dir (latest)."""
+    p = Path(path)
+    if (p / "config.json").exists():
+        return p
+    for cand in (p, p.parent):
+        latest = latest_checkpoint(cand)
+        if latest is not None:
+            return latest
+    raise FileNotFoundError(f"no checkpoint at {str(p)!r} (need config.json, or a run dir with ckpt/latest)")
+
+
+def save_run_checkpoint(run_dir, step: int, model, tokenizer, state: dict, keep: int = 1) -> Path:
+    """Model (safetensors) + tokenizer + `trainer_state.pt` (optimizer, step, ...) into
+    ckpt/step_XXXXXX, then the atomic `latest` pointer. A kill -9 before the pointer moves leaves the
+    previous checkpoint as the resume point."""
+    import torch
+
+    from trace.models import save_checkpoint
+    d = ckpt_root(run_dir) / f"step_{step:06d}"
+    if d.exists():
+        shutil.rmtree(d)
+    save_checkpoint(model, tokenizer, d)
+    torch.save({**state, "step": step}, d / "trainer_state.pt")
+    commit_checkpoint(run_dir, d, keep=keep)
+    return d
+
+
+def load_trainer_state(ckpt_dir) -> dict:
+    import torch
+    return torch.load(Path(ckpt_dir) / "trainer_state.pt", weights_only=False)
+
+
+def mark_done(run_dir, info: dict | None = None) -> None:
+    _atomic_write(Path(run_dir) / "done", json.dumps(info or {}) + "\n")
+
+
+def set_threads(cfg: dict) -> None:
+    import torch
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg["threads"]))
+
+
+__all__ = [
+    "MetricsLog", "ckpt_root", "collect_meta", "commit_checkpoint", "latest_checkpoint", "load_trainer_state",
+    "mark_done", "prepare_run_dir", "read_metrics", "resolve_checkpoint", "save_run_checkpoint", "set_threads",
+]
