@@ -412,7 +412,8 @@ class GemmConfig:
 
 
 def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
-    """v1 decode heuristic (best or within 1% of best in the H200 sweep, kernels_v1.csv): BN=32 rows
+    """v1 decode heuristic (best or within 1% of best in the H200 sweep; results/kernels/kernels.csv, version
+    v1): BN=32 rows
     (4 per warp, 2 per thread), U=2, up to 4 activation rows per program, split-K while N alone gives
     fewer than ~8 CTAs per SM (split 8 measured best for N=4096, K=14336)."""
     if INTERPRET:
@@ -469,7 +470,7 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
     out_dtype = out_dtype or x.dtype
     N = w.N
     if config is None and M <= 8 and not act_quant and w.gv_words is not None:
-        # v1 decode path: measured faster than the v0 MMA path up to M=8 on the H200 (kernels_v1.csv);
+        # v1 decode path: measured faster than the v0 MMA path up to M=8 on the H200 (kernels.csv, version v1);
         # at M=16 the MMA path (92 us) beats gemv2 (129 us) for 14336x4096
         config = gemv2_config(M, N, K, x.device)
     cfg = config or default_config(M, N, K, x.device)

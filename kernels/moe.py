@@ -286,7 +286,7 @@ def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
         return MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16)
     if per_expert <= 8:  # decode: weight-streaming GEMV (v1)
         bm = 1 if per_expert <= 0.5 else (2 if per_expert <= 1.5 else 4)
-        bn = 16 if bm == 1 else 32  # BN=16 best at T=1 on the H200 (kernels_v1.csv); T>=16 not yet measured
+        bn = 16 if bm == 1 else 32  # BN=16 best at T=1 on the H200 (kernels.csv, version v1)
         return MoEConfig(BM=bm, BN=bn, num_warps=4, num_stages=1, BN_down=bn, kind="gemv", U=1)
     bm = 16 if per_expert <= 16 else (32 if per_expert <= 48 else 64)
     return MoEConfig(BM=bm, BN=64, BKW=32, num_warps=4, num_stages=4, BN_down=64)
