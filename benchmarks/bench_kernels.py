@@ -181,17 +181,20 @@ def run_quantize(dev, quick):
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16) * torch.exp(torch.randn(M, 1, device=dev) * 2)
         x[0, :64] = 0
         for fmt in ("nvfp4", "mxfp4"):
-            q = quantize_rows(x, fmt, guidance=True)
-            q = type(q)(q.packed.cpu(), q.scales.cpu(), q.outer.cpu(), q.mantissa.cpu(), fmt)
-            x = x.cpu()  # the oracle runs on the CPU: on CUDA, torch evaluates `t / 6.0` as t * (1/6) (see NOTES.md)
+            q = quantize_rows(x, fmt, guidance=True, fake_dtype=torch.bfloat16)
+            q = type(q)(q.packed.cpu(), q.scales.cpu(), q.outer.cpu(), q.mantissa.cpu(), fmt, q.fake.cpu())
+            xc = x.cpu()  # the oracle runs on the CPU: on CUDA, torch evaluates `t / 6.0` as t * (1/6) (see NOTES.md)
             if fmt == "nvfp4":
-                c, s, o = ref.nvfp4_quantize(x.float(), outer="row")
+                c, s, o = ref.nvfp4_quantize(xc.float(), outer="row")
                 ok = torch.equal(q.outer, o)
+                deq = ref.nvfp4_dequantize(c, s, o)
             else:
-                c, s = ref.mxfp4_quantize(x.float())
+                c, s = ref.mxfp4_quantize(xc.float())
                 ok = True
+                deq = ref.mxfp4_dequantize(c, s)
             parts = dict(outer=ok, codes=torch.equal(q.packed, ref.pack_fp4(c)), scales=torch.equal(q.scales, s),
-                         mant=torch.equal(q.mantissa, ref.pack_bits(c & 1)))
+                         mant=torch.equal(q.mantissa, ref.pack_bits(c & 1)),
+                         fake_bf16=float((q.fake != deq.to(torch.bfloat16)).float().mean()) < 1e-3)
             det = {k2: v2 for k2, v2 in parts.items()}
             if not all(parts.values()):
                 bad = (ref.unpack_fp4(q.packed) != c).nonzero()[:3].tolist()
@@ -201,16 +204,19 @@ def run_quantize(dev, quick):
                 if sb:
                     r0, b0 = sb[0]
                     det.update(kernel_scale=int(q.scales[r0, b0]), ref_scale=int(s[r0, b0]),
-                               amax=float(x[r0, b0 * 16:(b0 + 1) * 16].float().abs().max()), outer=float(o[r0, 0]) if fmt == "nvfp4" else 0)
+                               amax=float(xc[r0, b0 * 16:(b0 + 1) * 16].float().abs().max()), outer=float(o[r0, 0]) if fmt == "nvfp4" else 0)
             check(f"quantize {fmt} {M}x{K} bit-exact", all(parts.values()), json.dumps(det))
     shapes = [(8192, 4096)] + ([] if quick else [(256, 2048), (4096, 14336)])
     for M, K in shapes:
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-        for fmt, guide in (("nvfp4", False), ("nvfp4", True), ("mxfp4", False)):
+        for fmt, guide, fake in (("nvfp4", False, False), ("nvfp4", True, False), ("mxfp4", False, False),
+                                 ("nvfp4", False, True)):
             blk = 16 if fmt == "nvfp4" else 32
-            nbytes = M * K * 2 + M * K // 2 + M * K // blk + (4 * M if fmt == "nvfp4" else 0) + (M * K // 8 if guide else 0)
-            t = bench(lambda: quantize_rows(x, fmt, guidance=guide, check_finite=False))
-            record("quantize", f"{M}x{K}", f"triton-{fmt}{'+guide' if guide else ''}", t, nbytes)
+            nbytes = (M * K * 2 + M * K // 2 + M * K // blk + (4 * M if fmt == "nvfp4" else 0) + (M * K // 8 if guide else 0)
+                      + (M * K * 2 if fake else 0))
+            fd = torch.bfloat16 if fake else None
+            t = bench(lambda: quantize_rows(x, fmt, guidance=guide, fake_dtype=fd, check_finite=False))
+            record("quantize", f"{M}x{K}", f"triton-{fmt}{'+guide' if guide else ''}{'+dequant' if fake else ''}", t, nbytes)
         if M * K <= 8192 * 4096 and not quick:
             t = bench(lambda: ref.nvfp4_quantize(x.float(), outer="row"))
             record("quantize", f"{M}x{K}", "torch-reference-nvfp4", t, M * K * 2 + M * K // 2 + M * K // 16 + 4 * M)
@@ -280,6 +286,8 @@ def run_dense(dev, quick):
                    "default")
             record("dense", shape, "fp4-w4a4", bench(lambda: d(x, pw, act_quant=True, check_finite=False)), fp4_bytes,
                    base, a_ms, "default;+act-quant launch")
+            record("dense-part", shape, "act-quantize+dequant",  # the W4A4 decode path's extra launch
+                   bench(lambda: quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False)), M * K * 4.6)
             if STATE["sweep"]:
                 t, cfg = timed_best(lambda cfg: (lambda: fp4_linear(x, pw, config=cfg, check_finite=False)),
                                     dense_variants(M, N, K, dev), "dense", shape, "fp4-w4a16", base)
@@ -377,7 +385,14 @@ def run_moe(dev, quick):
             record("moe", shape, "fp4-w4a16", bench(lambda: fused_moe(x, mw, ids, tw, config=cfg, align=al, check_finite=False)),
                    fp4_bytes, base, a_ms, cfg_str(cfg), f"experts_hit={hit}")
             record("moe", shape, "fp4-w4a4", bench(lambda: fused_moe(x, mw, ids, tw, act_quant=True, check_finite=False)),
-                   fp4_bytes, base, a_ms, "default;+2 act-quant launches", f"experts_hit={hit}")
+                   fp4_bytes, base, a_ms, "default;+2 act-quant launches;routing align inside", f"experts_hit={hit}")
+            # where W4A4 time goes beyond W4A16: the routing sort (inside the call above, precomputed for
+            # the W4A16 row) and the two activation quantize launches
+            record("moe-part", shape, "routing-align", bench(lambda: moe_align(ids, E, cfg.BM)))
+            hq = torch.randn(S, I, device=dev, dtype=torch.bfloat16)
+            record("moe-part", shape, "act-quantize+dequant x2",
+                   bench(lambda: (quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False),
+                                  quantize_rows(hq, "nvfp4", fake_dtype=hq.dtype, check_finite=False))))
             if STATE["sweep"]:
                 aligns = {}
 
@@ -445,7 +460,7 @@ def run_attention(dev, quick):
             sweep_row("attention", shape, "fp4kv-triton", t, base, cs)
             if best is None or t[0] < best[0][0]:
                 best = (t, cs)
-        record("attention", shape, "fp4kv-triton", best[0], nbytes, base, best[1])
+        record("attention", shape, "fp4kv-triton", best[0], nbytes, base, config=best[1])
         torch.cuda.empty_cache()
 
 
@@ -532,7 +547,7 @@ def main(argv=None):
         log(f"   [{part} done at {time.time() - t0:.0f}s]")
     log("\n== summary (medians; ratio = baseline time / this time)")
     for r in ROWS:
-        if r["op"] in ("dense", "moe", "attention", "quantize"):
+        if r["op"] in ("dense", "moe", "attention", "quantize", "dense-part", "moe-part"):
             log(f"{r['op']:9s} {r['shape']:30s} {r['provider']:24s} {r['median_us']:9.1f} us {r['pct_copy_bw']!s:>5}% "
                 f"x{r['ratio_vs_bf16']!s:>6} bf16 x{r['ratio_vs_anchor']!s:>6} anchor")
     nfail = sum(r["ok"] is False for r in ROWS)

@@ -458,7 +458,8 @@ def quantize_act_for_gemm(x: torch.Tensor, check_finite: bool = True):
 def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False, out_dtype: torch.dtype | None = None,
                config: GemmConfig | None = None, check_finite: bool = True) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(W)^T. x: bf16/fp16/fp32 (fp32 under the interpreter).
-    act_quant: W4A4 emulation (per-row NVFP4 activations). out_dtype defaults to x.dtype."""
+    act_quant: W4A4 emulation (per-row NVFP4 activations; on the decode GEMV path the activation is
+    quantized and dequantized in one pass and the W4A16 kernel runs on it). out_dtype defaults to x.dtype."""
     check_tensor(x, "x", (torch.bfloat16, torch.float16, torch.float32), dim=2, finite=check_finite)
     if not isinstance(w, PreparedFP4Weight) or w.E is not None:
         raise TypeError("w must be a dense PreparedFP4Weight from prepare_weight(codes [N, K], ...)")
@@ -469,7 +470,7 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
         raise ValueError(f"x on {x.device}, weight on {w.words.device}")
     out_dtype = out_dtype or x.dtype
     N = w.N
-    if config is None and M <= 8 and not act_quant and w.gv_words is not None:
+    if config is None and M <= 8 and w.gv_words is not None:
         # v1 decode path: measured faster than the v0 MMA path up to M=8 on the H200 (kernels.csv, version v1);
         # at M=16 the MMA path (92 us) beats gemv2 (129 us) for 14336x4096
         config = gemv2_config(M, N, K, x.device)
@@ -478,6 +479,13 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
         return torch.empty((0, N), dtype=out_dtype, device=x.device)
     if x.stride(-1) != 1:
         x = x.contiguous()
+    if act_quant and cfg.kind == "gemv2":
+        # W4A4 on the W4A16 kernel: the activation's NVFP4 codes and scales are the trainer's (same
+        # quantize kernel); the kernel reads their dequantized values (one rounding to x.dtype)
+        from kernels.quantize import quantize_rows
+
+        x = quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False).fake
+        act_quant = False
     if act_quant:
         xa, xs, xf = quantize_act_for_gemm(x, check_finite=False)
         stride_xm = K // 8
