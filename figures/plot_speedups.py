@@ -33,7 +33,8 @@ OP = {"moe": "MoE layer", "dense": "dense GEMM", "attention": "decode attention"
 
 
 def kernel_speedups(df: pd.DataFrame) -> pd.DataFrame:
-    """Newest same-run speedup over BF16 of each (op, shape, provider) on the newest run's GPU."""
+    """Newest same-run speedup over BF16 of each (op, shape, provider) on the newest run's GPU, from the
+    runs of the newest date that measured the operation (older shape sets are not mixed in)."""
     if df.empty:
         return pd.DataFrame()
     df = df[df["op"].isin(list(OP)) & pd.to_numeric(df["ratio_vs_bf16"], errors="coerce").notna()]
@@ -41,6 +42,7 @@ def kernel_speedups(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         return df
     df = df[df["gpu"] == df.loc[df["row_"].idxmax(), "gpu"]]
+    df = df[df["date"] == df.groupby("op")["date"].transform("max")]  # each operation: its newest day's runs
     return newest(df, ["op", "shape", "provider"])
 
 
@@ -90,14 +92,14 @@ def plot_speedups(kernels_dir: str | None, rollout_dir: str | None, tables_dir: 
                 ha="center", va="center", transform=ax.transAxes)
     else:
         configs = list(dict.fromkeys(zip(r["shape"], r["batch"], r["gen"], strict=True)))
-        provs = list(dict.fromkeys(r["provider"]))
+        provs = sorted(dict.fromkeys(r["provider"]), key=lambda p: (p != "engine-bf16", p))
         w = 0.8 / max(1, len(provs))
         for i, p in enumerate(provs):
             sub = r[r["provider"] == p].set_index(["shape", "batch", "gen"])["tokens_per_s"].astype(float)
             ax.bar(np.arange(len(configs)) + (i - (len(provs) - 1) / 2) * w, [sub.get(c, np.nan) for c in configs], w,
                    label=p)
         ax.set_xticks(range(len(configs)))
-        ax.set_xticklabels([f"{s}\nbatch {b}, {n} new tokens" for s, b, n in configs], rotation=20, ha="right", fontsize=7)
+        ax.set_xticklabels([f"{s}\nbatch {b}, {n} new" for s, b, n in configs], rotation=35, ha="right", fontsize=6)
         ax.set_ylabel("generated tokens / s")
         ax.set_title(f"Rollout engine on {r['gpu'].iloc[0]}: FP4 modes vs its BF16 mode", fontsize=9)
         ax.legend(fontsize=7)
