@@ -7,7 +7,9 @@ bytes [.., N, K/16] and an FP32 epilogue factor 2^7 / S_enc. `fp4_linear` multip
 activations [M, K] by it; with `act_quant=True` the activation is first quantized per row to NVFP4 by
 `kernels.quantize.quantize_rows` and dequantized inside the GEMM (W4A4 emulated exactly: both
 operands are E2M1 * E4M3 products, exact in BF16, BF16 MMA with FP32 accumulation, outer scales
-applied after accumulation).
+applied after accumulation). On the decode GEMV path (M <= 8) the same quantize pass also writes the
+dequantized activations (same codes and scales, one rounding to the activation dtype) and the W4A16
+kernel reads them.
 
 Kernel ("swap AB"): each program computes acc[BN, BM] = W_tile[BN, K] @ x^T[K, BM], so the tiny
 decode batch is the MMA's N dimension. A K-tile of BK elements is BK/8 words per weight row; nibble j
@@ -400,7 +402,8 @@ def _fp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, M, N, KW, stride_xm,
 @dataclass(frozen=True)
 class GemmConfig:
     kind: str = "mma"  # "mma" (tensor cores, any M), "gemv" (v0 FMA, one row per program, W4A16 only)
-    #                    or "gemv2" (v1 FMA over `gemv_layout`, BM <= 4 rows per program, W4A16 only)
+    #                    or "gemv2" (v1 FMA over `gemv_layout`, BM <= 4 rows per program; W4A4 through
+    #                    `fp4_linear(act_quant=True)` on dequantized activations)
     BN: int = 64
     BM: int = 16
     BKW: int = 32  # words per K-tile (BK = 8 * BKW elements); unused by gemv2

@@ -9,8 +9,10 @@ launches then do the expert MLP:
      each token (torch, [T, k, H] -> [T, H]).
 Weights use the layout of `kernels.gemm.prepare_weight` (int32 words of 8 nibbles, E4M3 scale bytes,
 per-expert epilogue factor 2^7/S_enc). With `act_quant=True` the gate/up input is NVFP4-quantized per
-token (shared by its experts) and the down input per (token, expert slot), as in DESIGN.md §2, and the
-GEMMs run W4A4 emulated exactly (BF16 MMA over E2M1*E4M3 products, FP32 accumulation).
+token (shared by its experts) and the down input per (token, expert slot), as in DESIGN.md §2: on the
+MMA path the GEMMs run W4A4 emulated exactly (BF16 MMA over E2M1*E4M3 products, FP32 accumulation);
+on the decode GEMV path the quantize kernel also writes the dequantized activations (same codes and
+scales, one rounding to the activation dtype) and the W4A16 kernels read them.
 Experts with no tokens launch programs that exit at once; their weights are never read.
 
 Compared against: `kernels.reference.moe_fp4_reference` (FP32 dequantize-then-matmul); timing vs
@@ -310,7 +312,7 @@ class MoEConfig:
     num_warps: int = 4
     num_stages: int = 3
     BN_down: int = 64
-    kind: str = "mma"  # "mma" (v0, tensor cores, any T, W4A4 too) or "gemv" (v1 decode, BM <= 4, W4A16)
+    kind: str = "mma"  # "mma" (v0, tensor cores, any T) or "gemv" (v1 decode, BM <= 4; W4A4 on dequantized activations)
     U: int = 1  # gemv: K-groups of 256 per loop iteration
 
 
