@@ -281,13 +281,14 @@ def run_dense(dev, quick):
                 except Exception as ex:
                     note("dense", f"triton_kernels {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
             fp4_bytes = N * K * (0.5 + 1 / 16) + io
-            d = fp4_linear  # default config = the engine's choice
-            record("dense", shape, "fp4-w4a16", bench(lambda: d(x, pw, check_finite=False)), fp4_bytes, base, a_ms,
-                   "default")
-            record("dense", shape, "fp4-w4a4", bench(lambda: d(x, pw, act_quant=True, check_finite=False)), fp4_bytes,
-                   base, a_ms, "default;+act-quant launch")
+            # default configs = the engine's choice
+            record("dense", shape, "fp4-w4a16", bench(lambda: fp4_linear(x, pw, check_finite=False)), fp4_bytes, base,
+                   a_ms, "default")
+            record("dense", shape, "fp4-w4a4", bench(lambda: fp4_linear(x, pw, act_quant=True, check_finite=False)),
+                   fp4_bytes, base, a_ms, "default;+act-quant launch")
             record("dense-part", shape, "act-quantize+dequant",  # the W4A4 decode path's extra launch
-                   bench(lambda: quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False)), M * K * 4.6)
+                   bench(lambda: quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False)),
+                   M * K * (2 + 2 + 0.5 + 1 / 16) + 4 * M)  # x in, dequantized x out, codes, scales, S_enc
             if STATE["sweep"]:
                 t, cfg = timed_best(lambda cfg: (lambda: fp4_linear(x, pw, config=cfg, check_finite=False)),
                                     dense_variants(M, N, K, dev), "dense", shape, "fp4-w4a16", base)
