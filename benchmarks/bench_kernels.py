@@ -1,27 +1,33 @@
-"""GPU benchmark of the FP4 Triton kernels against PyTorch BF16, in one invocation.
+"""GPU benchmark of the FP4 Triton kernels against PyTorch BF16 and OpenAI's `triton_kernels`, in one run.
 
 What: (1) measures the copy-bandwidth ceiling; (2) checks every kernel on the GPU against
 `kernels/reference.py` on fresh random data (bit-exact codes/scales for quantize; relative error for
-GEMM / MoE / attention); (3) times each kernel and its PyTorch BF16 counterpart (cuBLAS `F.linear`,
-`torch._grouped_mm`, SDPA) at the real layer shapes of the four model families; (4) writes a
-long-format CSV (op, shape, provider, median_ms, p20_ms, p80_ms, tb_per_s, speedup_vs_bf16, gpu,
-commit, config) and prints a summary.
+GEMM / MoE / attention); (3) times each kernel, its PyTorch BF16 counterpart (cuBLAS `F.linear`,
+`torch._grouped_mm`, SDPA) and, where installed, the `triton_kernels` MXFP4 kernels
+(benchmarks/anchor_triton_kernels.py; skipped with a message otherwise) at the real layer shapes of the
+four model families: MoE expert MLP at T = 1, 4, 16, 64, 256 tokens, dense decode at M = 1..64 rows;
+(4) APPENDS one row per measurement and per check to the long table `--out` (default
+results/kernels/kernels.csv; schema `benchmarks.results_table.KERNEL_FIELDS`): median/p20/p80 us,
+ratio_vs_bf16 and ratio_vs_anchor (same-run medians: baseline / this), GB/s over the minimal bytes and
+that as % of the copy bandwidth measured at the start of the run.
 
-Timing: every provider is captured in a CUDA graph (so Python launch overhead is excluded for both
-sides) and replayed under `triton.testing.do_bench` (L2 flushed before every replay; median, p20,
-p80 of the replays). MoE: routing (top-k, sort/pad by expert) is precomputed and shared by both
-providers; the BF16 side times grouped_mm(gate_up) + silu*mul + grouped_mm(down) on expert-sorted
-rows, the FP4 side its two kernels + the top-k sum. tb_per_s counts the minimal bytes: weights of the
-experts actually hit (or the KV cache) read once, activations read once, outputs written once.
+Timing: every provider is captured in a CUDA graph (Python launch overhead excluded for all sides) and
+replayed under `triton.testing.do_bench` (L2 flushed before every replay). MoE: our routing (top-k,
+sort/pad by expert) is precomputed and shared by ours and BF16 (the BF16 side times
+grouped_mm(gate_up) + silu*mul + grouped_mm(down) on expert-sorted rows, no gather/scatter); the anchor
+uses its own routing structures from the same logits and does gather, SwiGLU and the scatter-sum inside
+its two kernels. Minimal bytes: weights of the experts actually hit read once (FP4: codes + scales),
+activations read once, outputs written once. Qwen1.5-MoE's shared expert is not part of the timed layer.
 
-Run (repo root, on a GPU): `PYTHONPATH=. python benchmarks/bench_kernels.py --out results/kernels/kernels.csv`
-(`--quick` for a subset). v1 decode kernels only (each variant checked against the oracle, then timed):
-`--only dense_v1,moe_v1 --out results/kernels/kernels_v1.csv`. Plot: `python figures/plot_kernels.py`.
+Run (repo root, on a GPU): `PYTHONPATH=. python benchmarks/bench_kernels.py --version v1b`
+(`--quick` for a subset, `--only moe,dense`, `--sweep` to also time tile-config variants of ours).
+Offline SASS counts (no GPU): `--sass`. Plot: `python -m figures.plot_kernels --out figures/gpu`.
+Over 450 lines because the four kernels' checks and timings share one harness and one run: one GPU
+call measures everything against the same copy-bandwidth ceiling.
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
@@ -33,27 +39,37 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from benchmarks import anchor_triton_kernels as anchor_mod
+from benchmarks.results_table import KERNEL_FIELDS, append, git_commit, today
 from kernels import reference as ref
 from kernels.attention import FP4KVCache, decode_attention, kv_store
 from kernels.gemm import GemmConfig, default_config, fp4_linear, prepare_weight
 from kernels.moe import MoEConfig, default_moe_config, fused_moe, moe_align, prepare_moe_weights
 from kernels.quantize import quantize_rows
 
-FAMILIES = {  # name: (H, I, E, topk, shared-expert I or 0)
-    "qwen3-30b-a3b": (2048, 768, 128, 8, 0),
-    "mixtral-8x7b": (4096, 14336, 8, 2, 0),
-    "olmoe-1b-7b": (2048, 1024, 64, 8, 0),
-    "qwen1.5-moe-a2.7b": (2048, 1408, 60, 4, 5632),
+FAMILIES = {  # name: (H, I, E, topk); trace/models/registry.py
+    "qwen3-30b-a3b": (2048, 768, 128, 8),
+    "mixtral-8x7b": (4096, 14336, 8, 2),
+    "olmoe-1b-7b": (2048, 1024, 64, 8),
+    "qwen1.5-moe-a2.7b": (2048, 1408, 60, 4),
 }
+MOE_T = (1, 4, 16, 64, 256)
+DENSE_M = (1, 2, 4, 8, 16, 32, 64)
+RUN = dict(version="dev", commit="unknown", gpu="cpu", date="")
+STATE = dict(out=None, copy_gbps=None, sweep=False)
 ROWS: list[dict] = []
-CHECKS: list[dict] = []
-GPU = "cpu"
-COMMIT = "unknown"
-OUT_PATH = None
 
 
 def log(*a):
     print(*a, flush=True)
+
+
+def _emit(row: dict) -> dict:
+    row = {**RUN, **row}
+    ROWS.append(row)
+    if STATE["out"]:
+        append(STATE["out"], [row], KERNEL_FIELDS)
+    return row
 
 
 def bench(fn, graph=True):
@@ -77,21 +93,38 @@ def bench(fn, graph=True):
     return tuple(float(v) for v in q)
 
 
-def record(op, shape, provider, t, nbytes, base_ms=None, config=""):
+def timing_row(op, shape, provider, t, nbytes=None, base_ms=None, anchor_ms=None, config="", note="") -> dict:
+    """One measurement as a table row (t = (median, p20, p80) ms; nbytes = minimal bytes moved)."""
     med, p20, p80 = t
-    row = dict(op=op, shape=shape, provider=provider, median_ms=round(med, 5), p20_ms=round(p20, 5),
-               p80_ms=round(p80, 5), tb_per_s=round(nbytes / (med * 1e-3) / 1e12, 4) if nbytes else "",
-               speedup_vs_bf16=round(base_ms / med, 3) if base_ms else "", gpu=GPU, commit=COMMIT, config=config)
-    ROWS.append(row)
-    if OUT_PATH:
-        write(OUT_PATH)
-    log(f"  {op:10s} {shape:38s} {provider:22s} {med*1e3:9.1f} us  {row['tb_per_s']!s:>7} TB/s  x{row['speedup_vs_bf16']!s:>6} {config}")
-    return med
+    gbps = nbytes / (med * 1e-3) / 1e9 if nbytes else None
+    cb = STATE["copy_gbps"]
+    return dict(op=op, shape=shape, provider=provider, median_us=round(med * 1e3, 3), p20_us=round(p20 * 1e3, 3),
+                p80_us=round(p80 * 1e3, 3), ratio_vs_bf16=round(base_ms / med, 3) if base_ms else "",
+                ratio_vs_anchor=round(anchor_ms / med, 3) if anchor_ms else "",
+                gb_per_s=round(gbps, 1) if gbps else "", pct_copy_bw=round(100 * gbps / cb, 1) if (gbps and cb) else "",
+                ok="", config=config, note=note)
+
+
+def record(op, shape, provider, t, nbytes=None, base_ms=None, anchor_ms=None, config="", note=""):
+    """Time row appended to the table and printed; returns the median in ms."""
+    r = _emit(timing_row(op, shape, provider, t, nbytes, base_ms, anchor_ms, config, note))
+    log(f"  {op:10s} {shape:30s} {provider:24s} {r['median_us']:9.1f} us {r['pct_copy_bw']!s:>5}%copy "
+        f"x{r['ratio_vs_bf16']!s:>6} bf16 x{r['ratio_vs_anchor']!s:>6} anchor {config}")
+    return t[0]
+
+
+def sweep_row(op, shape, provider, t, base_ms, config):
+    _emit(timing_row(op + "-sweep", shape, provider, t, base_ms=base_ms, config=config))
 
 
 def check(name, ok, detail):
-    CHECKS.append(dict(check=name, ok=bool(ok), detail=detail))
+    _emit(dict(op="check", shape=name, ok=bool(ok), note=detail))
     log(f"  CHECK {'ok  ' if ok else 'FAIL'} {name}: {detail}")
+
+
+def note(op, detail):
+    """A run-level remark in the table (e.g. a provider that was skipped, and why)."""
+    _emit(dict(op=op, shape="", provider="note", note=detail))
 
 
 def relerr(a, b):
@@ -100,8 +133,35 @@ def relerr(a, b):
 
 def nv_weight(shape, dev, outer="tensor"):
     w = torch.randn(*shape, device=dev) * 0.02
-    c, s, o = ref.nvfp4_quantize(w, outer=outer)
-    return c, s, o
+    return ref.nvfp4_quantize(w, outer=outer)
+
+
+def load_anchor():
+    """The triton_kernels provider module, or None (the reason is printed once and noted in the table)."""
+    if anchor_mod.load() is None:
+        note("anchor", anchor_mod.skip_reason())
+        return None
+    return anchor_mod
+
+
+def cfg_str(c):
+    return ";".join(f"{k}={v}" for k, v in c.__dict__.items())
+
+
+def timed_best(fn_of_cfg, variants, op, shape, provider, base_ms):
+    """Time fn_of_cfg(cfg) for each variant (a sweep row each); -> (best t, best cfg) or (None, None)."""
+    best = (None, None)
+    for cfg in variants:
+        try:
+            t = bench(fn_of_cfg(cfg))
+        except Exception as ex:  # a config that fails to compile is skipped, not fatal
+            log(f"  variant {cfg} failed: {type(ex).__name__}: {str(ex)[:200]}")
+            continue
+        if len(variants) > 1:
+            sweep_row(op, shape, provider, t, base_ms, cfg_str(cfg))
+        if best[0] is None or t[0] < best[0][0]:
+            best = (t, cfg)
+    return best
 
 
 # ------------------------------------------------------------------------------------------------
@@ -110,8 +170,9 @@ def bench_copy(dev):
     a = torch.empty(n // 2, dtype=torch.bfloat16, device=dev).normal_()
     b = torch.empty_like(a)
     t = bench(lambda: b.copy_(a), graph=False)
-    bw = record("memcpy", "1GiB d2d", "torch-copy", t, 2 * n)
-    return 2 * n / (bw * 1e-3) / 1e12
+    STATE["copy_gbps"] = 2 * n / (t[0] * 1e-3) / 1e9
+    record("memcpy", "1GiB d2d", "torch-copy", t, 2 * n)
+    return STATE["copy_gbps"]
 
 
 def run_quantize(dev, quick):
@@ -120,17 +181,20 @@ def run_quantize(dev, quick):
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16) * torch.exp(torch.randn(M, 1, device=dev) * 2)
         x[0, :64] = 0
         for fmt in ("nvfp4", "mxfp4"):
-            q = quantize_rows(x, fmt, guidance=True)
-            q = type(q)(q.packed.cpu(), q.scales.cpu(), q.outer.cpu(), q.mantissa.cpu(), fmt)
-            x = x.cpu()  # the oracle runs on the CPU: on CUDA, torch evaluates `t / 6.0` as t * (1/6) (see NOTES.md)
+            q = quantize_rows(x, fmt, guidance=True, fake_dtype=torch.bfloat16)
+            q = type(q)(q.packed.cpu(), q.scales.cpu(), q.outer.cpu(), q.mantissa.cpu(), fmt, q.fake.cpu())
+            xc = x.cpu()  # the oracle runs on the CPU: on CUDA, torch evaluates `t / 6.0` as t * (1/6) (see NOTES.md)
             if fmt == "nvfp4":
-                c, s, o = ref.nvfp4_quantize(x.float(), outer="row")
+                c, s, o = ref.nvfp4_quantize(xc.float(), outer="row")
                 ok = torch.equal(q.outer, o)
+                deq = ref.nvfp4_dequantize(c, s, o)
             else:
-                c, s = ref.mxfp4_quantize(x.float())
+                c, s = ref.mxfp4_quantize(xc.float())
                 ok = True
+                deq = ref.mxfp4_dequantize(c, s)
             parts = dict(outer=ok, codes=torch.equal(q.packed, ref.pack_fp4(c)), scales=torch.equal(q.scales, s),
-                         mant=torch.equal(q.mantissa, ref.pack_bits(c & 1)))
+                         mant=torch.equal(q.mantissa, ref.pack_bits(c & 1)),
+                         fake_bf16=float((q.fake != deq.to(torch.bfloat16)).float().mean()) < 1e-3)
             det = {k2: v2 for k2, v2 in parts.items()}
             if not all(parts.values()):
                 bad = (ref.unpack_fp4(q.packed) != c).nonzero()[:3].tolist()
@@ -140,80 +204,111 @@ def run_quantize(dev, quick):
                 if sb:
                     r0, b0 = sb[0]
                     det.update(kernel_scale=int(q.scales[r0, b0]), ref_scale=int(s[r0, b0]),
-                               amax=float(x[r0, b0 * 16:(b0 + 1) * 16].float().abs().max()), outer=float(o[r0, 0]) if fmt == "nvfp4" else 0)
+                               amax=float(xc[r0, b0 * 16:(b0 + 1) * 16].float().abs().max()), outer=float(o[r0, 0]) if fmt == "nvfp4" else 0)
             check(f"quantize {fmt} {M}x{K} bit-exact", all(parts.values()), json.dumps(det))
     shapes = [(8192, 4096)] + ([] if quick else [(256, 2048), (4096, 14336)])
     for M, K in shapes:
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-        for fmt, guide in (("nvfp4", False), ("nvfp4", True), ("mxfp4", False)):
+        for fmt, guide, fake in (("nvfp4", False, False), ("nvfp4", True, False), ("mxfp4", False, False),
+                                 ("nvfp4", False, True)):
             blk = 16 if fmt == "nvfp4" else 32
-            nbytes = M * K * 2 + M * K // 2 + M * K // blk + (4 * M if fmt == "nvfp4" else 0) + (M * K // 8 if guide else 0)
-            t = bench(lambda: quantize_rows(x, fmt, guidance=guide, check_finite=False))
-            record("quantize", f"{M}x{K}", f"triton-{fmt}{'+guide' if guide else ''}", t, nbytes)
+            nbytes = (M * K * 2 + M * K // 2 + M * K // blk + (4 * M if fmt == "nvfp4" else 0) + (M * K // 8 if guide else 0)
+                      + (M * K * 2 if fake else 0))
+            fd = torch.bfloat16 if fake else None
+            t = bench(lambda: quantize_rows(x, fmt, guidance=guide, fake_dtype=fd, check_finite=False))
+            record("quantize", f"{M}x{K}", f"triton-{fmt}{'+guide' if guide else ''}{'+dequant' if fake else ''}", t, nbytes)
         if M * K <= 8192 * 4096 and not quick:
             t = bench(lambda: ref.nvfp4_quantize(x.float(), outer="row"))
             record("quantize", f"{M}x{K}", "torch-reference-nvfp4", t, M * K * 2 + M * K // 2 + M * K // 16 + 4 * M)
 
 
 def dense_variants(M, N, K, dev):
+    """Tile configs of ours swept with --sweep: the v0 MMA path, and for M <= 16 the v1 GEMV layout."""
+    from kernels.gemm import gemv2_config
     d = default_config(M, N, K, dev)
     vs = [d]
-    for bn, split, bkw, w, st in [(32, None, 32, 4, 4), (64, None, 64, 4, 3), (128, None, 32, 8, 4),
-                                  (64, 1, 32, 4, 4), (32, 1, 64, 4, 4)]:
-        sp = d.split if split is None else split
-        if M > 64 and sp > 1:
-            continue
-        c = GemmConfig(BN=bn, BM=d.BM, BKW=bkw, split=sp, num_warps=w, num_stages=st)
+    for bn, split, bkw, w, st in [(32, None, 32, 4, 4), (64, None, 64, 4, 3), (128, None, 32, 8, 4), (64, 1, 32, 4, 4)]:
+        c = GemmConfig(BN=bn, BM=d.BM, BKW=bkw, split=d.split if split is None else split, num_warps=w, num_stages=st)
         if c not in vs:
             vs.append(c)
-    if M <= 16:  # FMA GEMV path (re-reads W from L2 for each extra row)
-        for bn, bkw, sp, w in [(16, 16, 4, 4), (32, 16, 4, 4), (16, 32, 2, 4), (64, 8, 4, 4), (32, 16, 8, 8)]:
-            vs.append(GemmConfig(kind="gemv", BN=bn, BKW=bkw, split=sp, num_warps=w, num_stages=3))
+    if M <= 16:
+        g = gemv2_config(M, N, K, dev)
+        for bn, nw, u, sp in [(g.BN, g.num_warps, g.U, g.split), (64, 4, 2, g.split), (16, 4, 2, g.split),
+                              (32, 4, 2, max(1, g.split // 2)), (32, 4, 2, g.split * 2)]:
+            c = GemmConfig(kind="gemv2", BN=bn, BM=g.BM, split=sp, num_warps=nw, num_stages=1, U=u)
+            if c not in vs:
+                vs.append(c)
     return vs
 
 
-def cfg_str(c):
-    return ";".join(f"{k}={v}" for k, v in c.__dict__.items())
-
-
 def run_dense(dev, quick):
-    log("== dense FP4 GEMM")
-    # correctness on fresh data, odd sizes included
-    for M, N, K in [(1, 14336, 4096), (37, 1000, 4112), (128, 4096, 2048)]:
+    log("== dense FP4 GEMM (decode rows M)")
+    for M, N, K in [(1, 14336, 4096), (3, 4096, 14336), (37, 1000, 4112), (128, 4096, 2048)]:
         c, s, o = nv_weight((N, K), dev)
         pw = prepare_weight(c, s, o)
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
         for aq in (False, True):
             y = fp4_linear(x, pw, act_quant=aq)
-            r = ref.fp4_linear(x.float(), c, s, o, act_quant=aq)
-            e = relerr(y, r)
+            e = relerr(y, ref.fp4_linear(x.float(), c, s, o, act_quant=aq))
             check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K}", e < 1e-2, f"rel err {e:.2e} (tol 1e-2, bf16 output)")
+    tk = load_anchor()
     shapes = [(14336, 4096), (4096, 14336)] + ([] if quick else [(11264, 2048), (2048, 5632)])
-    Ms = [1, 16, 64] if quick else [1, 4, 16, 64, 256]
     for N, K in shapes:
         c, s, o = nv_weight((N, K), dev)
         pw = prepare_weight(c, s, o)
-        wb = ref.nvfp4_dequantize(c, s, o).to(torch.bfloat16)
-        for M in Ms:
+        wb = ref.nvfp4_dequantize(c, s, o).to(torch.bfloat16)  # [N, K]
+        anc = None
+        if tk is not None:
+            try:
+                anc = tk.Dense(wb.t().contiguous())
+                x = torch.randn(5, K, device=dev, dtype=torch.bfloat16)
+                e = relerr(anc(x), x.float() @ anc.deq.float())
+                check(f"triton_kernels dense mxfp4 M5 N{N} K{K}", e < 1e-2, f"rel err {e:.2e} vs its dequantized weight")
+                anc.deq = None
+            except Exception as ex:
+                note("dense", f"triton_kernels dense N{N} K{K} failed: {type(ex).__name__}: {str(ex)[:200]}")
+                anc = None
+        for M in DENSE_M if not quick else (1, 16, 64):
             shape = f"M{M} N{N} K{K}"
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-            base = record("dense", shape, "bf16-cublas", bench(lambda: F.linear(x, wb)), N * K * 2 + M * K * 2 + M * N * 2)
-            fp4_bytes = pw.nbytes() + M * K * 2 + M * N * 2
-            best = None
-            for cfg in dense_variants(M, N, K, dev):
+            io = M * K * 2 + M * N * 2
+            base = record("dense", shape, "bf16-cublas", bench(lambda: F.linear(x, wb)), N * K * 2 + io)
+            a_ms = None
+            if anc is not None:
                 try:
-                    t = bench(lambda: fp4_linear(x, pw, config=cfg, check_finite=False))
-                except Exception as ex:  # a config that fails to compile is skipped, not fatal
-                    log(f"  variant {cfg} failed: {type(ex).__name__}: {str(ex)[:200]}")
-                    continue
-                ROWS.append(dict(op="dense-sweep", shape=shape, provider="fp4-w4a16", median_ms=round(t[0], 5),
-                                 p20_ms=round(t[1], 5), p80_ms=round(t[2], 5), tb_per_s="", speedup_vs_bf16=round(base / t[0], 3),
-                                 gpu=GPU, commit=COMMIT, config=cfg_str(cfg)))
-                if best is None or t[0] < best[0][0]:
-                    best = (t, cfg)
-            record("dense", shape, "fp4-w4a16", best[0], fp4_bytes, base, cfg_str(best[1]))
-            t = bench(lambda: fp4_linear(x, pw, act_quant=True, config=best[1], check_finite=False))
-            record("dense", shape, "fp4-w4a4", t, fp4_bytes, base, cfg_str(best[1]) + ";+act-quant launch")
+                    a_ms = record("dense", shape, "triton_kernels-mxfp4", bench(lambda: anc(x)), N * K * (0.5 + 1 / 32) + io,
+                                  base)
+                except Exception as ex:
+                    note("dense", f"triton_kernels {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
+            fp4_bytes = N * K * (0.5 + 1 / 16) + io
+            # default configs = the engine's choice
+            record("dense", shape, "fp4-w4a16", bench(lambda: fp4_linear(x, pw, check_finite=False)), fp4_bytes, base,
+                   a_ms, "default")
+            record("dense", shape, "fp4-w4a4", bench(lambda: fp4_linear(x, pw, act_quant=True, check_finite=False)),
+                   fp4_bytes, base, a_ms, "default;+act-quant launch")
+            record("dense-part", shape, "act-quantize+dequant",  # the W4A4 decode path's extra launch
+                   bench(lambda: quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False)),
+                   M * K * (2 + 2 + 0.5 + 1 / 16) + 4 * M)  # x in, dequantized x out, codes, scales, S_enc
+            if STATE["sweep"]:
+                t, cfg = timed_best(lambda cfg: (lambda: fp4_linear(x, pw, config=cfg, check_finite=False)),
+                                    dense_variants(M, N, K, dev), "dense", shape, "fp4-w4a16", base)
+                if t:
+                    record("dense", shape, "fp4-w4a16-best", t, fp4_bytes, base, a_ms, cfg_str(cfg))
+        torch.cuda.empty_cache()
+
+
+def moe_variants(T, k, E):
+    d0 = default_moe_config(T, k, E)
+    vs = [d0]
+    for bn, bkw, w, st, bnd in [(32, 32, 4, 4, 32), (128, 32, 8, 4, 64), (64, 64, 4, 3, 64), (64, 32, 4, 4, 128)]:
+        vs.append(MoEConfig(BM=16 if d0.kind == "gemv" else d0.BM, BN=bn, BKW=bkw, num_warps=w, num_stages=st, BN_down=bnd))
+    if T * k / E <= 8:
+        for bm in (1, 2, 4):
+            for bn, uu in [(16, 1), (32, 1), (32, 2), (64, 1)]:
+                c = MoEConfig(BM=bm, BN=bn, BN_down=bn, num_warps=4, num_stages=1, kind="gemv", U=uu)
+                if c not in vs:
+                    vs.append(c)
+    return vs
 
 
 def route(T, E, k, dev):
@@ -223,74 +318,91 @@ def route(T, E, k, dev):
 
 
 def run_moe(dev, quick):
-    log("== grouped MoE FP4")
-    # correctness per family, small T (odd), some experts empty
-    for fam, (H, I, E, k, _) in FAMILIES.items():
+    log("== grouped MoE FP4 (routed-expert MLP of one layer)")
+    for fam, (H, I, E, k) in FAMILIES.items():  # correctness per family, odd T, some experts empty
         T = 5
         g, u, d = nv_weight((E, I, H), dev, "expert"), nv_weight((E, I, H), dev, "expert"), nv_weight((E, H, I), dev, "expert")
         mw = prepare_moe_weights(g, u, d)
         x = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
         ids, tw = route(T, E, k, dev)
         for aq in (False, True):
-            y = fused_moe(x, mw, ids, tw, act_quant=aq)
-            r = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq)
-            e = relerr(y, r)
+            e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
             tol = 6e-2 if aq else 2e-2  # w4a4: bf16 rounding of h flips a few FP4 codes of the down input
             check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'}", e < tol, f"rel err {e:.2e} (tol {tol:g}, bf16 h and output)")
         del g, u, d, mw
+    tk = load_anchor()
     fams = ["qwen3-30b-a3b", "mixtral-8x7b"] if quick else list(FAMILIES)
-    Ts = [16, 256] if quick else [1, 16, 64, 256]
     for fam in fams:
-        H, I, E, k, _ = FAMILIES[fam]
+        H, I, E, k = FAMILIES[fam]
         g, u, d = nv_weight((E, I, H), dev, "expert"), nv_weight((E, I, H), dev, "expert"), nv_weight((E, H, I), dev, "expert")
         mw = prepare_moe_weights(g, u, d)
         w13 = torch.cat([ref.nvfp4_dequantize(*g), ref.nvfp4_dequantize(*u)], 1).to(torch.bfloat16)  # [E, 2I, H]
         w2 = ref.nvfp4_dequantize(*d).to(torch.bfloat16)  # [E, H, I]
         del g, u, d
-        for T in Ts:
+        w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)  # [E, H, 2I], [E, I, H] (K-major views)
+        anc = None
+        if tk is not None:
+            try:
+                anc = tk.MoELayer(w13t.contiguous(), w2t.contiguous(), k)
+                x = torch.randn(3, H, device=dev, dtype=torch.bfloat16)
+                st, aids, _ = anc.route(torch.randn(3, E, device=dev, dtype=torch.float16))
+                e = relerr(anc(x, st), anc.reference(x, aids))
+                check(f"triton_kernels moe mxfp4 {fam} T3", e < 2e-2, f"rel err {e:.2e} vs its dequantized weights (bf16 h)")
+                anc.deq1 = anc.deq2 = None
+            except Exception as ex:
+                note("moe", f"triton_kernels {fam} failed: {type(ex).__name__}: {str(ex)[:300]}")
+                anc = None
+        for T in MOE_T if not quick else (1, 16, 256):
             shape = f"{fam} T{T}"
             x = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
-            ids, tw = route(T, E, k, dev)
+            logits = torch.randn(T, E, device=dev)
+            tw, ids = torch.softmax(logits, -1).topk(k, -1)
+            ids, tw = ids.int(), (tw / tw.sum(-1, keepdim=True)).float()
             flat = ids.reshape(-1).long()
-            order = torch.argsort(flat, stable=True)
             counts = torch.bincount(flat, minlength=E)
             offs = torch.cumsum(counts, 0).to(torch.int32)
             hit = int((counts > 0).sum())
-            xs = x[order // k].contiguous()  # expert-sorted rows
-            w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
+            xs = x[torch.argsort(flat, stable=True) // k].contiguous()  # expert-sorted rows
 
             def bf16_moe():
                 h = torch._grouped_mm(xs, w13t, offs=offs)
-                a = F.silu(h[:, :I]) * h[:, I:]
-                return torch._grouped_mm(a, w2t, offs=offs)
+                return torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], w2t, offs=offs)
             S = T * k
             act_bytes = T * H * 2 + S * I * 2 * 2 + S * H * 2 + T * H * 2
-            base = record("moe", shape, "bf16-grouped_mm", bench(bf16_moe), hit * 3 * H * I * 2 + act_bytes)
-            fp4_bytes = hit * 3 * H * I * (0.5 + 1 / 16) + act_bytes
-            d0 = default_moe_config(T, k, E)
-            variants = [d0] + [MoEConfig(BM=d0.BM, BN=bn, BKW=bkw, num_warps=w, num_stages=st, BN_down=bnd)
-                               for bn, bkw, w, st, bnd in [(32, 32, 4, 4, 32), (128, 32, 8, 4, 64), (64, 64, 4, 3, 64),
-                                                          (64, 32, 4, 4, 128)]]
-            if d0.BM > 16:
-                variants.append(MoEConfig(BM=16, BN=64, BKW=32, num_warps=4, num_stages=4, BN_down=64))
-            best = None
-            for cfg in variants:
+            base = record("moe", shape, "bf16-grouped_mm", bench(bf16_moe), hit * 3 * H * I * 2 + act_bytes,
+                          note=f"experts_hit={hit}")
+            a_ms = None
+            if anc is not None:
                 try:
-                    al = moe_align(ids, E, cfg.BM)
-                    t = bench(lambda: fused_moe(x, mw, ids, tw, config=cfg, align=al, check_finite=False))
+                    st, aids, _ = anc.route(logits.half())
+                    ahit = int(torch.unique(aids).numel())
+                    a_ms = record("moe", shape, "triton_kernels-mxfp4", bench(lambda: anc(x, st)),
+                                  ahit * 3 * H * I * (0.5 + 1 / 32) + act_bytes, base, note=f"experts_hit={ahit}")
                 except Exception as ex:
-                    log(f"  variant {cfg} failed: {type(ex).__name__}: {str(ex)[:200]}")
-                    continue
-                ROWS.append(dict(op="moe-sweep", shape=shape, provider="fp4-w4a16", median_ms=round(t[0], 5),
-                                 p20_ms=round(t[1], 5), p80_ms=round(t[2], 5), tb_per_s="", speedup_vs_bf16=round(base / t[0], 3),
-                                 gpu=GPU, commit=COMMIT, config=cfg_str(cfg)))
-                if best is None or t[0] < best[0][0]:
-                    best = (t, cfg, al)
-            record("moe", shape, "fp4-w4a16", best[0], fp4_bytes, base, cfg_str(best[1]) + f";experts_hit={hit}")
-            cfg, al = best[1], best[2]
-            t = bench(lambda: fused_moe(x, mw, ids, tw, config=cfg, align=al, act_quant=True, check_finite=False))
-            record("moe", shape, "fp4-w4a4", t, fp4_bytes, base, cfg_str(cfg) + ";+2 act-quant launches")
-        del mw, w13, w2
+                    note("moe", f"triton_kernels {shape} failed: {type(ex).__name__}: {str(ex)[:300]}")
+            fp4_bytes = hit * 3 * H * I * (0.5 + 1 / 16) + act_bytes
+            cfg = default_moe_config(T, k, E)
+            al = moe_align(ids, E, cfg.BM)
+            record("moe", shape, "fp4-w4a16", bench(lambda: fused_moe(x, mw, ids, tw, config=cfg, align=al, check_finite=False)),
+                   fp4_bytes, base, a_ms, cfg_str(cfg), f"experts_hit={hit}")
+            record("moe", shape, "fp4-w4a4", bench(lambda: fused_moe(x, mw, ids, tw, act_quant=True, check_finite=False)),
+                   fp4_bytes, base, a_ms, "default;+2 act-quant launches;routing align inside", f"experts_hit={hit}")
+            # where W4A4 time goes beyond W4A16: the routing sort (inside the call above, precomputed for
+            # the W4A16 row) and the two activation quantize launches
+            record("moe-part", shape, "routing-align", bench(lambda: moe_align(ids, E, cfg.BM)))
+            hq = torch.randn(S, I, device=dev, dtype=torch.bfloat16)
+            record("moe-part", shape, "act-quantize+dequant x2",
+                   bench(lambda: (quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False),
+                                  quantize_rows(hq, "nvfp4", fake_dtype=hq.dtype, check_finite=False))))
+            if STATE["sweep"]:
+                aligns = {}
+
+                def fn(c):
+                    al2 = aligns.setdefault(c.BM, moe_align(ids, E, c.BM))
+                    return lambda: fused_moe(x, mw, ids, tw, config=c, align=al2, check_finite=False)
+                t, c = timed_best(fn, moe_variants(T, k, E), "moe", shape, "fp4-w4a16", base)
+                if t:
+                    record("moe", shape, "fp4-w4a16-best", t, fp4_bytes, base, a_ms, cfg_str(c), f"experts_hit={hit}")
         torch.cuda.empty_cache()
 
 
@@ -346,140 +458,17 @@ def run_attention(dev, quick):
                 log(f"  variant bn={bn} w={w} failed: {type(ex).__name__}: {str(ex)[:200]}")
                 continue
             cs = f"block_n={bn};num_warps={w};splits={sp or 'auto'}"
-            ROWS.append(dict(op="attention-sweep", shape=shape, provider="fp4kv-triton", median_ms=round(t[0], 5),
-                             p20_ms=round(t[1], 5), p80_ms=round(t[2], 5), tb_per_s="", speedup_vs_bf16=round(base / t[0], 3),
-                             gpu=GPU, commit=COMMIT, config=cs))
+            sweep_row("attention", shape, "fp4kv-triton", t, base, cs)
             if best is None or t[0] < best[0][0]:
                 best = (t, cs)
-        record("attention", shape, "fp4kv-triton", best[0], nbytes, base, best[1])
-        del kb, vb, cache
-        torch.cuda.empty_cache()
-
-
-# ------------------------------------------------------------------------------------------------
-# v1 decode kernels (GEMV layout): dense gemv2 and grouped-MoE gemv, each checked against the FP32
-# oracle on fresh data right before it is timed; BF16 baselines timed in the same run.
-def gemv2_variants(M, N, K, dev):
-    from kernels.gemm import gemv2_config
-    d = gemv2_config(M, N, K, dev)
-    bm = d.BM
-    vs = [d]
-    for bn, nw, u, sp, pf in [(32, 4, 2, 1, False), (64, 4, 2, 1, False), (64, 4, 1, 1, False), (16, 4, 2, 1, False),
-                              (128, 8, 2, 1, False), (64, 4, 2, 2, False), (32, 4, 2, 4, False),
-                              (32, 4, 1, d.split, True), (16, 4, 1, d.split, True), (64, 4, 1, d.split, True)]:
-        c = GemmConfig(kind="gemv2", BN=bn, BM=bm, split=sp, num_warps=nw, num_stages=1, U=u, prefetch=pf)
-        if c not in vs:
-            vs.append(c)
-    return vs
-
-
-def run_dense_v1(dev, quick):
-    log("== dense FP4 GEMM, v1 GEMV path")
-    shapes = [(14336, 4096), (4096, 14336)] + ([] if quick else [(2048, 5632)])
-    Ms = [1, 2, 4, 8, 16]
-    for N, K in shapes:
-        c, s, o = nv_weight((N, K), dev)
-        pw = prepare_weight(c, s, o)
-        wb = ref.nvfp4_dequantize(c, s, o).to(torch.bfloat16)
-        for M in Ms:
-            shape = f"M{M} N{N} K{K}"
-            x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-            r = ref.fp4_linear(x.float(), c, s, o)
-            base = record("dense", shape, "bf16-cublas", bench(lambda: F.linear(x, wb)), N * K * 2 + M * K * 2 + M * N * 2)
-            fp4_bytes = pw.gv_words.numel() * 4 + pw.gv_scales.numel() + M * K * 2 + M * N * 2
-            best = None
-            for cfg in gemv2_variants(M, N, K, dev):
-                try:
-                    y = fp4_linear(x, pw, config=cfg, check_finite=False)
-                    e = relerr(y, r)
-                    ok = e < 1e-2
-                    check(f"dense v1 {shape} {cfg_str(cfg)}", ok, f"rel err {e:.2e} (tol 1e-2, bf16 output)")
-                    if not ok:
-                        continue
-                    t = bench(lambda: fp4_linear(x, pw, config=cfg, check_finite=False))
-                except Exception as ex:
-                    log(f"  variant {cfg} failed: {type(ex).__name__}: {str(ex)[:300]}")
-                    continue
-                ROWS.append(dict(op="dense-sweep", shape=shape, provider="fp4-w4a16-v1", median_ms=round(t[0], 5),
-                                 p20_ms=round(t[1], 5), p80_ms=round(t[2], 5), tb_per_s="", speedup_vs_bf16=round(base / t[0], 3),
-                                 gpu=GPU, commit=COMMIT, config=cfg_str(cfg)))
-                if best is None or t[0] < best[0][0]:
-                    best = (t, cfg)
-            if best:
-                record("dense", shape, "fp4-w4a16-v1", best[0], fp4_bytes, base, cfg_str(best[1]))
-            if M == 1 and N == 14336:  # the v0 default in the same run, for reference
-                t = bench(lambda: fp4_linear(x, pw, config=default_config(M, N, K, dev), check_finite=False))
-                record("dense", shape, "fp4-w4a16-v0mma", t, pw.nbytes() + M * K * 2 + M * N * 2, base,
-                       cfg_str(default_config(M, N, K, dev)))
-
-
-def run_moe_v1(dev, quick):
-    log("== grouped MoE FP4, v1 GEMV path")
-    fams = ["qwen3-30b-a3b"] if quick else ["qwen3-30b-a3b", "olmoe-1b-7b"]
-    for fam in fams:
-        H, I, E, k, _ = FAMILIES[fam]
-        wg, wu, wd = (nv_weight((E, I, H), dev, "expert"), nv_weight((E, I, H), dev, "expert"),
-                      nv_weight((E, H, I), dev, "expert"))
-        mw = prepare_moe_weights(wg, wu, wd)
-        w13 = torch.cat([ref.nvfp4_dequantize(*wg), ref.nvfp4_dequantize(*wu)], 1).to(torch.bfloat16)
-        w2 = ref.nvfp4_dequantize(*wd).to(torch.bfloat16)
-        w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
-        for T in [1, 16, 64]:
-            shape = f"{fam} T{T}"
-            x = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
-            ids, tw = route(T, E, k, dev)
-            r = ref.moe_fp4_reference(x.float(), wg, wu, wd, ids, tw)  # (first run: `u` was shadowed by a loop var)
-            flat = ids.reshape(-1).long()
-            order = torch.argsort(flat, stable=True)
-            counts = torch.bincount(flat, minlength=E)
-            offs = torch.cumsum(counts, 0).to(torch.int32)
-            hit = int((counts > 0).sum())
-            xs = x[order // k].contiguous()
-
-            def bf16_moe():
-                h = torch._grouped_mm(xs, w13t, offs=offs)
-                a = F.silu(h[:, :I]) * h[:, I:]
-                return torch._grouped_mm(a, w2t, offs=offs)
-            S = T * k
-            act_bytes = T * H * 2 + S * I * 2 * 2 + S * H * 2 + T * H * 2
-            base = record("moe", shape, "bf16-grouped_mm", bench(bf16_moe), hit * 3 * H * I * 2 + act_bytes)
-            fp4_bytes = hit * 3 * H * I * (0.5 + 1 / 8) + act_bytes  # v1 layout: 4 scale bytes per 32 weights
-            d0 = default_moe_config(T, k, E)
-            variants = [d0]
-            for bm in (1, 2, 4):
-                for bn, bnd, uu, nw in [(32, 32, 1, 4), (64, 64, 1, 4), (32, 32, 2, 4), (16, 16, 1, 4)]:
-                    c = MoEConfig(BM=bm, BN=bn, BN_down=bnd, num_warps=nw, num_stages=1, kind="gemv", U=uu)
-                    if c not in variants:
-                        variants.append(c)
-            best = None
-            for cfg in variants:
-                try:
-                    al = moe_align(ids, E, cfg.BM)
-                    y = fused_moe(x, mw, ids, tw, config=cfg, align=al, check_finite=False)
-                    e = relerr(y, r)
-                    ok = e < 2e-2
-                    check(f"moe v1 {shape} {cfg_str(cfg)}", ok, f"rel err {e:.2e} (tol 2e-2, bf16 h and output)")
-                    if not ok:
-                        continue
-                    t = bench(lambda: fused_moe(x, mw, ids, tw, config=cfg, align=al, check_finite=False))
-                except Exception as ex:
-                    log(f"  variant {cfg} failed: {type(ex).__name__}: {str(ex)[:300]}")
-                    continue
-                ROWS.append(dict(op="moe-sweep", shape=shape, provider="fp4-w4a16-v1", median_ms=round(t[0], 5),
-                                 p20_ms=round(t[1], 5), p80_ms=round(t[2], 5), tb_per_s="", speedup_vs_bf16=round(base / t[0], 3),
-                                 gpu=GPU, commit=COMMIT, config=cfg_str(cfg)))
-                if best is None or t[0] < best[0][0]:
-                    best = (t, cfg)
-            if best:
-                record("moe", shape, "fp4-w4a16-v1", best[0], fp4_bytes, base, cfg_str(best[1]) + f";experts_hit={hit}")
-        del mw, w13, w2, w13t, w2t, wg, wu, wd
+        record("attention", shape, "fp4kv-triton", best[0], nbytes, base, config=best[1])
         torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------------------------------
 # Offline SASS of the v1 GEMV kernel (no GPU needed: Triton compiles for sm_90 with its bundled
 # ptxas; cuobjdump disassembles). Counts the instructions of the main loop per weight.
-def sass_counts(out_csv):
+def sass_counts():
     import glob
     import re
     from collections import Counter
@@ -516,69 +505,54 @@ def sass_counts(out_csv):
                 body = [x for b, x in ins if int(tg.group(1), 16) <= b <= a]
         ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", x).split()[0].split(".")[0] for x in body)
         wpt = (bn // (4 * nw)) * 32 * u  # weights per thread per iteration (rows/thread * 32 * U)
-        rows.append(dict(kernel="_fp4_gemv2_kernel", config=f"BN={bn};BM={bm};U={u};num_warps={nw};prefetch={pf}",
-                         ttgir_convert_layouts=ck.asm["ttgir"].count("convert_layout"), loop_instr=len(body),
-                         weights_per_thread_iter=wpt, instr_per_weight=round(len(body) / wpt, 3),
-                         instr_per_weight_row=round(len(body) / wpt / bm, 3),
-                         top_ops=" ".join(f"{k}:{v}" for k, v in ops.most_common(8))))
+        stats = dict(ttgir_convert_layouts=ck.asm["ttgir"].count("convert_layout"), loop_instr=len(body),
+                     weights_per_thread_iter=wpt, instr_per_weight=round(len(body) / wpt, 3),
+                     instr_per_weight_row=round(len(body) / wpt / bm, 3),
+                     top_ops=" ".join(f"{k}:{v}" for k, v in ops.most_common(8)))
+        rows.append(dict(op="sass", shape="K4096", provider="_fp4_gemv2_kernel",
+                         config=f"BN={bn};BM={bm};U={u};num_warps={nw};prefetch={pf}",
+                         note=";".join(f"{k}={v}" for k, v in stats.items())))
         log(rows[-1])
-    with open(out_csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    RUN.update(gpu="sm_90 (offline ptxas)")
+    for r in rows:
+        _emit(r)
 
 
-def main():
-    global GPU, COMMIT, OUT_PATH
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="results/kernels/kernels.csv")
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results/kernels/kernels.csv", help="long table to append to")
+    ap.add_argument("--version", default="dev", help="the kernel version under test (a column of every row)")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--commit", default=None)
-    ap.add_argument("--only", default="quantize,dense,attention,moe")
-    ap.add_argument("--sass", default=None, help="offline: write v1 GEMV SASS instruction counts to this CSV and exit")
-    args = ap.parse_args()
+    ap.add_argument("--sweep", action="store_true", help="also time tile-config variants of ours")
+    ap.add_argument("--only", default="quantize,dense,moe,attention")
+    ap.add_argument("--sass", action="store_true", help="offline: append v1 GEMV SASS instruction counts and exit")
+    args = ap.parse_args(argv)
+    STATE.update(out=args.out, sweep=args.sweep)
+    RUN.update(version=args.version, commit=git_commit(), date=today())
     if args.sass:
-        return sass_counts(args.sass)
-    OUT_PATH = args.out
+        return sass_counts()
     if not torch.cuda.is_available():
         sys.exit("bench_kernels.py needs a CUDA GPU")
     dev = torch.device("cuda")
-    GPU = torch.cuda.get_device_name(dev)
-    COMMIT = args.commit or os.environ.get("GIT_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+    RUN["gpu"] = torch.cuda.get_device_name(dev)
     torch.manual_seed(int(time.time()))  # fresh random data every run
-    log(f"GPU {GPU}, torch {torch.__version__}, triton {triton.__version__}, commit {COMMIT}")
-    copy_bw = bench_copy(dev)
-    log(f"copy bandwidth (read+write) {copy_bw:.2f} TB/s")
+    log(f"GPU {RUN['gpu']}, torch {torch.__version__}, triton {triton.__version__}, commit {RUN['commit']}")
+    log(f"copy bandwidth (read+write) {bench_copy(dev):.0f} GB/s")
     t0 = time.time()
     for part in args.only.split(","):
         try:
-            {"quantize": run_quantize, "dense": run_dense, "moe": run_moe, "attention": run_attention,
-             "dense_v1": run_dense_v1, "moe_v1": run_moe_v1}[part](dev, args.quick)
+            {"quantize": run_quantize, "dense": run_dense, "moe": run_moe, "attention": run_attention}[part](dev, args.quick)
         except Exception:
             log(f"!! {part} failed:\n{traceback.format_exc()}")
+            note(part, f"failed: {traceback.format_exc()[-300:]}")
         log(f"   [{part} done at {time.time() - t0:.0f}s]")
-        write(args.out)
-    write(args.out)
-    log("\n== summary (medians; % of measured copy bandwidth)")
+    log("\n== summary (medians; ratio = baseline time / this time)")
     for r in ROWS:
-        if r["op"].endswith("sweep") or r["op"] == "memcpy":
-            continue
-        pct = f"{100 * r['tb_per_s'] / copy_bw:5.1f}%" if r["tb_per_s"] != "" else "      "
-        log(f"{r['op']:9s} {r['shape']:38s} {r['provider']:22s} {r['median_ms']*1e3:9.1f} us {pct} x{r['speedup_vs_bf16']}")
-    nfail = sum(not c["ok"] for c in CHECKS)
-    log(f"checks: {len(CHECKS) - nfail} ok, {nfail} failed")
-
-
-def write(path):
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    cols = ["op", "shape", "provider", "median_ms", "p20_ms", "p80_ms", "tb_per_s", "speedup_vs_bf16", "gpu", "commit", "config"]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(ROWS)
-    with open(os.path.splitext(path)[0] + "_checks.json", "w") as f:
-        json.dump(CHECKS, f, indent=1)
+        if r["op"] in ("dense", "moe", "attention", "quantize", "dense-part", "moe-part"):
+            log(f"{r['op']:9s} {r['shape']:30s} {r['provider']:24s} {r['median_us']:9.1f} us {r['pct_copy_bw']!s:>5}% "
+                f"x{r['ratio_vs_bf16']!s:>6} bf16 x{r['ratio_vs_anchor']!s:>6} anchor")
+    nfail = sum(r["ok"] is False for r in ROWS)
+    log(f"checks: {sum(r['ok'] is True for r in ROWS)} ok, {nfail} failed; appended {len(ROWS)} rows to {args.out}")
 
 
 if __name__ == "__main__":

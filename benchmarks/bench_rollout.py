@@ -16,9 +16,10 @@ With `--breakdown`, each engine provider is also profiled (torch.profiler, eager
 a prefill-only run) and rows `op=rollout_breakdown` give ms per DECODED token in attention / moe / other
 / total (`note=component=...`, `ms_per_step` holds the value; multiply by the batch for ms per step).
 
-Output: long-format CSV (op, shape, provider, batch, prompt, gen, tokens_per_s, elapsed_s, ms_per_step,
-gpu, commit) at `--out` (default $OUT/bench_rollout.csv if $OUT is set, else results/rollout/bench_rollout.csv),
-written row by row; `--deadline` seconds stops starting new runs (the GPU budget is small).
+Output: rows APPENDED, one by one, to the long table `--out` (default results/rollout/rollout.csv; schema
+`benchmarks.results_table.ROLLOUT_FIELDS`: version, commit, gpu, date, op, shape, provider, batch, prompt,
+gen, tokens_per_s, ratio_vs_bf16 = tokens/s over engine-bf16's in the same run, ...); `--deadline`
+seconds stops starting new runs.
 
 Run (CPU, small): `.venv/bin/python benchmarks/bench_rollout.py --models qwen3_moe-tiny --batch 4 --prompt 16 --gen 16`
 Run (GPU):        `python3 benchmarks/bench_rollout.py --device cuda --models qwen3_30b_a3b qwen3_moe-tiny --batch 64 256`
@@ -28,10 +29,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import csv
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,26 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.results_table import ROLLOUT_FIELDS, append, git_commit, today  # noqa: E402
 from trace.models import build_config, get_spec  # noqa: E402
 from trace.rollout import RolloutEngine  # noqa: E402
 
 PROVIDERS = ("engine-bf16", "engine-w4a4", "engine-w4a4-kv4", "engine-w4a4-triton", "engine-w4a4-kv4-triton",
              "engine-bf16-eager", "hf-bf16")
-FIELDS = ("op", "shape", "provider", "batch", "prompt", "gen", "tokens_per_s", "elapsed_s", "ms_per_step",
-          "prefill_s", "decode_ms_per_step", "setup_s", "dtype", "layers", "note", "gpu", "commit")
-
-
-def _commit() -> str:
-    """GIT_COMMIT when set (the GPU machine gets a copy of the tree, not necessarily its git state), else HEAD."""
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return "unknown"
-
-
 def build(name: str, layers: int, device, dtype, hf_experts: str, max_len: int):
     if name == "qwen3_30b_a3b":
         cfg = build_config("qwen3_moe-paper", num_hidden_layers=layers, max_position_embeddings=max(max_len, 4096),
@@ -207,66 +191,67 @@ def main(argv=None):
     ap.add_argument("--dtype", default=None, help="bfloat16 (default on GPU) or float32 (default on CPU)")
     ap.add_argument("--hf-experts", default="grouped_mm", help="transformers experts_implementation for hf-bf16")
     ap.add_argument("--deadline", type=float, default=1e9, help="seconds after which no new run starts")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default="results/rollout/rollout.csv", help="long table to append to")
+    ap.add_argument("--version", default="dev", help="the engine / kernel version under test (a column of every row)")
     ap.add_argument("--breakdown", action="store_true",
                     help="also profile each engine provider: ms per token in attention / moe / other (op rollout_breakdown)")
     a = ap.parse_args(argv)
     dtype = getattr(torch, a.dtype) if a.dtype else (torch.bfloat16 if a.device.startswith("cuda") else torch.float32)
-    out = Path(a.out or (Path(os.environ["OUT"]) / "bench_rollout.csv" if os.environ.get("OUT")
-                         else Path("results/rollout/bench_rollout.csv")))
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = a.out
     gpu = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
-    commit, t_start = _commit(), time.perf_counter()
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        for name in a.models:
-            model = build(name, a.layers, a.device, dtype, a.hf_experts, a.prompt + a.gen + 1)
-            vocab = model.config.vocab_size
-            for bsz in a.batch:
-                g = torch.Generator().manual_seed(bsz)
-                prompts = torch.randint(4, min(vocab, 100), (bsz, a.prompt), generator=g).tolist()
-                for prov in a.providers:
-                    if time.perf_counter() - t_start > a.deadline:
-                        print(f"deadline reached, skipping {name} b{bsz} {prov}", flush=True)
-                        continue
-                    note = ""
+    run = dict(version=a.version, commit=git_commit(), gpu=gpu, date=today())
+    t_start = time.perf_counter()
+    bf16_tps: dict[tuple, float] = {}
+    # rows are appended one by one, so a run cut short keeps what it measured
+    for name in a.models:
+        model = build(name, a.layers, a.device, dtype, a.hf_experts, a.prompt + a.gen + 1)
+        vocab = model.config.vocab_size
+        for bsz in a.batch:
+            g = torch.Generator().manual_seed(bsz)
+            prompts = torch.randint(4, min(vocab, 100), (bsz, a.prompt), generator=g).tolist()
+            for prov in a.providers:
+                if time.perf_counter() - t_start > a.deadline:
+                    print(f"deadline reached, skipping {name} b{bsz} {prov}", flush=True)
+                    continue
+                note = ""
+                try:
+                    if prov == "hf-bf16":
+                        (ntok, dt, pre, setup), eng = run_hf(model, prompts, a.gen, a.device), None
+                        note = f"experts={a.hf_experts}"
+                    else:
+                        ntok, dt, pre, setup, eng = run_engine(model, prov, prompts, a.gen, a.device, dtype)
+                except Exception as e:  # noqa: BLE001 - record the failure, keep benchmarking
+                    ntok, dt, pre, setup, eng = 0, float("nan"), float("nan"), float("nan"), None
+                    note = f"error: {type(e).__name__}: {str(e)[:120]}"
+                # decode_ms_per_step: (whole call - prefill-and-one-token call) / (gen - 1)
+                row = dict(op="rollout_generate", shape=name, provider=prov, batch=bsz, prompt=a.prompt, gen=a.gen,
+                           tokens_per_s=round(ntok / dt, 2) if ntok else 0.0, elapsed_s=round(dt, 3),
+                           ms_per_step=round(1000 * dt / a.gen, 3), prefill_s=round(pre, 4),
+                           decode_ms_per_step=round(1000 * (dt - pre) / max(a.gen - 1, 1), 3),
+                           setup_s=round(setup, 2), dtype=str(dtype).replace("torch.", ""),
+                           layers=model.config.num_hidden_layers, note=note, **run)
+                if prov == "engine-bf16" and ntok:
+                    bf16_tps[(name, bsz)] = row["tokens_per_s"]
+                b = bf16_tps.get((name, bsz))
+                row["ratio_vs_bf16"] = round(row["tokens_per_s"] / b, 3) if (b and ntok) else ""
+                append(out, [row], ROLLOUT_FIELDS)
+                print(row, flush=True)
+                if a.breakdown and eng is not None and not prov.endswith("-eager") and ntok:
                     try:
-                        if prov == "hf-bf16":
-                            (ntok, dt, pre, setup), eng = run_hf(model, prompts, a.gen, a.device), None
-                            note = f"experts={a.hf_experts}"
-                        else:
-                            ntok, dt, pre, setup, eng = run_engine(model, prov, prompts, a.gen, a.device, dtype)
-                    except Exception as e:  # noqa: BLE001 - record the failure, keep benchmarking
-                        ntok, dt, pre, setup, eng = 0, float("nan"), float("nan"), float("nan"), None
-                        note = f"error: {type(e).__name__}: {str(e)[:120]}"
-                    # decode_ms_per_step: (whole call - prefill-and-one-token call) / (gen - 1)
-                    row = dict(op="rollout_generate", shape=name, provider=prov, batch=bsz, prompt=a.prompt, gen=a.gen,
-                               tokens_per_s=round(ntok / dt, 2) if ntok else 0.0, elapsed_s=round(dt, 3),
-                               ms_per_step=round(1000 * dt / a.gen, 3), prefill_s=round(pre, 4),
-                               decode_ms_per_step=round(1000 * (dt - pre) / max(a.gen - 1, 1), 3),
-                               setup_s=round(setup, 2), dtype=str(dtype).replace("torch.", ""),
-                               layers=model.config.num_hidden_layers, note=note, gpu=gpu, commit=commit)
-                    w.writerow(row)
-                    f.flush()
-                    print(row, flush=True)
-                    if a.breakdown and eng is not None and not prov.endswith("-eager") and ntok:
-                        try:
-                            parts = breakdown(eng, prompts, min(a.gen, 64), a.device)
-                        except Exception as e:  # noqa: BLE001
-                            parts = {}
-                            print(f"breakdown {prov} failed: {type(e).__name__}: {e}", flush=True)
-                        for comp, ms in parts.items():
-                            w.writerow(dict(row, op="rollout_breakdown", gen=min(a.gen, 64), tokens_per_s="",
-                                            elapsed_s="", prefill_s="", decode_ms_per_step="", setup_s="",
-                                            ms_per_step=round(ms, 5), note=f"component={comp}"))
-                        f.flush()
-                        print("breakdown", prov, {k: round(v, 4) for k, v in parts.items()}, flush=True)
-                    del eng
-                    if a.device.startswith("cuda"):
-                        torch.cuda.empty_cache()
-            del model
-    print(f"wrote {out}")
+                        parts = breakdown(eng, prompts, min(a.gen, 64), a.device)
+                    except Exception as e:  # noqa: BLE001
+                        parts = {}
+                        print(f"breakdown {prov} failed: {type(e).__name__}: {e}", flush=True)
+                    append(out, [dict(row, op="rollout_breakdown", gen=min(a.gen, 64), tokens_per_s="",
+                                       ratio_vs_bf16="", elapsed_s="", prefill_s="", decode_ms_per_step="",
+                                       setup_s="", ms_per_step=round(ms, 5), note=f"component={comp}")
+                                  for comp, ms in parts.items()], ROLLOUT_FIELDS)
+                    print("breakdown", prov, {k: round(v, 4) for k, v in parts.items()}, flush=True)
+                del eng
+                if a.device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+        del model
+    print(f"appended to {out}")
 
 
 if __name__ == "__main__":

@@ -1,112 +1,136 @@
-"""Draw results/kernels/kernels.csv (written by benchmarks/bench_kernels.py on a GPU) into
-figures/kernels_*.png: time vs batch for dense GEMM and grouped MoE, time vs context for FP4-KV
-attention (FP4 kernels vs PyTorch BF16), and achieved bandwidth. No GPU needed.
-Run: `python figures/plot_kernels.py [--csv results/kernels/kernels.csv] [--outdir figures]`."""
+"""Kernel benchmark figures from the long table results/kernels/kernels.csv (benchmarks/bench_kernels.py,
+GPU runs appended over versions). No GPU needed.
+
+    python -m figures.plot_kernels [--csv results/kernels/kernels.csv] [--out figures/gpu]
+
+Writes into --out only (PNG + PDF each): `kernels_moe` and `kernels_dense` (same-run speedup over PyTorch BF16 vs
+tokens / rows, one panel per layer shape, one line per provider and kernel version), `kernels_attention`
+(same, vs context length) and `kernels_bandwidth` (% of the run's copy bandwidth, newest run of each
+provider). A measurement repeated in one version keeps its last row. Also home of `read_table` and
+`newest`, which figures.plot_speedups and figures.plot_rollout use.
+Compared against: 1x (BF16) and the issue targets drawn as dotted lines.
+"""
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import re
-from collections import defaultdict
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from figures import style
+from figures.style import plt
 
-
-def load(path):
-    with open(path) as f:
-        return [r for r in csv.DictReader(f)]
+OURS = ("fp4-w4a16", "fp4-w4a4", "fp4kv-triton")
+TARGET = {"moe": 3.0, "dense": 2.0, "attention": 1.5}  # same-run x over BF16 (MoE T>=16, dense M<=16, 64x8k)
 
 
-def _num(shape, key):
-    m = re.search(rf"{key}(\d+)", shape)
+def read_table(path: str | None) -> pd.DataFrame:
+    """A long results table (empty frame when absent); row order = append order."""
+    if not path or not os.path.exists(path):
+        return pd.DataFrame()
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"version": str, "commit": str})
+    df["row_"] = np.arange(len(df))
+    return df
+
+
+def newest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The last appended row of each key (a later run replaces an earlier one's measurement)."""
+    return df.sort_values("row_").drop_duplicates(subset=[k for k in keys if k in df.columns], keep="last")
+
+
+def _num(shape: str, key: str):
+    m = re.search(rf"\b{key}(\d+)", str(shape))
     return int(m.group(1)) if m else None
 
 
-def plot_series(rows, op, group_of, x_of, xlabel, title, out):
-    groups = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        if r["op"] != op:
-            continue
-        groups[group_of(r["shape"])][r["provider"]].append((x_of(r["shape"]), float(r["median_ms"]) * 1e3,
-                                                            float(r["p20_ms"]) * 1e3, float(r["p80_ms"]) * 1e3))
-    if not groups:
-        return None
-    n = len(groups)
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
-    for ax, (g, provs) in zip(axes[0], sorted(groups.items()), strict=False):
-        for p, pts in sorted(provs.items()):
-            pts.sort()
-            xs, med, lo, hi = zip(*pts, strict=False)
-            ax.errorbar(xs, med, yerr=[[m - a for m, a in zip(med, lo, strict=False)], [b - m for m, b in zip(med, hi, strict=False)]],
-                        marker="o", capsize=2, label=p)
+def _is_ours(p: str) -> bool:
+    return str(p).startswith(OURS)
+
+
+def plot_ratio(df: pd.DataFrame, op: str, group_of, x_of, xlabel: str, title: str, out: str) -> list[str]:
+    d = df[(df["op"] == op) & pd.to_numeric(df["ratio_vs_bf16"], errors="coerce").notna()].copy()
+    if d.empty:
+        return []
+    d = newest(d, ["version", "shape", "provider"])
+    d["group"], d["x"] = d["shape"].map(group_of), d["shape"].map(x_of)
+    latest = d["version"].iloc[d["row_"].argmax()]
+    # other providers (the anchor) only from their newest run; ours from every version
+    d = d[d["provider"].map(_is_ours) | (d["version"] == d.groupby("provider")["version"].transform("last"))]
+    groups = sorted(d["group"].unique())
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.4 * len(groups), 3.9), squeeze=False)
+    for ax, g in zip(axes[0], groups, strict=True):
+        sub = d[d["group"] == g]
+        for (prov, ver), pts in sub.groupby(["provider", "version"], sort=True):
+            pts = pts.sort_values("x")
+            ours = _is_ours(prov)
+            ax.plot(pts["x"], pts["ratio_vs_bf16"].astype(float), marker="o", ms=3,
+                    ls="-" if (not ours or ver == latest) else "--", alpha=1.0 if (not ours or ver == latest) else 0.55,
+                    label=f"{prov} ({ver})" if ours else f"{prov} (run {ver})")
+        ax.axhline(1.0, color="black", lw=1)
+        if op in TARGET:
+            ax.axhline(TARGET[op], color="gray", ls=":", lw=1)
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("time per call [us] (median, p20-p80)")
+        ax.set_ylabel("speedup over BF16, same run (x)")
         ax.set_title(g, fontsize=9)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-    gpu = rows[0]["gpu"] if rows else ""
-    fig.suptitle(f"{title} ({gpu}, commit {rows[0]['commit'] if rows else ''})", fontsize=10)
+        ax.legend(fontsize=6)
+    gpus = ", ".join(sorted(set(map(str, d["gpu"]))))
+    fig.suptitle(f"{title} ({gpus}; dotted: target; dashed: earlier versions of ours)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return style.save(fig, *os.path.split(out))
 
 
-def plot_bandwidth(rows, out):
-    rows = [r for r in rows if r["tb_per_s"] and not r["op"].endswith("sweep") and r["op"] != "memcpy"]
-    copy = [float(r["tb_per_s"]) for r in load_all if r["op"] == "memcpy"]
-    labels = [f"{r['op']} {r['shape']} {r['provider']}" for r in rows]
-    vals = [float(r["tb_per_s"]) for r in rows]
-    fig, ax = plt.subplots(figsize=(8, max(4, 0.16 * len(rows))))
-    colors = ["tab:gray" if ("bf16" in r["provider"] or "torch" in r["provider"]) else "tab:blue" for r in rows]
-    ax.barh(range(len(vals)), vals, color=colors)
-    ax.set_yticks(range(len(vals)))
-    ax.set_yticklabels(labels, fontsize=5)
+def plot_bandwidth(df: pd.DataFrame, out: str) -> list[str]:
+    d = df[df["op"].isin(["quantize", "dense", "moe", "attention"]) & pd.to_numeric(df["pct_copy_bw"], errors="coerce").notna()]
+    if d.empty:
+        return []
+    d = newest(d, ["op", "shape", "provider"])
+    d = d[~d["provider"].astype(str).str.endswith("-best")]
+    fig, ax = plt.subplots(figsize=(8, max(4, 0.14 * len(d))))
+    colors = ["tab:blue" if _is_ours(p) else ("tab:orange" if "triton_kernels" in str(p) else "tab:gray") for p in d["provider"]]
+    ax.barh(range(len(d)), d["pct_copy_bw"].astype(float), color=colors)
+    ax.set_yticks(range(len(d)))
+    ax.set_yticklabels([f"{o} {s} {p} ({v})" for o, s, p, v in zip(d["op"], d["shape"], d["provider"], d["version"],
+                                                                        strict=True)], fontsize=5)
     ax.invert_yaxis()
-    if copy:
-        ax.axvline(copy[0], color="k", ls="--", lw=1, label=f"copy bandwidth {copy[0]:.2f} TB/s")
-        ax.axvline(0.75 * copy[0], color="r", ls=":", lw=1, label="75% target")
-    ax.set_xlabel("achieved bandwidth over minimal bytes [TB/s] (blue: FP4 Triton, grey: BF16/torch)")
+    ax.axvline(100, color="k", ls="--", lw=1)
+    ax.axvline(75, color="r", ls=":", lw=1, label="75% (quantize target)")
+    ax.set_xlabel("% of the run's copy bandwidth over the minimal bytes (blue: ours, orange: triton_kernels, grey: BF16)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return style.save(fig, *os.path.split(out))
+
+
+def plot_kernels(csv: str, out: str) -> list[str]:
+    style.setup()
+    df = read_table(csv)
+    if df.empty:
+        print(f"no kernel table at {csv}")
+        return []
+    os.makedirs(out, exist_ok=True)
+    made = [
+        plot_ratio(df, "moe", lambda s: s.split()[0], lambda s: _num(s, "T"), "tokens T",
+                   "Grouped MoE expert MLP vs torch._grouped_mm BF16", os.path.join(out, "kernels_moe")),
+        plot_ratio(df, "dense", lambda s: f"N{_num(s, 'N')} K{_num(s, 'K')}", lambda s: _num(s, "M"), "rows M (decode batch)",
+                   "Dense FP4 GEMM vs cuBLAS BF16", os.path.join(out, "kernels_dense")),
+        plot_ratio(df, "attention", lambda s: "B64 GQA 32/4 d128", lambda s: _num(s, "L"), "context length",
+                   "Decode attention: FP4 KV vs BF16 SDPA", os.path.join(out, "kernels_attention")),
+        plot_bandwidth(df, os.path.join(out, "kernels_bandwidth")),
+    ]
+    return [p for m in made for p in m]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csv", default="results/kernels/kernels.csv")
+    ap.add_argument("--out", default="figures/gpu")
+    a = ap.parse_args(argv)
+    for p in plot_kernels(a.csv, a.out):
+        print("wrote", p)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--csv", default="results/kernels/kernels.csv")
-    ap.add_argument("--outdir", default="figures")
-    ap.add_argument("--v1csv", default="results/kernels/kernels_v1.csv")
-    a = ap.parse_args()
-    os.makedirs(a.outdir, exist_ok=True)
-    load_all = load(a.csv)
-    made = [
-        plot_series(load_all, "dense", lambda s: f"N{_num(s, 'N')} K{_num(s, 'K')}", lambda s: _num(s, "M"),
-                    "rows M (decode batch)", "Dense FP4 GEMM vs cuBLAS BF16", os.path.join(a.outdir, "kernels_dense.png")),
-        plot_series(load_all, "moe", lambda s: s.split()[0], lambda s: _num(s, "T"), "tokens T",
-                    "Grouped MoE expert MLP: FP4 Triton vs torch._grouped_mm BF16", os.path.join(a.outdir, "kernels_moe.png")),
-        plot_series(load_all, "attention", lambda s: "B64 GQA 32/4 d128", lambda s: _num(s, "L"), "context length",
-                    "Decode attention: FP4 KV (Triton) vs BF16 SDPA", os.path.join(a.outdir, "kernels_attention.png")),
-        plot_bandwidth(load_all, os.path.join(a.outdir, "kernels_bandwidth.png")),
-    ]
-    if os.path.exists(a.v1csv):  # v1 decode kernels (same-run BF16 baselines) + the v0 FP4 rows of the earlier run
-        v1 = load(a.v1csv)
-        v0 = [dict(r, provider=r["provider"] + " (v0, earlier run)") for r in load_all
-              if r["op"] in ("dense", "moe") and r["provider"] == "fp4-w4a16"
-              and any(r["shape"] == q["shape"] for q in v1)]
-        made += [
-            plot_series(v1 + v0, "dense", lambda s: f"N{_num(s, 'N')} K{_num(s, 'K')}", lambda s: _num(s, "M"),
-                        "rows M (decode batch)", "Dense FP4 decode v1 (GEMV layout) vs cuBLAS BF16",
-                        os.path.join(a.outdir, "kernels_v1_dense.png")),
-            plot_series(v1 + v0, "moe", lambda s: s.split()[0], lambda s: _num(s, "T"), "tokens T",
-                        "Grouped MoE decode v1 vs torch._grouped_mm BF16", os.path.join(a.outdir, "kernels_v1_moe.png")),
-        ]
-    print("\n".join(m for m in made if m))
+    main()

@@ -2,10 +2,10 @@
 
     python -m figures.plot_rollout --rollout results/rollout --out figures/smoke
 
-Input: the long-format CSVs of benchmarks/bench_rollout.py (rows `rollout_generate`: tokens_per_s per
-shape, batch, generated tokens and provider; rows `rollout_breakdown`: ms per decoded token by
-component). Every CSV of the folder is read in name order; for a repeated measurement the file that
-sorts last wins (files are named by run: rollout_<gpu>_<run>_<commit>_*.csv).
+Input: the long table `<rollout>/rollout.csv` that benchmarks/bench_rollout.py appends to (rows
+`rollout_generate`: tokens_per_s per shape, batch, generated tokens and provider; rows
+`rollout_breakdown`: ms per decoded token by component). Only GPU rows are drawn; for a repeated
+measurement the newest row wins.
 
 Left panel: generated tokens/s (prefill included, log scale) of every provider for each configuration;
 above each group, the two ratios DESIGN.md section 6 / issue 5 set targets for: engine BF16 over
@@ -18,27 +18,26 @@ Writes ``rollout.png/pdf``.
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 
 import numpy as np
 import pandas as pd
 
 from figures import style
+from figures.plot_kernels import newest, read_table
 from figures.style import plt
 
 COMPONENTS = ("attention", "moe", "other")
 
 
 def read_rollout(d: str | None) -> pd.DataFrame:
-    paths = sorted(glob.glob(os.path.join(d, "*.csv"))) if d and os.path.isdir(d) else []
-    frames = [pd.read_csv(p).assign(source=os.path.basename(p)) for p in paths]
-    frames = [f for f in frames if {"op", "shape", "provider", "batch", "gen"} <= set(f.columns)]
-    if not frames:
-        return pd.DataFrame()
-    df = pd.concat(frames, ignore_index=True)
-    df["note"] = df.get("note", pd.Series([""] * len(df))).fillna("").astype(str)
-    return df.drop_duplicates(subset=["op", "shape", "provider", "batch", "gen", "note"], keep="last")
+    df = read_table(os.path.join(d, "rollout.csv") if d else None)
+    if df.empty:
+        return df
+    df = df[df["gpu"].astype(str) != "cpu"].copy()
+    df["note"] = df["note"].fillna("").astype(str)
+    df["source"] = df["version"].astype(str) + "@" + df["commit"].astype(str)  # the run a row came from
+    return newest(df, ["op", "shape", "provider", "batch", "gen", "note"])
 
 
 def ratios(gen: pd.DataFrame) -> pd.DataFrame:

@@ -7,7 +7,9 @@ bytes [.., N, K/16] and an FP32 epilogue factor 2^7 / S_enc. `fp4_linear` multip
 activations [M, K] by it; with `act_quant=True` the activation is first quantized per row to NVFP4 by
 `kernels.quantize.quantize_rows` and dequantized inside the GEMM (W4A4 emulated exactly: both
 operands are E2M1 * E4M3 products, exact in BF16, BF16 MMA with FP32 accumulation, outer scales
-applied after accumulation).
+applied after accumulation). On the decode GEMV path (M <= 8) the same quantize pass also writes the
+dequantized activations (same codes and scales, one rounding to the activation dtype) and the W4A16
+kernel reads them.
 
 Kernel ("swap AB"): each program computes acc[BN, BM] = W_tile[BN, K] @ x^T[K, BM], so the tiny
 decode batch is the MMA's N dimension. A K-tile of BK elements is BK/8 words per weight row; nibble j
@@ -400,7 +402,8 @@ def _fp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, M, N, KW, stride_xm,
 @dataclass(frozen=True)
 class GemmConfig:
     kind: str = "mma"  # "mma" (tensor cores, any M), "gemv" (v0 FMA, one row per program, W4A16 only)
-    #                    or "gemv2" (v1 FMA over `gemv_layout`, BM <= 4 rows per program, W4A16 only)
+    #                    or "gemv2" (v1 FMA over `gemv_layout`, BM <= 4 rows per program; W4A4 through
+    #                    `fp4_linear(act_quant=True)` on dequantized activations)
     BN: int = 64
     BM: int = 16
     BKW: int = 32  # words per K-tile (BK = 8 * BKW elements); unused by gemv2
@@ -412,7 +415,8 @@ class GemmConfig:
 
 
 def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
-    """v1 decode heuristic (best or within 1% of best in the H200 sweep, kernels_v1.csv): BN=32 rows
+    """v1 decode heuristic (best or within 1% of best in the H200 sweep; results/kernels/kernels.csv, version
+    v1): BN=32 rows
     (4 per warp, 2 per thread), U=2, up to 4 activation rows per program, split-K while N alone gives
     fewer than ~8 CTAs per SM (split 8 measured best for N=4096, K=14336)."""
     if INTERPRET:
@@ -457,7 +461,8 @@ def quantize_act_for_gemm(x: torch.Tensor, check_finite: bool = True):
 def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False, out_dtype: torch.dtype | None = None,
                config: GemmConfig | None = None, check_finite: bool = True) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(W)^T. x: bf16/fp16/fp32 (fp32 under the interpreter).
-    act_quant: W4A4 emulation (per-row NVFP4 activations). out_dtype defaults to x.dtype."""
+    act_quant: W4A4 emulation (per-row NVFP4 activations; on the decode GEMV path the activation is
+    quantized and dequantized in one pass and the W4A16 kernel runs on it). out_dtype defaults to x.dtype."""
     check_tensor(x, "x", (torch.bfloat16, torch.float16, torch.float32), dim=2, finite=check_finite)
     if not isinstance(w, PreparedFP4Weight) or w.E is not None:
         raise TypeError("w must be a dense PreparedFP4Weight from prepare_weight(codes [N, K], ...)")
@@ -468,8 +473,8 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
         raise ValueError(f"x on {x.device}, weight on {w.words.device}")
     out_dtype = out_dtype or x.dtype
     N = w.N
-    if config is None and M <= 8 and not act_quant and w.gv_words is not None:
-        # v1 decode path: measured faster than the v0 MMA path up to M=8 on the H200 (kernels_v1.csv);
+    if config is None and M <= 8 and w.gv_words is not None:
+        # v1 decode path: measured faster than the v0 MMA path up to M=8 on the H200 (kernels.csv, version v1);
         # at M=16 the MMA path (92 us) beats gemv2 (129 us) for 14336x4096
         config = gemv2_config(M, N, K, x.device)
     cfg = config or default_config(M, N, K, x.device)
@@ -477,6 +482,13 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
         return torch.empty((0, N), dtype=out_dtype, device=x.device)
     if x.stride(-1) != 1:
         x = x.contiguous()
+    if act_quant and cfg.kind == "gemv2":
+        # W4A4 on the W4A16 kernel: the activation's NVFP4 codes and scales are the trainer's (same
+        # quantize kernel); the kernel reads their dequantized values (one rounding to x.dtype)
+        from kernels.quantize import quantize_rows
+
+        x = quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False).fake
+        act_quant = False
     if act_quant:
         xa, xs, xf = quantize_act_for_gemm(x, check_finite=False)
         stride_xm = K // 8

@@ -1,7 +1,7 @@
 """Triton grouped MoE expert GEMMs over NVFP4 weights (decode and prefill), SiLU-gated.
 
 What: tokens are routed to `topk` experts; slots (token, k) are sorted by expert and padded per expert
-to multiples of BM (`moe_align`, pure torch, no host sync, so it can live in a CUDA graph). Two
+to multiples of BM (`moe_align`, one Triton launch, no host sync, so it can live in a CUDA graph). Two
 launches then do the expert MLP:
   1. gate/up: h[slot] = silu(x[tok] @ Wg[e]^T) * (x[tok] @ Wu[e]^T), both products in one program
      (the SiLU product is fused: h is written once, in the activation dtype);
@@ -9,8 +9,10 @@ launches then do the expert MLP:
      each token (torch, [T, k, H] -> [T, H]).
 Weights use the layout of `kernels.gemm.prepare_weight` (int32 words of 8 nibbles, E4M3 scale bytes,
 per-expert epilogue factor 2^7/S_enc). With `act_quant=True` the gate/up input is NVFP4-quantized per
-token (shared by its experts) and the down input per (token, expert slot), as in DESIGN.md §2, and the
-GEMMs run W4A4 emulated exactly (BF16 MMA over E2M1*E4M3 products, FP32 accumulation).
+token (shared by its experts) and the down input per (token, expert slot), as in DESIGN.md §2: on the
+MMA path the GEMMs run W4A4 emulated exactly (BF16 MMA over E2M1*E4M3 products, FP32 accumulation);
+on the decode GEMV path the quantize kernel also writes the dequantized activations (same codes and
+scales, one rounding to the activation dtype) and the W4A16 kernels read them.
 Experts with no tokens launch programs that exit at once; their weights are never read.
 
 Compared against: `kernels.reference.moe_fp4_reference` (FP32 dequantize-then-matmul); timing vs
@@ -66,29 +68,65 @@ def prepare_moe_weights(gate, up, down) -> MoEWeights:
     return MoEWeights(w13, d, g.E, g.K, g.N)
 
 
+@triton.jit
+def _moe_align_kernel(ids_ptr, slots_ptr, bexp_ptr, S, E, P, n_s, n_p, n_b, BM: tl.constexpr, EB: tl.constexpr,
+                      CS: tl.constexpr, CB: tl.constexpr):
+    """One program: counting sort of the S slots by expert (stable), each expert's run padded to BM."""
+    e_ar = tl.arange(0, EB)
+    counts = tl.zeros([EB], tl.int32)
+    # while loops with run-time bounds (the interpreter cannot range() over a run-time int)
+    c = 0
+    while c < n_s:  # pass 1: slots per expert
+        s = c * CS + tl.arange(0, CS)
+        e = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
+        counts += tl.sum((e[:, None] == e_ar[None, :]).to(tl.int32), axis=0)
+        c += 1
+    padded = (counts + BM - 1) // BM * BM
+    pend = tl.cumsum(padded, axis=0)  # [EB] end of each expert's padded run
+    pstart = pend - padded
+    c = 0
+    while c < n_p:  # padding slots point at row S
+        p = c * CS + tl.arange(0, CS)
+        tl.store(slots_ptr + p, tl.full([CS], 0, tl.int32) + S, mask=p < P)
+        c += 1
+    tl.debug_barrier()  # the fill above lands before the scatter below (same addresses, other threads)
+    seen = tl.zeros([EB], tl.int32)
+    c = 0
+    while c < n_s:  # pass 2: rank of each slot within its expert = earlier slots of that expert
+        s = c * CS + tl.arange(0, CS)
+        e = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
+        hot = (e[:, None] == e_ar[None, :]).to(tl.int32)  # [CS, EB]
+        before = tl.cumsum(hot, axis=0) - hot + seen[None, :]
+        dest = tl.sum(hot * (before + pstart[None, :]), axis=1)
+        tl.store(slots_ptr + dest, s, mask=s < S)
+        seen += tl.sum(hot, axis=0)
+        c += 1
+    pend_e = tl.where(e_ar < E, pend, 2147483647)
+    c = 0
+    while c < n_b:  # expert of each block: how many experts end at or before its start
+        b = c * CB + tl.arange(0, CB)
+        be = tl.sum((pend_e[None, :] <= (b * BM)[:, None]).to(tl.int32), axis=1)
+        tl.store(bexp_ptr + b, tl.where(be < E, be, -1), mask=b < P // BM)
+        c += 1
+
+
 def moe_align(topk_ids: torch.Tensor, E: int, BM: int):
     """Sort the T*k slots by expert, pad each expert's run to a multiple of BM.
     Returns sorted_slots int32 [P] (slot = t*k + j; padding = T*k) and block_expert int32 [P/BM]
-    (-1 for blocks past the used ones). P = the worst case, so no host sync is needed."""
+    (-1 for blocks past the used ones). P = the worst case, so no host sync is needed. One launch
+    (a counting sort in one program), so it costs a few microseconds inside a CUDA graph."""
     T, k = topk_ids.shape
     S = T * k
     dev = topk_ids.device
     P = triton.cdiv(S + E * (BM - 1), BM) * BM
-    ids = topk_ids.reshape(-1).to(torch.int64)
-    counts = torch.zeros(E, dtype=torch.int64, device=dev).index_add_(0, ids, torch.ones_like(ids))
-    padded = (counts + BM - 1) // BM * BM
-    pend = torch.cumsum(padded, 0)
-    pstart = pend - padded
-    cstart = torch.cumsum(counts, 0) - counts
-    order = torch.argsort(ids, stable=True)  # slots grouped by expert
-    e_sorted = ids[order]
-    rank = torch.arange(S, device=dev) - cstart[e_sorted]
-    dest = pstart[e_sorted] + rank
-    sorted_slots = torch.full((P,), S, dtype=torch.int32, device=dev)
-    sorted_slots[dest] = order.to(torch.int32)
-    bstart = torch.arange(0, P, BM, device=dev)
-    be = torch.searchsorted(pend, bstart, right=True)
-    block_expert = torch.where(be < E, be, torch.full_like(be, -1)).to(torch.int32)
+    ids = topk_ids.reshape(-1)
+    if not ids.is_contiguous():
+        ids = ids.contiguous()
+    sorted_slots = torch.empty((P,), dtype=torch.int32, device=dev)
+    block_expert = torch.empty((P // BM,), dtype=torch.int32, device=dev)
+    _moe_align_kernel[(1,)](ids, sorted_slots, block_expert, S, E, P, triton.cdiv(S, 64), triton.cdiv(P, 64),
+                            triton.cdiv(P // BM, 64), BM=BM, EB=max(16, triton.next_power_of_2(E)),
+                            CS=64, CB=64, num_warps=4)
     return sorted_slots, block_expert
 
 
@@ -274,7 +312,7 @@ class MoEConfig:
     num_warps: int = 4
     num_stages: int = 3
     BN_down: int = 64
-    kind: str = "mma"  # "mma" (v0, tensor cores, any T, W4A4 too) or "gemv" (v1 decode, BM <= 4, W4A16)
+    kind: str = "mma"  # "mma" (v0, tensor cores, any T) or "gemv" (v1 decode, BM <= 4; W4A4 on dequantized activations)
     U: int = 1  # gemv: K-groups of 256 per loop iteration
 
 
@@ -286,7 +324,7 @@ def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
         return MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16)
     if per_expert <= 8:  # decode: weight-streaming GEMV (v1)
         bm = 1 if per_expert <= 0.5 else (2 if per_expert <= 1.5 else 4)
-        bn = 16 if bm == 1 else 32  # BN=16 best at T=1 on the H200 (kernels_v1.csv); T>=16 not yet measured
+        bn = 16 if bm == 1 else 32  # BN=16 best at T=1 on the H200 (kernels.csv, version v1)
         return MoEConfig(BM=bm, BN=bn, num_warps=4, num_stages=1, BN_down=bn, kind="gemv", U=1)
     bm = 16 if per_expert <= 16 else (32 if per_expert <= 48 else 64)
     return MoEConfig(BM=bm, BN=64, BKW=32, num_warps=4, num_stages=4, BN_down=64)
@@ -340,18 +378,21 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
     if T == 0:
         return torch.zeros_like(x)
     cfg = config or default_moe_config(T, k, w.E)
-    if act_quant and cfg.kind == "gemv":  # the v1 GEMV path is W4A16 only: W4A4 runs the v0 MMA kernels
-        cfg = MoEConfig(BM=16, BN=16 if INTERPRET else 64, BKW=4 if INTERPRET else 32, num_warps=cfg.num_warps,
-                        num_stages=cfg.num_stages, BN_down=16 if INTERPRET else 64)
-        align = None
     if x.stride(-1) != 1:
         x = x.contiguous()
     sorted_slots, block_expert = align if align is not None else moe_align(topk_ids, w.E, cfg.BM)
     S = T * k
     rw = topk_weights.reshape(-1).to(torch.float32)
     if cfg.kind == "gemv":
+        # W4A4 on the W4A16 GEMV kernels: gate/up input quantized per token, down input per (token, slot),
+        # codes and scales the trainer's; the kernels read the dequantized values (one rounding to x.dtype)
+        from kernels.quantize import quantize_rows
+
         kw = dict(BM=cfg.BM, U=cfg.U, num_warps=cfg.num_warps)
-        h = moe_gemv(x, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, BN=cfg.BN, **kw)
+        a = quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False).fake if act_quant else x
+        h = moe_gemv(a, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, BN=cfg.BN, **kw)
+        if act_quant:
+            h = quantize_rows(h, "nvfp4", fake_dtype=h.dtype, check_finite=False).fake
         y = moe_gemv(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, BN=cfg.BN_down, **kw)
         return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)
     kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages)

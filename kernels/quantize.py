@@ -49,13 +49,15 @@ _AMAX_MIN = ref._AMAX_MIN  # smallest amax that keeps S_enc finite
 class QuantizedRows:
     """Kernel output. `packed` uint8 [..., K/2] (element 2i low nibble); `scales` uint8 [..., K/block]
     (E4M3 for NVFP4, E8M0 for MXFP4); `outer` fp32 [..., 1] S_enc (ones for MXFP4); `mantissa`
-    uint8 [..., K/8] packed mantissa bits or None."""
+    uint8 [..., K/8] packed mantissa bits or None; `fake` the dequantized values e2m1 * s_b * (1/S_enc)
+    in fp32 (within 1 ulp of the reference's division), cast once to `fake_dtype`, or None."""
 
     packed: torch.Tensor
     scales: torch.Tensor
     outer: torch.Tensor
     mantissa: torch.Tensor | None
     fmt: str
+    fake: torch.Tensor | None = None  # [..., K] dequantized values (fake_dtype), when asked for
 
     def codes(self) -> torch.Tensor:
         return ref.unpack_fp4(self.packed)
@@ -77,9 +79,10 @@ def _load_chunk(x_ptr, rows, rmask, stride_xm, k0, K, NB: tl.constexpr, BLOCK: t
 
 @triton.jit
 def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
-                 codes_ptr, scales_ptr, mbits_ptr,
+                 codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
                  BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
-                 NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, INTERP: tl.constexpr):
+                 NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
+                 INTERP: tl.constexpr):
     CH: tl.constexpr = NB * BLOCK
     amax_blk = tl.max(tl.abs(xb), axis=2)  # [BM, NB]
     if IS_NV:
@@ -101,6 +104,7 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
         sbyte = (e + 127).to(tl.uint8)
         inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, exact (field 2..254)
         v = xb * inv[:, :, None]
+        s_b = 1.0 / inv  # 2^e, exact
     a = tl.abs(v)
     if STOCH:
         a = tl.minimum(a, 6.0)
@@ -114,6 +118,14 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
         idx = e2m1_rtn_idx(a)
     sign = (v.to(tl.int32, bitcast=True) < 0).to(tl.int32)
     code = idx | (sign << 3)  # [BM, NB, BLOCK] int32 0..15
+    if FAKE:  # dequantized value e2m1 * s_b / S_enc (the product is exact), then one cast
+        g = tl.where(sign == 1, -e2m1_grid(idx), e2m1_grid(idx)) * s_b[:, :, None]
+        if IS_NV:  # times the row's reciprocal, not a per-element division (that doubled the kernel's time)
+            g = g * tl.math.div_rn(1.0, s_enc)[:, None, None]
+        if INTERP and fq_ptr.dtype.element_ty == tl.bfloat16:  # the interpreter's cast truncates: round (RNE) here
+            b = g.to(tl.int32, bitcast=True)
+            g = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+        tl.store(fq_ptr + drow[:, None, None].to(tl.int64) * K + kk, g.to(fq_ptr.dtype.element_ty), mask=mask)
     # scales [BM, NB]
     sk = k0 // BLOCK + tl.arange(0, NB)
     nblk = K // BLOCK
@@ -136,10 +148,10 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
 
 
 @triton.jit
-def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_ptr,
+def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_ptr, fq_ptr,
                        M, K, stride_xm, seed, amax_min,
                        BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
-                       NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr,
+                       NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
                        HAS_DST: tl.constexpr, SINGLE: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr,
                        INTERP: tl.constexpr):
     pid = tl.program_id(0)
@@ -156,8 +168,8 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
             amax = tl.max(tl.max(tl.abs(xb), axis=2), axis=1)
             s_enc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(2688.0, tl.maximum(amax, amax_min)))
             tl.store(outer_ptr + drow, s_enc, mask=rmask)
-        _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, 0, K, seed, codes_ptr, scales_ptr, mbits_ptr,
-                     BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, INTERP)
+        _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, 0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
+                     BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, INTERP)
     else:
         if IS_NV:
             amax = tl.zeros([BM], tl.float32)
@@ -170,28 +182,35 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
         for c in range(NCH):
             k0 = c * CH
             xb, kk, mask = _load_chunk(x_ptr, rows, rmask, stride_xm, k0, K, NB, BLOCK)
-            _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed, codes_ptr, scales_ptr, mbits_ptr,
-                         BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, INTERP)
+            _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
+                         BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, INTERP)
 
 
 def _config(M: int, K: int, block: int):
-    """Tile choice: whole rows in one chunk when K <= 4096 (one read of x), else 2048-wide chunks."""
+    """Tile choice: whole rows in one chunk when K <= 4096 (one read of x), else 2048-wide chunks; a
+    few rows (decode) of up to 16384 also go in one chunk, with one warp per 1024 elements, so a
+    single long row is not two serial passes of one small program. -> (rows, blocks per chunk,
+    single chunk, warps)."""
     ch = max(block, triton.next_power_of_2(K))
-    single = ch <= 4096
+    single = ch <= 4096 or (ch <= 16384 and M <= 64 and not INTERPRET)
+    nw = max(4, ch // 1024) if single else 4
     if not single:
         ch = 2048
     bm = max(1, min(16, 4096 // ch)) if not INTERPRET else max(1, min(8, 1024 // ch))
     bm = min(bm, triton.next_power_of_2(max(M, 1)))
-    return bm, ch // block, single
+    return bm, ch // block, single, nw
 
 
 def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *, seed: int = 0,
                   guidance: bool = False, mx_rule: str = "floor", out: QuantizedRows | None = None,
-                  dst_rows: torch.Tensor | None = None, check_finite: bool = True) -> QuantizedRows:
+                  dst_rows: torch.Tensor | None = None, fake_dtype: torch.dtype | None = None,
+                  check_finite: bool = True) -> QuantizedRows:
     """Quantize x [..., K] (fp32/bf16/fp16) per row. Returns QuantizedRows (see class docstring).
 
     out/dst_rows: write into caller-owned flat buffers (packed [R, K/2], scales [R, K/b], outer [R],
-    mantissa [R, K/8] or None) at rows dst_rows [M] (int32/int64) instead of allocating."""
+    mantissa [R, K/8] or None) at rows dst_rows [M] (int32/int64) instead of allocating.
+    fake_dtype: also write the dequantized rows (QuantizedRows.fake, [..., K]) in this dtype in the same
+    pass, so a W4A16 kernel can run W4A4 on them (kernels.gemm / kernels.moe decode path)."""
     check_tensor(x, "x", (torch.float32, torch.bfloat16, torch.float16), finite=check_finite)
     if fmt not in ("nvfp4", "mxfp4"):
         raise ValueError(f"fmt must be 'nvfp4' or 'mxfp4', got {fmt!r}")
@@ -236,19 +255,24 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
                 raise ValueError(f"dst_rows has {dst_rows.shape[0]} entries, x has {M} rows")
             if scales.numel() // (K // block) != rows_avail or outer.numel() != rows_avail:
                 raise ValueError("out buffers disagree on the number of rows")
+    if fake_dtype is not None and dst_rows is not None:
+        raise ValueError("fake_dtype is not supported with dst_rows")
+    fq = torch.empty((M, K), dtype=fake_dtype, device=dev) if fake_dtype is not None else None
     if M == 0:
         return QuantizedRows(packed.reshape(*lead, K // 2), scales.reshape(*lead, K // block),
-                             outer.reshape(*lead, 1), None if mant is None else mant.reshape(*lead, K // 8), fmt)
-    bm, nb, single = _config(M, K, block)
+                             outer.reshape(*lead, 1), None if mant is None else mant.reshape(*lead, K // 8), fmt,
+                             None if fq is None else fq.reshape(*lead, K))
+    bm, nb, single, nw = _config(M, K, block)
     grid = (triton.cdiv(M, bm),)
     _quant_rows_kernel[grid](
         x2, packed, scales, outer, mant if guidance else packed, dst_rows if dst_rows is not None else packed,
-        M, K, x2.stride(0), int(seed), _AMAX_MIN,
+        fq if fq is not None else x2, M, K, x2.stride(0), int(seed), _AMAX_MIN,
         BM=bm, NB=nb, BLOCK=block, IS_NV=fmt == "nvfp4", NOCLIP=mx_rule == "noclip",
-        STOCH=rounding == "stochastic", GUIDE=guidance, HAS_DST=dst_rows is not None, SINGLE=single, CH=nb * block, NCH=triton.cdiv(K, nb * block), INTERP=INTERPRET,
-        num_warps=4,
+        STOCH=rounding == "stochastic", GUIDE=guidance, FAKE=fq is not None, HAS_DST=dst_rows is not None, SINGLE=single, CH=nb * block, NCH=triton.cdiv(K, nb * block), INTERP=INTERPRET,
+        num_warps=nw,
     )
     if out is not None:
         return out
     return QuantizedRows(packed.reshape(*lead, K // 2), scales.reshape(*lead, K // block),
-                         outer.reshape(*lead, 1), None if mant is None else mant.reshape(*lead, K // 8), fmt)
+                         outer.reshape(*lead, 1), None if mant is None else mant.reshape(*lead, K // 8), fmt,
+                         None if fq is None else fq.reshape(*lead, K))

@@ -11,18 +11,18 @@ from tests.analysis.synthetic import write_profile
 NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy", "speedups",
          "rollout"]
 
-KERNEL_CSV = """op,shape,provider,median_ms,p20_ms,p80_ms,tb_per_s,speedup_vs_bf16,gpu,commit
-moe,qwen3 T=16,torch_bf16,0.4,0.39,0.41,2.5,1.0,H200,abc
-moe,qwen3 T=16,triton_fp4,0.12,0.11,0.13,2.0,3.3,H200,abc
+# the long tables benchmarks/bench_kernels.py and bench_rollout.py append to (benchmarks/results_table.py)
+KERNEL_CSV = """version,commit,gpu,date,op,shape,provider,median_us,ratio_vs_bf16,pct_copy_bw
+v1,abc,H200,2026-01-01,moe,qwen3 T16,bf16-grouped_mm,400,,20
+v1,abc,H200,2026-01-01,moe,qwen3 T16,fp4-w4a16,120,3.3,30
 """
-# the format benchmarks/bench_rollout.py writes (throughput rows + breakdown rows)
-ROLLOUT_CSV = """op,shape,provider,batch,prompt,gen,tokens_per_s,decode_ms_per_step,ms_per_step,layers,note,gpu,commit
-rollout_generate,qwen3_30b_a3b,engine-bf16,256,512,1024,40000,5.5,5.9,4,,H200,abc
-rollout_generate,qwen3_30b_a3b,hf-bf16,256,512,1024,2000,100,101,4,experts=grouped_mm,H200,abc
-rollout_generate,qwen3_30b_a3b,engine-w4a4-kv4,256,512,1024,20000,9.4,10,4,,H200,abc
-rollout_generate,qwen3_30b_a3b,engine-w4a4-kv4-triton,256,512,1024,30000,8,9,4,,H200,abc
-rollout_breakdown,qwen3_30b_a3b,engine-bf16,256,512,64,,,0.006,4,component=attention,H200,abc
-rollout_breakdown,qwen3_30b_a3b,engine-bf16,256,512,64,,,0.007,4,component=moe,H200,abc
+ROLLOUT_CSV = """version,commit,op,shape,provider,batch,prompt,gen,tokens_per_s,decode_ms_per_step,ms_per_step,layers,note,gpu
+r1,abc,rollout_generate,qwen3_30b_a3b,engine-bf16,256,512,1024,40000,5.5,5.9,4,,H200
+r1,abc,rollout_generate,qwen3_30b_a3b,hf-bf16,256,512,1024,2000,100,101,4,experts=grouped_mm,H200
+r1,abc,rollout_generate,qwen3_30b_a3b,engine-w4a4-kv4,256,512,1024,20000,9.4,10,4,,H200
+r1,abc,rollout_generate,qwen3_30b_a3b,engine-w4a4-kv4-triton,256,512,1024,30000,8,9,4,,H200
+r1,abc,rollout_breakdown,qwen3_30b_a3b,engine-bf16,256,512,64,,,0.006,4,component=attention,H200
+r1,abc,rollout_breakdown,qwen3_30b_a3b,engine-bf16,256,512,64,,,0.007,4,component=moe,H200
 """
 
 

@@ -46,6 +46,31 @@ def test_align_pads_per_expert():
     assert sorted(slots[slots < 6].tolist()) == list(range(6))
 
 
+def _align_oracle(ids, E, BM):
+    """Stable sort by expert with per-expert padding to BM, in plain torch."""
+    flat = ids.reshape(-1).long()
+    S = flat.numel()
+    counts = torch.bincount(flat, minlength=E)
+    padded = (counts + BM - 1) // BM * BM
+    pend = torch.cumsum(padded, 0)
+    P = -(-(S + E * (BM - 1)) // BM) * BM
+    slots = torch.full((P,), S, dtype=torch.int32)
+    order = torch.argsort(flat, stable=True)
+    rank = torch.arange(S) - (torch.cumsum(counts, 0) - counts)[flat[order]]
+    slots[(pend - padded)[flat[order]] + rank] = order.int()
+    be = torch.searchsorted(pend, torch.arange(0, P, BM), right=True)
+    return slots, torch.where(be < E, be, -1).int()
+
+
+@pytest.mark.parametrize("T,k,E,BM", [(1, 8, 128, 1), (37, 2, 8, 4), (300, 4, 60, 16), (5, 8, 64, 2)])
+def test_align_equals_stable_sort_oracle(T, k, E, BM):
+    g = torch.Generator().manual_seed(T * E)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])  # several chunks when T*k > 64
+    slots, bexp = moe_align(ids, E=E, BM=BM)
+    r_slots, r_bexp = _align_oracle(ids, E, BM)
+    assert torch.equal(slots, r_slots) and torch.equal(bexp, r_bexp)
+
+
 def test_errors():
     g, u, d = _weights(3, 32, 48, 0)
     mw = prepare_moe_weights(g, u, d)

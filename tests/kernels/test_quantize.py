@@ -106,3 +106,29 @@ def test_errors_before_launch():
     with pytest.raises(ValueError):
         quantize_rows(torch.ones(2, 16), rounding="guided")
     assert quantize_rows(torch.ones(0, 16)).packed.shape == (0, 8)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fake_output_is_the_reference_dequantization(fmt, dtype):
+    """The dequantized rows written in the same pass (the W4A4 decode path's GEMV input) are the
+    reference dequantization of the kernel's own codes: exactly for MXFP4 (power-of-two scales); for
+    NVFP4 the kernel multiplies by the row's reciprocal of S_enc instead of dividing: within 2^-22 of
+    it in fp32; after the cast to bf16 equal except where the two land on either side of a rounding
+    boundary (rare), then one bf16 ulp apart."""
+    x = _data(6, 4096 + 64, seed=11).to(dtype)
+    q = quantize_rows(x, fmt, fake_dtype=dtype)
+    c = q.codes()
+    deq = ref.nvfp4_dequantize(c, q.scales, q.outer) if fmt == "nvfp4" else ref.mxfp4_dequantize(c, q.scales)
+    assert q.fake.dtype == dtype
+    want = deq.to(dtype)
+    if fmt == "mxfp4":
+        assert torch.equal(q.fake, want)
+    else:
+        rel = 2.0 ** -22 if dtype == torch.float32 else 2.0 ** -8
+        err = (q.fake.double() - deq.double()).abs()
+        assert bool((err <= rel * deq.double().abs() + (want.double() - deq.double()).abs()).all())
+        if dtype == torch.bfloat16:
+            assert float((q.fake != want).float().mean()) < 1e-3
+    q0 = quantize_rows(x, fmt)  # codes and scales do not depend on the extra output
+    assert torch.equal(q0.packed, q.packed) and torch.equal(q0.scales, q.scales) and q0.fake is None

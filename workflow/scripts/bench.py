@@ -1,12 +1,12 @@
 """Run a speed benchmark when a CUDA GPU is present, otherwise skip it and point at the committed CSVs.
 
     python -m workflow.scripts.bench --what kernels --mode auto \
-        --cmd "python benchmarks/bench_kernels.py --out results/kernels" \
+        --cmd "python benchmarks/bench_kernels.py --out results/kernels/kernels.csv" \
         --csv-dir results/kernels --status results/bench/smoke/kernels.json
 
 Modes: ``auto`` runs the command only if ``torch.cuda.is_available()``; ``force`` always runs it (fails
-without a GPU); ``skip`` never runs it. The status JSON says whether it ran, why not, and which CSVs
-(long format: op, shape, provider, median_ms, ..., gpu, commit) the figures will read.
+without a GPU); ``skip`` never runs it. The status JSON says whether it ran, why not, and which CSVs the figures will
+read (the long tables of benchmarks/results_table.py, which a run appends to).
 """
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Speed benchmarks (kernels, rollout engine) and the long results tables they append to."""
