@@ -5,9 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-stamp=.venv/.installed-$(cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
+stamp=.venv/.installed-$(cat requirements.txt requirements-dev.txt requirements-openrlhf.txt | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements-dev.txt
+  # OpenRLHF stack (trace/integrations/openrlhf; why --no-deps / --no-build-isolation: requirements-openrlhf.txt)
+  .venv/bin/python -m pip install -q -r requirements-openrlhf.txt
+  .venv/bin/python -m pip install -q --no-deps openrlhf==0.11.2
+  .venv/bin/python -m pip install -q --no-build-isolation deepspeed==0.19.6
   touch "$stamp"
 fi

@@ -1,0 +1,43 @@
+"""Per-sample records, merged per micro-batch, give exactly the rows of a record made for the batch."""
+import torch
+
+from trace.guidance.record import Recorder
+from trace.integrations.openrlhf.records import batch_records, merge_turns
+from trace.models import build_model
+from trace.qat import patch_model, recording
+
+
+def _record(model, ids, seq_id, pos0=0):
+    rec = Recorder(layers=None, full_codes=True)
+    pos = torch.arange(pos0, pos0 + ids.shape[1])[None]
+    with torch.no_grad(), recording(model, rec, torch.tensor([seq_id]), pos):
+        model(input_ids=ids)
+    return rec.finish()
+
+
+def test_batch_and_turns():
+    torch.manual_seed(0)
+    model = build_model("qwen3_moe-tiny", seed=0)
+    patch_model(model, "w4a4kv4")
+    a, b = torch.randint(5, 90, (1, 6)), torch.randint(5, 90, (1, 4))
+    # the engine records every sample as seq 0; the trainer renumbers them to their batch rows
+    rec = batch_records([_record(model, a, 0), _record(model, b, 0)])
+    direct = [_record(model, a, 0), _record(model, b, 1)]
+    for layer, site in rec.sites:
+        for s, (ids, d) in enumerate(zip((a, b), direct, strict=True)):
+            pos = torch.arange(ids.shape[1])
+            got = rec.lookup(layer, site, torch.full_like(pos, s), pos)
+            want = d.lookup(layer, site, torch.full_like(pos, s), pos)
+            assert torch.equal(got.mantissa, want.mantissa) and torch.equal(got.scales, want.scales)
+    for layer in rec.routing:
+        pos = torch.arange(4)
+        assert torch.equal(rec.lookup_routing(layer, torch.ones_like(pos), pos),
+                           direct[1].lookup_routing(layer, torch.ones_like(pos), pos))
+    # a second turn re-records positions 0..5 (prefill of the longer context): the first turn wins
+    turn1 = _record(model, a, 0)
+    longer = torch.cat([a, torch.randint(5, 90, (1, 3))], dim=1)
+    turn2 = _record(model, longer, 0)
+    merged = merge_turns([turn1, turn2])
+    for (layer, site), rows in merged.sites.items():
+        assert rows.keys.tolist() == list(range(9))
+        assert torch.equal(rows.mantissa[:6], turn1.sites[(layer, site)].mantissa)

@@ -1,0 +1,225 @@
+"""Trainer side of TRACE in OpenRLHF: the policy actor, patched by our QAT adapter, replaying records.
+
+`TracePolicyActor` is a subclass of OpenRLHF 0.11.2's `PolicyModelActor` (the class under its
+`@ray.remote`), which `launch` puts in place of the original before `train_ppo_ray` runs:
+- model load: OpenRLHF builds its `Actor` (HF model, BF16, sdpa); we patch it in place with
+  `trace.qat.patch_model` in the arm's trainer mode (bf16 / w4a16 / w4a4kv4) before DeepSpeed wraps
+  it, and under ZeRO-3 mark the attention class a ZeRO-3 leaf (DeepSpeed's per-module hooks would
+  otherwise re-wrap the shared q/k/v input, so it would be quantized and recorded three times);
+- old log-probs (`forward`, called by the experience maker) and the training step run inside
+  `trace.qat.replay` with the micro-batch's records, fetched from their handles in
+  `mm_train_inputs`; the replay context stays open across `strategy.backward`, so gradient
+  checkpointing recomputes the guided forward;
+- the alignment term (trace arms with align) is added to OpenRLHF's policy loss; the mismatch
+  metrics (k1, k3, |dlp|, ratio-outside, chi2 over action tokens, against the rollout log-probs)
+  and flip rates go into `experience.info`, which OpenRLHF logs, and rank 0 appends one line per
+  step to `$TRACE_RUN_DIR/metrics.jsonl` with the embedded trainer's metric names.
+On a machine without CUDA, DeepSpeed's optimizer is torch's AdamW (`torch_adam`), which avoids the
+JIT build of DeepSpeed's CPU fused Adam (about two minutes of g++ per fresh machine).
+Compared against: the embedded trainer `trace.rl.trainer.RLTrainer._step` (same arm table, same
+replay call, same metrics; tests/integrations/openrlhf/test_equivalence.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from trace.integrations.openrlhf import plugin
+
+plugin.setup()  # stand-ins (and the CPU shim) before OpenRLHF's modules import vLLM / flash-attn names
+
+import openrlhf.trainer.ray.ppo_actor as _pa  # noqa: E402
+
+from trace import config as C  # noqa: E402
+from trace.integrations.openrlhf.records import batch_records  # noqa: E402
+from trace.integrations.openrlhf.rollout import RECORD_KEY  # noqa: E402
+from trace.qat import patch_model, replay  # noqa: E402
+from trace.rl.losses import mismatch_metrics  # noqa: E402
+from trace.rl.trainer import ARMS  # noqa: E402
+
+LAYER_KEYS = ("code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate")
+
+
+def hf_model(actor):
+    """The Hugging Face model inside OpenRLHF's Actor (unwrapped from the DeepSpeed engine)."""
+    m = actor.model
+    return getattr(m, "module", m)
+
+
+def prepare_for_qat(model, mode: str, fmt: str, zero_stage: int) -> None:
+    """Patch an HF model loaded by OpenRLHF for QAT, before DeepSpeed wraps it."""
+    patch_model(model, mode, fmt)
+    if zero_stage == 3:
+        from deepspeed.utils import set_z3_leaf_modules
+        attn = sorted({type(layer.self_attn) for layer in model.model.layers}, key=lambda c: c.__name__)
+        set_z3_leaf_modules(model, attn)
+
+
+def positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] absolute position of each token (OpenRLHF's position_ids), -1 at padding."""
+    att = attention_mask.bool()
+    return torch.where(att, att.long().cumsum(-1) - 1, torch.full_like(att, -1, dtype=torch.long))
+
+
+class TraceReplay:
+    """The arm's replay and metrics for one OpenRLHF policy actor."""
+
+    def __init__(self, cfg: dict):
+        self.cfg, self.rl = cfg, cfg["rl"]
+        self.arm = ARMS[self.rl["method"]]
+
+    def records(self, mm_train_inputs) -> list | None:
+        if self.arm.record is None or not mm_train_inputs:
+            return None
+        if any(not m or RECORD_KEY not in m for m in mm_train_inputs):
+            raise ValueError(f"arm {self.rl['method']!r} needs a record for every sample; some carry none")
+        import ray
+        vals = [m[RECORD_KEY] for m in mm_train_inputs]
+        refs = [v for v in vals if isinstance(v, ray.ObjectRef)]
+        got = dict(zip(refs, ray.get(refs), strict=True)) if refs else {}
+        return [got[v] if isinstance(v, ray.ObjectRef) else v for v in vals]
+
+    def context(self, model, mm_train_inputs, attention_mask):
+        recs = self.records(mm_train_inputs)
+        if recs is None:
+            return contextlib.nullcontext(None)
+        dev = attention_mask.device
+        rec = batch_records(recs, dev)
+        seq = torch.arange(attention_mask.shape[0], device=dev)
+        guide = self.arm.record == "guide"
+        return replay(model, rec, seq, positions(attention_mask), guide=guide, routing=guide and self.arm.routing,
+                      align=guide and self.arm.align, full_codes=guide and self.arm.full_codes)
+
+    def step_info(self, log_probs, rollout_log_probs, action_mask, stats) -> dict:
+        """0-d tensors for experience.info (OpenRLHF weights them by action tokens)."""
+        info = {}
+        if rollout_log_probs is not None:
+            mm = mismatch_metrics(log_probs.detach().float(), rollout_log_probs.to(log_probs.device).float(),
+                                  action_mask)
+            info.update({k: torch.tensor(float(v)) for k, v in mm.items() if v is not None})
+        if stats is not None:
+            for key, per_layer in stats.summary().items():
+                for layer, v in per_layer.items():
+                    info[f"{key}/{layer}"] = torch.tensor(float(v))
+        return info
+
+    def alignment(self, stats):
+        if stats is None or not (self.arm.record == "guide" and self.arm.align):
+            return None
+        return stats.alignment_loss()
+
+
+class TraceActorPPOTrainer(_pa.ActorPPOTrainer):
+    """OpenRLHF's actor trainer with the training step run under replay (`self.trace` set by the actor)."""
+
+    trace: TraceReplay
+
+    def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
+        tr = self.trace
+        orig = self.actor_loss_fn
+        ctx = tr.context(hf_model(self.actor), experience.mm_train_inputs, experience.attention_mask)
+        with ctx as stats:
+            def loss_fn(log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None, **kw):
+                out = orig(log_probs, old_log_probs, advantages, action_mask=action_mask,
+                           rollout_log_probs=rollout_log_probs, **kw)
+                loss = out[0]
+                experience.info.update(tr.step_info(log_probs, rollout_log_probs, action_mask, stats))
+                experience.info["ppo_loss"] = loss.detach()
+                al = tr.alignment(stats)
+                if al is not None:
+                    experience.info["align_loss"] = al.detach().to(loss.device)
+                    if tr.rl["align_coef"] > 0 and al.requires_grad:
+                        loss = loss + tr.rl["align_coef"] * al.to(loss.device)
+                return (loss, *out[1:])
+
+            self.actor_loss_fn = loss_fn
+            try:
+                return super().training_step(experience, kl_ctl, step, loss_batch_info)
+            finally:
+                self.actor_loss_fn = orig
+
+
+def metrics_line(step: int, method: str, status: dict, kl_on: bool) -> dict:
+    """OpenRLHF's per-step status -> one metrics.jsonl line with the embedded trainer's names."""
+    g = status.get
+    rec = {"step": step, "method": method, "framework": "openrlhf",
+           "reward_mean": g("reward"), "accuracy": g("accuracy"), "response_len": g("response_length")}
+    for k in ("k1", "k3", "dlp_abs_mean", "dlp_abs_max", "ratio_out_frac", "chi2"):
+        rec[k] = g(k)
+    for key in LAYER_KEYS:
+        rec[key] = {int(k.split("/", 1)[1]): v for k, v in status.items() if k.startswith(key + "/")}
+    rec.update({
+        "guidance_bytes_per_token": g("guidance_bytes_per_token", 0.0),
+        "rollout_tokens_per_s": g("rollout_tokens_per_s"),
+        "loss": g("policy_loss"), "policy_loss": g("ppo_loss", g("policy_loss")),
+        "kl_ref": g("kl") if kl_on else None, "align_loss": g("align_loss"),
+        "grad_norm": g("actor_grad_norm"), "clip_frac": g("ppo_clip_ratio"), "is_filter_frac": g("is_filter_ratio"),
+    })
+    return rec
+
+
+class TracePolicyActor(_pa.PolicyModelActor.__ray_metadata__.modified_class):
+    """OpenRLHF's policy actor with TRACE's QAT patch, replay and metrics (wrap with ray.remote)."""
+
+    def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
+        cfg = plugin.run_config()
+        self._trace = TraceReplay(cfg)
+        arm, fmt, zero = self._trace.arm, cfg["rl"]["fmt"], strategy.args.ds.zero_stage
+        orig_actor, orig_trainer, orig_ds_cfg = _pa.Actor, _pa.ActorPPOTrainer, strategy.get_ds_train_config
+
+        def make_actor(*args, **kwargs):
+            actor = orig_actor(*args, **kwargs)
+            prepare_for_qat(actor.model, arm.trainer_mode, fmt, zero)
+            return actor
+
+        def ds_train_config(*args, **kwargs):
+            conf = orig_ds_cfg(*args, **kwargs)
+            opt = conf.get("optimizer")
+            if opt is not None and not torch.cuda.is_available():
+                opt.setdefault("params", {})["torch_adam"] = True
+            return conf
+
+        _pa.Actor, _pa.ActorPPOTrainer = make_actor, TraceActorPPOTrainer
+        strategy.get_ds_train_config = ds_train_config
+        try:
+            super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
+        finally:
+            _pa.Actor, _pa.ActorPPOTrainer = orig_actor, orig_trainer
+            strategy.get_ds_train_config = orig_ds_cfg
+        self.trainer.trace = self._trace
+        self._trace_cfg = cfg
+        self._trace_step = 0
+        self._trace_t = time.perf_counter()
+        self._trace_log = None
+        if torch.distributed.get_rank() == 0:
+            # OpenRLHF has no resume of our metrics: a restarted launch starts the log afresh
+            self._trace_log = C.MetricsLog.open(plugin.run_dir(), upto_step=None)
+
+    def forward(self, sequences, action_mask=None, attention_mask=None, packed_seq_lens=None,
+                mm_train_inputs_list=None):
+        """Old log-probs of a micro-batch, under replay of its records."""
+        dev = torch.cuda.current_device() if torch.cuda.is_available() else torch.device("cpu")
+        ctx = self._trace.context(hf_model(self.actor), mm_train_inputs_list, attention_mask.to(dev))
+        with ctx:
+            return super().forward(sequences, action_mask, attention_mask, packed_seq_lens, None)
+
+    def fit(self, kl_ctl: float = 0):
+        t0 = time.perf_counter()
+        status = super().fit(kl_ctl)
+        t1 = time.perf_counter()
+        self._trace_step += 1
+        if self._trace_log is not None:
+            rl = self._trace_cfg["rl"]
+            rec = metrics_line(self._trace_step, rl["method"], status, rl["kl_coef"] > 0)
+            rec["time_train_s"] = t1 - t0
+            rec["time_step_s"] = t1 - self._trace_t
+            rec["time_rollout_s"] = max(0.0, t0 - self._trace_t)
+            self._trace_log.log(rec)
+        self._trace_t = t1
+        return status
+
+
+__all__ = ["TraceActorPPOTrainer", "TracePolicyActor", "TraceReplay", "hf_model", "metrics_line", "positions",
+           "prepare_for_qat"]

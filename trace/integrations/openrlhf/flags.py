@@ -1,0 +1,117 @@
+"""Our run config (model, task, arm, seed) -> OpenRLHF 0.11.2 `train_ppo_ray` flags (dotted names).
+
+    argv = ppo_flags(cfg, model_path="runs/x/init_model", prompts="runs/x/data/train.jsonl",
+                     out="runs/x", reward_file=REWARD_FILE, agent_file=AGENT_FILE, gpus=0)
+
+The arm table (`trace.rl.trainer.ARMS`) decides what runs where; this module only translates the
+shared RL hyper-parameters into OpenRLHF's names, so both trainers optimise the same objective:
+- estimator: rl.advantage (group_norm / reinforce_baseline / rloo) -> --algo.advantage.estimator,
+  rl.group_size -> --rollout.n_samples_per_prompt;
+- rollout/train mismatch correction through OpenRLHF's own is_correction options: TIS weight
+  min(r, tis_cap) = token level, clip into [0, tis_cap]; ICEPOP [lo, hi] = token level, mask;
+- KL to the initial policy as a loss (k3) when rl.kl_coef > 0, else no reference model;
+- one optimizer step per rollout step (train batch = prompts_per_step * group_size), constant lr,
+  AdamW betas (0.9, 0.99) and gradient clipping as our trainer;
+- sdpa attention, no sample packing (packing needs flash-attn), ZeRO stage 3 by default.
+OpenRLHF's decoupled PPO ratio (old policy = the trainer's own log-prob) is rl.ppo_ratio="trainer";
+"rollout" has no OpenRLHF equivalent and is refused. TRACE's own settings (method, rho, align_coef,
+fmt) are not OpenRLHF flags: the plugin reads them from the run dir's config.yaml.
+Compared against: OpenRLHF's own argument parser (tests/integrations/openrlhf/test_flags.py parses
+every arm's flags with `openrlhf.cli.train_ppo_ray`'s parser and its validation).
+"""
+from __future__ import annotations
+
+import os
+
+MODULE = "openrlhf.cli.train_ppo_ray"
+
+
+class UnsupportedConfig(ValueError):
+    """A config value that OpenRLHF cannot express."""
+
+
+def _num(x) -> str:
+    return repr(float(x)) if isinstance(x, float) else str(x)
+
+
+def is_correction_flags(rl: dict) -> list[str]:
+    """TIS / ICEPOP as OpenRLHF's token-level is_correction options (see the cross-check test of
+    trace/rl/losses.py for the equality of the two losses)."""
+    if rl.get("icepop") is not None:
+        lo, hi = rl["icepop"]
+        return ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "mask",
+                "--algo.advantage.is_correction_threshold", _num(lo), _num(hi)]
+    if rl.get("tis_cap") is not None:
+        return ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "clip",
+                "--algo.advantage.is_correction_threshold", "0.0", _num(rl["tis_cap"])]
+    return ["--algo.advantage.is_correction_level", "off"]
+
+
+def ppo_flags(cfg: dict, *, model_path: str, prompts: str, out: str, reward_file: str | None = None,
+              agent_file: str | None = None, gpus: int = 0, colocate: bool | None = None,
+              zero_stage: int = 3, sync: str | None = None, label_key: str = "label",
+              input_key: str = "input", max_prompt_len: int | None = None) -> list[str]:
+    """The argv (after `python -m openrlhf.cli.train_ppo_ray`) for one RL run.
+
+    gpus: GPUs per node for the actor (0 on a CPU machine: Ray is given that many logical GPUs by
+    the launcher). sync: weight-sync backend, "nccl" (GPU; CUDA IPC when colocated) or "gloo"
+    (CPU; a torch gloo group between trainer rank 0 and the engines)."""
+    rl = cfg["rl"]
+    if rl["ppo_ratio"] != "trainer":
+        raise UnsupportedConfig("rl.ppo_ratio: OpenRLHF uses the trainer's own log-probs as the old policy "
+                                "(ppo_ratio=trainer); 'rollout' cannot be expressed")
+    if rl["autocast"] != "bf16":
+        raise UnsupportedConfig("rl.autocast: OpenRLHF trains in BF16 (--ds.param_dtype bf16); 'none' cannot be expressed")
+    if (reward_file is None) == (agent_file is None):
+        raise ValueError("pass exactly one of reward_file (single turn) and agent_file (multi-turn)")
+    n_actor = max(int(gpus), 1)
+    if colocate is None:
+        colocate = gpus > 0
+    sync = sync or ("nccl" if gpus > 0 else "gloo")
+    samples = rl["prompts_per_step"] * rl["group_size"]
+    if samples % n_actor:
+        raise UnsupportedConfig(f"prompts_per_step * group_size = {samples} must be divisible by the "
+                                f"{n_actor} actor ranks")
+    max_len = (max_prompt_len or 256) + rl["max_new_tokens"] * max(1, rl.get("max_turns", 1))
+    argv = [
+        "--actor.model_name_or_path", model_path,
+        "--actor.num_nodes", "1", "--actor.num_gpus_per_node", str(n_actor),
+        "--ref.num_nodes", "1", "--ref.num_gpus_per_node", str(n_actor),
+        "--vllm.num_engines", str(n_actor), "--vllm.tensor_parallel_size", "1",
+        "--vllm.sync_backend", sync,
+        "--data.prompt_dataset", prompts, "--data.input_key", input_key, "--data.label_key", label_key,
+        "--data.max_len", str(max_len), "--data.max_samples", str(rl["steps"] * rl["prompts_per_step"]),
+        "--rollout.batch_size", str(rl["prompts_per_step"]),
+        "--rollout.n_samples_per_prompt", str(rl["group_size"]),
+        "--rollout.max_new_tokens", str(rl["max_new_tokens"]),
+        "--rollout.temperature", _num(rl["temperature"]), "--rollout.top_p", "1.0",
+        "--rollout.micro_batch_size", str(max(1, samples // n_actor)),
+        "--train.batch_size", str(samples), "--train.micro_batch_size", str(max(1, samples // n_actor)),
+        "--train.max_epochs", "1", "--train.num_episodes", "1", "--train.seed", str(cfg["seed"]),
+        "--algo.advantage.estimator", rl["advantage"],
+        "--actor.eps_clip", _num(rl["clip_eps"]),
+        "--actor.adam.lr", _num(rl["lr"]), "--actor.adam.betas", "0.9", "0.99",
+        "--actor.adam.weight_decay", _num(rl["weight_decay"]), "--actor.max_norm", _num(rl["grad_clip"]),
+        "--actor.lr_scheduler", "constant", "--actor.lr_warmup_ratio", "0.0",
+        "--ds.zero_stage", str(zero_stage), "--ds.param_dtype", "bf16",
+        "--ds.attn_implementation", "sdpa",
+        "--ckpt.output_dir", os.path.join(out, "ckpt", f"step_{rl['steps']:06d}"),
+        "--ckpt.path", os.path.join(out, "ckpt", "deepspeed"),
+        "--ckpt.save_steps", str(rl["ckpt_every"]), "--ckpt.save_hf",
+        "--logger.logging_steps", "1",
+    ]
+    argv += is_correction_flags(rl)
+    if rl["kl_coef"] > 0:
+        argv += ["--algo.kl.use_loss", "--algo.kl.estimator", "k3", "--algo.kl.init_coef", _num(rl["kl_coef"])]
+    else:
+        argv += ["--algo.kl.init_coef", "0.0"]
+    if colocate:
+        argv += ["--train.colocate_all"]
+    if agent_file is not None:
+        argv += ["--train.agent_func_path", agent_file]
+    else:
+        argv += ["--reward.remote_url", reward_file]
+    return argv
+
+
+__all__ = ["MODULE", "UnsupportedConfig", "is_correction_flags", "ppo_flags"]

@@ -1,0 +1,214 @@
+"""`python -m trace.integrations.openrlhf.launch --config CFG.yaml --out RUN_DIR`: one RL run through OpenRLHF.
+
+What it does (stage rl, the default):
+1. resolves our run config (model, task, arm, seed; `--set key=value` overrides) and writes the run dir
+   exactly like `python -m trace.rl`: config.yaml, meta.json (kind "rl-openrlhf", plus the OpenRLHF
+   command), metrics.jsonl (one line per step, the embedded trainer's metric names, written by the
+   policy actor's rank 0), ckpt/step_XXXXXX (HF checkpoint) + ckpt/latest, and `done` at the end;
+2. the policy: `rl.init_ckpt` when set, the hub id of a paper-flavor model, else the registry model
+   built with the run's seed and saved to RUN_DIR/init_model;
+3. the prompts: `--tasks-from PROFILE.yaml` takes the task's JSONL (train_jsonl, prompt_key,
+   label_key) from a profile such as experiments/profiles/paper.yaml; without it, the synthetic
+   task's prompts, drawn per step like the embedded trainer, go to RUN_DIR/data/train.jsonl;
+4. builds the `train_ppo_ray` argv (flags.py; saved in RUN_DIR/openrlhf_argv.json), starts Ray with a
+   runtime env whose `worker_process_setup_hook` loads the plugin in every process (plugin.py), puts
+   our engine actors (rollout.py) in place of `create_vllm_engines` and our policy actor (actor.py) in
+   place of `PolicyModelActor`, and runs OpenRLHF's own `train_ppo_ray` main in this process.
+On a machine without GPUs Ray is given logical GPUs for OpenRLHF's placement and the CPU shim of
+plugin.py handles OpenRLHF's CUDA calls; DeepSpeed runs on its CPU accelerator (gloo).
+`--dry-run` writes the run dir's config and the argv and checks it with OpenRLHF's parser, without
+running. Stages sft and eval run our own entry points (`trace.sft`, `trace.eval`), which read the
+HF checkpoints this stage leaves.
+Compared against: `python -m trace.rl` on the same config (tests/integrations/openrlhf/).
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import torch
+import yaml
+
+from trace import config as C
+from trace.integrations.openrlhf import flags as F
+from trace.integrations.openrlhf import plugin
+
+PKG_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PKG_DIR.parents[2]
+REWARD_FILE = PKG_DIR / "reward.py"
+AGENT_FILE = PKG_DIR / "agent.py"
+MULTI_TURN_TASKS = ("long_horizon",)
+
+
+def prepare_model(cfg: dict, out: Path) -> str:
+    """Path (or hub id) of the initial policy, loadable by AutoModelForCausalLM / AutoTokenizer."""
+    if cfg["rl"]["init_ckpt"]:
+        return str(C.resolve_checkpoint(cfg["rl"]["init_ckpt"]).resolve())
+    from trace.models import build_model, build_tokenizer, get_spec, save_checkpoint
+    spec = get_spec(cfg["model"])
+    if spec.hub_id:
+        return spec.hub_id
+    d = out / "init_model"
+    if not (d / "config.json").exists():
+        save_checkpoint(build_model(cfg["model"], seed=cfg["seed"]), build_tokenizer(), d)
+    return str(d.resolve())
+
+
+def synthetic_prompts(cfg: dict) -> list[dict]:
+    """Prompts of every step, drawn like `RLTrainer._prompts_for` (OpenRLHF then shuffles them)."""
+    from trace.sft import build_task
+    rl, t = cfg["rl"], cfg["task"]
+    task = build_task(cfg)
+    train = task.make_split("train", t["n_train"], t["seed"])
+    rows = []
+    for step in range(1, rl["steps"] + 1):
+        g = torch.Generator().manual_seed(cfg["seed"] * 1_000_003 + 7919 * step + 17)
+        for i in torch.randperm(len(train), generator=g)[: rl["prompts_per_step"]].tolist():
+            rows.append({"input": train[i].prompt, "label": train[i].label, "datasource": task.name})
+    return rows
+
+
+def prepare_prompts(cfg: dict, out: Path, tasks_from: str | None) -> tuple[str, str, str, int | None]:
+    """(jsonl path, input key, label key, longest prompt in characters or None when unknown)."""
+    if tasks_from:
+        prof = yaml.safe_load(Path(tasks_from).read_text())
+        spec = (prof.get("tasks") or {}).get(cfg["task"]["name"])
+        if not spec or "train_jsonl" not in spec:
+            raise SystemExit(f"{tasks_from}: no tasks.{cfg['task']['name']}.train_jsonl")
+        return spec["train_jsonl"], spec.get("prompt_key", "prompt"), spec.get("label_key", "label"), None
+    rows = synthetic_prompts(cfg)
+    path = out / "data" / "train.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path.resolve()), "input", "label", max(len(r["input"]) for r in rows)
+
+
+def build_argv(cfg: dict, out: Path, model_path: str, tasks_from: str | None, gpus: int) -> list[str]:
+    prompts, input_key, label_key, longest = prepare_prompts(cfg, out, tasks_from)
+    multi = cfg["task"]["name"] in MULTI_TURN_TASKS
+    return F.ppo_flags(cfg, model_path=model_path, prompts=prompts, out=str(out.resolve()),
+                       reward_file=None if multi else str(REWARD_FILE),
+                       agent_file=str(AGENT_FILE) if multi else None, gpus=gpus, input_key=input_key,
+                       label_key=label_key, max_prompt_len=(longest + 2) if longest else 1024)
+
+
+def parse_with_openrlhf(argv: list[str]):
+    """Run OpenRLHF's own parser and validation on argv; returns its hierarchical args (no training)."""
+    plugin.setup()
+    import openrlhf.utils.config as orl_config
+    import ray
+
+    seen = {}
+    real = orl_config.hierarchize
+
+    def capture(args):
+        seen["args"] = real(args)
+        return seen["args"]
+
+    class _Parsed(Exception):
+        pass
+
+    def stop(*_a, **_k):
+        raise _Parsed
+
+    old_argv, old_init = sys.argv, ray.is_initialized
+    sys.argv, orl_config.hierarchize, ray.is_initialized = [F.MODULE, *argv], capture, stop
+    try:
+        runpy.run_module(F.MODULE, run_name="__main__")
+    except _Parsed:
+        pass
+    finally:
+        sys.argv, orl_config.hierarchize, ray.is_initialized = old_argv, real, old_init
+    if "args" not in seen:
+        raise RuntimeError("OpenRLHF's train_ppo_ray did not reach argument parsing")
+    return seen["args"]
+
+
+def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int) -> None:
+    """Start Ray with the plugin in every process and run OpenRLHF's train_ppo_ray main here."""
+    os.environ[plugin.RUN_DIR_ENV] = str(out.resolve())
+    plugin.setup()
+    import openrlhf.trainer.ray as orl_ray
+    import openrlhf.trainer.ray.ppo_actor as orl_actor
+    import ray
+
+    from trace.integrations.openrlhf.actor import TracePolicyActor
+    from trace.integrations.openrlhf.rollout import create_engines
+
+    pypath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env_vars = {plugin.RUN_DIR_ENV: str(out.resolve()), "PYTHONPATH": pypath, "TOKENIZERS_PARALLELISM": "false"}
+    if gpus == 0:
+        # threads per process: several OpenRLHF processes share the CPU cores
+        env_vars["OMP_NUM_THREADS"] = str(cfg.get("threads") or 1)
+    logical = {} if gpus > 0 else {"num_gpus": 4, "num_cpus": max(8, os.cpu_count() or 1)}
+    ray.init(runtime_env={"env_vars": env_vars, "worker_process_setup_hook": f"{plugin.__name__}.setup"},
+             include_dashboard=False, **logical)
+    old = (orl_ray.create_vllm_engines, orl_actor.PolicyModelActor, sys.argv)
+    orl_ray.create_vllm_engines = partial(create_engines, cfg=cfg, num_gpus=0.2 if gpus > 0 else 0)
+    orl_actor.PolicyModelActor = ray.remote(num_gpus=1)(TracePolicyActor)
+    sys.argv = [F.MODULE, *argv]
+    try:
+        runpy.run_module(F.MODULE, run_name="__main__")
+    finally:
+        orl_ray.create_vllm_engines, orl_actor.PolicyModelActor, sys.argv = old
+        ray.shutdown()
+
+
+def finish(cfg: dict, out: Path) -> None:
+    step_dir = out / "ckpt" / f"step_{cfg['rl']['steps']:06d}"
+    if (step_dir / "config.json").exists():
+        C.commit_checkpoint(out, step_dir)
+    if not (out / "metrics.jsonl").exists():
+        raise SystemExit(f"{out}: OpenRLHF finished but no metrics.jsonl was written")
+    C.mark_done(out, {"steps": cfg["rl"]["steps"], "framework": "openrlhf"})
+
+
+def _delegate(stage: str, a) -> int:
+    mod = {"sft": "trace.sft", "eval": "trace.eval"}[stage]
+    cmd = [sys.executable, "-m", mod, "--config", a.config, "--out", a.out]
+    if stage == "eval":
+        if not a.ckpt:
+            raise SystemExit("--ckpt is required for --stage eval")
+        cmd += ["--ckpt", a.ckpt]
+    for kv in a.set:
+        cmd += ["--set", kv]
+    return subprocess.call(cmd)
+
+
+def main(argv=None) -> int:
+    p = C.base_parser("python -m trace.integrations.openrlhf.launch", __doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="run directory (rl, sft) or eval JSON (eval)")
+    p.add_argument("--stage", choices=["rl", "sft", "eval"], default="rl")
+    p.add_argument("--ckpt", help="checkpoint to evaluate (stage eval)")
+    p.add_argument("--tasks-from", help="profile YAML whose tasks.<name>.train_jsonl holds the prompts")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs for the actor (default: all visible; 0 = CPU)")
+    p.add_argument("--dry-run", action="store_true", help="write config + argv, check with OpenRLHF's parser")
+    a = p.parse_args(argv)
+    if a.stage != "rl":
+        return _delegate(a.stage, a)
+    try:
+        cfg = C.load_config(a.config, a.set)
+    except C.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    gpus = torch.cuda.device_count() if a.gpus is None else a.gpus
+    out = Path(a.out)
+    C.prepare_run_dir(out, cfg, kind="rl-openrlhf")
+    argv_orl = build_argv(cfg, out, prepare_model(cfg, out), a.tasks_from, gpus)
+    (out / "openrlhf_argv.json").write_text(json.dumps([F.MODULE, *argv_orl], indent=1) + "\n")
+    print("[openrlhf] python -m " + " ".join([F.MODULE, *argv_orl]), flush=True)
+    if a.dry_run:
+        parse_with_openrlhf(argv_orl)
+        return 0
+    run_openrlhf(cfg, argv_orl, out, gpus)
+    finish(cfg, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""Our rollout engine as a Ray actor that OpenRLHF drives in place of its vLLM engines.
+
+OpenRLHF's samples generator calls `generate_responses(prompt, label, sampling_params, max_length,
+hf_tokenizer, num_samples)` on each engine; that runs OpenRLHF's own executor (single turn with the
+`--reward.remote_url` reward function, or the `--train.agent_func_path` AgentExecutor), which calls
+back `generate(prompt_token_ids, sampling_params)` once per sample and turn and reads a vLLM-shaped
+RequestOutput. Here `generate` is one `RolloutEngine.generate` call (BF16, or W4A4 + FP4 KV for the
+FP4 arms) with a guidance `Recorder` for the arms that record (trace*: the deepest rho of the layers;
+qat-independent: all layers, full codes, for flip statistics only). Each sample's record (turns merged,
+earliest row wins) is `ray.put` into the object store and its handle (an ObjectRef, never the bytes)
+rides in the response's `mm_train_inputs` = {"trace_record": ref}; the trainer fetches it per
+micro-batch.
+
+Weight sync, both of OpenRLHF's protocols: `init_process_group` + `update_weight` (a broadcast from
+trainer rank 0 over vLLM's stateless group, or its stand-in on torch c10d: NCCL on a GPU, gloo on the
+CPU; or over ray.util.collective with --vllm.sync_with_ray) and `update_weight_cuda_ipc` (colocated GPU). The
+engine keeps the BF16 tensors exactly as the trainer broadcasts them and re-quantizes once per sync,
+at the parameter flagged `empty_cache=True` (the last one), with the trainer's own quantizer
+(`trace.qat.quantize_weight`), computing in BF16 like the trainer.
+
+    engines = create_engines(1, model_path, cfg)        # what launch puts in place of create_vllm_engines
+    ray.get(engines[0].generate_responses.remote(prompt, label, sp, 512, tok, 4))
+
+Compared against: the embedded trainer's engine use (trace/rl/trainer.py) and OpenRLHF 0.11.2's
+`vllm_engine.RolloutRayActor` (same method names and response keys).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import importlib.util
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from trace.integrations.openrlhf import stand_ins
+from trace.integrations.openrlhf.records import merge_turns
+from trace.rl.trainer import ARMS
+
+RECORD_KEY = "trace_record"
+_SLOT: contextvars.ContextVar = contextvars.ContextVar("trace_sample_slot", default=None)
+# extra_logs keys this actor adds to every response (OpenRLHF stacks them; the set must be fixed)
+LOG_KEYS = ("guidance_bytes_per_token", "rollout_tokens_per_s", "rollout_tokens")
+
+
+def recorder_for(arm, num_layers: int, rho: float, diag_flips: bool = True):
+    """The Recorder of one sample for an arm (same choice as the embedded trainer)."""
+    from trace.guidance.record import Recorder
+    from trace.qat import guided_layer_indices
+    if arm.record == "guide":
+        return Recorder(layers=guided_layer_indices(num_layers, rho), full_codes=arm.full_codes)
+    if arm.record == "diag" and diag_flips:
+        return Recorder(layers=None, full_codes=True)
+    return None
+
+
+def _load_agent(path: str):
+    from openrlhf.utils.agent import AgentExecutorBase
+    spec = importlib.util.spec_from_file_location("trace_agent_module", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not issubclass(mod.AgentExecutor, AgentExecutorBase):
+        raise TypeError(f"{path}: AgentExecutor must subclass openrlhf's AgentExecutorBase")
+    return mod.AgentExecutor()
+
+
+class TraceRolloutEngine:
+    """The actor body (also usable in-process, which the tests do)."""
+
+    def __init__(self, model_path: str, cfg: dict, *, seed: int = 0, agent_func_path: str | None = None,
+                 remote_rm_url=None, device: str | None = None, stop_strings=None, **_ignored):
+        stand_ins.install()
+        from openrlhf.utils.agent import SingleTurnAgentExecutor
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from trace.rollout import RolloutEngine
+        self.cfg, self.rl = cfg, cfg["rl"]
+        self.arm = ARMS[self.rl["method"]]
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        # the trainer holds and broadcasts BF16 weights and computes in BF16: the engine does the same
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16, local_files_only=True)
+        self.tok = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+        self.engine = RolloutEngine(model.config, mode=self.arm.engine_mode, fmt=self.rl["fmt"],
+                                    kv_fp4=self.arm.kv_fp4, dtype=torch.bfloat16, device=self.device)
+        self.engine.sync_weights(model)
+        self._inv_freq = self.engine.weights.inv_freq  # the trainer's bf16 RoPE buffer; not a parameter
+        self.num_layers = model.config.num_hidden_layers
+        self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        del model
+        if stop_strings is None:
+            from trace.sft import build_task
+            stop_strings = (build_task(cfg).stop,)
+        self.stop_strings = tuple(stop_strings)
+        self.executor = (_load_agent(agent_func_path) if agent_func_path
+                         else SingleTurnAgentExecutor(remote_rm_url))
+        self.seed = int(seed)
+        self._calls = 0
+        self._slots: dict[int, list] = {}
+        self._next_slot = 0
+        self._pending: dict[str, torch.Tensor] = {}
+        self._group = None
+        self.syncs = 0
+        self.last_sync = {}
+
+    # ------------------------------------------------------------------ generation
+    def get_num_unfinished_requests(self) -> int:
+        return 0  # calls run to completion one at a time
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        """One sample (n=1) from token ids; returns a vLLM-shaped RequestOutput."""
+        if multi_modal_data:
+            raise NotImplementedError("the TRACE engine is text-only")
+        sp = sampling_params
+        ids = [int(t) for t in prompt_token_ids]
+        max_new = int(sp.max_tokens) if sp.max_tokens else max(1, self.engine.max_seq_len - len(ids))
+        max_new = min(max_new, self.engine.max_seq_len - len(ids))
+        stop_ids = {int(self.tok.eos_token_id)} | {int(t) for t in (getattr(sp, "stop_token_ids", None) or [])}
+        rec = recorder_for(self.arm, self.num_layers, self.rl["rho"], self.rl["diag_flips"])
+        self._calls += 1
+        seed = self.seed * 1_000_003 + self._calls
+        t0 = time.perf_counter()
+        out = self.engine.generate([ids], n=1, max_new_tokens=max(1, max_new), temperature=float(sp.temperature),
+                                   top_p=float(sp.top_p), seed=seed, stop_token_ids=tuple(sorted(stop_ids)),
+                                   stop_strings=self.stop_strings, tokenizer=self.tok, recorder=rec)
+        dt = time.perf_counter() - t0
+        slot = _SLOT.get()
+        if slot is not None:
+            entry = self._slots[slot]
+            entry["records"].append(rec.finish() if rec is not None else None)
+            entry["tokens"] += out.num_generated_tokens
+            entry["seconds"] += dt
+        resp = out.response_tokens(0)
+        lps = out.logprobs[0]
+        finish = "length" if out.stop_reason[0] in ("length", "context") else "stop"
+        text = self.tok.decode(resp, skip_special_tokens=False)
+        logprobs = [{t: SimpleNamespace(logprob=float(lp))} for t, lp in zip(resp, lps, strict=True)]
+        return SimpleNamespace(prompt_token_ids=ids, outputs=[SimpleNamespace(
+            token_ids=list(resp), text=text, finish_reason=finish, logprobs=logprobs)])
+
+    async def generate_responses(self, prompt: str, label: str, sampling_params, max_length: int, hf_tokenizer,
+                                 num_samples: int = 1, images=None):
+        """N samples of one prompt through OpenRLHF's executor; each response carries its record handle."""
+        import ray
+        tasks, slots = [], []
+        for _ in range(num_samples):
+            slot = self._next_slot
+            self._next_slot += 1
+            self._slots[slot] = {"records": [], "tokens": 0, "seconds": 0.0}
+            ctx = contextvars.copy_context()
+            ctx.run(_SLOT.set, slot)
+            tasks.append(asyncio.get_running_loop().create_task(
+                self.executor.execute(prompt=prompt, label=label, sampling_params=sampling_params,
+                                      max_length=max_length, hf_tokenizer=hf_tokenizer, llm_engine=self,
+                                      images=images), context=ctx))
+            slots.append(slot)
+        responses = await asyncio.gather(*tasks)
+        for resp, slot in zip(responses, slots, strict=True):
+            entry = self._slots.pop(slot)
+            recs = [r for r in entry["records"] if r is not None]
+            record = merge_turns(recs) if recs else None
+            n_tok = len(resp["observation_tokens"])
+            extra = dict(resp.get("extra_logs") or {})
+            extra["guidance_bytes_per_token"] = (record.total_bytes() / max(n_tok, 1)
+                                                 if record is not None and self.arm.record == "guide" else 0.0)
+            extra["rollout_tokens"] = float(entry["tokens"])
+            extra["rollout_tokens_per_s"] = entry["tokens"] / max(entry["seconds"], 1e-9)
+            resp["extra_logs"] = extra
+            resp["mm_train_inputs"] = {RECORD_KEY: ray.put(record)} if record is not None else None
+        return responses
+
+    # ------------------------------------------------------------------ weight sync
+    def init_process_group(self, master_address, master_port, rank_offset, world_size, group_name,
+                           backend="nccl", use_ray=False):
+        """Join the weight-sync group of trainer rank 0 (rank 0) and the engines."""
+        if use_ray:
+            import ray.util.collective as collective
+            collective.init_collective_group(world_size=world_size, rank=rank_offset, backend=backend,
+                                             group_name=group_name)
+            self._group = ("ray", group_name)
+            return
+        # the same classes the trainer side uses (vLLM's, or the stand-ins without vLLM)
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+        pg = StatelessProcessGroup.create(host=master_address, port=master_port, rank=rank_offset,
+                                          world_size=world_size)
+        dev = self.device.index if self.device.type == "cuda" else self.device
+        self._group = ("pg", PyNcclCommunicator(pg, device=dev if dev is not None else 0))
+
+    def _receive(self, name, tensor, empty_cache):
+        self._pending[name] = tensor
+        if empty_cache:
+            self._requantize()
+
+    def update_weight(self, name, dtype, shape, empty_cache=False):
+        buf = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+        kind, group = self._group
+        if kind == "ray":
+            import ray.util.collective as collective
+            collective.broadcast(buf, 0, group_name=group)
+        else:
+            group.broadcast(buf, src=0)
+        self._receive(name, buf, empty_cache)
+
+    def update_weight_cuda_ipc(self, name, dtype, shape, ipc_handles, empty_cache=False):
+        from openrlhf.trainer.ray.utils import get_physical_gpu_id
+        func, args = ipc_handles[get_physical_gpu_id()]
+        args = list(args)
+        args[6] = torch.cuda.current_device()  # rebuild on this process's device
+        self._receive(name, func(*args).clone(), empty_cache)
+
+    def _requantize(self):
+        """All parameters of this sync received: load them (BF16, as broadcast) and re-quantize once."""
+        t0 = time.perf_counter()
+        sd = dict(self._pending)
+        if "lm_head.weight" not in sd and self._tied:
+            sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+        self.engine.sync_weights(sd)
+        self.engine.weights.inv_freq = self._inv_freq
+        self._pending = {}
+        self.syncs += 1
+        self.last_sync = {"params": len(sd), "seconds": time.perf_counter() - t0}
+
+    def sync_info(self) -> dict:
+        return {"syncs": self.syncs, **self.last_sync}
+
+    def fp4_weights(self) -> dict:
+        """HF name -> FP4 codes of the engine's current weights (tests compare them with the trainer's)."""
+        return {k: v.codes.cpu() for k, v in self.engine.weights.fp4.items()}
+
+    # features OpenRLHF calls only with options we do not pass (sleep, prefix caching, async partial rollout)
+    def reset_prefix_cache(self):
+        return None
+
+
+def create_engines(num_engines: int, tensor_parallel_size: int, pretrain: str, seed: int, *args,
+                   agent_func_path=None, remote_rm_url=None, cfg: dict | None = None, num_gpus: float | None = None,
+                   **kwargs):
+    """Drop-in for `openrlhf.trainer.ray.create_vllm_engines` (same positional arguments)."""
+    import ray
+    if tensor_parallel_size != 1:
+        raise ValueError("the TRACE engine runs one engine per GPU (--vllm.tensor_parallel_size 1)")
+    if cfg is None:
+        from trace.integrations.openrlhf.plugin import run_config
+        cfg = run_config()
+    if num_gpus is None:
+        num_gpus = 0.2 if torch.cuda.is_available() else 0
+    actor = ray.remote(TraceRolloutEngine)
+    return [actor.options(num_cpus=0, num_gpus=num_gpus).remote(
+        str(Path(pretrain)), cfg, seed=seed + i, agent_func_path=agent_func_path, remote_rm_url=remote_rm_url)
+        for i in range(num_engines)]
+
+
+__all__ = ["LOG_KEYS", "RECORD_KEY", "TraceRolloutEngine", "create_engines", "recorder_for"]
