@@ -33,7 +33,7 @@ plugin.setup()  # stand-ins (and the CPU shim) before OpenRLHF's modules import 
 import openrlhf.trainer.ray.ppo_actor as _pa  # noqa: E402
 
 from trace import config as C  # noqa: E402
-from trace.integrations.openrlhf.records import batch_records  # noqa: E402
+from trace.integrations.openrlhf.records import batch_records, coverage  # noqa: E402
 from trace.integrations.openrlhf.rollout import RECORD_KEY  # noqa: E402
 from trace.qat import patch_model, replay  # noqa: E402
 from trace.rl.losses import mismatch_metrics  # noqa: E402
@@ -88,8 +88,11 @@ class TraceReplay:
         dev = attention_mask.device
         rec = batch_records(recs, dev)
         seq = torch.arange(attention_mask.shape[0], device=dev)
+        pos = positions(attention_mask)
+        cov = torch.tensor([coverage(r) for r in recs], device=dev)
+        pos = pos.masked_fill(pos >= cov[:, None], -1)  # tokens after the record (final env feedback): RTN
         guide = self.arm.record == "guide"
-        return replay(model, rec, seq, positions(attention_mask), guide=guide, routing=guide and self.arm.routing,
+        return replay(model, rec, seq, pos, guide=guide, routing=guide and self.arm.routing,
                       align=guide and self.arm.align, full_codes=guide and self.arm.full_codes)
 
     def step_info(self, log_probs, rollout_log_probs, action_mask, stats) -> dict:

@@ -88,6 +88,14 @@ def batch_records(recs: list[GuidanceRecord], device=None) -> GuidanceRecord:
     return to_device(out, device) if device is not None else out
 
 
+def coverage(rec: GuidanceRecord) -> int:
+    """Positions 0..coverage-1 of a one-sample record are recorded. A multi-turn sample's final
+    environment feedback follows its last action and is never fed to the engine; the trainer
+    forwards it, but causally it cannot change any trained log-prob, so it is left unguided."""
+    keys = [s.keys for s in rec.sites.values()] + [k for k, _ in rec.routing.values()]
+    return max((int((k & _POS_MASK).max()) + 1 for k in keys if k.numel()), default=0)
+
+
 def to_device(rec: GuidanceRecord, device) -> GuidanceRecord:
     """Keys and rows on `device`, so lookups with positions on that device stay there."""
     dev = torch.device(device)
@@ -99,4 +107,4 @@ def to_device(rec: GuidanceRecord, device) -> GuidanceRecord:
     return out
 
 
-__all__ = ["batch_records", "merge_turns", "to_device"]
+__all__ = ["batch_records", "coverage", "merge_turns", "to_device"]

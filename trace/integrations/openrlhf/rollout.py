@@ -114,8 +114,10 @@ class TraceRolloutEngine:
             raise NotImplementedError("the TRACE engine is text-only")
         sp = sampling_params
         ids = [int(t) for t in prompt_token_ids]
-        max_new = int(sp.max_tokens) if sp.max_tokens else max(1, self.engine.max_seq_len - len(ids))
-        max_new = min(max_new, self.engine.max_seq_len - len(ids))
+        # per call (= per turn) at most rl.max_new_tokens, as the embedded trainer; OpenRLHF's
+        # multi-turn executor passes the whole remaining context budget as max_tokens
+        max_new = min(int(sp.max_tokens or self.rl["max_new_tokens"]), self.rl["max_new_tokens"],
+                      self.engine.max_seq_len - len(ids))
         stop_ids = {int(self.tok.eos_token_id)} | {int(t) for t in (getattr(sp, "stop_token_ids", None) or [])}
         rec = recorder_for(self.arm, self.num_layers, self.rl["rho"], self.rl["diag_flips"])
         self._calls += 1
@@ -167,7 +169,12 @@ class TraceRolloutEngine:
             extra["rollout_tokens"] = float(entry["tokens"])
             extra["rollout_tokens_per_s"] = entry["tokens"] / max(entry["seconds"], 1e-9)
             resp["extra_logs"] = extra
-            resp["mm_train_inputs"] = {RECORD_KEY: ray.put(record)} if record is not None else None
+            if record is not None:
+                # a handle in the object store, fetched by the trainer per micro-batch; in-process
+                # use (no Ray) keeps the object itself
+                resp["mm_train_inputs"] = {RECORD_KEY: ray.put(record) if ray.is_initialized() else record}
+            else:
+                resp["mm_train_inputs"] = None
         return responses
 
     # ------------------------------------------------------------------ weight sync

@@ -1,0 +1,113 @@
+"""Our reward function and multi-turn environment, run by OpenRLHF's own executors.
+
+Single turn: `SingleTurnAgentExecutor` loads trace/integrations/openrlhf/reward.py by path (as
+`--reward.remote_url` does) and drives our engine (`TraceRolloutEngine.generate_responses`, in
+process); each response's reward is the task verifier's score of its text, and it carries its
+guidance record covering every token. Multi turn: agent.py's `AgentExecutor` plays the number
+guessing game, first against a scripted engine replaying the gold (binary search) policy, then
+against our engine with per-turn records merged into one per sample.
+"""
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from trace import config as C
+from trace.integrations.openrlhf import stand_ins
+from trace.integrations.openrlhf.launch import AGENT_FILE, REWARD_FILE
+from trace.integrations.openrlhf.rollout import RECORD_KEY, TraceRolloutEngine
+from trace.models import build_model, build_tokenizer, save_checkpoint
+from trace.tasks import get_task
+from trace.tasks.long_horizon import binary_search_policy
+
+stand_ins.install()
+from vllm import SamplingParams  # noqa: E402  (the stand-in without vLLM)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("model")
+    save_checkpoint(build_model("qwen3_moe-tiny", seed=0), build_tokenizer(), d)
+    return str(d)
+
+
+def _cfg(task, method="trace"):
+    return C.load_config(None, ["model=qwen3_moe-tiny", f"task.name={task}", f"rl.method={method}",
+                                "rl.max_new_tokens=6"])
+
+
+def test_single_turn_reward_and_records(model_dir):
+    cfg = _cfg("reasoning")
+    eng = TraceRolloutEngine(model_dir, cfg, seed=1, remote_rm_url=[str(REWARD_FILE)])
+    task = get_task("reasoning", difficulty="easy")
+    ex = task.make_split("train", 2, 0)[0]
+    sp = SamplingParams(max_tokens=6, logprobs=1)
+    out = asyncio.run(eng.generate_responses(ex.prompt, ex.label, sp, 64, eng.tok, num_samples=3))
+    assert len(out) == 3
+    for r in out:
+        (start, end), = r["action_ranges"]
+        text = eng.tok.decode(r["observation_tokens"][start:end])
+        assert r["reward"] == pytest.approx(task.score(ex, text))
+        assert len(r["rollout_log_probs"]) == end
+        rec = r["mm_train_inputs"][RECORD_KEY]
+        # guided layers (rho 0.5 of 4) record every position the trainer will see
+        assert rec.layers == [2, 3]
+        assert rec.sites[(3, "attn_in")].keys.tolist() == list(range(end))
+    # the gold answer is rewarded 1 through the same file
+    good = task.sft_target(ex)
+    assert eng.executor.reward_func([ex.prompt + good], [ex.prompt], [ex.label])["rewards"].item() == 1.0
+
+
+class _Scripted:
+    """An llm_engine whose 'generation' is the gold policy's next action (vLLM-shaped output)."""
+
+    def __init__(self, tok, example):
+        self.tok, self.policy, self.prompt_len = tok, binary_search_policy(example), None
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        context = self.tok.decode(prompt_token_ids)
+        action = self.policy(context)
+        ids = self.tok(action, add_special_tokens=False)["input_ids"]
+        lps = [{t: SimpleNamespace(logprob=-0.5)} for t in ids]
+        return SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, text=action, finish_reason="stop",
+                                                        logprobs=lps)])
+
+
+def _load_agent():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("agent_under_test", AGENT_FILE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.AgentExecutor()
+
+
+def test_multi_turn_agent_gold_policy():
+    task = get_task("long_horizon", difficulty="easy")
+    tok = build_tokenizer()
+    agent = _load_agent()
+    for ex in task.make_split("train", 3, 0):
+        r = asyncio.run(agent.execute(ex.prompt, ex.label, SamplingParams(max_tokens=None, logprobs=1), 256, tok,
+                                      _Scripted(tok, ex)))
+        transcript = tok.decode(r["observation_tokens"])[len(ex.prompt):]
+        assert r["reward"] == 1.0 and task.score(ex, transcript) == 1.0
+        assert len(r["action_ranges"]) >= 1 and len(r["rollout_log_probs"]) == len(r["observation_tokens"])
+
+
+def test_multi_turn_engine_records(model_dir):
+    cfg = _cfg("long_horizon")
+    eng = TraceRolloutEngine(model_dir, cfg, seed=2, agent_func_path=str(AGENT_FILE))
+    task = get_task("long_horizon", difficulty="easy")
+    ex = task.make_split("train", 1, 0)[0]
+    out = asyncio.run(eng.generate_responses(ex.prompt, ex.label, SamplingParams(max_tokens=None, logprobs=1),
+                                             160, eng.tok, num_samples=2))
+    for r in out:
+        transcript = eng.tok.decode(r["observation_tokens"])[len(ex.prompt):]
+        assert r["reward"] == pytest.approx(task.score(ex, transcript))
+        rec = r["mm_train_inputs"][RECORD_KEY]
+        n = len(r["observation_tokens"])
+        keys = rec.sites[(3, "attn_in")].keys
+        # every token the trainer forwards is in the merged record, once (the last env feedback
+        # is never fed to the engine: it follows the last action and is not trained on)
+        last_action_end = r["action_ranges"][-1][1]
+        assert keys.tolist()[:last_action_end] == list(range(last_action_end)) and len(keys) <= n
+        assert bool((keys[1:] > keys[:-1]).all())
