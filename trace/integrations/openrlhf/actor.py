@@ -26,9 +26,9 @@ import time
 
 import torch
 
-from trace.integrations.openrlhf import plugin
+from trace.integrations.openrlhf import plugin, stand_ins
 
-plugin.setup()  # stand-ins (and the CPU shim) before OpenRLHF's modules import vLLM / flash-attn names
+stand_ins.install()  # before OpenRLHF's modules import vLLM / flash-attn names (the CPU shim: plugin.setup)
 
 import openrlhf.trainer.ray.ppo_actor as _pa  # noqa: E402
 

@@ -72,7 +72,8 @@ def ppo_flags(cfg: dict, *, model_path: str, prompts: str, out: str, reward_file
     if samples % n_actor:
         raise UnsupportedConfig(f"prompts_per_step * group_size = {samples} must be divisible by the "
                                 f"{n_actor} actor ranks")
-    max_len = (max_prompt_len or 256) + rl["max_new_tokens"] * max(1, rl.get("max_turns", 1))
+    turns = rl["max_turns"] if agent_file is not None else 1
+    max_len = (max_prompt_len or 256) + rl["max_new_tokens"] * turns
     argv = [
         "--actor.model_name_or_path", model_path,
         "--actor.num_nodes", "1", "--actor.num_gpus_per_node", str(n_actor),

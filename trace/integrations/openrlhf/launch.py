@@ -7,9 +7,9 @@ What it does (stage rl, the default):
    policy actor's rank 0), ckpt/step_XXXXXX (HF checkpoint) + ckpt/latest, and `done` at the end;
 2. the policy: `rl.init_ckpt` when set, the hub id of a paper-flavor model, else the registry model
    built with the run's seed and saved to RUN_DIR/init_model;
-3. the prompts: `--tasks-from PROFILE.yaml` takes the task's JSONL (train_jsonl, prompt_key,
-   label_key) from a profile such as experiments/profiles/paper.yaml; without it, the synthetic
-   task's prompts, drawn per step like the embedded trainer, go to RUN_DIR/data/train.jsonl;
+3. the prompts: a config whose `task` carries `train_jsonl` (+ `prompt_key`, `label_key`; what the
+   paper profile's DAG writes) trains on that file; otherwise the synthetic task's prompts, drawn per
+   step like the embedded trainer, go to RUN_DIR/data/train.jsonl;
 4. builds the `train_ppo_ray` argv (flags.py; saved in RUN_DIR/openrlhf_argv.json), starts Ray with a
    runtime env whose `worker_process_setup_hook` loads the plugin in every process (plugin.py), puts
    our engine actors (rollout.py) in place of `create_vllm_engines` and our policy actor (actor.py) in
@@ -34,22 +34,35 @@ from pathlib import Path
 import torch
 import yaml
 
-from trace import config as C
-from trace.integrations.openrlhf import flags as F
-from trace.integrations.openrlhf import plugin
+from trace.integrations.openrlhf import stand_ins
+
+stand_ins.install()  # before OpenRLHF's modules import vLLM / flash-attn names
+
+import openrlhf.trainer.ray as orl_ray  # noqa: E402
+import openrlhf.trainer.ray.ppo_actor as orl_actor  # noqa: E402
+import openrlhf.utils.config as orl_config  # noqa: E402
+import ray  # noqa: E402
+
+from trace import config as C  # noqa: E402
+from trace.integrations.openrlhf import flags as F  # noqa: E402
+from trace.integrations.openrlhf import plugin  # noqa: E402
+from trace.integrations.openrlhf.actor import TracePolicyActor  # noqa: E402
+from trace.integrations.openrlhf.rollout import create_engines  # noqa: E402
+from trace.models import build_model, build_tokenizer, get_spec, save_checkpoint  # noqa: E402
+from trace.sft import build_task  # noqa: E402
 
 PKG_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PKG_DIR.parents[2]
 REWARD_FILE = PKG_DIR / "reward.py"
 AGENT_FILE = PKG_DIR / "agent.py"
 MULTI_TURN_TASKS = ("long_horizon",)
+JSONL_KEYS = ("train_jsonl", "test_jsonl", "prompt_key", "label_key")
 
 
 def prepare_model(cfg: dict, out: Path) -> str:
     """Path (or hub id) of the initial policy, loadable by AutoModelForCausalLM / AutoTokenizer."""
     if cfg["rl"]["init_ckpt"]:
         return str(C.resolve_checkpoint(cfg["rl"]["init_ckpt"]).resolve())
-    from trace.models import build_model, build_tokenizer, get_spec, save_checkpoint
     spec = get_spec(cfg["model"])
     if spec.hub_id:
         return spec.hub_id
@@ -61,7 +74,6 @@ def prepare_model(cfg: dict, out: Path) -> str:
 
 def synthetic_prompts(cfg: dict) -> list[dict]:
     """Prompts of every step, drawn like `RLTrainer._prompts_for` (OpenRLHF then shuffles them)."""
-    from trace.sft import build_task
     rl, t = cfg["rl"], cfg["task"]
     task = build_task(cfg)
     train = task.make_split("train", t["n_train"], t["seed"])
@@ -73,14 +85,19 @@ def synthetic_prompts(cfg: dict) -> list[dict]:
     return rows
 
 
-def prepare_prompts(cfg: dict, out: Path, tasks_from: str | None) -> tuple[str, str, str, int | None]:
+def load_run_config(path: str, sets: list[str]) -> tuple[dict, dict]:
+    """Our run config plus the JSONL data keys a profile may put under `task` (the paper profile:
+    train_jsonl, test_jsonl, prompt_key, label_key), which the trainers' schema does not have."""
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    task = raw.get("task") or {}
+    data = {k: task.pop(k) for k in JSONL_KEYS if k in task}
+    return C.load_config(None, sets, base=raw), data
+
+
+def prepare_prompts(cfg: dict, out: Path, data: dict) -> tuple[str, str, str, int | None]:
     """(jsonl path, input key, label key, longest prompt in characters or None when unknown)."""
-    if tasks_from:
-        prof = yaml.safe_load(Path(tasks_from).read_text())
-        spec = (prof.get("tasks") or {}).get(cfg["task"]["name"])
-        if not spec or "train_jsonl" not in spec:
-            raise SystemExit(f"{tasks_from}: no tasks.{cfg['task']['name']}.train_jsonl")
-        return spec["train_jsonl"], spec.get("prompt_key", "prompt"), spec.get("label_key", "label"), None
+    if data.get("train_jsonl"):
+        return data["train_jsonl"], data.get("prompt_key", "prompt"), data.get("label_key", "label"), None
     rows = synthetic_prompts(cfg)
     path = out / "data" / "train.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,8 +105,8 @@ def prepare_prompts(cfg: dict, out: Path, tasks_from: str | None) -> tuple[str, 
     return str(path.resolve()), "input", "label", max(len(r["input"]) for r in rows)
 
 
-def build_argv(cfg: dict, out: Path, model_path: str, tasks_from: str | None, gpus: int) -> list[str]:
-    prompts, input_key, label_key, longest = prepare_prompts(cfg, out, tasks_from)
+def build_argv(cfg: dict, out: Path, model_path: str, data: dict, gpus: int) -> list[str]:
+    prompts, input_key, label_key, longest = prepare_prompts(cfg, out, data)
     multi = cfg["task"]["name"] in MULTI_TURN_TASKS
     return F.ppo_flags(cfg, model_path=model_path, prompts=prompts, out=str(out.resolve()),
                        reward_file=None if multi else str(REWARD_FILE),
@@ -99,10 +116,6 @@ def build_argv(cfg: dict, out: Path, model_path: str, tasks_from: str | None, gp
 
 def parse_with_openrlhf(argv: list[str]):
     """Run OpenRLHF's own parser and validation on argv; returns its hierarchical args (no training)."""
-    plugin.setup()
-    import openrlhf.utils.config as orl_config
-    import ray
-
     seen = {}
     real = orl_config.hierarchize
 
@@ -133,13 +146,6 @@ def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int) -> None:
     """Start Ray with the plugin in every process and run OpenRLHF's train_ppo_ray main here."""
     os.environ[plugin.RUN_DIR_ENV] = str(out.resolve())
     plugin.setup()
-    import openrlhf.trainer.ray as orl_ray
-    import openrlhf.trainer.ray.ppo_actor as orl_actor
-    import ray
-
-    from trace.integrations.openrlhf.actor import TracePolicyActor
-    from trace.integrations.openrlhf.rollout import create_engines
-
     pypath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env_vars = {plugin.RUN_DIR_ENV: str(out.resolve()), "PYTHONPATH": pypath, "TOKENIZERS_PARALLELISM": "false"}
     if gpus == 0:
@@ -185,21 +191,20 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="run directory (rl, sft) or eval JSON (eval)")
     p.add_argument("--stage", choices=["rl", "sft", "eval"], default="rl")
     p.add_argument("--ckpt", help="checkpoint to evaluate (stage eval)")
-    p.add_argument("--tasks-from", help="profile YAML whose tasks.<name>.train_jsonl holds the prompts")
     p.add_argument("--gpus", type=int, default=None, help="GPUs for the actor (default: all visible; 0 = CPU)")
     p.add_argument("--dry-run", action="store_true", help="write config + argv, check with OpenRLHF's parser")
     a = p.parse_args(argv)
     if a.stage != "rl":
         return _delegate(a.stage, a)
     try:
-        cfg = C.load_config(a.config, a.set)
+        cfg, data = load_run_config(a.config, a.set)
     except C.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     gpus = torch.cuda.device_count() if a.gpus is None else a.gpus
     out = Path(a.out)
     C.prepare_run_dir(out, cfg, kind="rl-openrlhf")
-    argv_orl = build_argv(cfg, out, prepare_model(cfg, out), a.tasks_from, gpus)
+    argv_orl = build_argv(cfg, out, prepare_model(cfg, out), data, gpus)
     (out / "openrlhf_argv.json").write_text(json.dumps([F.MODULE, *argv_orl], indent=1) + "\n")
     print("[openrlhf] python -m " + " ".join([F.MODULE, *argv_orl]), flush=True)
     if a.dry_run:

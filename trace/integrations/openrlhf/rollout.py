@@ -36,8 +36,24 @@ from types import SimpleNamespace
 import torch
 
 from trace.integrations.openrlhf import stand_ins
-from trace.integrations.openrlhf.records import merge_turns
-from trace.rl.trainer import ARMS
+
+stand_ins.install()  # before OpenRLHF's modules import vLLM / flash-attn names
+# (the weight-sync group classes below are vLLM's where it is installed, else the stand-ins)
+
+import ray  # noqa: E402
+import ray.util.collective as collective  # noqa: E402
+from openrlhf.trainer.ray.utils import get_physical_gpu_id  # noqa: E402
+from openrlhf.utils.agent import AgentExecutorBase, SingleTurnAgentExecutor  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator  # noqa: E402
+from vllm.distributed.utils import StatelessProcessGroup  # noqa: E402
+
+from trace.guidance import Recorder, guided_layer_indices  # noqa: E402
+from trace.integrations.openrlhf.plugin import run_config  # noqa: E402
+from trace.integrations.openrlhf.records import merge_turns  # noqa: E402
+from trace.rl.trainer import ARMS  # noqa: E402
+from trace.rollout import RolloutEngine  # noqa: E402
+from trace.sft import build_task  # noqa: E402
 
 RECORD_KEY = "trace_record"
 _SLOT: contextvars.ContextVar = contextvars.ContextVar("trace_sample_slot", default=None)
@@ -47,8 +63,6 @@ LOG_KEYS = ("guidance_bytes_per_token", "rollout_tokens_per_s", "rollout_tokens"
 
 def recorder_for(arm, num_layers: int, rho: float, diag_flips: bool = True):
     """The Recorder of one sample for an arm (same choice as the embedded trainer)."""
-    from trace.guidance.record import Recorder
-    from trace.qat import guided_layer_indices
     if arm.record == "guide":
         return Recorder(layers=guided_layer_indices(num_layers, rho), full_codes=arm.full_codes)
     if arm.record == "diag" and diag_flips:
@@ -57,7 +71,6 @@ def recorder_for(arm, num_layers: int, rho: float, diag_flips: bool = True):
 
 
 def _load_agent(path: str):
-    from openrlhf.utils.agent import AgentExecutorBase
     spec = importlib.util.spec_from_file_location("trace_agent_module", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -71,11 +84,6 @@ class TraceRolloutEngine:
 
     def __init__(self, model_path: str, cfg: dict, *, seed: int = 0, agent_func_path: str | None = None,
                  remote_rm_url=None, device: str | None = None, stop_strings=None, **_ignored):
-        stand_ins.install()
-        from openrlhf.utils.agent import SingleTurnAgentExecutor
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from trace.rollout import RolloutEngine
         self.cfg, self.rl = cfg, cfg["rl"]
         self.arm = ARMS[self.rl["method"]]
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -90,7 +98,6 @@ class TraceRolloutEngine:
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
         del model
         if stop_strings is None:
-            from trace.sft import build_task
             stop_strings = (build_task(cfg).stop,)
         self.stop_strings = tuple(stop_strings)
         self.executor = (_load_agent(agent_func_path) if agent_func_path
@@ -144,7 +151,6 @@ class TraceRolloutEngine:
     async def generate_responses(self, prompt: str, label: str, sampling_params, max_length: int, hf_tokenizer,
                                  num_samples: int = 1, images=None):
         """N samples of one prompt through OpenRLHF's executor; each response carries its record handle."""
-        import ray
         tasks, slots = [], []
         for _ in range(num_samples):
             slot = self._next_slot
@@ -182,14 +188,10 @@ class TraceRolloutEngine:
                            backend="nccl", use_ray=False):
         """Join the weight-sync group of trainer rank 0 (rank 0) and the engines."""
         if use_ray:
-            import ray.util.collective as collective
             collective.init_collective_group(world_size=world_size, rank=rank_offset, backend=backend,
                                              group_name=group_name)
             self._group = ("ray", group_name)
             return
-        # the same classes the trainer side uses (vLLM's, or the stand-ins without vLLM)
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        from vllm.distributed.utils import StatelessProcessGroup
         pg = StatelessProcessGroup.create(host=master_address, port=master_port, rank=rank_offset,
                                           world_size=world_size)
         dev = self.device.index if self.device.type == "cuda" else self.device
@@ -204,14 +206,12 @@ class TraceRolloutEngine:
         buf = torch.empty(tuple(shape), dtype=dtype, device=self.device)
         kind, group = self._group
         if kind == "ray":
-            import ray.util.collective as collective
             collective.broadcast(buf, 0, group_name=group)
         else:
             group.broadcast(buf, src=0)
         self._receive(name, buf, empty_cache)
 
     def update_weight_cuda_ipc(self, name, dtype, shape, ipc_handles, empty_cache=False):
-        from openrlhf.trainer.ray.utils import get_physical_gpu_id
         func, args = ipc_handles[get_physical_gpu_id()]
         args = list(args)
         args[6] = torch.cuda.current_device()  # rebuild on this process's device
@@ -245,11 +245,9 @@ def create_engines(num_engines: int, tensor_parallel_size: int, pretrain: str, s
                    agent_func_path=None, remote_rm_url=None, cfg: dict | None = None, num_gpus: float | None = None,
                    **kwargs):
     """Drop-in for `openrlhf.trainer.ray.create_vllm_engines` (same positional arguments)."""
-    import ray
     if tensor_parallel_size != 1:
         raise ValueError("the TRACE engine runs one engine per GPU (--vllm.tensor_parallel_size 1)")
     if cfg is None:
-        from trace.integrations.openrlhf.plugin import run_config
         cfg = run_config()
     if num_gpus is None:
         num_gpus = 0.2 if torch.cuda.is_available() else 0
