@@ -46,3 +46,11 @@ def test_icepop_kl_and_agent():
 def test_rollout_ratio_refused():
     with pytest.raises(UnsupportedConfig, match="ppo_ratio"):
         ppo_flags(_cfg("rl.ppo_ratio=rollout"), model_path="m", prompts="p", out="o", reward_file="r.py")
+
+
+def test_vllm_engine_only_for_bf16(tmp_path):
+    from trace.integrations.openrlhf.launch import main
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: qwen3_moe-tiny\nrl: {method: trace}\n")
+    assert main(["--config", str(cfg), "--out", str(tmp_path / "o"), "--engine", "vllm", "--gpus", "8"]) == 2
+    assert not (tmp_path / "o").exists()

@@ -142,8 +142,9 @@ def parse_with_openrlhf(argv: list[str]):
     return seen["args"]
 
 
-def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int) -> None:
-    """Start Ray with the plugin in every process and run OpenRLHF's train_ppo_ray main here."""
+def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int, engine: str = "trace") -> None:
+    """Start Ray with the plugin in every process and run OpenRLHF's train_ppo_ray main here.
+    engine "vllm" keeps OpenRLHF's vLLM engines (only our policy actor replaces OpenRLHF's)."""
     os.environ[plugin.RUN_DIR_ENV] = str(out.resolve())
     plugin.setup()
     pypath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
@@ -155,7 +156,8 @@ def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int) -> None:
     ray.init(runtime_env={"env_vars": env_vars, "worker_process_setup_hook": f"{plugin.__name__}.setup"},
              include_dashboard=False, **logical)
     old = (orl_ray.create_vllm_engines, orl_actor.PolicyModelActor, sys.argv)
-    orl_ray.create_vllm_engines = partial(create_engines, cfg=cfg, num_gpus=0.2 if gpus > 0 else 0)
+    if engine == "trace":
+        orl_ray.create_vllm_engines = partial(create_engines, cfg=cfg, num_gpus=0.2 if gpus > 0 else 0)
     orl_actor.PolicyModelActor = ray.remote(num_gpus=1)(TracePolicyActor)
     sys.argv = [F.MODULE, *argv]
     try:
@@ -193,6 +195,8 @@ def main(argv=None) -> int:
     p.add_argument("--ckpt", help="checkpoint to evaluate (stage eval)")
     p.add_argument("--gpus", type=int, default=None, help="GPUs for the actor (default: all visible; 0 = CPU)")
     p.add_argument("--dry-run", action="store_true", help="write config + argv, check with OpenRLHF's parser")
+    p.add_argument("--engine", choices=["trace", "vllm"], default="trace",
+                   help="rollout engines: ours (every arm) or OpenRLHF's vLLM engines (bf16 arm only; needs vLLM)")
     a = p.parse_args(argv)
     if a.stage != "rl":
         return _delegate(a.stage, a)
@@ -202,6 +206,11 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     gpus = torch.cuda.device_count() if a.gpus is None else a.gpus
+    if a.engine == "vllm" and (cfg["rl"]["method"] != "bf16" or stand_ins.is_stand_in("vllm") or gpus == 0):
+        # vLLM serves BF16 weights and records nothing: the FP4 arms' rollouts and TRACE's records
+        # need our engine (docs/openrlhf.md, "vLLM instead of our engine")
+        print("error: --engine vllm runs the bf16 arm on GPUs with vLLM installed", file=sys.stderr)
+        return 2
     out = Path(a.out)
     C.prepare_run_dir(out, cfg, kind="rl-openrlhf")
     argv_orl = build_argv(cfg, out, prepare_model(cfg, out), data, gpus)
@@ -210,7 +219,7 @@ def main(argv=None) -> int:
     if a.dry_run:
         parse_with_openrlhf(argv_orl)
         return 0
-    run_openrlhf(cfg, argv_orl, out, gpus)
+    run_openrlhf(cfg, argv_orl, out, gpus, a.engine)
     finish(cfg, out)
     return 0
 

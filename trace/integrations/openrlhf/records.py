@@ -45,14 +45,9 @@ def _site_cat(parts: list[SiteRows], keys: list[torch.Tensor], first_wins: bool)
                     codes[order] if codes is not None else None, parts[0].fmt)
 
 
-def _resolve_aliases(rec: GuidanceRecord) -> GuidanceRecord:
-    if rec.aliases:
-        raise ValueError("per-sample records carry no aliases (the engine records one sample per call)")
-    return rec
-
-
 def _combine(recs: list[GuidanceRecord], seqs: list[int] | None, first_wins: bool) -> GuidanceRecord:
-    recs = [_resolve_aliases(r) for r in recs]
+    if any(r.aliases for r in recs):
+        raise ValueError("per-sample records carry no aliases (the engine records one sample per call)")
     out = GuidanceRecord(full_codes=all(r.full_codes for r in recs))
     sites = sorted({key for r in recs for key in r.sites})
     for key in sites:

@@ -57,8 +57,6 @@ from trace.sft import build_task  # noqa: E402
 
 RECORD_KEY = "trace_record"
 _SLOT: contextvars.ContextVar = contextvars.ContextVar("trace_sample_slot", default=None)
-# extra_logs keys this actor adds to every response (OpenRLHF stacks them; the set must be fixed)
-LOG_KEYS = ("guidance_bytes_per_token", "rollout_tokens_per_s", "rollout_tokens")
 
 
 def recorder_for(arm, num_layers: int, rho: float, diag_flips: bool = True):
@@ -169,6 +167,7 @@ class TraceRolloutEngine:
             recs = [r for r in entry["records"] if r is not None]
             record = merge_turns(recs) if recs else None
             n_tok = len(resp["observation_tokens"])
+            # the same keys on every response: OpenRLHF stacks extra_logs across samples
             extra = dict(resp.get("extra_logs") or {})
             extra["guidance_bytes_per_token"] = (record.total_bytes() / max(n_tok, 1)
                                                  if record is not None and self.arm.record == "guide" else 0.0)
@@ -257,4 +256,4 @@ def create_engines(num_engines: int, tensor_parallel_size: int, pretrain: str, s
         for i in range(num_engines)]
 
 
-__all__ = ["LOG_KEYS", "RECORD_KEY", "TraceRolloutEngine", "create_engines", "recorder_for"]
+__all__ = ["RECORD_KEY", "TraceRolloutEngine", "create_engines", "recorder_for"]
