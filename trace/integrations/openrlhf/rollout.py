@@ -84,7 +84,9 @@ class TraceRolloutEngine:
                  remote_rm_url=None, device: str | None = None, stop_strings=None, **_ignored):
         self.cfg, self.rl = cfg, cfg["rl"]
         self.arm = ARMS[self.rl["method"]]
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
         # the trainer holds and broadcasts BF16 weights and computes in BF16: the engine does the same
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16, local_files_only=True)
         self.tok = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
@@ -213,8 +215,10 @@ class TraceRolloutEngine:
     def update_weight_cuda_ipc(self, name, dtype, shape, ipc_handles, empty_cache=False):
         func, args = ipc_handles[get_physical_gpu_id()]
         args = list(args)
-        args[6] = torch.cuda.current_device()  # rebuild on this process's device
-        self._receive(name, func(*args).clone(), empty_cache)
+        args[6] = self.device.index  # rebuild on this process's device (CUDA_VISIBLE_DEVICES may differ)
+        weight = func(*args).clone()
+        torch.cuda.synchronize()
+        self._receive(name, weight, empty_cache)
 
     def _requantize(self):
         """All parameters of this sync received: load them (BF16, as broadcast) and re-quantize once."""
@@ -240,20 +244,32 @@ class TraceRolloutEngine:
         return None
 
 
-def create_engines(num_engines: int, tensor_parallel_size: int, pretrain: str, seed: int, *args,
+def create_engines(num_engines: int, tensor_parallel_size: int, pretrain: str, seed: int, full_determinism=False,
+                   enable_prefix_caching=False, enforce_eager=False, max_model_len=None, shared_pg=None, *args,
                    agent_func_path=None, remote_rm_url=None, cfg: dict | None = None, num_gpus: float | None = None,
                    **kwargs):
-    """Drop-in for `openrlhf.trainer.ray.create_vllm_engines` (same positional arguments)."""
+    """Drop-in for `openrlhf.trainer.ray.create_vllm_engines` (same positional arguments). With
+    `shared_pg` (colocated training) engine i takes bundle i of OpenRLHF's placement group, so it
+    shares the GPU of trainer rank i (the CUDA-IPC sync needs that)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     if tensor_parallel_size != 1:
         raise ValueError("the TRACE engine runs one engine per GPU (--vllm.tensor_parallel_size 1)")
+    if enable_prefix_caching:
+        raise ValueError("the TRACE engine has no prefix cache (drop --vllm.enable_prefix_caching)")
     if cfg is None:
         cfg = run_config()
     if num_gpus is None:
         num_gpus = 0.2 if torch.cuda.is_available() else 0
     actor = ray.remote(TraceRolloutEngine)
-    return [actor.options(num_cpus=0, num_gpus=num_gpus).remote(
-        str(Path(pretrain)), cfg, seed=seed + i, agent_func_path=agent_func_path, remote_rm_url=remote_rm_url)
-        for i in range(num_engines)]
+    engines = []
+    for i in range(num_engines):
+        opts = {"num_cpus": 0, "num_gpus": num_gpus}
+        if shared_pg is not None:
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=shared_pg, placement_group_capture_child_tasks=True, placement_group_bundle_index=i)
+        engines.append(actor.options(**opts).remote(str(Path(pretrain)), cfg, seed=seed + i,
+                                                    agent_func_path=agent_func_path, remote_rm_url=remote_rm_url))
+    return engines
 
 
 __all__ = ["RECORD_KEY", "TraceRolloutEngine", "create_engines", "recorder_for"]
