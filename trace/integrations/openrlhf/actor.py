@@ -16,7 +16,7 @@
   step to `$TRACE_RUN_DIR/metrics.jsonl` with the embedded trainer's metric names.
 On a machine without CUDA, DeepSpeed's optimizer is torch's AdamW (`torch_adam`), which avoids the
 JIT build of DeepSpeed's CPU fused Adam (about two minutes of g++ per fresh machine).
-Compared against: the embedded trainer `trace.rl.trainer.RLTrainer._step` (same arm table, same
+Compared against: the embedded trainer `trace.rl.trainer.RLTrainer` (same arm table, same
 replay call, same metrics; tests/integrations/openrlhf/test_equivalence.py).
 """
 from __future__ import annotations
@@ -32,14 +32,27 @@ stand_ins.install()  # before OpenRLHF's modules import vLLM / flash-attn names 
 
 import openrlhf.trainer.ray.ppo_actor as _pa  # noqa: E402
 
-from trace import config as C  # noqa: E402
+from trace import rundir  # noqa: E402
+from trace.arms import ARMS  # noqa: E402
 from trace.integrations.openrlhf.records import batch_records, coverage  # noqa: E402
 from trace.integrations.openrlhf.rollout import RECORD_KEY  # noqa: E402
 from trace.qat import patch_model, replay  # noqa: E402
-from trace.rl.losses import mismatch_metrics  # noqa: E402
-from trace.rl.trainer import ARMS  # noqa: E402
 
 LAYER_KEYS = ("code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate")
+
+
+def mismatch_metrics(lp_train: torch.Tensor, lp_roll: torch.Tensor, mask: torch.Tensor) -> dict:
+    """k1, k3, |dlp| mean/max, ratio outside [0.5, 2], chi2 over the tokens in mask: the definitions of
+    `trace.rl.losses.mismatch_metrics` (DESIGN.md §4; equal on the same inputs, tested), restated here
+    because integrations sit below the trainers in the layer order."""
+    m = mask.bool()
+    if not bool(m.any()):
+        return {}
+    dlp = (lp_train.double() - lp_roll.double())[m]
+    r = dlp.exp()
+    return {"k1": float((-dlp).mean()), "k3": float((r - 1 - dlp).mean()), "dlp_abs_mean": float(dlp.abs().mean()),
+            "dlp_abs_max": float(dlp.abs().max()), "ratio_out_frac": float(((r < 0.5) | (r > 2.0)).double().mean()),
+            "chi2": float(((r - 1) ** 2).mean())}
 
 
 def hf_model(actor):
@@ -198,7 +211,7 @@ class TracePolicyActor(_pa.PolicyModelActor.__ray_metadata__.modified_class):
         self._trace_log = None
         if torch.distributed.get_rank() == 0:
             # OpenRLHF has no resume of our metrics: a restarted launch starts the log afresh
-            self._trace_log = C.MetricsLog.open(plugin.run_dir(), upto_step=None)
+            self._trace_log = rundir.MetricsLog.open(plugin.run_dir(), upto_step=None)
 
     def forward(self, sequences, action_mask=None, attention_mask=None, packed_seq_lens=None,
                 mm_train_inputs_list=None):
@@ -224,5 +237,6 @@ class TracePolicyActor(_pa.PolicyModelActor.__ray_metadata__.modified_class):
         return status
 
 
-__all__ = ["TraceActorPPOTrainer", "TracePolicyActor", "TraceReplay", "hf_model", "metrics_line", "positions",
+__all__ = ["TraceActorPPOTrainer", "TracePolicyActor", "TraceReplay", "hf_model", "metrics_line", "mismatch_metrics",
+           "positions",
            "prepare_for_qat"]

@@ -3,7 +3,7 @@
     argv = ppo_flags(cfg, model_path="runs/x/init_model", prompts="runs/x/data/train.jsonl",
                      out="runs/x", reward_file=REWARD_FILE, agent_file=AGENT_FILE, gpus=0)
 
-The arm table (`trace.rl.trainer.ARMS`) decides what runs where; this module only translates the
+The arm table (`trace.arms.ARMS`) decides what runs where; this module only translates the
 shared RL hyper-parameters into OpenRLHF's names, so both trainers optimise the same objective:
 - estimator: rl.advantage (group_norm / reinforce_baseline / rloo) -> --algo.advantage.estimator,
   rl.group_size -> --rollout.n_samples_per_prompt;

@@ -44,12 +44,13 @@ import openrlhf.utils.config as orl_config  # noqa: E402
 import ray  # noqa: E402
 
 from trace import config as C  # noqa: E402
+from trace import rundir  # noqa: E402
+from trace.episode import build_task  # noqa: E402
 from trace.integrations.openrlhf import flags as F  # noqa: E402
 from trace.integrations.openrlhf import plugin  # noqa: E402
 from trace.integrations.openrlhf.actor import TracePolicyActor  # noqa: E402
 from trace.integrations.openrlhf.rollout import create_engines  # noqa: E402
 from trace.models import build_model, build_tokenizer, get_spec, save_checkpoint  # noqa: E402
-from trace.sft import build_task  # noqa: E402
 
 PKG_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PKG_DIR.parents[2]
@@ -62,7 +63,7 @@ JSONL_KEYS = ("train_jsonl", "test_jsonl", "prompt_key", "label_key")
 def prepare_model(cfg: dict, out: Path) -> str:
     """Path (or hub id) of the initial policy, loadable by AutoModelForCausalLM / AutoTokenizer."""
     if cfg["rl"]["init_ckpt"]:
-        return str(C.resolve_checkpoint(cfg["rl"]["init_ckpt"]).resolve())
+        return str(rundir.resolve_checkpoint(cfg["rl"]["init_ckpt"]).resolve())
     spec = get_spec(cfg["model"])
     if spec.hub_id:
         return spec.hub_id
@@ -170,10 +171,10 @@ def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int, engine: str =
 def finish(cfg: dict, out: Path) -> None:
     step_dir = out / "ckpt" / f"step_{cfg['rl']['steps']:06d}"
     if (step_dir / "config.json").exists():
-        C.commit_checkpoint(out, step_dir)
+        rundir.commit_checkpoint(out, step_dir)
     if not (out / "metrics.jsonl").exists():
         raise SystemExit(f"{out}: OpenRLHF finished but no metrics.jsonl was written")
-    C.mark_done(out, {"steps": cfg["rl"]["steps"], "framework": "openrlhf"})
+    rundir.mark_done(out, {"steps": cfg["rl"]["steps"], "framework": "openrlhf"})
 
 
 def _delegate(stage: str, a) -> int:
@@ -212,7 +213,7 @@ def main(argv=None) -> int:
         print("error: --engine vllm runs the bf16 arm on GPUs with vLLM installed", file=sys.stderr)
         return 2
     out = Path(a.out)
-    C.prepare_run_dir(out, cfg, kind="rl-openrlhf")
+    rundir.prepare_run_dir(out, cfg, kind="rl-openrlhf")
     argv_orl = build_argv(cfg, out, prepare_model(cfg, out), data, gpus)
     (out / "openrlhf_argv.json").write_text(json.dumps([F.MODULE, *argv_orl], indent=1) + "\n")
     print("[openrlhf] python -m " + " ".join([F.MODULE, *argv_orl]), flush=True)

@@ -48,12 +48,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator  # noqa: E402
 from vllm.distributed.utils import StatelessProcessGroup  # noqa: E402
 
+from trace.arms import ARMS  # noqa: E402
+from trace.episode import build_task  # noqa: E402
 from trace.guidance import Recorder, guided_layer_indices  # noqa: E402
 from trace.integrations.openrlhf.plugin import run_config  # noqa: E402
 from trace.integrations.openrlhf.records import merge_turns  # noqa: E402
-from trace.rl.trainer import ARMS  # noqa: E402
 from trace.rollout import RolloutEngine  # noqa: E402
-from trace.sft import build_task  # noqa: E402
 
 RECORD_KEY = "trace_record"
 _SLOT: contextvars.ContextVar = contextvars.ContextVar("trace_sample_slot", default=None)
