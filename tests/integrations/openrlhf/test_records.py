@@ -2,7 +2,7 @@
 import torch
 
 from trace.guidance.record import Recorder
-from trace.integrations.openrlhf.records import batch_records, merge_turns
+from trace.integrations.openrlhf.records import batch_records, merge_turns, split_record
 from trace.models import build_model
 from trace.qat import patch_model, recording
 
@@ -41,3 +41,22 @@ def test_batch_and_turns():
     for (layer, site), rows in merged.sites.items():
         assert rows.keys.tolist() == list(range(9))
         assert torch.equal(rows.mantissa[:6], turn1.sites[(layer, site)].mantissa)
+
+
+def test_split_record_materializes_aliases():
+    model = build_model("qwen3_moe-tiny", seed=0)
+    patch_model(model, "w4a4kv4")
+    a = torch.randint(5, 90, (1, 5))
+    full = _record(model, a, 0)
+    # a batch record where sample 1 shares sample 0's first 3 positions (alias) and owns 3..4
+    rec = Recorder(layers=None, full_codes=True)
+    with torch.no_grad(), recording(model, rec, torch.tensor([0]), torch.arange(5)[None]):
+        model(input_ids=a)
+    with torch.no_grad(), recording(model, rec, torch.tensor([1]), torch.arange(3, 5)[None]):
+        model(input_ids=a[:, 3:5])  # rows at positions 3, 4 (values differ; only the keys matter here)
+    rec.alias(1, 0, 3)
+    s0, s1 = split_record(rec.finish(), 2)
+    for key in full.sites:
+        assert torch.equal(s0.sites[key].keys, full.sites[key].keys)
+        assert s1.sites[key].keys.tolist() == list(range(5))
+        assert torch.equal(s1.sites[key].mantissa[:3], full.sites[key].mantissa[:3])

@@ -15,7 +15,7 @@
   and flip rates go into `experience.info`, which OpenRLHF logs, and rank 0 appends one line per
   step to `$TRACE_RUN_DIR/metrics.jsonl` with the embedded trainer's metric names.
 On a machine without CUDA, DeepSpeed's optimizer is torch's AdamW (`torch_adam`), which avoids the
-JIT build of DeepSpeed's CPU fused Adam (about two minutes of g++ per fresh machine).
+JIT build (g++, on first use on every fresh machine) of DeepSpeed's CPU fused Adam.
 Compared against: the embedded trainer `trace.rl.trainer.RLTrainer` (same arm table, same
 replay call, same metrics; tests/integrations/openrlhf/test_equivalence.py).
 """

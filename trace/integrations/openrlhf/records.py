@@ -1,10 +1,11 @@
 """Per-sample guidance records as they travel through OpenRLHF: merge turns, renumber, batch, move.
 
-The rollout actor records every sample on its own (one engine call per sample and turn, sequence
-id 0), so each sample's record stands alone in `Experience.mm_train_inputs` and survives
-OpenRLHF's concat / split / shuffle of experiences. The trainer rebuilds one record per
-micro-batch whose sequence ids are the batch rows:
+The rollout actor splits the record of each batched engine call per sample (sequence id 0), so
+each sample's record stands alone in `Experience.mm_train_inputs` and survives OpenRLHF's concat /
+split / shuffle of experiences. The trainer rebuilds one record per micro-batch whose sequence ids
+are the batch rows:
 
+    recs = split_record(rec, n)                        # one engine call for n samples -> n records
     rec = merge_turns([turn1, turn2])                 # one sample, several engine calls (multi-turn)
     batch_rec = batch_records([rec_a, rec_b], device)  # rows 0, 1 of the micro-batch
 
@@ -83,6 +84,32 @@ def batch_records(recs: list[GuidanceRecord], device=None) -> GuidanceRecord:
     return to_device(out, device) if device is not None else out
 
 
+def split_record(rec: GuidanceRecord, n: int) -> list[GuidanceRecord]:
+    """A record of samples 0..n-1 from one engine call -> one record per sample (sequence id 0),
+    aliased prompt rows (samples sharing a prefilled prompt) copied into each sample's record."""
+    def pick(keys: torch.Tensor, i: int) -> torch.Tensor:
+        seqs, pos = keys >> _POS_BITS, keys & _POS_MASK
+        m = seqs == i
+        if i in rec.aliases:
+            src, upto = rec.aliases[i]
+            m = m | ((seqs == src) & (pos < upto))
+        idx = m.nonzero().squeeze(-1)
+        return idx[torch.argsort(keys[idx] & _POS_MASK)]
+
+    out = []
+    for i in range(n):
+        r = GuidanceRecord(full_codes=rec.full_codes)
+        for key, s in rec.sites.items():
+            idx = pick(s.keys, i)
+            r.sites[key] = SiteRows(s.keys[idx] & _POS_MASK, s.mantissa[idx], s.scales[idx], s.outer[idx],
+                                    s.codes[idx] if s.codes is not None else None, s.fmt)
+        for layer, (k, v) in rec.routing.items():
+            idx = pick(k, i)
+            r.routing[layer] = (k[idx] & _POS_MASK, v[idx])
+        out.append(r)
+    return out
+
+
 def coverage(rec: GuidanceRecord) -> int:
     """Positions 0..coverage-1 of a one-sample record are recorded. A multi-turn sample's final
     environment feedback follows its last action and is never fed to the engine; the trainer
@@ -102,4 +129,4 @@ def to_device(rec: GuidanceRecord, device) -> GuidanceRecord:
     return out
 
 
-__all__ = ["batch_records", "coverage", "merge_turns", "to_device"]
+__all__ = ["batch_records", "coverage", "merge_turns", "split_record", "to_device"]

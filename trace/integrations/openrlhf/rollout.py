@@ -93,7 +93,7 @@ class TraceRolloutEngine:
         self.engine = RolloutEngine(model.config, mode=self.arm.engine_mode, fmt=self.rl["fmt"],
                                     kv_fp4=self.arm.kv_fp4, dtype=torch.bfloat16, device=self.device)
         self.engine.sync_weights(model)
-        self._inv_freq = self.engine.weights.inv_freq  # the trainer's bf16 RoPE buffer; not a parameter
+        self._inv_freq = self.engine.weights.inv_freq  # the HF RoPE buffer: a sync carries parameters only
         self.num_layers = model.config.num_hidden_layers
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
         del model
