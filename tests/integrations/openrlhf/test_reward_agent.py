@@ -5,7 +5,8 @@ Single turn: `SingleTurnAgentExecutor` loads trace/integrations/openrlhf/reward.
 process); each response's reward is the task verifier's score of its text, and it carries its
 guidance record covering every token. Multi turn: agent.py's `AgentExecutor` plays the number
 guessing game, first against a scripted engine replaying the gold (binary search) policy, then
-against our engine with per-turn records merged into one per sample.
+against our engine with per-turn records merged into one per sample. The engine batches the
+requests of all samples in flight into one engine call.
 """
 import asyncio
 from types import SimpleNamespace
@@ -43,7 +44,7 @@ def test_single_turn_reward_and_records(model_dir):
     ex = task.make_split("train", 2, 0)[0]
     sp = SamplingParams(max_tokens=6, logprobs=1)
     out = asyncio.run(eng.generate_responses(ex.prompt, ex.label, sp, 64, eng.tok, num_samples=3))
-    assert len(out) == 3
+    assert len(out) == 3 and eng._calls == 1  # the three executor requests ran as one engine call
     for r in out:
         (start, end), = r["action_ranges"]
         text = eng.tok.decode(r["observation_tokens"][start:end])
@@ -100,6 +101,7 @@ def test_multi_turn_engine_records(model_dir):
     ex = task.make_split("train", 1, 0)[0]
     out = asyncio.run(eng.generate_responses(ex.prompt, ex.label, SamplingParams(max_tokens=None, logprobs=1),
                                              160, eng.tok, num_samples=2))
+    assert eng._calls <= max(len(r["action_ranges"]) for r in out)  # one batched call per turn
     for r in out:
         transcript = eng.tok.decode(r["observation_tokens"])[len(ex.prompt):]
         assert r["reward"] == pytest.approx(task.score(ex, transcript))

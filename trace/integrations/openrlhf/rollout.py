@@ -4,9 +4,11 @@ OpenRLHF's samples generator calls `generate_responses(prompt, label, sampling_p
 hf_tokenizer, num_samples)` on each engine; that runs OpenRLHF's own executor (single turn with the
 `--reward.remote_url` reward function, or the `--train.agent_func_path` AgentExecutor), which calls
 back `generate(prompt_token_ids, sampling_params)` once per sample and turn and reads a vLLM-shaped
-RequestOutput. Here `generate` is one `RolloutEngine.generate` call (BF16, or W4A4 + FP4 KV for the
-FP4 arms) with a guidance `Recorder` for the arms that record (trace*: the deepest rho of the layers;
-qat-independent: all layers, full codes, for flip statistics only). Each sample's record (turns merged,
+RequestOutput. The requests of all executor tasks in flight (every sample of every prompt this actor
+is serving) are queued until each task has asked or finished, then run as one batched
+`RolloutEngine.generate` call (BF16, or W4A4 + FP4 KV for the FP4 arms) with a guidance `Recorder` for
+the arms that record (trace*: the deepest rho of the layers; qat-independent: all layers, full codes,
+for flip statistics only); the batch record is split per sample. Each sample's record (turns merged,
 earliest row wins) is `ray.put` into the object store and its handle (an ObjectRef, never the bytes)
 rides in the response's `mm_train_inputs` = {"trace_record": ref}; the trainer fetches it per
 micro-batch.
@@ -52,7 +54,7 @@ from trace.arms import ARMS  # noqa: E402
 from trace.episode import build_task  # noqa: E402
 from trace.guidance import Recorder, guided_layer_indices  # noqa: E402
 from trace.integrations.openrlhf.plugin import run_config  # noqa: E402
-from trace.integrations.openrlhf.records import merge_turns  # noqa: E402
+from trace.integrations.openrlhf.records import merge_turns, split_record  # noqa: E402
 from trace.rollout import RolloutEngine  # noqa: E402
 
 RECORD_KEY = "trace_record"
@@ -104,6 +106,9 @@ class TraceRolloutEngine:
                          else SingleTurnAgentExecutor(remote_rm_url))
         self.seed = int(seed)
         self._calls = 0
+        self._queue: list = []  # pending generate requests: (sampling key, ids, slot, future)
+        self._active = 0  # executor tasks in flight
+        self._flush_pending = False
         self._slots: dict[int, list] = {}
         self._next_slot = 0
         self._pending: dict[str, torch.Tensor] = {}
@@ -113,10 +118,11 @@ class TraceRolloutEngine:
 
     # ------------------------------------------------------------------ generation
     def get_num_unfinished_requests(self) -> int:
-        return 0  # calls run to completion one at a time
+        return self._active
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
-        """One sample (n=1) from token ids; returns a vLLM-shaped RequestOutput."""
+        """One sample from token ids; returns a vLLM-shaped RequestOutput. Requests wait until every
+        executor task in flight has asked (or finished), then run as one batched engine call."""
         if multi_modal_data:
             raise NotImplementedError("the TRACE engine is text-only")
         sp = sampling_params
@@ -126,27 +132,66 @@ class TraceRolloutEngine:
         max_new = min(int(sp.max_tokens or self.rl["max_new_tokens"]), self.rl["max_new_tokens"],
                       self.engine.max_seq_len - len(ids))
         stop_ids = {int(self.tok.eos_token_id)} | {int(t) for t in (getattr(sp, "stop_token_ids", None) or [])}
+        fut = asyncio.get_running_loop().create_future()
+        key = (max(1, max_new), float(sp.temperature), float(sp.top_p), tuple(sorted(stop_ids)))
+        self._queue.append((key, ids, _SLOT.get(), fut))
+        self._schedule_flush()
+        return await fut
+
+    def _schedule_flush(self):
+        if not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self):
+        """Run the queued requests once no task in flight can still add one (batched per sampling key)."""
+        self._flush_pending = False
+        if not self._queue or len(self._queue) < self._active:
+            return
+        queue, self._queue = self._queue, []
+        groups: dict[tuple, list] = {}
+        for item in queue:
+            groups.setdefault(item[0], []).append(item)
+        for (max_new, temperature, top_p, stop_ids), items in groups.items():
+            try:
+                outs = self._run_batch([it[1] for it in items], max_new, temperature, top_p, stop_ids)
+            except Exception as e:  # noqa: BLE001 - the executors' awaits re-raise it
+                for it in items:
+                    it[3].set_exception(e)
+                continue
+            for it, (request_output, record, tokens, seconds) in zip(items, outs, strict=True):
+                if it[2] is not None:
+                    entry = self._slots[it[2]]
+                    entry["records"].append(record)
+                    entry["tokens"] += tokens
+                    entry["seconds"] += seconds
+                it[3].set_result(request_output)
+
+    def _run_batch(self, prompts, max_new, temperature, top_p, stop_ids):
+        """One engine call for several samples (n=1 each): per sample (RequestOutput, record, tokens, s)."""
         rec = recorder_for(self.arm, self.num_layers, self.rl["rho"], self.rl["diag_flips"])
         self._calls += 1
-        seed = self.seed * 1_000_003 + self._calls
         t0 = time.perf_counter()
-        out = self.engine.generate([ids], n=1, max_new_tokens=max(1, max_new), temperature=float(sp.temperature),
-                                   top_p=float(sp.top_p), seed=seed, stop_token_ids=tuple(sorted(stop_ids)),
+        out = self.engine.generate(prompts, n=1, max_new_tokens=max_new, temperature=temperature, top_p=top_p,
+                                   seed=self.seed * 1_000_003 + self._calls, stop_token_ids=stop_ids,
                                    stop_strings=self.stop_strings, tokenizer=self.tok, recorder=rec)
         dt = time.perf_counter() - t0
-        slot = _SLOT.get()
-        if slot is not None:
-            entry = self._slots[slot]
-            entry["records"].append(rec.finish() if rec is not None else None)
-            entry["tokens"] += out.num_generated_tokens
-            entry["seconds"] += dt
-        resp = out.response_tokens(0)
-        lps = out.logprobs[0]
-        finish = "length" if out.stop_reason[0] in ("length", "context") else "stop"
-        text = self.tok.decode(resp, skip_special_tokens=False)
-        logprobs = [{t: SimpleNamespace(logprob=float(lp))} for t, lp in zip(resp, lps, strict=True)]
-        return SimpleNamespace(prompt_token_ids=ids, outputs=[SimpleNamespace(
-            token_ids=list(resp), text=text, finish_reason=finish, logprobs=logprobs)])
+        records = split_record(rec.finish(), len(prompts)) if rec is not None else [None] * len(prompts)
+        res = []
+        for i, ids in enumerate(prompts):
+            resp, lps = out.response_tokens(i), out.logprobs[i]
+            n_tok = sum(out.trainable[i])
+            finish = "length" if out.stop_reason[i] in ("length", "context") else "stop"
+            logprobs = [{t: SimpleNamespace(logprob=float(lp))} for t, lp in zip(resp, lps, strict=True)]
+            ro = SimpleNamespace(prompt_token_ids=ids, outputs=[SimpleNamespace(
+                token_ids=list(resp), text=self.tok.decode(resp, skip_special_tokens=False), finish_reason=finish,
+                logprobs=logprobs)])
+            res.append((ro, records[i], n_tok, dt * n_tok / max(out.num_generated_tokens, 1)))
+        return res
+
+    def _task_done(self, _task):
+        self._active -= 1
+        self._schedule_flush()  # the others may all be waiting already
 
     async def generate_responses(self, prompt: str, label: str, sampling_params, max_length: int, hf_tokenizer,
                                  num_samples: int = 1, images=None):
@@ -158,10 +203,13 @@ class TraceRolloutEngine:
             self._slots[slot] = {"records": [], "tokens": 0, "seconds": 0.0}
             ctx = contextvars.copy_context()
             ctx.run(_SLOT.set, slot)
-            tasks.append(asyncio.get_running_loop().create_task(
+            task = asyncio.get_running_loop().create_task(
                 self.executor.execute(prompt=prompt, label=label, sampling_params=sampling_params,
                                       max_length=max_length, hf_tokenizer=hf_tokenizer, llm_engine=self,
-                                      images=images), context=ctx))
+                                      images=images), context=ctx)
+            self._active += 1
+            task.add_done_callback(self._task_done)
+            tasks.append(task)
             slots.append(slot)
         responses = await asyncio.gather(*tasks)
         for resp, slot in zip(responses, slots, strict=True):
