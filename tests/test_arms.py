@@ -17,6 +17,13 @@ def test_schema_and_analysis_use_the_table():
     assert MAIN_METHODS == ("bf16", "fp4-naive", "qat-independent", "qat-weight-only", "trace")
 
 
+def test_pipeline_schema_lists_the_same_arms():
+    import yaml
+    with open(os.path.join(ROOT, "workflow", "schemas", "config.schema.yaml")) as f:
+        schema = yaml.safe_load(f)
+    assert tuple(schema["definitions"]["method"]["enum"]) == METHODS
+
+
 def test_arm_semantics():
     assert {m for m, a in ARMS.items() if a.record == "guide"} == {m for m in METHODS if m.startswith("trace")}
     assert ARMS["trace"].guidance == "mantissa+scale" and ARMS["trace-fullcodes"].guidance == "full codes"
