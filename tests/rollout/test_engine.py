@@ -2,7 +2,7 @@
 
 Compared against: the transformers forward of the same weights (bf16 mode, float32 and bfloat16) and
 the FP4 QAT model `trace.qat.patch_model(model, "w4a4" | "w4a4kv4")` (w4a4 mode), plus the shared
-weight quantizer `trace.qat.quantize_weight` and guidance replay (`trace.qat.replay`).
+weight quantizer `trace.fp4.quantize_weight` and guidance replay (`trace.qat.replay`).
 
 Tolerances (measured values, initializer_range 0.1, in the comments):
 - bf16 mode, float32: max |dlp| < 1e-4 (measured <= 1e-6);
@@ -18,6 +18,7 @@ import torch
 from rollout_helpers import FAMILIES, hf_logprobs, random_seqs, tiny
 
 import trace.qat as qat
+from trace import fp4
 from trace.guidance import Recorder
 from trace.rollout import RolloutEngine
 
@@ -62,13 +63,13 @@ def test_fp4_weight_codes_identical_to_qat(family):
         "_proj" in n and n.endswith(("weight", "gate_up_proj", "down_proj")))}
     assert names == expect  # every attention / expert / shared-expert linear weight, nothing else
     for name, t in eng.weights.fp4.items():
-        r = qat.quantize_weight(params[name])
+        r = fp4.quantize_weight(params[name])
         assert torch.equal(t.codes, r.codes) and torch.equal(t.scales, r.scales) and torch.equal(t.outer, r.outer)
     # re-sync after an update re-quantizes
     with torch.no_grad():
         params["model.layers.0.self_attn.q_proj.weight"].mul_(1.5)
     eng.sync_weights(m.state_dict())
-    r = qat.quantize_weight(params["model.layers.0.self_attn.q_proj.weight"])
+    r = fp4.quantize_weight(params["model.layers.0.self_attn.q_proj.weight"])
     assert torch.equal(eng.weights.fp4["model.layers.0.self_attn.q_proj.weight"].outer, r.outer)
 
 

@@ -9,6 +9,7 @@ fake-quant used by QAT. Compared against torchao 0.18 `nvfp4_quantize` in tests/
     w_hat = t.dequantize()                                 # float32
     y = fp4.fake_quant(x, outer="row")                     # same dtype as x, STE gradient
     g = fp4.guided_quantize(x, t.mantissa(), t.scales, t.outer)   # TRACE replay
+    wq = fp4.fake_quant_weight(w)                          # weights: per tensor / per expert, STE
 """
 from __future__ import annotations
 
@@ -200,6 +201,14 @@ def _check_record(x, mantissa, scales, outer, fmt, block_2d):
         raise ValueError(f"outer of shape {tuple(outer.shape)} does not broadcast to {tuple(x.shape)}") from e
 
 
+def scaled_values(x: torch.Tensor, scales: torch.Tensor, outer: torch.Tensor, fmt: str = "nvfp4", *,
+                  block_2d: bool = False) -> torch.Tensor:
+    """x in units of the E2M1 grid under GIVEN block scales (and outer scale for NVFP4): the value
+    whose rounding to the grid is the FP4 code. Differentiable in x; no validation (callers pass
+    scales a quantizer produced)."""
+    return ref.nvfp4_scaled(x, scales, outer, block_2d) if fmt == "nvfp4" else ref.mxfp4_scaled(x, scales)
+
+
 def guided_quantize(
     x: torch.Tensor,
     mantissa: torch.Tensor,
@@ -217,8 +226,7 @@ def guided_quantize(
     which elements differ."""
     _check_input(x, fmt, block_2d, "tensor")
     _check_record(x, mantissa, scales, outer, fmt, block_2d)
-    xf = x.float()
-    v = ref.nvfp4_scaled(xf, scales, outer, block_2d) if fmt == "nvfp4" else ref.mxfp4_scaled(xf, scales)
+    v = scaled_values(x.float(), scales, outer, fmt, block_2d=block_2d)
     codes = ref.e2m1_guided(v, mantissa)
     t = FP4Tensor(codes, scales, outer, fmt, block_2d, x.dtype)
     unrec = None
@@ -242,6 +250,23 @@ class _STE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g, None
+
+
+def straight_through(x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
+    """xq in the forward, the identity gradient to x in the backward."""
+    return _STE.apply(x, xq)
+
+
+def quantize_weight(w: torch.Tensor, fmt: str = "nvfp4") -> FP4Tensor:
+    """FP4 weight in [out, in] (or [E, out, in]) orientation, blocks along `in`; outer scale per
+    tensor, per expert for 3-D expert weights (DESIGN.md §2). The trainer's fake quant and the
+    rollout engine's weights both come from this function, so their codes are identical."""
+    return quantize(w.detach(), fmt, "expert" if w.dim() == 3 else "tensor")
+
+
+def fake_quant_weight(w: torch.Tensor, fmt: str = "nvfp4") -> torch.Tensor:
+    """`quantize_weight` dequantized in w's dtype, with a straight-through gradient to w."""
+    return _STE.apply(w, quantize_weight(w, fmt).dequantize(w.dtype))
 
 
 @dataclass(frozen=True)

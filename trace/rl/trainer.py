@@ -204,8 +204,7 @@ class RLTrainer:
         return [self.train_set[i] for i in idx]
 
     def _recorder(self):
-        from trace.guidance.record import Recorder
-        from trace.qat import guided_layer_indices
+        from trace.guidance import Recorder, guided_layer_indices
         if self.arm.record == "guide":
             return Recorder(layers=guided_layer_indices(self.num_layers, self.rl["rho"]),
                             full_codes=self.arm.full_codes)

@@ -2,7 +2,7 @@
 
 What: `RolloutEngine(config, mode="bf16"|"w4a4", fmt, kv_fp4, dtype, device, max_seq_len)` loads a
 policy's weights by their HF names (`sync_weights(model_or_state_dict)`, re-quantizing FP4 weights with
-`trace.qat.quantize_weight` at every sync) and generates with its own forward (trace/rollout/forward.py):
+`trace.fp4.quantize_weight` at every sync) and generates with its own forward (trace/rollout/forward.py):
 
     eng = RolloutEngine(model.config, mode="w4a4", kv_fp4=True); eng.sync_weights(model)
     out = eng.generate([[1, 40, 41]], n=4, max_new_tokens=32, temperature=1.0, seed=0,
@@ -49,9 +49,10 @@ from dataclasses import dataclass, field
 import torch
 
 from trace import fp4
+from trace.guidance import Recording, Rows
 from trace.rollout import fast
 from trace.rollout.cache import KVCache
-from trace.rollout.forward import EngineForward, RecCtx
+from trace.rollout.forward import EngineForward
 from trace.rollout.graphs import DecodeGraphs
 from trace.rollout.weights import Arch, EngineWeights
 
@@ -180,10 +181,9 @@ class RolloutEngine:
         rows_t = None if rows == list(range(cache.batch)) else torch.tensor(rows, device=dev)
         rec = None
         if recorder is not None:
-            valid = (torch.arange(T)[None, :] < lens.cpu()[:, None]).reshape(-1)  # [R*T]
-            seq = torch.tensor(seq_ids).repeat_interleave(T)[valid]
-            pos = (torch.tensor(starts)[:, None] + torch.arange(T)).reshape(-1)[valid]
-            rec = RecCtx(recorder, valid.nonzero().squeeze(-1).to(dev), seq, pos)
+            t = torch.arange(T)
+            pos = torch.where(t[None, :] < lens.cpu()[:, None], torch.tensor(starts)[:, None] + t, -1)  # [R, T]
+            rec = Recording(recorder, Rows.of_batch(torch.tensor(seq_ids, device=dev), pos.to(dev)))
         max_len = max(st + len(sq) for st, sq in zip(starts, seqs, strict=False))
         causal = all(st == 0 for st in starts)  # a fresh prefill: then max_len == T
         return self.fwd(ids.to(dev), start, lens, rows_t, cache, rec, all_logits, max_len, causal)

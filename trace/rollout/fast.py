@@ -1,7 +1,7 @@
 """Triton fast path of the rollout engine (W4A4 NVFP4 on a GPU): FP4 GEMMs, grouped MoE, FP4-KV decode attention.
 
 What: `TritonPath.build(weights)` re-lays the engine's FP4 weights (the FP4Tensors that
-`trace.qat.quantize_weight` produced at sync) into the kernel layouts of `kernels.gemm.prepare_weight`
+`trace.fp4.quantize_weight` produced at sync) into the kernel layouts of `kernels.gemm.prepare_weight`
 and `kernels.moe.prepare_moe_weights`; the engine forward then calls
   - `kernels.gemm.fp4_linear(x, w, act_quant=True)` for q/k/v/o and shared-expert / dense-MLP linears
     (the activation is quantized per row inside, bit-identical to `trace.fp4.quantize(x, "nvfp4", "row")`),

@@ -17,41 +17,23 @@ activations per-token RTN via `trace.fp4.quantize(x, fmt, "row")` at attn_in, o_
 moe_down_in [N, k, I], shared_in, shared_down_in, mlp_in, mlp_down_in); FP4 KV in the cache (sites k, v).
 Decode order differs from the trainer on purpose (incremental, chunked, own MoE reduction order).
 
-Recording: with `rec` given, each quantized site of a layer the recorder wants calls
-`recorder.add(layer, site, FP4Tensor of the valid rows, seq, pos)`, and MoE layers call
-`recorder.add_routing`. Without `rec` nothing extra is computed.
+Recording: with `rec` (a `trace.guidance.Recording`: recorder + row addressing) given, each quantized
+site calls `rec.add(layer, site, FP4Tensor of the chunk's rows)` and MoE layers `rec.add_routing`, the
+same calls and site names as the trainer's adapter (trace/guidance/replay.py). Without `rec` nothing
+extra is computed.
 
 Compared against: the transformers forward (bf16 mode) and `trace.qat.patch_model(model, "w4a4")`
 (w4a4 mode) in tests/rollout/test_engine.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
-from trace import fp4
+from trace.guidance import Recording
 from trace.rollout.cache import KVCache, quant_rows
 from trace.rollout.weights import EngineWeights
-
-
-@dataclass
-class RecCtx:
-    """Addressing of the flattened [R*T] token rows of one chunk for the recorder."""
-
-    recorder: object
-    valid: torch.Tensor  # [Nv] indices of real (non-padding) rows in the flattened chunk
-    seq: torch.Tensor  # [Nv] sequence ids
-    pos: torch.Tensor  # [Nv] absolute positions
-
-
-def row_subset(t: fp4.FP4Tensor, idx: torch.Tensor) -> fp4.FP4Tensor:
-    """Rows idx of a per-row quantized FP4Tensor [N, *inner, K], with a per-row outer scale [n, *inner, 1]
-    (MXFP4 has a scalar outer of ones; the recorder wants one per row)."""
-    outer = t.outer.expand(*t.codes.shape[:-1], 1)  # [N, *inner, 1]
-    return fp4.FP4Tensor(t.codes[idx], t.scales[idx], outer[idx], t.fmt)
 
 
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -87,13 +69,13 @@ class EngineForward:
         self.fast = None  # TritonPath (trace/rollout/fast.py) when enabled by the engine
 
     # ------------------------------------------------------------------------------ helpers
-    def _act(self, x: torch.Tensor, layer: int, site: str, rec: RecCtx | None) -> torch.Tensor:
+    def _act(self, x: torch.Tensor, layer: int, site: str, rec: Recording | None) -> torch.Tensor:
         """Per-row FP4 RTN of x [N, *inner, K] at (layer, site); returns the dequantized value."""
         if not self.acts:
             return x
         t = quant_rows(x, self.fmt)
-        if rec is not None and rec.recorder.wants(layer):
-            rec.recorder.add(layer, site, row_subset(t, rec.valid), rec.seq, rec.pos)
+        if rec is not None:
+            rec.add(layer, site, t)
         return t.dequantize(self.dtype)
 
     def _rope(self, pos: torch.Tensor):
@@ -134,9 +116,9 @@ class EngineForward:
             o = fast.decode_attention(cache, i, rows, slots, start, q, k, v, S).reshape(R * T, nh * D)
             return fast.linear(i, "o", o, lw.get("o_b")).view(R, T, -1)
         kv4 = cache.write(i, rows, slots, k, v)  # K after norm+RoPE, V
-        if kv4 is not None and rec is not None and rec.recorder.wants(i):
-            for site, t in zip(("k", "v"), kv4, strict=False):
-                rec.recorder.add(i, site, row_subset(t, rec.valid), rec.seq, rec.pos)
+        if kv4 is not None and rec is not None:
+            for site, t in zip(("k", "v"), kv4, strict=True):
+                rec.add(i, site, t)
         kc, vc = cache.read(i, rows, S)  # [R, nkv, S, D]
         if T == 1:  # decode: grouped-query matmuls, K/V read once per KV head (no repeat_interleave copy)
             qg = q.view(R, nkv, nh // nkv, D)  # query heads of KV head j are j*rep .. j*rep+rep-1
@@ -168,8 +150,8 @@ class EngineForward:
             topv = topv / topv.sum(-1, keepdim=True)
         if a.family != "mixtral":  # Mixtral keeps its routing weights float32
             topv = topv.to(x.dtype)
-        if rec is not None and rec.recorder.wants(i):
-            rec.recorder.add_routing(i, topi[rec.valid], rec.seq, rec.pos)
+        if rec is not None:
+            rec.add_routing(i, topi)
         if fast is not None:
             out = fast.experts(i, x, topi, topv)  # [N, H] W4A4 grouped expert GEMMs
             if "sg" in lw:
@@ -210,7 +192,7 @@ class EngineForward:
     # ------------------------------------------------------------------------------ chunk
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, start: torch.Tensor, lens: torch.Tensor, rows, cache: KVCache,
-                 rec: RecCtx | None = None, all_logits: bool = False, max_len: int | None = None,
+                 rec: Recording | None = None, all_logits: bool = False, max_len: int | None = None,
                  causal: bool = False) -> torch.Tensor:
         """ids [R, T] long (padded), start/lens [R] long; max_len = max(start + lens) (host int, optional;
         a decode step may pass more: slots past a row's position are masked). causal: the caller knows

@@ -4,13 +4,13 @@ What: `EngineWeights.load(config, source, mode, fmt, dtype, device)` reads the t
 in-memory names (fused experts `mlp.experts.gate_up_proj [E, 2I, H]` / `down_proj [E, H, I]`, router
 `mlp.gate.weight [E, H]`, qwen2_moe `mlp.shared_expert.*` + `mlp.shared_expert_gate.weight`, q/k
 norms, biases) from a model or a state_dict. In `w4a4` mode every linear weight of attention, experts,
-shared expert and dense MLPs goes through `trace.qat.quantize_weight` -- THE weight quantizer the
+shared expert and dense MLPs goes through `trace.fp4.quantize_weight` -- THE weight quantizer the
 trainer uses, applied to the trainer's master tensor as given, so codes/scales/outer scales are
 bit-identical to the trainer's -- and the engine keeps the FP4Tensor (`fp4[name]`) plus its dequantized
 value in the engine dtype for the torch compute path. Router, embeddings, lm_head, norms, biases and
 `shared_expert_gate` stay unquantized (DESIGN.md §2).
 
-Compared against: `trace.qat.quantize_weight` (tests/rollout/test_engine.py checks identical codes).
+Compared against: `trace.fp4.quantize_weight` (tests/rollout/test_engine.py checks identical codes).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import torch
 
 from trace import fp4
+from trace.fp4 import quantize_weight
 from trace.models.registry import family_of, head_dim_of
-from trace.qat.patch import quantize_weight
 
 # Linear weights that are FP4-quantized in w4a4 mode, by their name inside a layer.
 QUANTIZED = ("q", "k", "v", "o", "gate_up", "down", "sg", "su", "sd", "mg", "mu", "md")

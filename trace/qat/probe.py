@@ -7,7 +7,7 @@ the "rollout" decodes the tokens one at a time with the HF KV cache and records 
 guided with rho in {0.25, 0.5, 1} (routing replay on in every case). Reports per-layer code-flip,
 scale-flip and unrecoverable rates, k3 and mean |dlp| of the sequence's tokens.
 
-    python -m trace.guidance.probe --out results/guidance/probe.json
+    python -m trace.qat.probe --out results/guidance/probe.json
 Compared against: DESIGN.md §3's independent small experiment (unguided 10-20% flips per layer,
 k3 ~1.5e-3; rho 1/3 ~8x lower k3, 1/2 ~15x, all ~1000x).
 """
@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from trace.guidance.record import Recorder
+from trace.guidance import Recorder, guided_layer_indices
 from trace.models import build_model
-from trace.qat import guided_layer_indices, patch_model, recording, replay
+from trace.qat import patch_model, recording, replay
 
 FAMILIES = ("qwen3_moe-tiny", "mixtral-tiny", "olmoe-tiny", "qwen2_moe-tiny")
 

@@ -1,0 +1,66 @@
+"""Replay statistics per layer: code flips, scale flips, unrecoverable elements, routing flips.
+
+Filled by the replay runtime (trace/guidance/replay.py) during a trainer forward against a record,
+read by the RL trainer once per step as per-layer rates (DESIGN.md §4 metrics):
+
+    code_flip_rate      own RTN code != the rollout's code (zero codes of either sign count as equal);
+                        against the recorded full codes where the record has them, else the guided code
+    scale_flip_rate     own block scale byte != the recorded one
+    unrecoverable_rate  guided code != recorded full code; only where the record holds full codes
+                        (the compact record alone cannot tell), absent otherwise
+    routing_flip_rate   own top-k expert set != the recorded set, per token
+
+The alignment term accumulates here too (sum and count; trace/guidance/align.py defines it).
+Compared against: hand counts in tests/guidance/test_replay.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from trace.guidance import align
+
+
+@dataclass
+class LayerStats:
+    elements: int = 0
+    code_flips: int = 0
+    blocks: int = 0
+    scale_flips: int = 0
+    unrecoverable: int = 0
+    unrec_checked: int = 0  # elements whose recovery could be checked (records with full codes)
+    routing_tokens: int = 0
+    routing_flips: int = 0
+
+
+@dataclass
+class ReplayStats:
+    layers: dict[int, LayerStats] = field(default_factory=dict)
+    align_sum: torch.Tensor | None = None
+    align_count: int = 0
+
+    def layer(self, i: int) -> LayerStats:
+        return self.layers.setdefault(i, LayerStats())
+
+    def add_alignment(self, total: torch.Tensor, count: int) -> None:
+        self.align_sum = total if self.align_sum is None else self.align_sum + total
+        self.align_count += count
+
+    def alignment_loss(self) -> torch.Tensor:
+        """The alignment term over every guided site of the forward (a scalar; 0 without flips)."""
+        return align.alignment_loss(self.align_sum, self.align_count)
+
+    def summary(self) -> dict[str, dict[int, float]]:
+        """{rate name: {layer: rate}}; a layer is absent where its denominator is zero."""
+        out = {"code_flip_rate": {}, "scale_flip_rate": {}, "unrecoverable_rate": {}, "routing_flip_rate": {}}
+        for i, s in sorted(self.layers.items()):
+            if s.elements:
+                out["code_flip_rate"][i] = s.code_flips / s.elements
+            if s.unrec_checked:
+                out["unrecoverable_rate"][i] = s.unrecoverable / s.unrec_checked
+            if s.blocks:
+                out["scale_flip_rate"][i] = s.scale_flips / s.blocks
+            if s.routing_tokens:
+                out["routing_flip_rate"][i] = s.routing_flips / s.routing_tokens
+        return out
