@@ -3,12 +3,18 @@
     python -m figures.plot_runs --runs results/runs/smoke --tables results/tables/smoke --out figures/smoke
 
 Writes (PNG + PDF each), one panel per model x task, one line per arm (mean over seeds):
-* ``curves_reward``: reward and training accuracy vs RL step;
+* ``curves_reward``: mean rollout reward vs RL step, and held-out test accuracy at each periodic evaluation
+  (``eval_accuracy``, the policy deployed as its arm deploys it); the training accuracy is not drawn:
+  with 0/1 rewards it equals the mean reward;
 * ``curves_mismatch``: token k3 mismatch between trainer and rollout log-probs vs step (log scale);
-* ``flip_rates``: per-layer FP4 code-flip rate (trainer vs rollout, mean over steps) vs layer index;
+* ``flip_rates``: per-layer FP4 code-flip rate (trainer vs rollout, mean over steps) at each layer's
+  index (an arm that logs only the guided layers shows only those);
 * ``mismatch_vs_bytes``: mean k3 vs guidance bytes per token, one point per arm (the cost/benefit of
-  guidance: full codes, compact, rho);
-* ``final_accuracy``: final test accuracy under BF16 and FP4 deployment per arm (from main.csv).
+  guidance: full codes, compact, rho); labels of nearby points are stacked so none overlap;
+* ``final_accuracy``: final test accuracy under BF16 and FP4 deployment per arm (from main.csv), with
+  error bars of one standard error: over seeds (std/sqrt(n_seeds)) where there are several seeds, else
+  the binomial sqrt(p(1-p)/n) over the n evaluation samples in eval.json (the samples of one prompt are
+  correlated, so this understates the spread across prompts).
 Compared against: the paper's figures (TRACE tracks the bf16 curves while naive FP4 drifts; k3 drops
 with guided layers; compact guidance near full codes at a fraction of the bytes).
 """
@@ -21,6 +27,8 @@ from collections import defaultdict
 
 import numpy as np
 import pandas as pd
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from analysis.runs import MAIN_METHODS, load_runs
 from figures import style
@@ -73,29 +81,42 @@ def _legend(fig, axes):
         fig.tight_layout(rect=(0, 0.04 + 0.025 * math.ceil(len(labels) / 5), 1, 1))
 
 
-def plot_curves(runs, out: str, main_only: bool = True) -> list[str]:
+def curves_reward_figure(runs, main_only: bool = True):
+    """Left: mean rollout reward per step. Right (when any run logged one): held-out eval accuracy."""
     groups = _groups(runs)
-    if not groups:
-        return style.placeholder(out, "curves_reward", "Reward and accuracy", "no logged runs with metrics")
-    fig, axes = _panel_grid(len(groups), 2)
+    has_eval = any(r.series("eval_accuracy")[0].size for g in groups.values() for rs in g.values() for r in rs)
+    panels = [("reward_mean", "mean rollout reward", "mean reward")]
+    if has_eval:
+        panels.append(("eval_accuracy", "held-out test accuracy", "test accuracy (fraction correct)"))
+    fig, axes = _panel_grid(len(groups), len(panels))
+    smooth = 1
     for i, ((model, task), arms) in enumerate(groups.items()):
         n_steps = max(len(r.metrics) for rs in arms.values() for r in rs)
         smooth = max(1, n_steps // 20)
         for arm, rs in arms.items():
             if main_only and arm not in MAIN_METHODS:
                 continue
-            for j, name in enumerate(("reward_mean", "accuracy")):
-                x, y = _mean_curve(rs, name, smooth)
+            for j, (name, _, _) in enumerate(panels):
+                # evaluations are sparse (every eval_every steps): drawn unsmoothed, with markers
+                x, y = _mean_curve(rs, name, smooth if name == "reward_mean" else 1)
                 if x.size:
-                    axes[i, j].plot(x, y, label=arm, **style.arm_style(arm))
-        for j, label in enumerate(("mean reward", "training accuracy")):
+                    extra = {} if name == "reward_mean" else {"marker": "o", "markersize": 3}
+                    axes[i, j].plot(x, y, label=arm, **style.arm_style(arm), **extra)
+        for j, (_, title, ylabel) in enumerate(panels):
             ax = axes[i, j]
-            ax.set_title(f"{model} / {task}: {label}")
+            ax.set_title(f"{model} / {task}: {title}")
             ax.set_xlabel("RL step")
-            ax.set_ylabel(label + (" (fraction correct)" if j else ""))
-    fig.suptitle(f"Rollout reward and accuracy per arm (mean over seeds{', smoothed' if smooth > 1 else ''})", y=1.0)
+            ax.set_ylabel(ylabel)
+    fig.suptitle(f"Reward and test accuracy per arm (mean over seeds{', reward smoothed' if smooth > 1 else ''})",
+                 y=1.0)
     _legend(fig, axes)
-    return style.save(fig, out, "curves_reward")
+    return fig
+
+
+def plot_curves(runs, out: str, main_only: bool = True) -> list[str]:
+    if not _groups(runs):
+        return style.placeholder(out, "curves_reward", "Reward and accuracy", "no logged runs with metrics")
+    return style.save(curves_reward_figure(runs, main_only), out, "curves_reward")
 
 
 def plot_mismatch(runs, out: str) -> list[str]:
@@ -122,61 +143,135 @@ def plot_mismatch(runs, out: str) -> list[str]:
     return style.save(fig, out, "curves_mismatch")
 
 
+def _layer_index(layer: str) -> int:
+    return int("".join(c for c in str(layer) if c.isdigit()))
+
+
+def flip_rates_figure(runs):
+    """Each arm's per-layer rates at the layers' true indices, on one integer axis per panel."""
+    groups = _groups(runs)
+    fig, axes = _panel_grid(len(groups), 2)
+    for i, ((model, task), arms) in enumerate(groups.items()):
+        shown: list[set[int]] = [set(), set()]
+        for arm, rs in arms.items():
+            for j, name in enumerate(("code_flip_rate", "routing_flip_rate")):
+                profs = [p for p in (r.layer_profile(name) for r in rs) if p]
+                if not profs:
+                    continue
+                layers = sorted({_layer_index(k) for p in profs for k in p})
+                by_index = [{_layer_index(k): v for k, v in p.items()} for p in profs]
+                y = [np.nanmean([p.get(layer, np.nan) for p in by_index]) for layer in layers]
+                axes[i, j].plot(layers, y, marker="o", markersize=3, label=arm, **style.arm_style(arm))
+                shown[j].update(layers)
+        for j, label in enumerate(("FP4 code-flip rate", "routing flip rate")):
+            ax = axes[i, j]
+            if shown[j]:
+                ax.set_xticks(sorted(shown[j]))
+            ax.set_title(f"{model} / {task}: {label}")
+            ax.set_xlabel("layer index (deeper to the right)")
+            ax.set_ylabel("fraction differing, trainer vs rollout")
+    fig.suptitle("Per-layer disagreement between trainer and rollout (mean over steps and seeds)", y=1.0)
+    _legend(fig, axes)
+    return fig
+
+
 def plot_flip_rates(runs, out: str) -> list[str]:
     groups = _groups(runs)
     have = any(r.layer_profile("code_flip_rate") for rs in (v for g in groups.values() for v in g.values()) for r in rs)
     if not groups or not have:
         return style.placeholder(out, "flip_rates", "Per-layer flip rates", "no per-layer code_flip_rate logged")
-    fig, axes = _panel_grid(len(groups), 2)
-    for i, ((model, task), arms) in enumerate(groups.items()):
-        for arm, rs in arms.items():
-            for j, name in enumerate(("code_flip_rate", "routing_flip_rate")):
-                profs = [r.layer_profile(name) for r in rs]
-                profs = [p for p in profs if p]
-                if not profs:
-                    continue
-                layers = list(profs[0])
-                y = [np.mean([p.get(layer, np.nan) for p in profs]) for layer in layers]
-                axes[i, j].plot(range(len(layers)), y, marker="o", markersize=3, label=arm, **style.arm_style(arm))
-                axes[i, j].set_xticks(range(len(layers)))
-                axes[i, j].set_xticklabels(layers, fontsize=7)
-        for j, label in enumerate(("FP4 code-flip rate", "routing flip rate")):
-            ax = axes[i, j]
-            ax.set_title(f"{model} / {task}: {label}")
-            ax.set_xlabel("layer (input to deeper layers on the right)")
-            ax.set_ylabel("fraction differing, trainer vs rollout")
-    fig.suptitle("Per-layer disagreement between trainer and rollout (mean over steps and seeds)", y=1.0)
-    _legend(fig, axes)
-    return style.save(fig, out, "flip_rates")
+    return style.save(flip_rates_figure(runs), out, "flip_rates")
 
 
-def plot_mismatch_vs_bytes(runs_df: pd.DataFrame, out: str) -> list[str]:
-    if runs_df is None or runs_df.empty:
-        return style.placeholder(out, "mismatch_vs_bytes", "Mismatch vs guidance bytes", "no runs")
+def _stack_labels(ax, points: list[tuple[float, float, str]], fontsize: float = 7, gap_pt: float = 1.5,
+                  marker_pt: float = 6.0) -> None:
+    """Annotate each (x, y, text) point to its right; a label that would overlap a label already placed
+    or another point's marker is moved up just above it (with a thin leader line), so no label covers
+    another. Call after the figure's layout is final."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    px_per_pt = fig.dpi / 72.0
+    r = marker_pt * px_per_pt / 2
+    placed: list = [Bbox.from_extents(px - r, py - r, px + r, py + r)  # display-space boxes to avoid
+                    for px, py in (ax.transData.transform((x, y)) for x, y, _ in points)]
+    for x, y, text in sorted(points, key=lambda p: (ax.transData.transform((p[0], p[1]))[1], p[2])):
+        px, py = ax.transData.transform((x, y))
+        dy = -3.0
+        while True:
+            ann = ax.annotate(text, (x, y), xytext=(4, dy), textcoords="offset points", fontsize=fontsize,
+                              va="bottom")
+            box = Text.get_window_extent(ann, renderer)  # the text alone, without a leader line
+            hit = next((b for b in placed if b.overlaps(box)), None)
+            if hit is None:
+                break
+            ann.remove()
+            dy = (hit.y1 - py) / px_per_pt + gap_pt
+        if dy > 4:
+            ann.remove()
+            ann = ax.annotate(text, (x, y), xytext=(4, dy), textcoords="offset points", fontsize=fontsize,
+                              va="bottom", arrowprops={"arrowstyle": "-", "linewidth": 0.4, "color": "0.5",
+                                                       "shrinkA": 0, "shrinkB": 2})
+            box = Text.get_window_extent(ann, renderer)
+        placed.append(box)
+
+
+def mismatch_vs_bytes_figure(runs_df: pd.DataFrame):
     d = runs_df.groupby(["model", "task", "arm"], as_index=False)[["k3_mean", "guidance_bytes_per_token"]].mean()
     groups = list(d.groupby(["model", "task"], sort=True))
     fig, axes = _panel_grid(1, len(groups), w=4.6, h=3.6)
+    labels = []
     for j, ((model, task), g) in enumerate(groups):
         ax = axes[0, j]
+        pts = []
         for _, row in g.iterrows():
             if not (np.isfinite(row.k3_mean) and row.k3_mean > 0 and np.isfinite(row.guidance_bytes_per_token)):
                 continue
             ax.scatter(row.guidance_bytes_per_token, row.k3_mean, color=style.arm_color(row.arm), s=36,
                        label=row.arm, zorder=3)
-            ax.annotate(row.arm, (row.guidance_bytes_per_token, row.k3_mean), fontsize=7,
-                        xytext=(4, 3), textcoords="offset points")
+            pts.append((row.guidance_bytes_per_token, row.k3_mean, row.arm))
+        labels.append(pts)
         ax.set_yscale("log")
         ax.set_xlabel("guidance cache (bytes per token)")
         ax.set_ylabel("mean token k3 (nats, log scale)")
         ax.set_title(f"{model} / {task}")
+        xmax = max([1.0] + [p[0] for p in pts])
+        ax.set_xlim(-0.05 * xmax, 1.4 * xmax)  # room for the labels right of the points
+        ax.margins(y=0.15)
     fig.suptitle("Mismatch vs guidance cost (each point: one arm, mean over steps and seeds)", y=1.0)
     _legend(fig, axes)
-    return style.save(fig, out, "mismatch_vs_bytes")
+    for j, pts in enumerate(labels):
+        _stack_labels(axes[0, j], pts)
+    return fig
 
 
-def plot_final_accuracy(main_df: pd.DataFrame, out: str) -> list[str]:
-    if main_df is None or main_df.empty:
-        return style.placeholder(out, "final_accuracy", "Final accuracy", "no main table")
+def plot_mismatch_vs_bytes(runs_df: pd.DataFrame, out: str) -> list[str]:
+    if runs_df is None or runs_df.empty:
+        return style.placeholder(out, "mismatch_vs_bytes", "Mismatch vs guidance bytes", "no runs")
+    return style.save(mismatch_vs_bytes_figure(runs_df), out, "mismatch_vs_bytes")
+
+
+def eval_sample_counts(runs) -> dict[tuple[str, str], int]:
+    """{(model, task): n} evaluation samples per deployment (the smallest n in eval.json over the runs)."""
+    out: dict[tuple[str, str], int] = {}
+    for r in runs:
+        for dep in ("bf16", "fp4"):
+            n = ((r.eval or {}).get(dep) or {}).get("n")
+            if isinstance(n, int) and n > 0:
+                out[(r.model, r.task)] = min(n, out.get((r.model, r.task), n))
+    return out
+
+
+def accuracy_stderr(g: pd.DataFrame, col: str, n_eval: int | None) -> np.ndarray:
+    """One standard error per row of a main-table slice: std/sqrt(n_seeds) over seeds where n_seeds > 1,
+    else the binomial sqrt(p(1-p)/n_eval) (NaN when neither is known)."""
+    p = g[col].to_numpy(dtype=float)
+    seeds = g["n_seeds"].to_numpy(dtype=float) if "n_seeds" in g else np.ones_like(p)
+    std = g[f"{col}_std"].to_numpy(dtype=float) if f"{col}_std" in g else np.full_like(p, np.nan)
+    binom = np.sqrt(p * (1 - p) / n_eval) if n_eval else np.full_like(p, np.nan)
+    return np.where((seeds > 1) & np.isfinite(std), std / np.sqrt(np.maximum(seeds, 1)), binom)
+
+
+def final_accuracy_figure(main_df: pd.DataFrame, n_eval: dict | None = None):
     groups = list(main_df.groupby(["model", "task"], sort=True))
     fig, axes = _panel_grid(1, len(groups), w=max(4.6, 0.7 * main_df["arm"].nunique() + 1.5), h=3.6)
     for j, ((model, task), g) in enumerate(groups):
@@ -185,21 +280,26 @@ def plot_final_accuracy(main_df: pd.DataFrame, out: str) -> list[str]:
         w = 0.38
         for k, (col, lab, hatch) in enumerate((("acc_bf16", "BF16 deployment", ""), ("acc_fp4", "FP4 deployment", "//"))):
             vals = g[col].to_numpy(dtype=float)
-            err = g.get(f"{col}_std")
-            err = err.to_numpy(dtype=float) if err is not None else None
-            if err is not None and not np.isfinite(err).any():
-                err = None
-            ax.bar(x + (k - 0.5) * w, vals, w, yerr=err, label=lab, hatch=hatch,
-                   color=[style.arm_color(a) for a in g["arm"]], alpha=1.0 if k == 0 else 0.55,
-                   edgecolor="black", linewidth=0.5, capsize=2)
+            err = accuracy_stderr(g, col, (n_eval or {}).get((model, task)))
+            ax.bar(x + (k - 0.5) * w, vals, w, yerr=err if np.isfinite(err).any() else None, label=lab,
+                   hatch=hatch, color=[style.arm_color(a) for a in g["arm"]], alpha=1.0 if k == 0 else 0.55,
+                   edgecolor="black", linewidth=0.5, capsize=2, error_kw={"elinewidth": 0.8})
         ax.set_xticks(x)
         ax.set_xticklabels(g["arm"], rotation=35, ha="right", fontsize=8)
         ax.set_ylabel("test accuracy (fraction correct)")
-        ax.set_ylim(0, max(1e-3, float(np.nanmax(g[["acc_bf16", "acc_fp4"]].to_numpy(dtype=float)))) * 1.15)
+        ax.set_ylim(0, min(1.05, max(1e-3, float(np.nanmax(g[["acc_bf16", "acc_fp4"]].to_numpy(dtype=float)))) * 1.2))
         ax.set_title(f"{model} / {task}")
-    fig.suptitle("Final test accuracy of each policy: solid = BF16 deployment, hatched = FP4 deployment", y=1.0)
+    multi = "n_seeds" in main_df and (main_df["n_seeds"] > 1).any()
+    fig.suptitle("Final test accuracy: solid = BF16 deployment, hatched = FP4 deployment; bars: 1 standard error "
+                 + ("over seeds" if multi else "(binomial, over evaluation samples)"), y=1.0, fontsize=9)
     fig.tight_layout()
-    return style.save(fig, out, "final_accuracy")
+    return fig
+
+
+def plot_final_accuracy(main_df: pd.DataFrame, out: str, n_eval: dict | None = None) -> list[str]:
+    if main_df is None or main_df.empty:
+        return style.placeholder(out, "final_accuracy", "Final accuracy", "no main table")
+    return style.save(final_accuracy_figure(main_df, n_eval), out, "final_accuracy")
 
 
 def plot_all_runs(runs_dir: str, tables_dir: str | None, out: str, manifest: str | None = None) -> list[str]:
@@ -219,7 +319,7 @@ def plot_all_runs(runs_dir: str, tables_dir: str | None, out: str, manifest: str
         runs_df = runs_frame([r for r in runs if r.metrics])
         main_df = main_table(runs_df) if not runs_df.empty else None
     written += plot_mismatch_vs_bytes(runs_df, out)
-    written += plot_final_accuracy(main_df, out)
+    written += plot_final_accuracy(main_df, out, eval_sample_counts(runs))
     return written
 
 

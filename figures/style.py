@@ -1,15 +1,21 @@
-"""Shared figure style and saving (PNG at 150 dpi + PDF with no timestamp, so reruns are byte-stable).
+"""Shared figure style and saving: PNG at 150 dpi + PDF, byte-identical when redrawn from the same data.
 
-Used by figures.plot_runs and figures.plot_speedups; not a script.
+Used by every figures.plot_* module; not a script. Byte stability (tests/analysis/test_figures.py):
+no timestamps or software versions in the files, and the layout is snapped to a coarse grid before
+saving. The snap matters across machines: text extents and numpy/libm transcendental functions can
+differ in their last bits between CPUs, and a coordinate that lands on a tie of the 6-decimal PDF
+output then changes the file (seen: one axes edge at 396.0771875 pt).
 """
 from __future__ import annotations
 
+import math
 import os
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 
 # one fixed color per arm, so every figure reads the same way
 ARM_COLORS = {
@@ -49,11 +55,31 @@ def setup() -> None:
     })
 
 
+AXES_GRID = 1e-4  # axes positions, in figure fractions
+BBOX_GRID = 0.01  # saved area, in inches
+
+
+def snap_layout(fig) -> Bbox:
+    """Fix the layout (run the figure's layout engine once, then switch it off), round every axes'
+    position to AXES_GRID and return the area to save (tight bbox + pad) rounded outward to BBOX_GRID."""
+    engine = fig.get_layout_engine()
+    if engine is not None:
+        engine.execute(fig)
+        fig.set_layout_engine("none")
+    for ax in fig.axes:
+        ax.set_position([round(v / AXES_GRID) * AXES_GRID for v in ax.get_position().bounds])
+    bb = fig.get_tightbbox(fig.canvas.get_renderer()).padded(plt.rcParams["savefig.pad_inches"])
+    lo = [math.floor(v / BBOX_GRID) * BBOX_GRID for v in (bb.x0, bb.y0)]
+    hi = [math.ceil(v / BBOX_GRID) * BBOX_GRID for v in (bb.x1, bb.y1)]
+    return Bbox.from_extents(lo[0], lo[1], hi[0], hi[1])
+
+
 def save(fig, out_dir: str, name: str) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, f"{name}.png"), os.path.join(out_dir, f"{name}.pdf")]
-    fig.savefig(paths[0], dpi=150, metadata={"Software": None})
-    fig.savefig(paths[1], metadata={"CreationDate": None, "Producer": None, "Creator": None})
+    box = snap_layout(fig)
+    fig.savefig(paths[0], dpi=150, bbox_inches=box, metadata={"Software": None})
+    fig.savefig(paths[1], bbox_inches=box, metadata={"CreationDate": None, "Producer": None, "Creator": None})
     plt.close(fig)
     return paths
 

@@ -17,6 +17,7 @@ Compared against: nothing upstream; tests/test_sft.py checks the base policy is 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -108,7 +109,9 @@ def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
         opt.load_state_dict(state["optimizer"])
     log = rundir.MetricsLog.open(out, upto_step=start if latest is not None else None, wandb_cfg=cfg["wandb"], cfg=cfg)
     total = s["steps"]
-    bar = tqdm(range(start, total), desc="sft", disable=not progress, file=sys.stderr)
+    # disable=None: off when stderr is not a terminal (pipeline logs); an explicit False would override TQDM_DISABLE
+    bar = tqdm(range(start, total), desc="sft", disable=None if progress and not os.environ.get("TQDM_DISABLE") else True,
+               file=sys.stderr)
     for step in bar:
         t0 = time.time()
         g = torch.Generator().manual_seed(cfg["seed"] * 1_000_003 + step)

@@ -77,3 +77,158 @@ def test_rollout_ratios_from_bench_rows(tmp_path):
     r = ratios(pd.read_csv(io.StringIO(ROLLOUT_CSV)).query("op == 'rollout_generate'")).iloc[0]
     assert r["engine_vs_hf"] == pytest.approx(20.0)  # engine BF16 / HF generate
     assert r["fp4kv4_vs_bf16"] == pytest.approx(0.75)  # best FP4 + KV4 provider / engine BF16
+
+
+def test_rerun_in_another_process_is_byte_identical(setup_dirs):
+    """Another interpreter (another hash seed, so another set/dict iteration order of strings) writes
+    the same bytes: the committed figures do not change when the pipeline redraws them."""
+    import os
+    import subprocess
+    import sys
+
+    tmp, runs, tables = setup_dirs
+    args = ["--runs", str(runs), "--tables", str(tables), "--kernels", str(tmp / "kernels"),
+            "--rollout", str(tmp / "rollout")]
+    plot_all_main(args + ["--out", str(tmp / "a")])
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    subprocess.run([sys.executable, "-m", "figures.plot_all", *args, "--out", str(tmp / "b")], check=True,
+                   env=env, capture_output=True)
+    assert _digest(tmp / "a") == _digest(tmp / "b")
+
+
+def test_last_bit_layout_differences_do_not_change_the_files(tmp_path):
+    """What differs between CPUs is the last bits of layout arithmetic (text extents, libm); the saved
+    layout is snapped to a grid, so moving one axes' edges by 1e-7 of the figure (far more than such
+    differences) writes identical PNG and PDF bytes. Unsnapped, the PDF's coordinates change."""
+    from figures import style
+    from figures.style import plt
+
+    def draw(shift):
+        style.setup()
+        fig, axes = plt.subplots(1, 2, figsize=(6.1, 2.3))
+        for k, ax in enumerate(axes):
+            ax.plot([0.1, 1.7, 2.3], [3e-4, 1.1e-2, 7e-3], marker="o")
+            ax.set_yscale("log")
+            ax.set_title(f"panel {k}")
+        fig.tight_layout()
+        x0, y0, w, h = axes[1].get_position().bounds
+        axes[1].set_position([x0 + shift, y0, w + shift, h - shift])
+        out = tmp_path / f"s{shift}"
+        style.save(fig, str(out), "f")
+        return _digest(out)
+
+    assert draw(0.0) == draw(1e-7) == draw(-1e-7)
+
+
+def _runs(tmp_path, **kw):
+    from analysis.runs import load_runs
+
+    runs_dir = tmp_path / "runs" / "smoke"
+    write_profile(runs_dir, models=["qwen3_moe-tiny"], **kw)
+    return load_runs(str(runs_dir))
+
+
+def test_flip_rates_at_true_layer_indices(tmp_path):
+    """An arm that logs only layers 2-3 is drawn at x = 2, 3, not at 0, 1 over another arm's labels."""
+    from figures.plot_runs import flip_rates_figure
+    from figures.style import plt
+
+    runs = _runs(tmp_path, ablations=())
+    for r in runs:
+        if r.arm == "trace":
+            for m in r.metrics:
+                for name in ("code_flip_rate", "routing_flip_rate"):
+                    m[name] = {k: v for k, v in m[name].items() if int(k) >= 2}
+    fig = flip_rates_figure(runs)
+    ax = fig.axes[0]
+    xs = {ln.get_label(): list(ln.get_xdata()) for ln in ax.get_lines()}
+    plt.close(fig)
+    assert xs["trace"] == [2, 3] and xs["qat-independent"] == [0, 1, 2, 3]
+    assert sorted(ax.get_xticks().tolist()) == [0, 1, 2, 3]
+
+
+def test_curves_reward_panels_show_different_quantities(tmp_path):
+    """Reward and training accuracy coincide for 0/1 rewards: the second panel is the held-out
+    eval accuracy (its own steps), not a copy of the first."""
+    import numpy as np
+
+    from figures.plot_runs import curves_reward_figure
+    from figures.style import plt
+
+    runs = _runs(tmp_path, ablations=())
+    fig = curves_reward_figure(runs)
+    left, right = fig.axes[0], fig.axes[1]
+    trace_l = next(ln for ln in left.get_lines() if ln.get_label() == "trace")
+    trace_r = next(ln for ln in right.get_lines() if ln.get_label() == "trace")
+    plt.close(fig)
+    run = next(r for r in runs if r.arm == "trace")
+    ex, ey = run.series("eval_accuracy")
+    assert np.array_equal(trace_r.get_xdata(), ex) and np.allclose(trace_r.get_ydata(), ey)
+    assert len(trace_l.get_xdata()) == len(run.series("reward_mean")[0]) != len(ex)
+
+
+def test_mismatch_vs_bytes_labels_do_not_overlap():
+    import pandas as pd
+
+    from figures.plot_runs import mismatch_vs_bytes_figure
+    from figures.style import plt
+
+    arms = {"bf16": (2e-5, 0), "fp4-naive": (5.8e-2, 0), "qat-weight-only": (5.9e-2, 0),
+            "qat-independent": (8e-3, 0), "trace": (6.9e-4, 65), "trace-noalign": (6.8e-4, 65),
+            "trace-rho0.25": (6.9e-4, 32), "trace-rho1": (5e-6, 130)}
+    df = pd.DataFrame([{"model": "m-tiny", "task": "reasoning", "arm": a, "k3_mean": k, "guidance_bytes_per_token": b}
+                       for a, (k, b) in arms.items()])
+    fig = mismatch_vs_bytes_figure(df)
+    from matplotlib.text import Text
+
+    renderer = fig.canvas.get_renderer()
+    boxes = {t.get_text(): Text.get_window_extent(t, renderer) for t in fig.axes[0].texts}  # text, no leader
+    plt.close(fig)
+    assert set(boxes) == set(arms)
+    names = sorted(boxes)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not boxes[a].overlaps(boxes[b]), (a, b)
+
+
+def _error_bars(ax):
+    """Half-lengths of the error bars of each bar container, in data units."""
+    import numpy as np
+    from matplotlib.container import BarContainer
+
+    out = []
+    for c in (c for c in ax.containers if isinstance(c, BarContainer)):
+        segs = c.errorbar.lines[2][0].get_segments()
+        out.append(np.array([abs(s[1][1] - s[0][1]) / 2 for s in segs]))
+    return out
+
+
+def test_final_accuracy_error_bars(tmp_path):
+    """One seed: binomial standard error over the n evaluation samples; several: std / sqrt(seeds)."""
+    import numpy as np
+
+    from figures.plot_runs import eval_sample_counts, final_accuracy_figure
+    from figures.style import plt
+
+    runs = _runs(tmp_path, ablations=())
+    import pandas as pd
+
+    from analysis.tables import main_table, runs_frame
+
+    main = main_table(runs_frame(runs))
+    n = eval_sample_counts(runs)
+    assert n == {("qwen3_moe-tiny", "reasoning"): 16}
+    fig = final_accuracy_figure(main, n)
+    bf16_err, fp4_err = _error_bars(fig.axes[0])
+    plt.close(fig)
+    p = main["acc_bf16"].to_numpy(dtype=float)
+    assert np.allclose(bf16_err, np.sqrt(p * (1 - p) / 16))
+
+    multi = pd.DataFrame({"model": "m", "task": "t", "arm": ["bf16", "trace"], "acc_bf16": [0.5, 0.6],
+                          "acc_fp4": [0.4, 0.5], "n_seeds": [3, 3], "acc_bf16_std": [0.03, 0.06],
+                          "acc_fp4_std": [0.09, 0.0]})
+    fig = final_accuracy_figure(multi, {("m", "t"): 512})
+    bf16_err, fp4_err = _error_bars(fig.axes[0])
+    plt.close(fig)
+    assert np.allclose(bf16_err, np.array([0.03, 0.06]) / np.sqrt(3))
+    assert np.allclose(fp4_err, np.array([0.09, 0.0]) / np.sqrt(3))

@@ -40,6 +40,7 @@ the last checkpoint untouched). Compared against: OpenRLHF 0.11.2 losses (tests/
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -319,7 +320,8 @@ class RLTrainer:
                 # step 0: the initial policy's test accuracy (the SFT base) in this arm's deployment
                 log.log({"step": 0, "method": rl["method"], "eval_accuracy": self.evaluate()["accuracy"]})
             bar = tqdm(range(self.start_step + 1, rl["steps"] + 1), desc=f"rl[{rl['method']}]",
-                       disable=not self.progress, file=sys.stderr)
+                       disable=None if self.progress and not os.environ.get("TQDM_DISABLE") else True,
+                       file=sys.stderr)  # None: off when stderr is not a terminal (pipeline logs)
             for step in bar:
                 ts = time.perf_counter()
                 try:
