@@ -8,7 +8,7 @@ Input: the long table `<rollout>/rollout.csv` that benchmarks/bench_rollout.py a
 measurement the newest row wins.
 
 Left panel: generated tokens/s (prefill included, log scale) of every provider for each configuration;
-above each group, the two ratios DESIGN.md section 6 / issue 5 set targets for: engine BF16 over
+above each group, the two ratios DESIGN.md §6 sets targets for: engine BF16 over
 transformers `generate` (target >= 5x) and the best FP4 W4A4 + FP4 KV engine mode over the engine's
 BF16 (target >= 3x). Right panel: device time of one decode step (ms = ms per token x batch) in
 attention / MoE / other per engine provider, from the profiler breakdown rows; the wall-clock decode
