@@ -70,3 +70,23 @@ def test_cli_bad_config_exit_code(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert "config key 'rl.clip_eps': expected number" in r.stderr
+
+
+def test_paper_profile_run_configs_validate_with_their_jsonl_keys():
+    sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
+    from runplan import Plan
+    plan = Plan(yaml.safe_load((ROOT / "experiments" / "profiles" / "paper.yaml").read_text()))
+    r = plan.runs[0]
+    cfg = C.load_config(None, [], base=plan.run_config(r.model, r.task, r.arm, r.seed))
+    t = plan.config["tasks"][r.task]
+    assert {k: cfg["task"][k] for k in ("train_jsonl", "test_jsonl", "prompt_key", "label_key")} == \
+        {k: t[k] for k in ("train_jsonl", "test_jsonl", "prompt_key", "label_key")}
+
+
+def test_jsonl_keys_from_the_command_line(tmp_path):
+    cfg = C.load_config(_write(tmp_path, {"model": "qwen3_moe-tiny"}),
+                        ["task.train_jsonl=data/x.jsonl", "task.prompt_key=question"])
+    assert cfg["task"]["train_jsonl"] == "data/x.jsonl" and cfg["task"]["prompt_key"] == "question"
+    assert "test_jsonl" not in cfg["task"]  # absent: the generated split (resolved configs of old runs unchanged)
+    with pytest.raises(C.ConfigError, match=r"'task.train_jsonl': expected string or null, got 3"):
+        C.load_config(None, ["task.train_jsonl=3"])

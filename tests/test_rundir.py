@@ -60,3 +60,27 @@ def test_read_metrics_torn_line_and_duplicate_steps(tmp_path):
     p.write_text('{"step": 0}\n{"step": 1\n{"step": 2}\n')
     with pytest.raises(ValueError, match=":2: invalid JSON"):
         read_metrics(p)
+
+
+def test_resumed_run_says_so_on_stderr(tmp_path, capsys):
+    cfg = C.load_config(None, [])
+    d = rundir.prepare_run_dir(tmp_path / "run", cfg, kind="rl")
+    assert "resuming" not in capsys.readouterr().err  # a fresh run is not a resume
+    step = rundir.ckpt_root(d) / "step_000007"
+    step.mkdir(parents=True)
+    (step / "config.json").write_text("{}")
+    rundir.commit_checkpoint(d, step)
+    rundir.prepare_run_dir(d, cfg, kind="rl")
+    err = capsys.readouterr().err
+    assert f"resuming {d} from step 7 (checkpoint {step})" in err and "finished" not in err
+    rundir.mark_done(d)
+    rundir.prepare_run_dir(d, cfg, kind="rl")
+    err = capsys.readouterr().err
+    assert "from step 7" in err and "finished, nothing to do" in err
+
+
+def test_bad_inputs_create_no_run_dir(tmp_path):
+    cfg = C.load_config(None, ["model=qwen9_moe-tiny"])
+    with pytest.raises(C.ConfigError, match="config key 'model': unknown model 'qwen9_moe-tiny'"):
+        rundir.prepare_run_dir(tmp_path / "run", cfg, kind="sft")
+    assert not (tmp_path / "run").exists()

@@ -15,7 +15,7 @@ import argparse
 import copy
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import jsonschema
 import yaml
@@ -29,6 +29,8 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "device": "cpu",
     "threads": None,  # torch.set_num_threads; None leaves torch's default
+    # task.train_jsonl / test_jsonl / prompt_key / label_key have no defaults: absent = generated splits
+    # (and resolved configs of existing runs stay as they were)
     "task": {"name": "reasoning", "difficulty": "easy", "n_train": 512, "n_test": 128, "seed": 0, "knobs": {}},
     "sft": {
         "steps": 400, "batch_size": 32, "lr": 3.0e-3, "weight_decay": 0.0, "warmup": 20, "grad_clip": 1.0,
@@ -68,6 +70,10 @@ SCHEMA: dict = _obj({
         "difficulty": {"enum": ["easy", "medium", "hard"]},
         "n_train": _pos_int, "n_test": _pos_int, "seed": _int,
         "knobs": {"type": "object"},
+        # local JSONL files replacing the generated splits (trace/tasks/datasets.py); the names are the
+        # paper profile's, and the OpenRLHF launcher passes train_jsonl on as its prompt dataset
+        "train_jsonl": {"type": ["string", "null"]}, "test_jsonl": {"type": ["string", "null"]},
+        "prompt_key": {"type": "string"}, "label_key": {"type": "string"},
     }),
     "sft": _obj({
         "steps": _nonneg_int, "batch_size": _pos_int, "lr": _pos_num, "weight_decay": _nonneg_num,
@@ -254,8 +260,15 @@ def parse_cli(p: argparse.ArgumentParser, argv=None) -> tuple[argparse.Namespace
     try:
         return a, load_config(a.config, a.set)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        fail(e)
+    except OSError as e:
+        fail(f"config file {a.config!r}: {e.strerror or e}")
+
+
+def fail(msg) -> NoReturn:
+    """A start-up error: one `error: ...` line on stderr and exit status 2 (nothing written yet)."""
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def diff_keys(a, b, prefix=""):
@@ -269,5 +282,5 @@ def diff_keys(a, b, prefix=""):
 
 __all__ = [
     "ADVANTAGES", "DEFAULTS", "METHODS", "SCHEMA", "ConfigError", "apply_overrides", "base_parser", "deep_merge",
-    "diff_keys", "dump_config", "load_config", "parse_cli", "validate",
+    "diff_keys", "dump_config", "fail", "load_config", "parse_cli", "validate",
 ]

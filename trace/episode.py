@@ -36,8 +36,9 @@ def encode_prompt(tok, prompt: str) -> list[int]:
 
 def build_task(cfg: dict):
     from trace.tasks import get_task
+    from trace.tasks.datasets import with_jsonl
     t = cfg["task"]
-    return get_task(t["name"], difficulty=t["difficulty"], **(t.get("knobs") or {}))
+    return with_jsonl(get_task(t["name"], difficulty=t["difficulty"], **(t.get("knobs") or {})), t)
 
 
 @dataclass

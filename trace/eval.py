@@ -44,6 +44,10 @@ def main(argv=None) -> int:
     p.add_argument("--ckpt", required=True, help="model dir, run dir or run/ckpt dir")
     p.add_argument("--out", required=True, help="output JSON file")
     a, cfg = C.parse_cli(p, argv)
+    try:  # the checkpoint must be the config's model; exit 2 before anything is written
+        rundir.check_inputs(cfg, {"--ckpt": a.ckpt})
+    except C.ConfigError as e:
+        C.fail(e)
     res = evaluate_checkpoint(cfg, a.ckpt)
     res["meta"] = rundir.collect_meta()
     out = Path(a.out)

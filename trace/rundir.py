@@ -9,6 +9,11 @@ Layout (the contract with the Snakemake pipeline and analysis/):
     DIR/ckpt/latest      name of the newest complete checkpoint (written atomically, last)
     DIR/done             written when the run finished
 
+Start-up: `check_inputs` validates what a config points at (registry model, init checkpoint of the
+same architecture, JSONL files) and raises ConfigError naming the key; `prepare_run_dir` runs it
+before creating anything, so a bad command leaves no run folder that would block the corrected one.
+A restarted run says on stderr that it resumes, from which step and checkpoint.
+
 Resume: `MetricsLog.open(dir, upto_step)` drops lines after the checkpoint's step (and a torn last
 line from a kill -9), so the restarted run appends without duplicates or gaps. Everything a run
 draws at random derives from (seed, step) through its own generators, so no global RNG state is
@@ -93,8 +98,39 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def check_inputs(cfg: dict, ckpts: dict | None = None) -> None:
+    """Raise ConfigError unless `cfg["model"]` is a registry model, every checkpoint in `ckpts`
+    ({key named in the error: path or None}) resolves to a checkpoint of that model's architecture,
+    and the task's JSONL files load. Reads configs and data only, writes nothing."""
+    from trace.models.checkpoint import check_checkpoint_model
+    from trace.models.registry import get_spec
+    from trace.tasks.datasets import DatasetError, load_jsonl
+    try:
+        get_spec(cfg["model"])
+    except KeyError as e:
+        raise ConfigError(f"config key 'model': {e.args[0]}") from None
+    for key, path in (ckpts or {}).items():
+        if not path:
+            continue
+        try:
+            check_checkpoint_model(cfg["model"], resolve_checkpoint(path))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{key}: {e}") from None
+    t = cfg["task"]
+    for split in ("train", "test"):
+        path = t.get(f"{split}_jsonl")
+        if path:
+            try:
+                load_jsonl(path, t.get("prompt_key", "prompt"), t.get("label_key", "label"),
+                           default_datasource=t["name"])
+            except DatasetError as e:
+                raise ConfigError(f"config key 'task.{split}_jsonl': {e}") from None
+
+
 def prepare_run_dir(out: str | os.PathLike, cfg: dict, kind: str) -> Path:
-    """Create DIR, write config.yaml (or check it matches on a restart) and meta.json."""
+    """Check the inputs (`check_inputs`; an RL run's `rl.init_ckpt` too), then create DIR, write
+    config.yaml (or check it matches on a restart) and meta.json; say so on stderr when resuming."""
+    check_inputs(cfg, {"rl.init_ckpt": cfg["rl"].get("init_ckpt")} if kind.startswith("rl") else None)
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
     cfg_path = d / "config.yaml"
@@ -114,6 +150,11 @@ def prepare_run_dir(out: str | os.PathLike, cfg: dict, kind: str) -> Path:
         old.setdefault("resumes", []).append(meta["start_time"])
         meta = old
     _atomic_write(meta_path, json.dumps(meta, indent=2))
+    latest = latest_checkpoint(d)
+    if latest is not None:
+        note = "; finished, nothing to do" if (d / "done").exists() else ""
+        print(f"[trace] resuming {d} from step {checkpoint_step(latest)} (checkpoint {latest}){note}",
+              file=sys.stderr)
     return d
 
 
@@ -233,6 +274,11 @@ def latest_checkpoint(run_dir) -> Path | None:
     return p if (p / "config.json").exists() else None
 
 
+def checkpoint_step(step_dir) -> int:
+    """The step of a ckpt/step_XXXXXX directory (from its name; no weights are read)."""
+    return int(Path(step_dir).name.split("_")[-1])
+
+
 def commit_checkpoint(run_dir, step_dir: Path, keep: int = 1) -> None:
     """Point `latest` at step_dir (atomic), then delete older step dirs beyond `keep`."""
     root = ckpt_root(run_dir)
@@ -286,6 +332,6 @@ def set_threads(cfg: dict) -> None:
 
 
 __all__ = [
-    "MetricsLog", "ckpt_root", "collect_meta", "commit_checkpoint", "latest_checkpoint", "load_trainer_state",
+    "MetricsLog", "check_inputs", "checkpoint_step", "ckpt_root", "collect_meta", "commit_checkpoint", "latest_checkpoint", "load_trainer_state",
     "mark_done", "prepare_run_dir", "read_metrics", "resolve_checkpoint", "save_run_checkpoint", "set_threads",
 ]

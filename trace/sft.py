@@ -154,7 +154,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="run directory (created; resumed if it holds a checkpoint)")
     p.add_argument("--no-progress", action="store_true")
     a, cfg = C.parse_cli(p, argv)
-    run_sft(cfg, a.out, progress=not a.no_progress)
+    try:
+        run_sft(cfg, a.out, progress=not a.no_progress)
+    except C.ConfigError as e:  # start-up: model, JSONL files, a different run in --out; nothing written
+        C.fail(e)
     return 0
 
 

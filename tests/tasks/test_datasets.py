@@ -59,3 +59,35 @@ def test_errors_name_the_line(tmp_path, bad, match):
 def test_missing_file(tmp_path):
     with pytest.raises(DatasetError, match="no such file"):
         load_jsonl(tmp_path / "nope.jsonl")
+
+
+def test_error_column_is_the_column_within_the_line(tmp_path):
+    good = json.dumps({"prompt": "p", "label": "l", "datasource": "x"})
+    bad = '{"prompt": "What is the sum of 17 and 25?", "label": 42, datasource: "x"}'
+    col = bad.index("datasource") + 1  # 1-based column of the unquoted key
+    assert col > 1
+    p = write(tmp_path, [good, bad])
+    with pytest.raises(DatasetError, match=rf"d\.jsonl:2: invalid JSON \(.* at column {col}\)"):
+        load_jsonl(p)
+
+
+def test_byte_order_mark_is_not_a_fault(tmp_path):
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps({"prompt": "p", "label": "l"}).encode() + b"\n")
+    assert load_jsonl(p, default_datasource="math")[0].prompt == "p"
+
+
+def test_config_jsonl_replaces_the_generated_splits(tmp_path):
+    from trace import config as C
+    from trace.episode import build_task
+    rows = [json.dumps({"question": f"Q: {i}+1=\nA:", "answer": i + 1}) for i in range(5)]
+    p = write(tmp_path, rows, name="train.jsonl")
+    cfg = C.load_config(None, [f"task.train_jsonl={p}", "task.prompt_key=question", "task.label_key=answer"])
+    task = build_task(cfg)
+    train = task.make_split("train", 3, seed=0)
+    assert [(e.prompt, e.label, e.datasource) for e in train] == [(f"Q: {i}+1=\nA:", str(i + 1), "reasoning")
+                                                                  for i in range(3)]
+    assert len(task.make_split("train", 100, seed=0)) == 5  # the file's examples, no repeats
+    gen = get_task("reasoning", difficulty="easy")
+    assert task.make_split("test", 4, seed=0) == gen.make_split("test", 4, seed=0)  # no test file: generated
+    assert task.score(train[0], task._gold_response(train[0])) == 1.0  # scoring is the task's

@@ -4,16 +4,20 @@
 tokenizer files with ``save_pretrained``. ``load_checkpoint`` reads them back with the Auto classes from
 that directory only (``local_files_only=True``), re-applying the attention / experts implementations
 the registry uses, because transformers does not serialize those into ``config.json``.
+``check_checkpoint_model(name, ckpt_dir)`` compares a checkpoint's ``config.json`` with the registry
+config of model ``name`` (model type and shape fields), so a run cannot train one architecture while
+recording another. Compared against: tests/test_cli.py (mismatch errors of the entry points).
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from trace.models.registry import ATTN_IMPLEMENTATION, EXPERTS_IMPLEMENTATION
+from trace.models.registry import ATTN_IMPLEMENTATION, EXPERTS_IMPLEMENTATION, build_config
 
 
 def save_checkpoint(
@@ -61,4 +65,28 @@ def load_checkpoint(
     return model, tokenizer
 
 
-__all__ = ["load_checkpoint", "save_checkpoint"]
+# Fields that fix the architecture and the parameter shapes (the union over the four families; a
+# field absent from either side is not compared).
+SHAPE_FIELDS = (
+    "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok",
+    "max_position_embeddings",
+)
+
+
+def check_checkpoint_model(name: str, ckpt_dir: str | os.PathLike) -> None:
+    """Raise ValueError when the checkpoint in ``ckpt_dir`` is not an instance of registry model ``name``
+    (KeyError for an unknown name). Reads ``config.json`` only, no weights."""
+    want = build_config(name, check_fp4=False).to_dict()
+    cfg_path = Path(ckpt_dir) / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"no config.json in checkpoint directory {str(ckpt_dir)!r}")
+    have = json.loads(cfg_path.read_text())
+    diff = [f"{k} {have[k]!r} (model {want[k]!r})" for k in SHAPE_FIELDS
+            if k in have and k in want and have[k] != want[k]]
+    if diff:
+        raise ValueError(f"checkpoint {str(ckpt_dir)!r} does not match model={name!r}: " + ", ".join(diff))
+
+
+__all__ = ["SHAPE_FIELDS", "check_checkpoint_model", "load_checkpoint", "save_checkpoint"]

@@ -2,7 +2,7 @@
 
 Writes DIR/config.yaml, meta.json, metrics.jsonl (one object per step), ckpt/ and `done`. Restarting
 the same command after a crash resumes from the last checkpoint (see trace/rl/trainer.py).
-Exit codes: 0 done, 2 bad config, 3 non-finite loss/logits (step not applied, checkpoint kept).
+Exit codes: 0 done, 2 bad config or inputs (one `error:` line; nothing written), 3 non-finite loss/logits (step not applied, checkpoint kept).
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ def main(argv=None) -> int:
     from trace.rl.trainer import NonFiniteError, run_rl
     try:
         run_rl(cfg, a.out, progress=not a.no_progress)
+    except C.ConfigError as e:  # start-up: model, rl.init_ckpt, JSONL files, a different run in --out
+        C.fail(e)
     except NonFiniteError as e:
         print(f"error: {e}", file=sys.stderr)
         return 3

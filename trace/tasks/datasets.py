@@ -3,7 +3,9 @@
 ``load_jsonl("data/math_train.jsonl", prompt_key="question", label_key="answer")`` returns
 `Example`s; a malformed line or a missing key raises `DatasetError` naming the file and line.
 ``save_jsonl(path, examples)`` writes the synthetic splits in the same format so a generated set
-can be frozen and re-read. Compared against: OpenRLHF's `--input_key/--label_key` JSONL convention,
+can be frozen and re-read. ``with_jsonl(task, cfg["task"])`` gives a task whose train/test splits come
+from the run config's ``task.train_jsonl`` / ``task.test_jsonl`` (keys ``task.prompt_key`` /
+``task.label_key``); a split without a file stays generated. Compared against: OpenRLHF's `--input_key/--label_key` JSONL convention,
 which the same files feed at cluster scale.
 """
 from __future__ import annotations
@@ -38,7 +40,7 @@ def load_jsonl(
         raise DatasetError(f"{path}: no such file")
     keep = None if meta_keys is None else set(meta_keys)
     out: list[Example] = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte-order mark is not a fault
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -46,6 +48,7 @@ def load_jsonl(
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
+                # each line is parsed on its own, so colno is the column within this line
                 raise DatasetError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(row, dict):
                 raise DatasetError(f"{where}: expected a JSON object, got {type(row).__name__}")
@@ -82,3 +85,43 @@ def save_jsonl(path: str | os.PathLike, examples: Iterable[Example]) -> int:
                                 "meta": ex.meta}, ensure_ascii=True) + "\n")
             n += 1
     return n
+
+
+class JsonlTask:
+    """A task whose train/test splits are read from JSONL files; scoring, stop string, turns and
+    everything else are the wrapped task's. `make_split(split, n, seed)` returns the file's first n
+    examples in file order (all of them when the file is shorter; the seed does not apply to a fixed
+    file); a split without a file is the wrapped task's generated split."""
+
+    def __init__(self, task, train: str | None = None, test: str | None = None, prompt_key: str = "prompt",
+                 label_key: str = "label"):
+        self.task = task
+        self.files = {"train": train, "test": test}
+        self.prompt_key, self.label_key = prompt_key, label_key
+        self._cache: dict[str, list[Example]] = {}
+
+    def __getattr__(self, name):
+        return getattr(self.task, name)
+
+    def load(self, split: str) -> list[Example]:
+        """All examples of the split's file (read once); DatasetError names file, line and column."""
+        if split not in self._cache:
+            self._cache[split] = load_jsonl(self.files[split], self.prompt_key, self.label_key,
+                                            default_datasource=self.task.name)
+            if not self._cache[split]:
+                raise DatasetError(f"{self.files[split]}: no examples")
+        return self._cache[split]
+
+    def make_split(self, split: str, n: int, seed: int) -> list[Example]:
+        if self.files.get(split) is None:
+            return self.task.make_split(split, n, seed)
+        return self.load(split)[:n]
+
+
+def with_jsonl(task, task_cfg: dict):
+    """`task` itself, or a JsonlTask when the config's task block names a train or test JSONL file."""
+    train, test = task_cfg.get("train_jsonl"), task_cfg.get("test_jsonl")
+    if not train and not test:
+        return task
+    return JsonlTask(task, train or None, test or None, task_cfg.get("prompt_key", "prompt"),
+                     task_cfg.get("label_key", "label"))
