@@ -20,6 +20,9 @@ needed. Decode uses split-K (FP32 atomics) so that the whole GPU streams the wei
 Compared against: `kernels.reference.fp4_linear` (FP32 dequantize-then-matmul); tests in
 tests/kernels/test_gemm.py (interpreter), timing vs cuBLAS BF16 `F.linear` in benchmarks/bench_kernels.py.
 Run: `python -m pytest tests/kernels/test_gemm.py -q`.
+
+Over 450 lines because the MMA path, the decode GEMV kernels and `prepare_weight` share one weight
+layout: a change to the layout has to be made in all three at once.
 """
 from __future__ import annotations
 
