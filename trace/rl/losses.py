@@ -12,7 +12,8 @@
   ICEPOP = `level="token", mode="mask"` (tokens whose ratio is outside [lo, hi] dropped, survivors
   keep their IS weight).
 * `kl_k3`: Schulman's k3 estimator as OpenRLHF's `compute_approx_kl(kl_estimator="k3")`.
-* `mismatch_metrics`: k1, k3, |dlp| mean/max, fraction of r outside [0.5, 2], chi^2 over trainable tokens.
+* `mismatch_metrics` (defined in trace/guidance/mismatch.py, shared with the OpenRLHF actor): k1, k3,
+  |dlp| mean/max, fraction of r outside [0.5, 2], chi^2 over trainable tokens.
 
 tests/rl/test_openrlhf_crosscheck.py imports OpenRLHF's own modules (with stubs for ray/deepspeed)
 and compares on random inputs; no OpenRLHF code is copied here.
@@ -20,6 +21,8 @@ and compares on random inputs; no OpenRLHF code is copied here.
 from __future__ import annotations
 
 import torch
+
+from trace.guidance.mismatch import mismatch_metrics
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -114,28 +117,6 @@ def kl_k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     """Per-token k3 KL(pi || pi_ref) estimate, clamped like OpenRLHF (log ratio >= -10, value in [-10, 10])."""
     lr = (log_probs.float() - ref_log_probs.float()).clamp(min=-10)
     return ((-lr).exp() - 1 + lr).clamp(-10, 10)
-
-
-@torch.no_grad()
-def mismatch_metrics(lp_train: torch.Tensor, lp_roll: torch.Tensor, mask: torch.Tensor) -> dict:
-    """Train-rollout mismatch over the tokens in `mask` (DESIGN.md §4).
-
-    k1 = mean(lp_roll - lp_train); r = exp(lp_train - lp_roll); k3 = mean(r - 1 - log r);
-    |dlp| mean and max; fraction of r outside [0.5, 2]; chi2 = mean((r - 1)^2).
-    """
-    m = mask.bool()
-    if not bool(m.any()):
-        return {k: None for k in ("k1", "k3", "dlp_abs_mean", "dlp_abs_max", "ratio_out_frac", "chi2")}
-    dlp = (lp_train.double() - lp_roll.double())[m]
-    r = dlp.exp()
-    return {
-        "k1": float((-dlp).mean()),
-        "k3": float((r - 1 - dlp).mean()),
-        "dlp_abs_mean": float(dlp.abs().mean()),
-        "dlp_abs_max": float(dlp.abs().max()),
-        "ratio_out_frac": float(((r < 0.5) | (r > 2.0)).double().mean()),
-        "chi2": float(((r - 1) ** 2).mean()),
-    }
 
 
 __all__ = ["compute_advantages", "group_baseline", "kl_k3", "masked_mean", "mismatch_metrics", "policy_loss"]

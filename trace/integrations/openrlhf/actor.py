@@ -34,25 +34,12 @@ import openrlhf.trainer.ray.ppo_actor as _pa  # noqa: E402
 
 from trace import rundir  # noqa: E402
 from trace.arms import ARMS  # noqa: E402
+from trace.guidance.mismatch import mismatch_metrics  # noqa: E402
 from trace.integrations.openrlhf.records import batch_records, coverage  # noqa: E402
 from trace.integrations.openrlhf.rollout import RECORD_KEY  # noqa: E402
 from trace.qat import patch_model, replay  # noqa: E402
 
 LAYER_KEYS = ("code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate")
-
-
-def mismatch_metrics(lp_train: torch.Tensor, lp_roll: torch.Tensor, mask: torch.Tensor) -> dict:
-    """k1, k3, |dlp| mean/max, ratio outside [0.5, 2], chi2 over the tokens in mask: the definitions of
-    `trace.rl.losses.mismatch_metrics` (DESIGN.md §4; equal on the same inputs, tested), restated here
-    because integrations sit below the trainers in the layer order."""
-    m = mask.bool()
-    if not bool(m.any()):
-        return {}
-    dlp = (lp_train.double() - lp_roll.double())[m]
-    r = dlp.exp()
-    return {"k1": float((-dlp).mean()), "k3": float((r - 1 - dlp).mean()), "dlp_abs_mean": float(dlp.abs().mean()),
-            "dlp_abs_max": float(dlp.abs().max()), "ratio_out_frac": float(((r < 0.5) | (r > 2.0)).double().mean()),
-            "chi2": float(((r - 1) ** 2).mean())}
 
 
 def hf_model(actor):
