@@ -28,20 +28,24 @@ def _rekey(keys: torch.Tensor, seq: int) -> torch.Tensor:
     return (keys & _POS_MASK) | (int(seq) << _POS_BITS)
 
 
+def _order(k: torch.Tensor, first_wins: bool) -> torch.Tensor:
+    """Indices that sort keys k [n]; with first_wins, only the first of each run of equal keys (a stable
+    sort keeps call order among equal keys)."""
+    if not first_wins:
+        return torch.argsort(k)
+    order = torch.sort(k, stable=True).indices
+    ks = k[order]
+    keep = torch.ones_like(ks, dtype=torch.bool)
+    keep[1:] = ks[1:] != ks[:-1]
+    return order[keep]
+
+
 def _site_cat(parts: list[SiteRows], keys: list[torch.Tensor], first_wins: bool) -> SiteRows:
     k = torch.cat(keys)
     cat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
     mant, scales, outer = cat("mantissa"), cat("scales"), cat("outer")
     codes = cat("codes") if all(p.codes is not None for p in parts) else None
-    if first_wins:
-        # stable sort keeps call order among equal keys; keep the first of each run
-        order = torch.sort(k, stable=True).indices
-        ks = k[order]
-        keep = torch.ones_like(ks, dtype=torch.bool)
-        keep[1:] = ks[1:] != ks[:-1]
-        order = order[keep]
-    else:
-        order = torch.argsort(k)
+    order = _order(k, first_wins)
     return SiteRows(k[order], mant[order], scales[order], outer[order],
                     codes[order] if codes is not None else None, parts[0].fmt)
 
@@ -59,14 +63,7 @@ def _combine(recs: list[GuidanceRecord], seqs: list[int] | None, first_wins: boo
         have = [(i, r.routing[layer]) for i, r in enumerate(recs) if layer in r.routing]
         k = torch.cat([(_rekey(kk, seqs[i]) if seqs is not None else kk) for i, (kk, _) in have])
         ids = torch.cat([v for _, (_, v) in have])
-        if first_wins:
-            order = torch.sort(k, stable=True).indices
-            ks = k[order]
-            keep = torch.ones_like(ks, dtype=torch.bool)
-            keep[1:] = ks[1:] != ks[:-1]
-            order = order[keep]
-        else:
-            order = torch.argsort(k)
+        order = _order(k, first_wins)
         out.routing[layer] = (k[order], ids[order])
     return out
 
