@@ -21,7 +21,7 @@ def test_pipeline_schema_lists_the_same_arms():
     import yaml
     with open(os.path.join(ROOT, "workflow", "schemas", "config.schema.yaml")) as f:
         schema = yaml.safe_load(f)
-    assert tuple(schema["definitions"]["method"]["enum"]) == METHODS
+    assert tuple(schema["$defs"]["method"]["enum"]) == METHODS
 
 
 def test_arm_semantics():
