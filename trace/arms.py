@@ -21,7 +21,8 @@ class Arm:
     engine_mode: str  # rollout engine: "bf16" | "w4a4"
     kv_fp4: bool  # FP4 KV cache in the engine
     trainer_mode: str  # trace.qat.patch_model mode of the trainer forward
-    record: str | None  # None | "guide" (TRACE guidance) | "diag" (full codes, flip counting only)
+    record: str | None  # None | "guide" (TRACE guidance) | "diag" (no guidance; the trainer's flip diagnostic
+    # record, which every arm whose trainer quantizes activations gets, is all it records)
     full_codes: bool = False  # record (and, for "guide", replay) the full 4-bit codes
     routing: bool = False  # routing replay
     align: bool = False  # alignment term
