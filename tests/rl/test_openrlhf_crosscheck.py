@@ -82,14 +82,15 @@ def orl():
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"OpenRLHF modules not importable on this machine even with stubs: {e!r}")
     yield SimpleNamespace(loss=loss, utils=mutils, em=em, src=src)
-    # drop only the stubs and OpenRLHF itself: real modules first imported here (torch.distributed,
-    # transformers submodules) must stay, re-importing them re-registers torch ops and fails
+    # put back exactly what OpenRLHF, deepspeed and ray were before (real modules another test imported
+    # must not stay replaced by stubs); real modules first imported here (torch.distributed, transformers
+    # submodules) must stay, re-importing them re-registers torch ops and fails
     for k in list(sys.modules):
-        if k not in saved and k.split(".")[0] in ("openrlhf", "deepspeed", "ray"):
-            del sys.modules[k]
-    for name in ("deepspeed", "ray"):
-        if name in saved:
-            sys.modules[name] = saved[name]
+        if k.split(".")[0] in ("openrlhf", "deepspeed", "ray"):
+            if k in saved:
+                sys.modules[k] = saved[k]
+            else:
+                del sys.modules[k]
 
 
 def _rand(B=6, T=9, seed=0):
