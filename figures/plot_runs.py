@@ -6,7 +6,7 @@ Writes (PNG + PDF each), one panel per model x task, one line per arm (mean over
 * ``curves_reward``: reward and training accuracy vs RL step;
 * ``curves_mismatch``: token k3 mismatch between trainer and rollout log-probs vs step (log scale);
 * ``flip_rates``: per-layer FP4 code-flip rate (trainer vs rollout, mean over steps) vs layer index;
-* ``mismatch_vs_bytes``: mean k3 vs guidance bytes per token, one point per arm (the cost/benefit of
+* ``mismatch_vs_bytes``: mean k3 vs guidance bytes per generated token, one point per arm (the cost/benefit of
   guidance: full codes, compact, rho);
 * ``final_accuracy``: final test accuracy under BF16 and FP4 deployment per arm (from main.csv).
 Compared against: the paper's figures (TRACE tracks the bf16 curves while naive FP4 drifts; k3 drops
@@ -153,20 +153,20 @@ def plot_flip_rates(runs, out: str) -> list[str]:
 def plot_mismatch_vs_bytes(runs_df: pd.DataFrame, out: str) -> list[str]:
     if runs_df is None or runs_df.empty:
         return style.placeholder(out, "mismatch_vs_bytes", "Mismatch vs guidance bytes", "no runs")
-    d = runs_df.groupby(["model", "task", "arm"], as_index=False)[["k3_mean", "guidance_bytes_per_token"]].mean()
+    d = runs_df.groupby(["model", "task", "arm"], as_index=False)[["k3_mean", "guidance_bytes_per_gen_token"]].mean()
     groups = list(d.groupby(["model", "task"], sort=True))
     fig, axes = _panel_grid(1, len(groups), w=4.6, h=3.6)
     for j, ((model, task), g) in enumerate(groups):
         ax = axes[0, j]
         for _, row in g.iterrows():
-            if not (np.isfinite(row.k3_mean) and row.k3_mean > 0 and np.isfinite(row.guidance_bytes_per_token)):
+            if not (np.isfinite(row.k3_mean) and row.k3_mean > 0 and np.isfinite(row.guidance_bytes_per_gen_token)):
                 continue
-            ax.scatter(row.guidance_bytes_per_token, row.k3_mean, color=style.arm_color(row.arm), s=36,
+            ax.scatter(row.guidance_bytes_per_gen_token, row.k3_mean, color=style.arm_color(row.arm), s=36,
                        label=row.arm, zorder=3)
-            ax.annotate(row.arm, (row.guidance_bytes_per_token, row.k3_mean), fontsize=7,
+            ax.annotate(row.arm, (row.guidance_bytes_per_gen_token, row.k3_mean), fontsize=7,
                         xytext=(4, 3), textcoords="offset points")
         ax.set_yscale("log")
-        ax.set_xlabel("guidance cache (bytes per token)")
+        ax.set_xlabel("guidance record (bytes per generated token)")
         ax.set_ylabel("mean token k3 (nats, log scale)")
         ax.set_title(f"{model} / {task}")
     fig.suptitle("Mismatch vs guidance cost (each point: one arm, mean over steps and seeds)", y=1.0)
@@ -185,7 +185,7 @@ def plot_final_accuracy(main_df: pd.DataFrame, out: str) -> list[str]:
         w = 0.38
         for k, (col, lab, hatch) in enumerate((("acc_bf16", "BF16 deployment", ""), ("acc_fp4", "FP4 deployment", "//"))):
             vals = g[col].to_numpy(dtype=float)
-            err = g.get(f"{col}_std")
+            err = g.get(f"{col}_se")
             err = err.to_numpy(dtype=float) if err is not None else None
             if err is not None and not np.isfinite(err).any():
                 err = None
