@@ -16,19 +16,29 @@ rule manifest:
             f.write("\n")
 
 
+def _learning_cmd(strict: bool) -> str:
+    if not LEARNING:
+        return ""
+    return (f" && python -m analysis.learning --runs {RUNS} --out {TABLES} --arm {LEARNING['arm']}"
+            f" --min-se {LEARNING.get('min_se', 3)}" + (f" --manifest {MANIFEST} --strict" if strict else ""))
+
+
 rule tables:
     input:
         manifest=MANIFEST,
         done=RUN_DONE,
         evals=RUN_EVAL,
+        base=BASE_EVAL,
     output:
         TABLE_FILES,
     log:
         f"{LOGS}/tables.log",
+    params:
+        learning=_learning_cmd(strict=True),
     threads: 1
     shell:
-        ENV + " python -m analysis.tables --runs {RUNS} --manifest {input.manifest} --out {TABLES}"
-        " --strict > {log} 2>&1"
+        "(" + ENV + " python -m analysis.tables --runs {RUNS} --manifest {input.manifest} --out {TABLES}"
+        " --strict {params.learning}) > {log} 2>&1"
 
 
 rule plot:
@@ -50,6 +60,6 @@ rule figures:
     """Rebuild tables and figures of the loaded profile from results/ (no training, no GPU)."""
     threads: 1
     shell:
-        ENV + " python -m analysis.tables --runs {RUNS} --out {TABLES}"
+        ENV + " python -m analysis.tables --runs {RUNS} --out {TABLES}" + _learning_cmd(strict=False) +
         " && python -m figures.plot_all --runs {RUNS} --tables {TABLES}"
         " --kernels results/kernels --rollout results/rollout --out {FIGS}"
