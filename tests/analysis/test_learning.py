@@ -22,34 +22,35 @@ def _write_final(runs, seed, per_prompt):
 
 
 def test_rise_and_its_standard_errors():
-    """Base (0, 0.5, 0.5, 1) -> final (0.5, 0.5, 1, 1): rise 0.25; clustered SEs 0.2041 and 0.1443,
-    unpaired SE sqrt(0.2041^2 + 0.1443^2) = 0.25; paired: per-prompt rises (0.5, 0, 0.5, 0), SE 0.1443."""
+    """Base (0, 0.5, 0.5, 1) -> final (0.5, 0.5, 1, 1): rise 0.25; clustered SEs 0.2041 and 0.1443;
+    SE of the rise from the per-prompt rises (0.5, 0, 0.5, 0): 0.1443; unpaired sqrt(0.2041^2 + 0.1443^2)
+    = 0.25."""
     r = rise({"per_prompt": [0, 0.5, 0.5, 1]}, {"per_prompt": [0.5, 0.5, 1, 1]})
     assert r["rise"] == pytest.approx(0.25)
     assert r["se_base"] == pytest.approx(0.2041, abs=1e-4) and r["se_final"] == pytest.approx(0.1443, abs=1e-4)
-    assert r["se_rise"] == pytest.approx(0.25, abs=1e-4)
-    assert r["se_rise_paired"] == pytest.approx(0.1443, abs=1e-4)
+    assert r["se_rise"] == pytest.approx(0.1443, abs=1e-4)
+    assert r["se_rise_unpaired"] == pytest.approx(0.25, abs=1e-4)
     with pytest.raises(ValueError, match="same evaluation set"):
         rise({"per_prompt": [0, 1]}, {"per_prompt": [0, 1, 1]})
 
 
 def test_check_passes_only_above_three_standard_errors(tmp_path):
-    """80 prompts: base alternates 0 / 0.5 (mean 0.25, SE 0.0281); a final policy alternating 0 / 1
-    (mean 0.5, SE 0.0563) rises 0.25 = 3.97 unpaired SEs (0.0629): passes; one alternating 0.125 / 0.5
-    (mean 0.3125, SE 0.0211) rises 0.0625 = 1.78 SEs (0.0352): fails."""
+    """40 prompts, base 0 / 0.5 / 0.5 / 0.25 repeated (mean 0.3125). Final A rises each prompt by
+    0.25 / 0 / 0 / 0 (per-prompt rises: mean 0.0625, sd 0.1096, SE 0.0173): 3.61 SEs, passes. Final B
+    rises by 0.25 / 0 / -0.25 / 0.125 (mean 0.03125, sd 0.1872, SE 0.0296): 1.06 SEs, fails."""
     runs = tmp_path / "runs" / "smoke"
     write_profile(runs, models=["qwen3_moe-tiny"], seeds=[0, 1], ablation_models=(), steps=2)
-    _write_base(runs, [0.0, 0.5] * 40)
-    _write_final(runs, 0, [0.0, 1.0] * 40)
-    _write_final(runs, 1, [0.125, 0.5] * 40)
+    _write_base(runs, [0.0, 0.5, 0.5, 0.25] * 10)
+    _write_final(runs, 0, [0.25, 0.5, 0.5, 0.25] * 10)
+    _write_final(runs, 1, [0.25, 0.5, 0.25, 0.375] * 10)
     t = build(str(runs), str(tmp_path / "t")).set_index("seed")
     assert t.loc[0, "passed"] and not t.loc[1, "passed"]
-    assert t.loc[0, "z"] == pytest.approx(3.97, abs=0.01) and t.loc[1, "z"] == pytest.approx(1.78, abs=0.01)
+    assert t.loc[0, "z"] == pytest.approx(3.61, abs=0.01) and t.loc[1, "z"] == pytest.approx(1.06, abs=0.01)
     with pytest.raises(SystemExit, match="learning check failed"):
         build(str(runs), str(tmp_path / "t"), strict=True)
-    _write_final(runs, 1, [0.0, 1.0] * 40)
+    _write_final(runs, 1, [0.25, 0.5, 0.5, 0.25] * 10)
     build(str(runs), str(tmp_path / "t"), strict=True)
-    assert "| qwen3_moe-tiny | reasoning | 0 | 80 |" in (tmp_path / "t" / "learning.md").read_text()
+    assert "| qwen3_moe-tiny | reasoning | 0 | 40 |" in (tmp_path / "t" / "learning.md").read_text()
 
 
 def test_missing_base_evaluation_is_a_problem(tmp_path):
