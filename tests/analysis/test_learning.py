@@ -34,23 +34,26 @@ def test_rise_and_its_standard_errors():
         rise({"per_prompt": [0, 1]}, {"per_prompt": [0, 1, 1]})
 
 
-def test_check_passes_only_above_three_standard_errors(tmp_path):
-    """40 prompts, base 0 / 0.5 / 0.5 / 0.25 repeated (mean 0.3125). Final A rises each prompt by
-    0.25 / 0 / 0 / 0 (per-prompt rises: mean 0.0625, sd 0.1096, SE 0.0173): 3.61 SEs, passes. Final B
-    rises by 0.25 / 0 / -0.25 / 0.125 (mean 0.03125, sd 0.1872, SE 0.0296): 1.06 SEs, fails."""
+def test_check_is_on_the_seed_mean_above_three_standard_errors(tmp_path):
+    """40 prompts, base 0 / 0.5 / 0.5 / 0.25 repeated (mean 0.3125). Seed A rises each prompt by
+    0.25 / 0 / 0 / 0 (mean 0.0625, sd 0.1096, SE 0.0173: 3.61 SEs); seed B by 0.25 / 0 / -0.25 / 0.125
+    (1.06 SEs). Their mean rises by 0.25 / 0 / -0.125 / 0.0625 (mean 0.0469, SE 0.0217: 2.16 SEs): fails;
+    with B replaced by a copy of A the mean is A: passes."""
     runs = tmp_path / "runs" / "smoke"
     write_profile(runs, models=["qwen3_moe-tiny"], seeds=[0, 1], ablation_models=(), steps=2)
     _write_base(runs, [0.0, 0.5, 0.5, 0.25] * 10)
     _write_final(runs, 0, [0.25, 0.5, 0.5, 0.25] * 10)
     _write_final(runs, 1, [0.25, 0.5, 0.25, 0.375] * 10)
     t = build(str(runs), str(tmp_path / "t")).set_index("seed")
-    assert t.loc[0, "passed"] and not t.loc[1, "passed"]
-    assert t.loc[0, "z"] == pytest.approx(3.61, abs=0.01) and t.loc[1, "z"] == pytest.approx(1.06, abs=0.01)
+    assert t.loc["0", "z"] == pytest.approx(3.61, abs=0.01) and t.loc["1", "z"] == pytest.approx(1.06, abs=0.01)
+    assert t.loc["mean", "rise"] == pytest.approx(0.046875)
+    assert t.loc["mean", "z"] == pytest.approx(2.16, abs=0.01) and not t.loc["mean", "passed"]
     with pytest.raises(SystemExit, match="learning check failed"):
         build(str(runs), str(tmp_path / "t"), strict=True)
     _write_final(runs, 1, [0.25, 0.5, 0.5, 0.25] * 10)
-    build(str(runs), str(tmp_path / "t"), strict=True)
-    assert "| qwen3_moe-tiny | reasoning | 0 | 40 |" in (tmp_path / "t" / "learning.md").read_text()
+    t = build(str(runs), str(tmp_path / "t"), strict=True).set_index("seed")
+    assert t.loc["mean", "passed"] and t.loc["mean", "n_seeds"] == 2
+    assert "| qwen3_moe-tiny | reasoning | mean | 40 |" in (tmp_path / "t" / "learning.md").read_text()
 
 
 def test_missing_base_evaluation_is_a_problem(tmp_path):
