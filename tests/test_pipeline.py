@@ -77,15 +77,18 @@ def test_paper_training_rules_call_the_openrlhf_launcher(tmp_path):
     assert not any("CUDA_VISIBLE_DEVICES" in c for c in cmds)  # no device ids hard-coded
 
 
-def test_bad_profile_names_the_key(tmp_path):
+@pytest.mark.parametrize("key", ["methods", "gpu"])
+def test_bad_profile_names_the_key(tmp_path, key):
     bad = _load("smoke")
-    bad["methods"] = ["bf16", "fp8-magic"]
-    bad["resources"]["rl"]["gpu"] = -1
+    if key == "methods":
+        bad["methods"] = ["bf16", "fp8-magic"]  # checked by the run plan against trace/arms.py
+    else:
+        bad["resources"]["rl"]["gpu"] = -1  # checked by the schema
     p = tmp_path / "bad.yaml"
     p.write_text(yaml.safe_dump(bad))
     r = _snakemake("-n", "all", "--configfile", str(p), "--directory", str(tmp_path))
     assert r.returncode != 0
-    assert "fp8-magic" in r.stdout + r.stderr or "methods" in r.stdout + r.stderr
+    assert ("fp8-magic" if key == "methods" else "['gpu']") in r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("profile", ["smoke", "small"])
