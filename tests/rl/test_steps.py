@@ -15,7 +15,7 @@ from trace.rl.trainer import NonFiniteError, RLTrainer, build_train_batch
 
 KEYS = ("step", "reward_mean", "accuracy", "response_len", "k1", "k3", "dlp_abs_mean", "dlp_abs_max",
         "ratio_out_frac", "chi2", "code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate",
-        "guidance_bytes_per_token", "rollout_tokens_per_s", "time_rollout_s", "time_train_s", "time_step_s",
+        "guidance_bytes_per_gen_token", "rollout_gen_tokens_per_s", "record_overhead", "time_rollout_s", "time_train_s", "time_step_s",
         "loss", "grad_norm")
 
 
@@ -39,15 +39,17 @@ def test_one_step_each_arm(tmp_path, method, sft_ckpt):
     assert rec["k3"] >= 0 and rec["dlp_abs_max"] >= rec["dlp_abs_mean"] >= 0
     changed = any(not torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
     assert changed, "the optimizer step changed nothing"
+    assert rec["rollout_gen_tokens_per_s"] > 0
     if method.startswith("trace"):
-        assert rec["guidance_bytes_per_token"] > 0
+        assert rec["guidance_bytes_per_gen_token"] > 0 and rec["record_overhead"] > 0
         layers = {int(k) for k in rec["code_flip_rate"]}
         assert layers == {2, 3}  # rho = 0.5 of 4 layers: the deepest two
         if method != "trace-noroutingreplay":
             assert rec["routing_flip_rate"]
     elif method == "qat-independent":
         assert {int(k) for k in rec["code_flip_rate"]} == {0, 1, 2, 3}  # diagnostic record of all layers
-        assert rec["guidance_bytes_per_token"] == 0.0
+        assert rec["guidance_bytes_per_gen_token"] == 0.0
+        assert rec["record_overhead"] == 0.0  # its record is diagnostic: never timed as the arm's own
     else:
         assert rec["code_flip_rate"] == {}
     if method == "trace-fullcodes":

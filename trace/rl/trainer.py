@@ -20,8 +20,15 @@ One step (`RLTrainer._step`, read top-down):
   weight sync `engine.sync_weights(model)` (FP4 weights re-quantized by trace.fp4.quantize_weight).
 The arms (what each rolls out, records and trains) are the table in trace/arms.py.
 
+Log-probs on both sides are those of the sampling distribution, at `rl.temperature` (the engine's
+log_softmax(logits / T), the trainer's likewise), so TIS and the mismatch metrics compare the behaviour
+policy with the trainer's policy at the same temperature.
 Mismatch metrics (k1, k3, |dlp| mean/max, ratio-outside fraction, chi2) compare the trainer forward's
-log-probs, in its own quantized mode, with the rollout's, over trainable tokens. Per-layer flip rates
+log-probs, in its own quantized mode, with the rollout's, over trainable tokens.
+Speed: `rollout_gen_tokens_per_s` = generated tokens / generation time with recording excluded;
+`record_overhead` = time spent on the arm's own guidance record (the engine's recording calls and final
+feed, and `Recorder.finish`) / generation time, 0 for arms without one (a diagnostic record is never
+timed into either). `guidance_bytes_per_gen_token` = all bytes of the step's record / generated tokens. Per-layer flip rates
 are logged where a record exists and the trainer quantizes activations: the guided layers of trace*
 arms and all layers of qat-independent; they are empty dicts for bf16 / fp4-naive / qat-weight-only.
 
@@ -111,11 +118,13 @@ def build_train_batch(batch, pad_id: int, device="cpu") -> TrainBatch:
     return TrainBatch(ids.to(d), att.to(d), tgt.to(d), pos.to(d), seq.to(d), mask.to(d), lp.to(d))
 
 
-def token_logprobs(model, tb: TrainBatch, autocast: bool) -> torch.Tensor:
+def token_logprobs(model, tb: TrainBatch, autocast: bool, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs [B, T] of the targets under the model's distribution at `temperature` (the rollout's
+    sampling temperature: the behaviour policy the engine's log-probs describe)."""
     dev_type = tb.ids.device.type
     with torch.autocast(dev_type, dtype=torch.bfloat16, enabled=autocast):
         logits = model(input_ids=tb.ids, attention_mask=tb.att).logits
-    logits = logits.float()
+    logits = logits.float() / temperature
     valid = tb.att.bool()
     if not bool(torch.isfinite(logits[valid]).all()):
         raise NonFiniteError("non-finite logits in the trainer forward")
@@ -196,7 +205,7 @@ class RLTrainer:
             ctx = replay(self.model, record, tb.seq, tb.pos, guide=guide, routing=guide and arm.routing,
                          align=guide and arm.align, full_codes=guide and arm.full_codes)
         with ctx as stats:
-            lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16")
+            lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16", self.rl["temperature"])
         return lp, stats
 
     # ------------------------------------------------------------------------------ one step
@@ -220,6 +229,7 @@ class RLTrainer:
         ep = run_episode(self.engine, self.task, self.tok, self._prompts_for(step), n=rl["group_size"],
                          max_new_tokens=rl["max_new_tokens"], temperature=rl["temperature"],
                          seed=self.cfg["seed"] * 1_000_003 + step, max_turns=rl["max_turns"], recorder=rec)
+        t_fin = time.perf_counter()
         record = rec.finish() if rec is not None else None
         t1 = time.perf_counter()
 
@@ -237,6 +247,10 @@ class RLTrainer:
         summ = stats.summary() if stats is not None else {}
         batch = ep.batch
         guided = record is not None and arm.record == "guide"
+        n_gen = batch.num_generated_tokens
+        # generation alone; recording (the engine's share and building the record) counts only as the
+        # overhead of the arm's own guidance record, never for a diagnostic one
+        record_s = batch.record_s + (t1 - t_fin) if guided else 0.0
         return {
             "step": step,
             "method": rl["method"],
@@ -248,9 +262,12 @@ class RLTrainer:
             "scale_flip_rate": summ.get("scale_flip_rate", {}),
             "unrecoverable_rate": summ.get("unrecoverable_rate", {}),
             "routing_flip_rate": summ.get("routing_flip_rate", {}),
-            "guidance_bytes_per_token": record.bytes_per_token() if guided else 0.0,
+            "guidance_bytes_per_gen_token": record.total_bytes() / max(n_gen, 1) if guided else 0.0,
             "guidance_bits_per_element": record.bits_per_element() if guided else None,
-            "rollout_tokens_per_s": batch.num_generated_tokens / max(batch.elapsed_s, 1e-9),
+            "rollout_gen_tokens_per_s": n_gen / max(batch.generate_s, 1e-9),
+            "record_overhead": record_s / max(batch.generate_s, 1e-9),
+            "time_generate_s": batch.generate_s,
+            "time_record_s": record_s,
             "time_rollout_s": t1 - t0,
             "time_train_s": t2 - t1,
             "loss": float(loss.detach()),
@@ -275,7 +292,7 @@ class RLTrainer:
                  "clip_frac": info["clip_frac"], "is_filter_frac": info.get("is_filter_frac")}
         if self.ref is not None:
             with torch.no_grad():
-                lp_ref = token_logprobs(self.ref, tb, rl["autocast"] == "bf16")
+                lp_ref = token_logprobs(self.ref, tb, rl["autocast"] == "bf16", rl["temperature"])
             kl = masked_mean(kl_k3(lp_train, lp_ref), tb.mask)
             loss = loss + rl["kl_coef"] * kl
             parts["kl_ref"] = float(kl.detach())
