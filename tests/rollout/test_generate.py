@@ -177,7 +177,8 @@ def test_record_covers_every_row(family):
     # recording only some layers
     rec2 = Recorder(layers=[2, 3])
     eng.generate(PROMPTS[:1], max_new_tokens=3, recorder=rec2)
-    assert rec2.finish().layers == [2, 3]
+    rec2 = rec2.finish()
+    assert rec2.layers == [2, 3] and sorted(rec2.routing) == list(layers)  # routing ids of every MoE layer
 
 
 def test_bf16_mode_records_routing_only():

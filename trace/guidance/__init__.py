@@ -1,8 +1,8 @@
 """TRACE guidance, the method itself: record format and byte accounting (record.py), layer selection
 (select.py), the per-site recording / replay runtime (replay.py), flip statistics (stats.py) and the
 alignment term (align.py). Adapters (trace/qat, trace/rollout) call this API at their FP4 sites."""
-from trace.guidance.align import alignment_loss, alignment_terms  # noqa: F401
-from trace.guidance.record import SITES, GuidanceRecord, Recorder, RecordMismatch, SiteRows  # noqa: F401
+from trace.guidance.align import MARGIN, alignment_loss, alignment_terms, scale_terms  # noqa: F401
+from trace.guidance.record import SITES, GuidanceRecord, Recorder, RecordMismatch, SiteRows, Tee  # noqa: F401
 from trace.guidance.replay import Recording, Replay, Rows, Runtime, recording, replay  # noqa: F401
 from trace.guidance.select import guided_layer_indices  # noqa: F401
 from trace.guidance.stats import LayerStats, ReplayStats  # noqa: F401

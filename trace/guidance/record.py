@@ -1,25 +1,33 @@
 """TRACE guidance records: what the rollout stores so the trainer can replay its FP4 rounding.
 
-Per guided site and token row: the mantissa bit of every element (packed 8 per byte), the block
-scale bytes and the row's FP32 outer scale; per MoE layer: the routed expert ids (routing replay).
-Optionally the full 4-bit codes (the full-codes ablation, and diagnostics that need exact
-unrecoverable counts). About 1.5 bits per element for long rows (1 + 8/16 + 32/K).
+Per guided site (the deepest `rho` of the layers) and token row: the mantissa bit of every element
+(packed 8 per byte), the block scale bytes and the row's FP32 outer scale. Per MoE layer, for EVERY
+MoE layer whatever the guided layers are, the routed expert ids (routing replay; `routing=False`
+records none). Optionally the full 4-bit codes (the full-codes ablation, and the diagnostic record
+that flip statistics are measured against). About 1.5 bits per element for long rows (1 + 8/16 + 32/K).
 
 Rows are addressed by (sequence id, position). The n samples of one prompt share its prompt rows:
 the engine records the prompt once and registers the other samples as aliases
 (`Recorder.alias(seq, src_seq, upto_pos)`). A lookup that misses a row, or a record whose layers,
 sites or row shapes do not match the batch, raises `RecordMismatch`; nothing is silently misaligned.
+Records live on the CPU; a lookup finds rows on the record's device and returns them on the device
+of the query (the trainer's GPU), so only the rows a forward needs travel.
 
     rec = Recorder(layers=guided_layers, full_codes=False)
     rec.add(layer, "attn_in", fp4tensor_rows, seq, pos)       # engine, at each quantized site
     rec.add_routing(layer, expert_ids, seq, pos)
     record = rec.finish()                                     # GuidanceRecord
     g = record.lookup(layer, "attn_in", seq, pos)             # trainer: fp4.Guide for those rows
+    record.bytes_per_generated_token(n_generated)             # DESIGN.md §3 byte accounting
+
+`Tee(guide_rec, diag_rec)` lets one forward fill the arm's own record and a diagnostic record;
+`Recorder.seconds` is the time spent storing rows (the recording overhead of that record alone).
 
 Compared against: nothing upstream has this; tests/guidance checks byte counts by hand.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -58,10 +66,12 @@ class SiteRows:
         return (*self.mantissa.shape[1:-1], self.mantissa.shape[-1] * 8)
 
     def nbytes(self, compact_only: bool = False) -> int:
-        n = self.mantissa.numel() + self.scales.numel() + 4 * self.outer.numel()
+        """Bytes that must travel: scales, outer scales and either the mantissa bits (compact) or,
+        for a full-codes record unless compact_only, the 4-bit codes (which contain the mantissa)."""
+        n = self.scales.numel() + 4 * self.outer.numel()
         if self.codes is not None and not compact_only:
-            n += self.codes.numel()
-        return n
+            return n + self.codes.numel()
+        return n + self.mantissa.numel()
 
 
 @dataclass
@@ -81,22 +91,26 @@ class GuidanceRecord:
         return (layer, site) in self.sites
 
     def _resolve(self, seq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        seq = seq.long().clone()
+        seq = seq.long()
         for s, (src, upto) in self.aliases.items():
-            m = (seq == s) & (pos < upto)
-            seq[m] = src
+            seq = torch.where((seq == s) & (pos < upto), src, seq)
         return _keys(seq, pos)
 
     def _rows(self, keys_sorted: torch.Tensor, seq, pos, what: str) -> torch.Tensor:
-        want = self._resolve(seq, pos)
+        """Indices (on the record's device) of rows (seq[i], pos[i]); seq/pos may be on any device."""
+        want = self._resolve(seq, pos).to(keys_sorted.device)
         idx = torch.searchsorted(keys_sorted, want).clamp(max=max(len(keys_sorted) - 1, 0))
+        self._check_found(keys_sorted, idx, want, seq, pos, what)
+        return idx
+
+    @staticmethod
+    def _check_found(keys_sorted, idx, want, seq, pos, what: str) -> None:
         if len(keys_sorted) == 0 or not torch.equal(keys_sorted[idx], want):
-            miss = (keys_sorted[idx] != want).nonzero()[0, 0] if len(keys_sorted) else 0
+            miss = int((keys_sorted[idx] != want).nonzero()[0, 0]) if len(keys_sorted) else 0
             raise RecordMismatch(
                 f"{what}: no recorded row for (seq {int(seq[miss])}, pos {int(pos[miss])}); "
                 f"the batch does not match the record"
             )
-        return idx
 
     def lookup(self, layer: int, site: str, seq: torch.Tensor, pos: torch.Tensor) -> fp4.Guide:
         """Guide for rows (seq[i], pos[i]): mantissa [M, *inner, K] (unpacked 0/1), scales, outer."""
@@ -104,20 +118,31 @@ class GuidanceRecord:
             raise RecordMismatch(f"record has no site {site!r} in layer {layer} (has layers {self.layers})")
         r = self.sites[(layer, site)]
         idx = self._rows(r.keys, seq, pos, f"layer {layer} site {site}")
-        return fp4.Guide(ref.unpack_bits(r.mantissa[idx]), r.scales[idx], r.outer[idx])
+        dev = seq.device
+        return fp4.Guide(ref.unpack_bits(r.mantissa[idx].to(dev)), r.scales[idx].to(dev), r.outer[idx].to(dev))
 
     def lookup_codes(self, layer: int, site: str, seq, pos) -> torch.Tensor | None:
+        """Recorded 4-bit codes [M, *inner, K] on seq's device, or None for a compact record."""
         r = self.sites[(layer, site)]
         if r.codes is None:
             return None
         idx = self._rows(r.keys, seq, pos, f"layer {layer} site {site}")
-        return ref.unpack_fp4(r.codes[idx])
+        return ref.unpack_fp4(r.codes[idx].to(seq.device))
+
+    def lookup_reference(self, layer: int, site: str, seq, pos) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(scale bytes, 4-bit codes or None) of rows (seq[i], pos[i]) on seq's device, one search:
+        what flip statistics compare against."""
+        r = self.sites[(layer, site)]
+        idx = self._rows(r.keys, seq, pos, f"layer {layer} site {site}")
+        codes = ref.unpack_fp4(r.codes[idx].to(seq.device)) if r.codes is not None else None
+        return r.scales[idx].to(seq.device), codes
 
     def lookup_routing(self, layer: int, seq, pos) -> torch.Tensor:
+        """Recorded expert ids [M, k] (int64, slot order = the rollout's top-k order) on seq's device."""
         if layer not in self.routing:
             raise RecordMismatch(f"record has no routing for layer {layer}")
         keys, ids = self.routing[layer]
-        return ids[self._rows(keys, seq, pos, f"routing layer {layer}")].long()
+        return ids[self._rows(keys, seq, pos, f"routing layer {layer}")].to(seq.device).long()
 
     # -------------------------------------------------------------------- byte accounting
     def bytes_by_site(self, compact_only: bool = True) -> dict[str, int]:
@@ -143,34 +168,59 @@ class GuidanceRecord:
         return n
 
     def bytes_per_token(self, compact_only: bool = False) -> float:
-        n = self.num_tokens()
-        return self.total_bytes(compact_only) / max(n, 1)
+        """All bytes over the distinct (seq, pos) rows the record covers, aliases included. Not what
+        the tables report (prompt rows are stored once but counted per sample here): see
+        bytes_per_generated_token."""
+        return self.total_bytes(compact_only) / max(self.num_tokens(), 1)
+
+    def bytes_per_generated_token(self, n_generated: int, compact_only: bool = False) -> float:
+        """DESIGN.md §3: every byte of the record (prompt rows once, routing ids included) over the
+        tokens the rollout generated, i.e. what must travel per trained token."""
+        if n_generated <= 0:
+            raise ValueError(f"n_generated must be positive, got {n_generated}")
+        return self.total_bytes(compact_only) / n_generated
 
     def guided_elements(self) -> int:
         return sum(r.mantissa.numel() * 8 for r in self.sites.values())
 
-    def bits_per_element(self) -> float:
-        """Compact bits (mantissa + scales + outer) per guided element, routing excluded."""
-        site_bytes = sum(r.nbytes(compact_only=True) for r in self.sites.values())
-        return 8 * site_bytes / max(self.guided_elements(), 1)
+    def bits_per_element(self, compact_only: bool = True) -> float | None:
+        """Record bits of the activation sites (mantissa or full codes, scales, outer) per guided
+        element, routing excluded; None when the record guides no element (rho 0)."""
+        n = self.guided_elements()
+        if n == 0:
+            return None
+        return 8 * sum(r.nbytes(compact_only) for r in self.sites.values()) / n
 
 
 class Recorder:
     """Collects rows from a forward (the rollout engine's, or a QAT model's under `recording`).
 
-    layers: the guided layer indices (None: all). Recording off costs nothing: callers check
-    `wants(layer)` before quantizing anything extra."""
+    layers: the guided layer indices (None: all) whose activation sites are stored. routing: True
+    stores the expert ids of every MoE layer, whatever `layers` is (routing replay); "guided" only
+    those of the guided layers (what lines up guided expert-slot rows when routing is not
+    replayed); False none. Recording off costs
+    nothing: callers check `wants(layer)` before quantizing anything extra. `seconds` accumulates
+    the time spent storing (packing and copying to the host), after the device has finished the
+    forward's work queued so far, so it is this record's overhead alone."""
 
-    def __init__(self, layers=None, full_codes: bool = False, routing: bool = True):
+    def __init__(self, layers=None, full_codes: bool = False, routing: bool | str = True):
+        if routing not in (True, False, "guided"):
+            raise ValueError(f"routing must be True, False or 'guided', got {routing!r}")
         self.layers = None if layers is None else set(int(i) for i in layers)
         self.full_codes = full_codes
         self.routing = routing
         self._sites: dict[tuple[int, str], list] = {}
         self._routing: dict[int, list] = {}
         self._aliases: dict[int, tuple[int, int]] = {}
+        self.seconds = 0.0
 
     def wants(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
+
+    def _clock(self, t: torch.Tensor) -> float:
+        if t.is_cuda:  # the host copy below waits for queued work; that is not recording time
+            torch.cuda.synchronize(t.device)
+        return time.perf_counter()
 
     def add(self, layer: int, site: str, t: fp4.FP4Tensor, seq: torch.Tensor, pos: torch.Tensor) -> None:
         """Store rows of an FP4Tensor whose first dim is the token dim: codes [N, *inner, K]."""
@@ -185,6 +235,7 @@ class Recorder:
         outer = t.outer.float()
         if outer.dim() == 0 or outer.shape[0] != t.codes.shape[0]:
             raise RecordMismatch(f"{site}: record rows need a per-row outer scale, got shape {tuple(outer.shape)}")
+        t0 = self._clock(t.codes)
         self._sites.setdefault((layer, site), []).append((
             _keys(seq, pos).cpu(),
             ref.pack_bits(t.codes & 1).cpu(),
@@ -193,14 +244,17 @@ class Recorder:
             ref.pack_fp4(t.codes).cpu() if self.full_codes else None,
             t.fmt,
         ))
+        self.seconds += time.perf_counter() - t0
 
     def add_routing(self, layer: int, expert_ids: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor) -> None:
-        if not self.routing:
+        if not self.routing or (self.routing == "guided" and not self.wants(layer)):
             return
         if expert_ids.shape[0] != seq.numel():
             raise RecordMismatch(f"routing: {expert_ids.shape[0]} rows but {seq.numel()} seq ids")
+        t0 = self._clock(expert_ids)
         dt = torch.uint8 if expert_ids.numel() == 0 or int(expert_ids.max()) < 256 else torch.int16
         self._routing.setdefault(layer, []).append((_keys(seq, pos).cpu(), expert_ids.to(dt).cpu()))
+        self.seconds += time.perf_counter() - t0
 
     def alias(self, seq: int, src_seq: int, upto_pos: int) -> None:
         """Positions < upto_pos of `seq` are the rows recorded for `src_seq` (shared prompt)."""
@@ -222,3 +276,34 @@ class Recorder:
             order = torch.argsort(keys)
             rec.routing[layer] = (keys[order], torch.cat([c[1] for c in chunks])[order])
         return rec
+
+
+class Tee:
+    """Several recorders fed by one forward (the arm's own record and a diagnostic one): each gets
+    the rows of the layers it wants and keeps its own `seconds`."""
+
+    def __init__(self, *recorders: Recorder):
+        self.recorders = [r for r in recorders if r is not None]
+
+    def wants(self, layer: int) -> bool:
+        return any(r.wants(layer) for r in self.recorders)
+
+    @property
+    def routing(self) -> bool:
+        return any(r.routing for r in self.recorders)
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.seconds for r in self.recorders)
+
+    def add(self, layer, site, t, seq, pos) -> None:
+        for r in self.recorders:
+            r.add(layer, site, t, seq, pos)
+
+    def add_routing(self, layer, expert_ids, seq, pos) -> None:
+        for r in self.recorders:
+            r.add_routing(layer, expert_ids, seq, pos)
+
+    def alias(self, seq: int, src_seq: int, upto_pos: int) -> None:
+        for r in self.recorders:
+            r.alias(seq, src_seq, upto_pos)

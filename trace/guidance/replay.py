@@ -8,17 +8,24 @@ per row, position -1 for padding):
     rt = Runtime(fmt="nvfp4")
     with recording(rt, recorder, seq, pos):          # seq [B], pos [B, T]
         ... forward calling rt.act(layer, site, x) and rt.record_routing(layer, ids) ...
-    with replay(rt, record, seq, pos, align=True) as stats:
+    with replay(rt, record, seq, pos, align=True, diag=diag_record) as stats:
         ... forward calling rt.act(...) and rt.route(...) ...
         loss = ... + coef * stats.alignment_loss()
 
 `Runtime.act` fake-quantizes x [N, *inner, K] per row with a straight-through gradient: plain RTN
-(qat-independent), or at a site the record has, guided rounding with the recorded mantissa bits and
-scales at the guided layers (TRACE), or the recorded full codes themselves (the full-codes ablation).
-It also counts flips (trace/guidance/stats.py) and accumulates the alignment term
-(trace/guidance/align.py). `Runtime.route` is routing replay: the rollout's expert ids, weights
-recomputed from this forward's router logits so the router still trains. Padding rows get plain RTN
-and are never recorded or looked up.
+(qat-independent, or record=None), or at a site the record has, guided rounding with the recorded
+mantissa bits and scales at the guided layers (TRACE), or the recorded full codes themselves (the
+full-codes ablation). It accumulates the alignment term (trace/guidance/align.py) at guided sites.
+`Runtime.route` is routing replay: the rollout's expert ids, weights recomputed from this forward's
+router logits so the router still trains. Padding rows get plain RTN and are never recorded or
+looked up.
+
+Flip statistics (trace/guidance/stats.py, DESIGN.md §3) are one diagnostic for every arm: at every
+site of the REFERENCE record (`diag`, a full-codes record of all layers that guides nothing; else
+the guidance record itself) the trainer's own RTN code before guidance is compared with the rollout's
+code. Expert-slot rows (moe_down_in, [N, k, I]) are compared per (token, expert): a slot is matched
+to the rollout's slot holding the same expert, and slots whose expert the rollout did not route to
+are left out, so arms without routing replay compare like with like.
 
 Compared against: the unguided RTN forward and the recorded rollout codes (tests/guidance/test_replay.py,
 tests/qat/test_patch.py).
@@ -32,7 +39,7 @@ import torch
 
 from kernels import reference as ref
 from trace import fp4
-from trace.guidance import align
+from trace.guidance.align import MARGIN, alignment_terms, scale_terms
 from trace.guidance.record import GuidanceRecord, Recorder, RecordMismatch
 from trace.guidance.stats import ReplayStats
 
@@ -79,7 +86,7 @@ class Rows:
 
 @dataclass
 class Recording:
-    """A recorder and the addressing of the forward it records."""
+    """A recorder (or a record.Tee of several) and the addressing of the forward it records."""
 
     recorder: Recorder
     rows: Rows
@@ -93,8 +100,8 @@ class Recording:
             self.recorder.add(layer, site, self.rows.take(t), self.rows.valid_seq, self.rows.valid_pos)
 
     def add_routing(self, layer: int, expert_ids: torch.Tensor) -> None:
-        """expert_ids [N, k] of all N rows."""
-        if self.recorder.wants(layer):
+        """expert_ids [N, k] of all N rows; stored for every MoE layer when the recorder keeps routing."""
+        if self.recorder.routing:
             self.rows.check(expert_ids.shape[0])
             ids = expert_ids[self.rows.valid.to(expert_ids.device)]
             self.recorder.add_routing(layer, ids, self.rows.valid_seq, self.rows.valid_pos)
@@ -104,16 +111,24 @@ class Recording:
 class Replay:
     """A record applied to a forward, and what to do with it."""
 
-    record: GuidanceRecord
+    record: GuidanceRecord | None  # the arm's guidance record (None: statistics only)
     rows: Rows
     guide_layers: set[int] | None  # None: every layer the record has; empty: count flips only
     routing: bool
     full_codes: bool
     align: bool
     stats: ReplayStats
+    diag: GuidanceRecord | None = None  # the statistics' reference record (default: `record`)
+    align_margin: float = MARGIN
+    ids: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> expert ids [N, k] this forward used
 
-    def guided(self, layer: int) -> bool:
-        return self.guide_layers is None or layer in self.guide_layers
+    def guided(self, layer: int, site: str) -> bool:
+        return (self.record is not None and self.record.has(layer, site)
+                and (self.guide_layers is None or layer in self.guide_layers))
+
+    @property
+    def reference(self) -> GuidanceRecord | None:
+        return self.diag if self.diag is not None else self.record
 
 
 @dataclass
@@ -135,73 +150,145 @@ class Runtime:
             self.recording.add(layer, site, own)
         rtn = fp4.straight_through(x, own.dequantize(x.dtype))
         rp = self.replaying
-        if rp is None or not rp.record.has(layer, site):
+        if rp is None:
             return rtn
         rows = rp.rows
         rows.check(x.shape[0])
         seq, pos = rows.valid_seq, rows.valid_pos
-        xv = x[rows.valid]
-        own = rows.take(own)
-        g = rp.record.lookup(layer, site, seq, pos)
-        rec_codes = rp.record.lookup_codes(layer, site, seq, pos)
-        guided = rp.guided(layer)
+        own = rows.take(own)  # valid rows, per-row outer [n, *inner, 1]
         res = None
-        if guided and rp.full_codes:
-            if rec_codes is None:
-                raise RecordMismatch("full-codes replay needs a record made with Recorder(full_codes=True)")
-            # the rollout's own operands: nothing left to recover
-            res = fp4.GuidedResult(fp4.FP4Tensor(rec_codes, g.scales, g.outer, self.fmt, False, x.dtype),
-                                   torch.zeros_like(rec_codes, dtype=torch.bool))
-        elif guided:
-            res = fp4.guided_quantize(xv.detach(), g.mantissa, g.scales, g.outer, self.fmt, ref_codes=rec_codes)
-        self._count(rp, layer, own, g, rec_codes, res)
+        if rp.guided(layer, site):
+            xv = x[rows.valid]
+            g = rp.record.lookup(layer, site, seq, pos)
+            rec_codes = rp.record.lookup_codes(layer, site, seq, pos) if rp.full_codes else None
+            slots = None
+            if site == "moe_down_in":  # expert-slot rows: line them up with this forward's routing
+                slots = self._slot_match(rp, rp.record, layer)
+                if slots is None and layer in rp.ids and layer not in rp.record.routing:
+                    raise RecordMismatch(f"layer {layer}: guiding expert-slot rows needs the record's routing ids")
+            if slots is not None:
+                src, keep = slots
+                g = fp4.Guide(*(_take_slots(t, src) for t in (g.mantissa, g.scales, g.outer)))
+                rec_codes = _take_slots(rec_codes, src) if rec_codes is not None else None
+            if rp.full_codes:
+                if rec_codes is None:
+                    raise RecordMismatch("full-codes replay needs a record made with Recorder(full_codes=True)")
+                # the rollout's own operands: nothing left to recover
+                res = fp4.GuidedResult(fp4.FP4Tensor(rec_codes, g.scales, g.outer, self.fmt, False, x.dtype), None)
+            else:
+                res = fp4.guided_quantize(xv.detach(), g.mantissa, g.scales, g.outer, self.fmt)
+            vals = res.tensor.dequantize(x.dtype)
+            target, target_scales = res.tensor.codes, g.scales
+            if rp.align or slots is not None:
+                scaled = fp4.scaled_values(xv, g.scales, g.outer, self.fmt)  # grad flows to x
+                own_enc = ref.e2m1_encode(scaled.detach())  # own RTN under the recorded scales
+            if slots is not None:  # slots whose expert the rollout did not route to keep their own RTN
+                vals = torch.where(keep[..., None], vals, own.dequantize(x.dtype))
+                target = torch.where(keep[..., None], target, own_enc)
+                target_scales = torch.where(keep[..., None], target_scales, own.scales)
+                res = fp4.GuidedResult(fp4.FP4Tensor(target, g.scales, g.outer, self.fmt, False, x.dtype), None)
+        self._count(rp, layer, site, own, res)
         if res is None:
             return rtn
         if rp.align:
-            scaled = fp4.scaled_values(xv, g.scales, g.outer, self.fmt)  # grad flows to x
-            total, n = align.alignment_terms(scaled, ref.e2m1_encode(scaled.detach()), res.tensor.codes)
-            if n:
-                rp.stats.add_alignment(total, n)
-        guided_vals = fp4.straight_through(xv, res.tensor.dequantize(x.dtype))
+            terms = [alignment_terms(scaled, own_enc, target, margin=rp.align_margin)]
+            if self.fmt == "nvfp4":
+                terms.append(scale_terms(xv, own.scales, target_scales, margin=rp.align_margin))
+            for total, n in terms:
+                if n:
+                    rp.stats.add_alignment(total, n)
+        guided_vals = fp4.straight_through(xv, vals)
         if bool(rows.valid.all()):
             return guided_vals
         return rtn.index_put((rows.valid.nonzero().squeeze(-1),), guided_vals)  # padding rows keep RTN
 
-    @staticmethod
-    def _count(rp: Replay, layer: int, own: fp4.FP4Tensor, g: fp4.Guide, rec_codes, res) -> None:
+    def _count(self, rp: Replay, layer: int, site: str, own: fp4.FP4Tensor, res: fp4.GuidedResult | None) -> None:
+        """Flip statistics of the valid rows `own` (the trainer's RTN before guidance) against the
+        reference record's rollout codes and scales (DESIGN.md §3 diagnostics)."""
+        refr = rp.reference
+        if refr is None or not refr.has(layer, site):
+            return
+        seq, pos = rp.rows.valid_seq, rp.rows.valid_pos
+        scales, codes = refr.lookup_reference(layer, site, seq, pos)
+        own_codes, own_scales = own.codes, own.scales
+        guided = res.tensor.codes if res is not None else None
+        if site == "moe_down_in":
+            if layer in rp.ids and layer not in refr.routing:
+                return  # the reference has no routing: expert slots cannot be compared like with like
+            slots = self._slot_match(rp, refr, layer)
+            if slots is not None:
+                src, keep = slots
+                scales = _take_slots(scales, src)[keep]
+                codes = _take_slots(codes, src)[keep] if codes is not None else None
+                own_codes, own_scales = own_codes[keep], own_scales[keep]
+                guided = guided[keep] if guided is not None else None
         st = rp.stats.layer(layer)
-        st.elements += own.codes.numel()
-        st.blocks += own.scales.numel()
-        st.scale_flips += int((own.scales != g.scales).sum())
-        target = rec_codes if rec_codes is not None else (res.tensor.codes if res is not None else None)
-        if target is not None:  # -0 and +0 are the same value
-            st.code_flips += int(((own.codes != target) & ((own.codes | target) & 7 != 0)).sum())
-        if res is not None and res.unrecoverable is not None:
-            st.unrecoverable += int(res.unrecoverable.sum())
-            st.unrec_checked += res.unrecoverable.numel()
+        st.blocks += own_scales.numel()
+        st.scale_flips += int((own_scales != scales).sum())
+        if codes is None:
+            return
+        st.elements += own_codes.numel()
+        st.code_flips += int(_differ(own_codes, codes).sum())
+        if guided is not None:
+            st.unrecoverable += int(_differ(guided, codes).sum())
+            st.unrec_checked += codes.numel()
+
+    @staticmethod
+    def _slot_match(rp: Replay, record: GuidanceRecord, layer: int):
+        """(src [n, k] long, keep [n, k] bool): for each expert slot of this forward's valid rows,
+        the record's slot routed to the same expert and whether there is one. None when nothing needs
+        moving: no router ran in this forward (the caller's slots are the record's), the record has
+        no routing for the layer, or the slots already line up."""
+        if layer not in rp.ids or layer not in record.routing:
+            return None
+        mine = rp.ids[layer][rp.rows.valid.to(rp.ids[layer].device)]  # [n, k]
+        roll = record.lookup_routing(layer, rp.rows.valid_seq, rp.rows.valid_pos).to(mine.device)  # [n, k]
+        if torch.equal(mine, roll):
+            return None
+        match = mine[:, :, None] == roll[:, None, :]  # [n, k, k]; top-k ids are distinct, <= 1 match
+        return match.int().argmax(-1), match.any(-1)
 
     def route(self, layer: int, logits: torch.Tensor, expert_ids: torch.Tensor,
               renorm: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Routing replay. logits [N, E], expert_ids [N, k] this forward's top-k. Returns (weights
         [N, k] float32, ids [N, k]) with the recorded ids at valid rows and softmax weights of this
         forward's logits at those ids (renormalized over the k if `renorm`), or None when the
-        layer's routing is not replayed."""
+        layer's routing is not replayed. Counts routing flips (own top-k set != the rollout's)
+        against the reference record whenever it has this layer's routing."""
         rp = self.replaying
-        if rp is None or not rp.routing or layer not in rp.record.routing:
+        if rp is None:
             return None
         rows = rp.rows
         rows.check(expert_ids.shape[0])
         valid = rows.valid.to(expert_ids.device)
+        refr = rp.reference
+        if refr is not None and layer in refr.routing:
+            roll = refr.lookup_routing(layer, rows.valid_seq, rows.valid_pos).to(expert_ids.device)
+            st = rp.stats.layer(layer)
+            st.routing_tokens += int(valid.sum())
+            same = (expert_ids[valid].sort(-1).values == roll.sort(-1).values).all(-1)
+            st.routing_flips += int((~same).sum())
+        replayed = rp.routing and rp.record is not None and layer in rp.record.routing
+        if not replayed:
+            rp.ids[layer] = expert_ids
+            return None
         ids = expert_ids.clone()
         ids[valid] = rp.record.lookup_routing(layer, rows.valid_seq, rows.valid_pos).to(ids.device)
-        st = rp.stats.layer(layer)
-        st.routing_tokens += int(valid.sum())
-        same = (expert_ids[valid].sort(-1).values == ids[valid].sort(-1).values).all(-1)
-        st.routing_flips += int((~same).sum())
+        rp.ids[layer] = ids
         w = torch.softmax(logits.float(), dim=-1).gather(1, ids)
         if renorm:
             w = w / w.sum(-1, keepdim=True)
         return w, ids
+
+
+def _take_slots(t: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """Rows t [n, k, ...] reordered along the slot dim: out[i, j] = t[i, src[i, j]]."""
+    return t.gather(1, src.view(*src.shape, *([1] * (t.dim() - 2))).expand(-1, -1, *t.shape[2:]))
+
+
+def _differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Codes that dequantize differently (-0 and +0 are the same value)."""
+    return (a != b) & ((a | b) & 7 != 0)
 
 
 @contextlib.contextmanager
@@ -217,17 +304,22 @@ def recording(rt: Runtime, recorder: Recorder, seq: torch.Tensor, pos: torch.Ten
 
 
 @contextlib.contextmanager
-def replay(rt: Runtime, record: GuidanceRecord, seq: torch.Tensor, pos: torch.Tensor, *, guide: bool = True,
-           guide_layers=None, routing: bool = True, align: bool = False, full_codes: bool = False):
+def replay(rt: Runtime, record: GuidanceRecord | None, seq: torch.Tensor, pos: torch.Tensor, *,
+           guide: bool = True, guide_layers=None, routing: bool = True, align: bool = False,
+           full_codes: bool = False, diag: GuidanceRecord | None = None, align_margin: float | None = None):
     """Within the block, forwards through `rt` use guided rounding at the record's layers (or
     `guide_layers`), routing replay, and collect flip statistics and the alignment term into the
-    yielded ReplayStats. guide=False measures flips against the record without guiding (the unguided
-    arms). full_codes=True guides with the recorded 4-bit codes themselves (the full-codes ablation;
-    the record must hold them); otherwise full codes in a record only serve the statistics."""
+    yielded ReplayStats. guide=False measures flips against the record without guiding.
+    full_codes=True guides with the recorded 4-bit codes themselves (the full-codes ablation; the
+    record must hold them). diag: a full-codes record of all layers that the statistics use
+    instead of `record` and that guides nothing; record=None with diag: statistics only."""
+    if record is None and diag is None:
+        raise ValueError("replay needs a guidance record, a diagnostic record, or both")
     old = rt.replaying
     layers = set() if not guide else (None if guide_layers is None else set(guide_layers))
     stats = ReplayStats()
-    rt.replaying = Replay(record, Rows.of_batch(seq, pos), layers, routing, full_codes, align, stats)
+    rt.replaying = Replay(record, Rows.of_batch(seq, pos), layers, routing, full_codes, align, stats, diag,
+                          MARGIN if align_margin is None else align_margin)
     try:
         yield stats
     finally:

@@ -1,14 +1,15 @@
 """Replay statistics per layer: code flips, scale flips, unrecoverable elements, routing flips.
 
-Filled by the replay runtime (trace/guidance/replay.py) during a trainer forward against a record,
-read by the RL trainer once per step as per-layer rates (DESIGN.md §4 metrics):
+Filled by the replay runtime (trace/guidance/replay.py) during a trainer forward against the
+REFERENCE record (a full-codes diagnostic record of all layers where the trainer has one, else the
+guidance record), read by the RL trainer once per step as per-layer rates (DESIGN.md §3, §4):
 
-    code_flip_rate      own RTN code != the rollout's code (zero codes of either sign count as equal);
-                        against the recorded full codes where the record has them, else the guided code
-    scale_flip_rate     own block scale byte != the recorded one
-    unrecoverable_rate  guided code != recorded full code; only where the record holds full codes
-                        (the compact record alone cannot tell), absent otherwise
-    routing_flip_rate   own top-k expert set != the recorded set, per token
+    code_flip_rate      the trainer's own RTN code (own scales, before guidance) != the rollout's code
+                        (zero codes of either sign count as equal); only against full codes, so absent
+                        for a compact record alone; expert-slot rows matched by expert id
+    scale_flip_rate     own block scale byte != the rollout's
+    unrecoverable_rate  guided code != the rollout's code, at guided sites of a full-codes reference
+    routing_flip_rate   own top-k expert set != the rollout's set, per token
 
 The alignment term accumulates here too (sum and count; trace/guidance/align.py defines it).
 Compared against: hand counts in tests/guidance/test_replay.py.

@@ -6,15 +6,16 @@ One step (`RLTrainer._step`, read top-down):
   episode     `trace.episode.run_episode` (the same step evaluation runs): prompts seeded by (seed, step),
               `RolloutEngine.generate` (bf16 engine for `bf16`; W4A4 + FP4 KV for every FP4 arm), rewards
               from the task verifier (the multi-turn env for long_horizon). It records TRACE guidance for
-              `trace*` (deepest `rho` of the layers; mantissa+scales, or full codes for `trace-fullcodes`)
-              and for `qat-independent` a full-codes record of all layers used only to count flips
-              (never to guide; `rl.diag_flips`)
+              `trace*` (deepest `rho` of the layers; mantissa+scales, or full codes for `trace-fullcodes`;
+              expert ids of every MoE layer with routing replay) and, for every arm whose trainer
+              quantizes activations, a full-codes diagnostic record of all layers used only to count
+              flips (never to guide, never in bytes; `rl.diag_flips`)
   batch       `build_train_batch`: inputs, targets, (seq, pos) addressing, rollout log-probs
   advantages  group_norm / rloo / reinforce_baseline (OpenRLHF numerics)
   forward     the patched HF model in the arm's mode (bf16 for bf16 and fp4-naive, w4a16 for
               qat-weight-only, w4a4kv4 for qat-independent and trace*) under BF16 autocast on FP32
               master weights, inside `trace.qat.replay(...)` whenever a record exists (guided rounding,
-              routing replay and alignment term for trace; flip counting only for the diagnostic record)
+              routing replay and alignment term for trace; flip statistics against the diagnostic record)
   loss        PPO-clip vs the rollout log-probs with TIS / ICEPOP, + kl_coef * KL(ref) + align_coef * align
   optimizer   AdamW with gradient clipping
   weight sync `engine.sync_weights(model)` (FP4 weights re-quantized by trace.fp4.quantize_weight).
@@ -24,13 +25,15 @@ Log-probs on both sides are those of the sampling distribution, at `rl.temperatu
 log_softmax(logits / T), the trainer's likewise), so TIS and the mismatch metrics compare the behaviour
 policy with the trainer's policy at the same temperature.
 Mismatch metrics (k1, k3, |dlp| mean/max, ratio-outside fraction, chi2) compare the trainer forward's
-log-probs, in its own quantized mode, with the rollout's, over trainable tokens.
-Speed: `rollout_gen_tokens_per_s` = generated tokens / generation time with recording excluded;
-`record_overhead` = time spent on the arm's own guidance record (the engine's recording calls and final
-feed, and `Recorder.finish`) / generation time, 0 for arms without one (a diagnostic record is never
-timed into either). `guidance_bytes_per_gen_token` = all bytes of the step's record / generated tokens. Per-layer flip rates
-are logged where a record exists and the trainer quantizes activations: the guided layers of trace*
-arms and all layers of qat-independent; they are empty dicts for bf16 / fp4-naive / qat-weight-only.
+log-probs, in its own quantized mode, with the rollout's, over trainable tokens. Per-layer flip rates
+(DESIGN.md §3 diagnostics: the trainer's code before guidance vs the rollout's, with the rollout's
+routing) cover all layers for every arm whose trainer quantizes activations (qat-independent, trace*);
+they are empty dicts for bf16 / fp4-naive / qat-weight-only. Guidance bytes are those of the arm's own
+record per generated token, and its bits per guided element (n/a without one).
+Speed: `rollout_gen_tokens_per_s` = generated tokens / generation time with all recording excluded;
+`record_overhead` = time spent on the arm's own guidance record (storing its rows, the engine's final
+feed that exists only for records, `Recorder.finish`) / generation time, 0 for arms without one (the
+diagnostic record is never timed into either).
 
 PPO ratio (`rl.ppo_ratio`): "trainer" (default; OpenRLHF's decoupled form: the old policy is the
 trainer's own detached log-prob, so the PPO ratio is 1 on the single update and the rollout mismatch
@@ -58,7 +61,7 @@ import torch.nn.functional as F
 from trace import rundir
 from trace.arms import ARMS
 from trace.episode import build_task, evaluate_policy, run_episode
-from trace.guidance import Recorder, guided_layer_indices
+from trace.guidance import Recorder, Tee, guided_layer_indices
 from trace.models import build_model, build_tokenizer, load_checkpoint
 from trace.qat import patch_model, replay
 from trace.rl.losses import compute_advantages, kl_k3, masked_mean, mismatch_metrics, policy_loss
@@ -186,24 +189,30 @@ class RLTrainer:
         idx = torch.randperm(len(self.train_set), generator=g)[: self.rl["prompts_per_step"]].tolist()
         return [self.train_set[i] for i in idx]
 
-    def _recorder(self) -> Recorder | None:
+    def _recorders(self) -> tuple[Recorder | None, Recorder | None]:
+        """(the arm's guidance recorder, the diagnostic recorder), each possibly None. The guidance
+        record holds the deepest `rho` layers' sites and, with routing replay, the expert ids of every
+        MoE layer (without it, of the guided layers only: they line up guided expert slots). The
+        diagnostic record (`rl.diag_flips`, every arm whose trainer quantizes activations) holds full
+        codes and routing of all layers; it only measures flips and never counts in bytes or speed."""
+        guide = diag = None
         if self.arm.record == "guide":
-            return Recorder(layers=guided_layer_indices(self.num_layers, self.rl["rho"]),
-                            full_codes=self.arm.full_codes)
-        if self.arm.record == "diag" and self.rl["diag_flips"]:
-            return Recorder(layers=None, full_codes=True)
-        return None
+            guide = Recorder(layers=guided_layer_indices(self.num_layers, self.rl["rho"]),
+                             full_codes=self.arm.full_codes, routing=True if self.arm.routing else "guided")
+        if self.rl["diag_flips"] and self.arm.trainer_mode in ("w4a4", "w4a4kv4"):
+            diag = Recorder(layers=None, full_codes=True)
+        return guide, diag
 
-    def _replayed_logprobs(self, tb: TrainBatch, record):
-        """Trainer forward of the train batch in the arm's mode; inside replay when a record exists.
-        Returns (log-probs [B, T], ReplayStats or None)."""
+    def _replayed_logprobs(self, tb: TrainBatch, record, diag):
+        """Trainer forward of the train batch in the arm's mode; inside replay when a record exists
+        (the arm's guidance record and/or the diagnostic one). Returns (log-probs [B, T], ReplayStats
+        or None)."""
         arm = self.arm
-        if record is None:
+        if record is None and diag is None:
             ctx = contextlib.nullcontext(None)
         else:
-            guide = arm.record == "guide"
-            ctx = replay(self.model, record, tb.seq, tb.pos, guide=guide, routing=guide and arm.routing,
-                         align=guide and arm.align, full_codes=guide and arm.full_codes)
+            ctx = replay(self.model, record, tb.seq, tb.pos, routing=arm.routing, align=arm.align,
+                         full_codes=arm.full_codes, diag=diag)
         with ctx as stats:
             lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16", self.rl["temperature"])
         return lp, stats
@@ -225,18 +234,21 @@ class RLTrainer:
     def _step(self, step: int) -> dict:
         rl, arm = self.rl, self.arm
         t0 = time.perf_counter()
-        rec = self._recorder()
+        rec, diag_rec = self._recorders()
+        both = Tee(rec, diag_rec) if rec is not None or diag_rec is not None else None
         ep = run_episode(self.engine, self.task, self.tok, self._prompts_for(step), n=rl["group_size"],
                          max_new_tokens=rl["max_new_tokens"], temperature=rl["temperature"],
-                         seed=self.cfg["seed"] * 1_000_003 + step, max_turns=rl["max_turns"], recorder=rec)
+                         seed=self.cfg["seed"] * 1_000_003 + step, max_turns=rl["max_turns"], recorder=both)
         t_fin = time.perf_counter()
         record = rec.finish() if rec is not None else None
+        t_fin2 = time.perf_counter()
+        diag = diag_rec.finish() if diag_rec is not None else None
         t1 = time.perf_counter()
 
         tb = build_train_batch(ep.batch, self.tok.pad_token_id, self.device)
         rewards = torch.tensor(ep.scores, dtype=torch.float32, device=tb.ids.device)
         adv = compute_advantages(rewards, tb.mask, rl["group_size"], rl["advantage"])
-        lp_train, stats = self._replayed_logprobs(tb, record)
+        lp_train, stats = self._replayed_logprobs(tb, record, diag)
         mm = mismatch_metrics(lp_train.detach(), tb.lp_roll, tb.mask)
 
         loss, parts = self._loss(lp_train, tb, adv, stats)
@@ -246,11 +258,9 @@ class RLTrainer:
 
         summ = stats.summary() if stats is not None else {}
         batch = ep.batch
-        guided = record is not None and arm.record == "guide"
         n_gen = batch.num_generated_tokens
-        # generation alone; recording (the engine's share and building the record) counts only as the
-        # overhead of the arm's own guidance record, never for a diagnostic one
-        record_s = batch.record_s + (t1 - t_fin) if guided else 0.0
+        # the arm's own record only; the diagnostic record's time is neither generation nor overhead
+        own_s = rec.seconds + batch.record_feed_s + (t_fin2 - t_fin) if record is not None else 0.0
         return {
             "step": step,
             "method": rl["method"],
@@ -262,12 +272,16 @@ class RLTrainer:
             "scale_flip_rate": summ.get("scale_flip_rate", {}),
             "unrecoverable_rate": summ.get("unrecoverable_rate", {}),
             "routing_flip_rate": summ.get("routing_flip_rate", {}),
-            "guidance_bytes_per_gen_token": record.total_bytes() / max(n_gen, 1) if guided else 0.0,
-            "guidance_bits_per_element": record.bits_per_element() if guided else None,
+            # DESIGN.md §3 byte accounting of the arm's own record (full codes where it guides with them)
+            "guidance_bytes_per_gen_token": (record.bytes_per_generated_token(max(n_gen, 1),
+                                                                              compact_only=not arm.full_codes)
+                                             if record is not None else 0.0),
+            "guidance_bits_per_element": (record.bits_per_element(compact_only=not arm.full_codes)
+                                          if record is not None else None),
             "rollout_gen_tokens_per_s": n_gen / max(batch.generate_s, 1e-9),
-            "record_overhead": record_s / max(batch.generate_s, 1e-9),
+            "record_overhead": own_s / max(batch.generate_s, 1e-9),
             "time_generate_s": batch.generate_s,
-            "time_record_s": record_s,
+            "time_record_s": own_s,
             "time_rollout_s": t1 - t0,
             "time_train_s": t2 - t1,
             "loss": float(loss.detach()),
