@@ -11,11 +11,18 @@ the runs dir for ``metrics.jsonl``.
     runs = load_runs("results/runs/smoke")            # list[RunData]
 
 Summary conventions (documented once, used by every table and figure):
-* *final* value of a per-step metric = mean over the last 10% of logged steps (at least one step);
+* *final* value of a per-step metric = mean over the last third of logged steps (``FINAL_FRAC``; 20 of
+  the smoke profile's 60 steps: a window of 6 steps let single tokens with a large |dlp| decide the
+  number), with ``<name>_final_se`` = sd of the window / sqrt(window) beside it;
 * *mean* = mean over all logged steps;
 * per-layer rates (``code_flip_rate`` etc., dicts {layer: rate}) -> mean over steps per layer, and the
   scalar = mean over layers of that;
-* rollout tokens/s = median over steps, leaving out the first step (warm-up) when there are >= 3.
+* rollout speed = generated tokens / generation time (recording excluded), median over steps, leaving
+  out the first step (warm-up) when there are >= 3; record overhead = time spent recording the arm's
+  own guidance record / generation time, median over the same steps (0 for arms without a record;
+  diagnostic records are never timed in either);
+* accuracy = ``eval.json``'s fraction of correct samples on unique held-out prompts, with its
+  prompt-clustered standard error ``acc_<deploy>_se`` (``se_clustered``).
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ from trace.arms import ARMS, MAIN_METHODS, POSTHOC, Arm
 from trace.rundir import read_metrics
 
 __all__ = ["LAYER_METRICS", "MAIN_METHODS", "POSTHOC", "RunData", "load_run", "load_runs", "summarize"]
+FINAL_FRAC = 1 / 3
 LAYER_METRICS = ("code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate")
 
 
@@ -137,11 +145,35 @@ def load_runs(runs_dir: str, manifest: str | None = None) -> list[RunData]:
     return runs
 
 
-def _tail_mean(y: np.ndarray, frac: float = 0.1) -> float:
-    if y.size == 0:
-        return math.nan
-    k = max(1, int(math.ceil(frac * y.size)))
-    return float(np.mean(y[-k:]))
+def _tail(y: np.ndarray, frac: float = FINAL_FRAC) -> np.ndarray:
+    return y[-max(1, int(math.ceil(frac * y.size))):] if y.size else y
+
+
+def _tail_mean(y: np.ndarray, frac: float = FINAL_FRAC) -> float:
+    t = _tail(y, frac)
+    return float(np.mean(t)) if t.size else math.nan
+
+
+def _tail_se(y: np.ndarray, frac: float = FINAL_FRAC) -> float:
+    t = _tail(y, frac)
+    return float(np.std(t, ddof=1) / math.sqrt(t.size)) if t.size > 1 else math.nan
+
+
+def se_clustered(per_prompt: list[float] | np.ndarray) -> float:
+    """Standard error of an accuracy whose samples are clustered by prompt (equal samples per prompt):
+    sd over prompts of the per-prompt accuracy / sqrt(prompts). Samples of one prompt are correlated,
+    so the binomial SE over samples would understate it."""
+    p = np.asarray(per_prompt, dtype=float)
+    return float(np.std(p, ddof=1) / math.sqrt(p.size)) if p.size > 1 else math.nan
+
+
+def eval_block_se(blk: dict) -> float:
+    """An eval.json block's clustered SE: its own ``se``, else from its ``per_prompt`` accuracies."""
+    if isinstance(blk.get("se"), (int, float)):
+        return float(blk["se"])
+    if isinstance(blk.get("per_prompt"), list):
+        return se_clustered(blk["per_prompt"])
+    return math.nan
 
 
 def _mean(y: np.ndarray) -> float:
@@ -164,7 +196,9 @@ def summarize(r: RunData) -> dict:
     for dep in ("bf16", "fp4"):
         blk = ev.get(dep) or {}
         row[f"acc_{dep}"] = float(blk["accuracy"]) if isinstance(blk.get("accuracy"), (int, float)) else math.nan
+        row[f"acc_{dep}_se"] = eval_block_se(blk)
         row[f"reward_{dep}"] = float(blk["reward"]) if isinstance(blk.get("reward"), (int, float)) else math.nan
+        row[f"n_prompts_{dep}"] = blk.get("n_prompts", math.nan)
     _, reward = r.series("reward_mean")
     _, acc = r.series("accuracy")
     row["reward_final"] = _tail_mean(reward)
@@ -173,17 +207,21 @@ def summarize(r: RunData) -> dict:
         _, y = r.series(name)
         row[f"{name}_mean"] = _mean(y)
         row[f"{name}_final"] = _tail_mean(y)
+        row[f"{name}_final_se"] = _tail_se(y)
     _, dmax = r.series("dlp_abs_max")
     row["dlp_abs_max"] = float(np.max(dmax)) if dmax.size else math.nan
     for name in LAYER_METRICS:
         prof = r.layer_profile(name)
         row[name] = float(np.mean(list(prof.values()))) if prof else math.nan
-    _, gb = r.series("guidance_bytes_per_token")
-    row["guidance_bytes_per_token"] = _mean(gb)
-    _, tps = r.series("rollout_tokens_per_s")
-    if tps.size >= 3:
-        tps = tps[1:]
-    row["rollout_tokens_per_s"] = float(np.median(tps)) if tps.size else math.nan
+    _, gb = r.series("guidance_bytes_per_gen_token")
+    row["guidance_bytes_per_gen_token"] = _mean(gb)
+    _, bits = r.series("guidance_bits_per_element")
+    row["guidance_bits_per_element"] = _mean(bits)  # NaN for arms that guide nothing
+    for name in ("rollout_gen_tokens_per_s", "record_overhead"):
+        _, y = r.series(name)
+        if y.size >= 3:
+            y = y[1:]
+        row[name] = float(np.median(y)) if y.size else math.nan
     for name in ("time_rollout_s", "time_train_s", "time_step_s"):
         _, y = r.series(name)
         row[name] = _mean(y)

@@ -4,11 +4,13 @@
 
 Writes into --out:
 * ``main.csv`` / ``main.md``: model x task x arm (bf16, fp4-naive, qat-independent, qat-weight-only, trace,
-  posthoc-fp4): final accuracy under BF16 and FP4 deployment (``eval.json``), mean and final mismatch k3
-  between trainer and rollout log-probs, guidance bytes per token, rollout tokens/s and its speedup over
-  the ``bf16`` arm of the same model, task and seed (same machine, same run). ``posthoc-fp4`` is the
-  ``bf16`` arm's policy quantized to FP4 after training (its training columns are the bf16 run's).
-  Values are means over seeds (``n_seeds`` column; ``acc_*_std`` when there are several seeds).
+  posthoc-fp4): final accuracy under BF16 and FP4 deployment (``eval.json``) with its standard error,
+  mean and final mismatch k3 between trainer and rollout log-probs, guidance bytes per generated token,
+  rollout tokens/s of generation alone and its speedup over the ``bf16`` arm of the same model, task and
+  seed, and the overhead of recording the arm's own guidance record. ``posthoc-fp4`` is the ``bf16``
+  arm's policy quantized to FP4 after training: only its FP4 accuracy applies, the rest is n/a.
+  Values are means over seeds (``n_seeds``), with ``<col>_min`` / ``<col>_max`` over seeds and
+  ``acc_*_se`` (see `_aggregate`).
 * ``ablation.csv`` / ``ablation.md``: TRACE variants (``rho``, full codes vs compact mantissa+scale
   guidance, alignment loss on/off, routing replay on/off) next to ``qat-independent`` (no guidance),
   for every model/task that has ablation arms.
@@ -30,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.runs import MAIN_METHODS, POSTHOC, load_runs, summarize
+from trace.arms import ARMS
 
 ARM_ORDER = list(MAIN_METHODS) + [POSTHOC]
 
@@ -37,25 +40,41 @@ MAIN_COLUMNS = [
     ("acc_bf16", "Acc BF16 deploy"),
     ("acc_fp4", "Acc FP4 deploy"),
     ("k3_mean", "k3 mean"),
-    ("k3_final", "k3 final"),
-    ("guidance_bytes_per_token", "Guidance B/token"),
-    ("rollout_tokens_per_s", "Rollout tok/s"),
+    ("k3_final", "k3 final (last third)"),
+    ("guidance_bytes_per_gen_token", "Guidance B / generated token"),
+    ("rollout_gen_tokens_per_s", "Generation tok/s"),
     ("rollout_speedup", "Speedup vs bf16"),
+    ("record_overhead", "Recording overhead"),
 ]
 ABLATION_COLUMNS = [
     ("acc_bf16", "Acc BF16 deploy"),
     ("acc_fp4", "Acc FP4 deploy"),
     ("k3_mean", "k3 mean"),
-    ("k3_final", "k3 final"),
+    ("k3_final", "k3 final (last third)"),
     ("dlp_abs_max", "max \\|dlp\\|"),
     ("code_flip_rate", "Code flip rate"),
     ("unrecoverable_rate", "Unrecoverable rate"),
-    ("guidance_bytes_per_token", "Guidance B/token"),
+    ("guidance_bytes_per_gen_token", "Guidance B / generated token"),
+    ("guidance_bits_per_element", "Bits / guided element"),
 ]
 FACTOR_COLUMNS = ["rho", "guidance", "align_loss", "routing_replay"]
-# numbers that must be finite in every table row (rho may be NaN = trainer's default, shown as such)
-REQUIRED_MAIN = [c for c, _ in MAIN_COLUMNS]
-REQUIRED_ABLATION = [c for c, _ in ABLATION_COLUMNS if c not in ("unrecoverable_rate",)]
+ACC_COLUMNS = ("acc_bf16", "acc_fp4")
+# columns shown with the range over seeds beside the mean
+RANGE_COLUMNS = ("k3_mean", "k3_final", "dlp_abs_max", "code_flip_rate")
+# posthoc-fp4 is an evaluation of the bf16 policy, not a training run: only its FP4 accuracy applies
+POSTHOC_COLUMNS = ("acc_fp4",)
+
+
+def applies(arm: str, method: str, col: str) -> bool:
+    """Whether `col` is defined for an arm (a cell that is not is shown as n/a and never checked)."""
+    if arm == POSTHOC:
+        return col in POSTHOC_COLUMNS
+    a = ARMS.get(method)
+    if col == "guidance_bits_per_element":
+        return a is not None and a.record == "guide"
+    if col == "unrecoverable_rate":  # one mantissa bit cannot tell a wrong pick from a right one
+        return a is not None and a.record == "guide" and a.full_codes
+    return True
 
 
 def runs_frame(runs) -> pd.DataFrame:
@@ -63,24 +82,45 @@ def runs_frame(runs) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     if df.empty:
         return df
-    # rollout speedup: tokens/s over the bf16 arm's, same model/task/seed
-    base = df[df["arm"] == "bf16"].set_index(["model", "task", "seed"])["rollout_tokens_per_s"]
+    # speedup of generation alone over the bf16 arm's, same model/task/seed
+    base = df[df["arm"] == "bf16"].set_index(["model", "task", "seed"])["rollout_gen_tokens_per_s"]
     keys = list(zip(df["model"], df["task"], df["seed"], strict=False))
     df["rollout_speedup"] = [
         (row_tps / base.get(k, math.nan)) if base.get(k, math.nan) else math.nan
-        for row_tps, k in zip(df["rollout_tokens_per_s"], keys, strict=False)
+        for row_tps, k in zip(df["rollout_gen_tokens_per_s"], keys, strict=False)
     ]
     return df
 
 
 def _aggregate(df: pd.DataFrame, keys: list[str], value_cols: list[str]) -> pd.DataFrame:
+    """Mean over seeds per group, with min/max over seeds and, for accuracies, the standard error of
+    the seed mean: sqrt(max(variance over seeds, mean squared evaluation SE) / seeds). The evaluation
+    SE is a floor because a few seeds can agree by chance more closely than one evaluation resolves;
+    with one seed it is that run's prompt-clustered evaluation SE."""
     g = df.groupby(keys, sort=False, dropna=False)
     out = g[value_cols].mean(numeric_only=True)
     out["n_seeds"] = g.size()
-    for c in ("acc_bf16", "acc_fp4"):
-        if c in value_cols:
-            out[f"{c}_std"] = g[c].std(ddof=1) if g.size().max() > 1 else math.nan
+    for c in value_cols:
+        out[f"{c}_min"] = g[c].min()
+        out[f"{c}_max"] = g[c].max()
+    for c in ACC_COLUMNS:
+        if c not in value_cols:
+            continue
+        var_seed = g[c].var(ddof=1).fillna(0.0)
+        var_eval = g[f"{c}_se"].apply(lambda s: float(np.mean(np.square(s))) if s.notna().all() else math.nan)
+        out[f"{c}_se"] = np.sqrt(np.maximum(var_seed, var_eval) / out["n_seeds"])
     return out.reset_index()
+
+
+def _blank_inapplicable(t: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
+    t = t.copy()
+    for i, row in t.iterrows():
+        for c in cols:
+            if not applies(row["arm"], row["method"], c):
+                for suffix in ("", "_min", "_max", "_se"):
+                    if c + suffix in t.columns:
+                        t.at[i, c + suffix] = math.nan
+    return t
 
 
 def _order(df: pd.DataFrame, arm_order: list[str]) -> pd.DataFrame:
@@ -97,85 +137,116 @@ def main_table(df: pd.DataFrame) -> pd.DataFrame:
     post = main[main["arm"] == "bf16"].copy()
     post["arm"] = POSTHOC
     post["method"] = POSTHOC
-    t = _aggregate(pd.concat([main, post], ignore_index=True), ["model", "task", "arm"], cols)
-    return _order(t, ARM_ORDER)
+    t = _aggregate(pd.concat([main, post], ignore_index=True), ["model", "task", "arm", "method"], cols)
+    return _order(_blank_inapplicable(t, cols), ARM_ORDER)
 
 
 def ablation_table(df: pd.DataFrame) -> pd.DataFrame:
     cols = [c for c, _ in ABLATION_COLUMNS]
     groups = df[df["ablation"].astype(bool)][["model", "task"]].drop_duplicates()
     if groups.empty:
-        return pd.DataFrame(columns=["model", "task", "arm", *FACTOR_COLUMNS, *cols, "n_seeds"])
+        return pd.DataFrame(columns=["model", "task", "arm", "method", *FACTOR_COLUMNS, *cols, "n_seeds"])
     sel = df.merge(groups, on=["model", "task"])
-    sel = sel[sel["method"].str.startswith("trace") | (sel["method"] == "qat-independent")]
-    t = _aggregate(sel, ["model", "task", "arm", *FACTOR_COLUMNS], cols)
+    sel = sel[[m in ARMS and (ARMS[m].record == "guide" or m == "qat-independent") for m in sel["method"]]]
+    t = _aggregate(sel, ["model", "task", "arm", "method", *FACTOR_COLUMNS], cols)
     order = ["qat-independent", "trace"] + sorted(a for a in t["arm"].unique() if a not in ("qat-independent", "trace"))
-    return _order(t, order)
+    return _order(_blank_inapplicable(t, cols), order)
 
 
 # ---------------------------------------------------------------------------------------------
-def _fmt(v, col: str) -> str:
-    if isinstance(v, (bool, np.bool_)):
-        return "on" if v else "off"
-    if isinstance(v, str):
-        return v
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "default" if col == "rho" else "n/a"
+def _isnan(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _num(v, col: str) -> str:
     if col.startswith("acc"):
         return f"{v:.3f}"
     if col in ("k3_mean", "k3_final", "code_flip_rate", "unrecoverable_rate", "dlp_abs_max"):
         return f"{v:.2e}" if abs(v) < 1e-2 and v != 0 else f"{v:.3f}"
     if col == "rollout_speedup":
         return f"{v:.2f}x"
-    if col == "rollout_tokens_per_s":
+    if col == "rollout_gen_tokens_per_s":
         return f"{v:.0f}"
-    if col == "guidance_bytes_per_token":
+    if col == "record_overhead":
+        return f"{100 * v:.0f}%"
+    if col in ("guidance_bytes_per_gen_token", "guidance_bits_per_element"):
         return f"{v:.0f}" if abs(v) >= 10 or v == 0 else f"{v:.2f}"
-    if col in ("rho",):
+    if col == "rho":
         return f"{v:g}"
     if col == "n_seeds":
         return f"{int(v)}"
     return f"{v:.4g}"
 
 
+def _fmt(v, col: str) -> str:
+    if isinstance(v, (bool, np.bool_)):
+        return "on" if v else "off"
+    if isinstance(v, str):
+        return v
+    if _isnan(v):
+        return "default" if col == "rho" else "n/a"
+    return _num(v, col)
+
+
+def cell(row, col: str) -> str:
+    """Mean, then `± SE` for accuracies, `[min, max]` over seeds for the mismatch columns."""
+    s = _fmt(row[col], col)
+    if s == "n/a":
+        return s
+    se = row.get(f"{col}_se")
+    if col in ACC_COLUMNS and not _isnan(se):
+        return f"{s} ± {se:.3f}"
+    lo, hi = row.get(f"{col}_min"), row.get(f"{col}_max")
+    if col in RANGE_COLUMNS and row["n_seeds"] > 1 and not (_isnan(lo) or _isnan(hi)):
+        return f"{s} [{_num(lo, col)}, {_num(hi, col)}]"
+    return s
+
+
 def to_markdown(t: pd.DataFrame, columns: list[tuple[str, str]], lead: list[str], title: str, notes: str) -> str:
     heads = [h.replace("_", " ") for h in lead] + [h for _, h in columns] + ["seeds"]
     lines = [f"### {title}", "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for _, row in t.iterrows():
-        cells = [_fmt(row[c], c) for c in lead]
-        for c, _ in columns:
-            s = _fmt(row[c], c)
-            std = row.get(f"{c}_std")
-            if isinstance(std, float) and math.isfinite(std):
-                s += f" ± {std:.3f}"
-            cells.append(s)
+        cells = [_fmt(row[c], c) for c in lead] + [cell(row, c) for c, _ in columns]
         cells.append(_fmt(row["n_seeds"], "n_seeds"))
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", notes, ""]
     return "\n".join(lines)
 
 
-MAIN_NOTES = (
-    "Accuracy: final evaluation on the held-out test split (fraction of correct samples, sampled as set in "
-    "the run config's eval block), policy deployed in BF16 or quantized to FP4 (W4A4 + FP4 KV). k3 = mean(r - 1 - log r), r = exp(lp_train - lp_rollout) over "
-    "sampled tokens; *mean* over all RL steps, *final* over the last 10% of steps. Guidance B/token: "
-    "bytes of rollout records per token (0 without guidance). Rollout tok/s: median over steps on the "
-    "profile's device; speedup relative to the bf16 arm of the same model/task/seed. posthoc-fp4: the "
-    "bf16 arm's policy quantized to FP4 after training (training columns repeat the bf16 run)."
+COMMON_NOTES = (
+    "Accuracy: fraction of correct samples on the unique held-out test prompts (samples and temperature "
+    "as in the run config's eval block), policy deployed in the engine in BF16 or in FP4 (W4A4 + FP4 KV); "
+    "± = standard error of the mean over seeds, sqrt(max(seed variance, mean squared evaluation SE) / "
+    "seeds), the evaluation SE being clustered by prompt. k3 = mean(r - 1 - log r), r = exp(lp_train - "
+    "lp_rollout) over sampled tokens at the sampling temperature; *mean* over all RL steps, *final* over "
+    "the last third of the steps; [min, max] over seeds. Guidance B / generated token: all bytes of a "
+    "step's record (prompt rows once, routing ids included) over the tokens the rollout generated, i.e. "
+    "what must travel per trained token (0 without guidance). n/a: the column does not apply to the arm."
 )
-ABLATION_NOTES = (
-    "TRACE variants: rho = fraction of the deepest layers guided; guidance = compact (mantissa bit + block "
-    "scales) or full 4-bit codes; align loss and routing replay on/off. qat-independent = FP4 trainer "
-    "with its own rounding, no guidance. Code flip rate: fraction of FP4 codes that differ between "
-    "trainer and rollout, mean over layers and steps; unrecoverable: guided elements more than one grid "
-    "step away (n/a when the trainer does not log it)."
+MAIN_NOTES = COMMON_NOTES + (
+    " Generation tok/s: generated tokens over generation time with recording excluded, median over steps "
+    "on the profile's device; speedup relative to the bf16 arm of the same model/task/seed. Recording "
+    "overhead: time spent recording the arm's own guidance record over generation time (diagnostic "
+    "records are never counted). posthoc-fp4: the bf16 arm's policy quantized to FP4 after training, an "
+    "evaluation only (its training columns are n/a)."
+)
+ABLATION_NOTES = COMMON_NOTES + (
+    " TRACE variants: rho = fraction of the deepest layers guided; guidance = compact (mantissa bit + "
+    "block scales) or full 4-bit codes; align loss and routing replay on/off. qat-independent = FP4 "
+    "trainer with its own rounding, no guidance. Code flip rate: per layer, the fraction of FP4 activation "
+    "codes of the trainer *before guidance* that differ from the rollout's codes (rollout's routing), mean "
+    "over all layers and steps (a diagnostic record, the same layers for every arm). Bits / guided "
+    "element: record bits of the activation sites over the elements they guide. Unrecoverable: guided "
+    "elements more than one grid step away, measurable only with full codes."
 )
 
 
-def check(t: pd.DataFrame, required: list[str], what: str) -> list[str]:
+def check(t: pd.DataFrame, columns: list[tuple[str, str]], what: str) -> list[str]:
+    """Every cell that applies to its arm must be a finite number."""
     errs = []
     for _, row in t.iterrows():
-        bad = [c for c in required if not (isinstance(row[c], (int, float)) and math.isfinite(row[c]))]
+        bad = [c for c, _ in columns if applies(row["arm"], row["method"], c)
+               and not (isinstance(row[c], (int, float)) and math.isfinite(row[c]))]
         if bad:
             errs.append(f"{what}: {row['model']}/{row['task']}/{row['arm']}: non-finite {', '.join(bad)}")
     return errs
@@ -202,7 +273,7 @@ def build(runs_dir: str, out: str, manifest: str | None = None, strict: bool = F
     with open(os.path.join(out, "ablation.md"), "w") as f:
         f.write(to_markdown(abl, ABLATION_COLUMNS, ["model", "task", "arm", *FACTOR_COLUMNS],
                             f"Ablations ({profile} profile)", ABLATION_NOTES))
-    problems += check(main, REQUIRED_MAIN, "main") + check(abl, REQUIRED_ABLATION, "ablation")
+    problems += check(main, MAIN_COLUMNS, "main") + check(abl, ABLATION_COLUMNS, "ablation")
     for p in problems:
         print(("ERROR: " if strict else "warning: ") + p, file=sys.stderr)
     if strict and problems:

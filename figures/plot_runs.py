@@ -9,7 +9,7 @@ Writes (PNG + PDF each), one panel per model x task, one line per arm (mean over
 * ``curves_mismatch``: token k3 mismatch between trainer and rollout log-probs vs step (log scale);
 * ``flip_rates``: per-layer FP4 code-flip rate (trainer vs rollout, mean over steps) at each layer's
   index (an arm that logs only the guided layers shows only those);
-* ``mismatch_vs_bytes``: mean k3 vs guidance bytes per token, one point per arm (the cost/benefit of
+* ``mismatch_vs_bytes``: mean k3 vs guidance bytes per generated token, one point per arm (the cost/benefit of
   guidance: full codes, compact, rho); labels of nearby points are stacked so none overlap;
 * ``final_accuracy``: final test accuracy under BF16 and FP4 deployment per arm (from main.csv), with
   error bars of one standard error: over seeds (std/sqrt(n_seeds)) where there are several seeds, else
@@ -216,7 +216,7 @@ def _stack_labels(ax, points: list[tuple[float, float, str]], fontsize: float = 
 
 
 def mismatch_vs_bytes_figure(runs_df: pd.DataFrame):
-    d = runs_df.groupby(["model", "task", "arm"], as_index=False)[["k3_mean", "guidance_bytes_per_token"]].mean()
+    d = runs_df.groupby(["model", "task", "arm"], as_index=False)[["k3_mean", "guidance_bytes_per_gen_token"]].mean()
     groups = list(d.groupby(["model", "task"], sort=True))
     fig, axes = _panel_grid(1, len(groups), w=4.6, h=3.6)
     labels = []
@@ -224,14 +224,14 @@ def mismatch_vs_bytes_figure(runs_df: pd.DataFrame):
         ax = axes[0, j]
         pts = []
         for _, row in g.iterrows():
-            if not (np.isfinite(row.k3_mean) and row.k3_mean > 0 and np.isfinite(row.guidance_bytes_per_token)):
+            if not (np.isfinite(row.k3_mean) and row.k3_mean > 0 and np.isfinite(row.guidance_bytes_per_gen_token)):
                 continue
-            ax.scatter(row.guidance_bytes_per_token, row.k3_mean, color=style.arm_color(row.arm), s=36,
+            ax.scatter(row.guidance_bytes_per_gen_token, row.k3_mean, color=style.arm_color(row.arm), s=36,
                        label=row.arm, zorder=3)
-            pts.append((row.guidance_bytes_per_token, row.k3_mean, row.arm))
+            pts.append((row.guidance_bytes_per_gen_token, row.k3_mean, row.arm))
         labels.append(pts)
         ax.set_yscale("log")
-        ax.set_xlabel("guidance cache (bytes per token)")
+        ax.set_xlabel("guidance record (bytes per generated token)")
         ax.set_ylabel("mean token k3 (nats, log scale)")
         ax.set_title(f"{model} / {task}")
         xmax = max([1.0] + [p[0] for p in pts])

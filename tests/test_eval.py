@@ -70,3 +70,45 @@ def test_gold_policy_scores_one(monkeypatch):
     monkeypatch.setattr(E.RolloutEngine, "generate", fake_generate)
     for mode in ("bf16", "fp4"):
         assert evaluate_policy(model, cfg, task, tok, mode)["accuracy"] == 1.0
+
+
+def test_evaluation_scores_each_unique_prompt_once_with_its_standard_error(monkeypatch):
+    """The easy space's test split holds 44 unique prompts; asking for 64 used to evaluate 64 with 20
+    repeats (n_prompts 64). Now every unique prompt is scored once: 44 prompts x 3 samples. With an
+    engine whose sample j of prompt i is the gold answer iff (i + j) % 4 == 0, the per-prompt
+    accuracies are 1/3 or 0, they average to the accuracy, and se = sd over prompts / sqrt(44)."""
+    import math
+
+    from trace.models import build_model, build_tokenizer
+    from trace.rollout import RolloutBatch
+    from trace.rollout import engine as E
+    from trace.episode import build_task, encode_prompt
+    from trace.sft import encode_text
+    cfg = _cfg(["task.n_test=64", "eval.samples_per_prompt=3"])
+    task, tok = build_task(cfg), build_tokenizer()
+    exs = heldout_examples(cfg, task)
+    assert len(exs) == 44 == len({e.prompt for e in exs})
+    gold = {tuple(encode_prompt(tok, e.prompt)): encode_text(tok, task.sft_target(e)) for e in exs}
+    wrong = encode_text(tok, "x\n")
+
+    def fake_generate(self, prompts, *, n=1, **kw):
+        toks, pi = [], []
+        for i, p in enumerate(prompts):
+            for j in range(n):
+                toks.append(list(p) + (gold[tuple(p)] if (i + j) % 4 == 0 else wrong))
+                pi.append(i)
+        B = len(toks)
+        pl = [len(prompts[i]) for i in pi]
+        resp = [len(t) - q for t, q in zip(toks, pl, strict=True)]
+        return RolloutBatch(toks, pl, [[0.0] * r for r in resp], [[True] * r for r in resp], pi, list(range(B)),
+                            [True] * B, ["stop_string"] * B, sum(resp), 0.0)
+
+    monkeypatch.setattr(E.RolloutEngine, "generate", fake_generate)
+    res = evaluate_policy(build_model("qwen3_moe-tiny", seed=0), cfg, task, tok, "bf16")
+    assert res["n_prompts"] == 44 and res["n"] == 132 and len(res["per_prompt"]) == 44
+    pp = res["per_prompt"]
+    assert set(pp) == {0.0, 1 / 3}
+    assert math.isclose(sum(pp) / 44, res["accuracy"], abs_tol=1e-9)
+    mean = sum(pp) / 44
+    sd = math.sqrt(sum((p - mean) ** 2 for p in pp) / 43)
+    assert sd > 0 and math.isclose(res["se"], sd / math.sqrt(44), rel_tol=1e-6)

@@ -12,7 +12,9 @@ min(max_turns, task.max_turns) turns. Scores come from the task's verifier on th
 Generation time (`generate_s`) is measured around the engine call alone.
 
 `evaluate_policy` deploys a policy in a fresh engine ("bf16", or "fp4" = W4A4 + FP4 KV with weights
-from the shared quantizer) and runs one episode over the held-out split with the `eval.*` settings;
+from the shared quantizer) and runs one episode over the held-out split with the `eval.*` settings,
+every unique test prompt once (at most `n_test`); it returns the accuracy with its per-prompt
+accuracies and prompt-clustered standard error;
 the RL trainer (periodic eval), SFT (eval_every) and `python -m trace.eval` all call it.
 Compared against: tests/test_episode.py (gold responses score 1, RL and eval share the step) and
 tests/test_eval.py.
@@ -20,7 +22,6 @@ tests/test_eval.py.
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -91,9 +92,8 @@ def eval_settings(cfg: dict) -> dict:
 
 
 def heldout_examples(cfg: dict, task):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # small easy splits are topped up with repeats; expected
-        return task.make_split("test", eval_settings(cfg)["n_test"], cfg["task"]["seed"])
+    """At most `n_test` held-out examples, each prompt once (fewer when the test split has fewer)."""
+    return task.heldout(eval_settings(cfg)["n_test"], cfg["task"]["seed"])
 
 
 @torch.no_grad()
@@ -108,5 +108,18 @@ def evaluate_policy(model, cfg: dict, task, tok, mode: str = "bf16", examples=No
     eng.sync_weights(model)
     ep = run_episode(eng, task, tok, examples, n=s["samples_per_prompt"], max_new_tokens=s["max_new_tokens"],
                      temperature=s["temperature"], seed=s["seed"], max_turns=cfg["rl"]["max_turns"])
+    correct = torch.tensor(ep.scores) >= 1.0
+    per_prompt = torch.zeros(len(examples), dtype=torch.float64).index_add_(
+        0, torch.tensor(ep.batch.prompt_index), correct.double())
+    per_prompt = (per_prompt / s["samples_per_prompt"]).tolist()  # [prompts] fraction correct
     return {"accuracy": ep.accuracy, "reward": ep.reward, "n": len(ep.scores), "n_prompts": len(examples),
+            "se": clustered_se(per_prompt), "per_prompt": per_prompt,
             "tokens_per_s": ep.batch.num_generated_tokens / max(ep.generate_s, 1e-9)}
+
+
+def clustered_se(per_prompt: list[float]) -> float:
+    """Standard error of an accuracy over prompts with equal samples each: sd over prompts of the
+    per-prompt accuracy / sqrt(prompts) (samples of one prompt are correlated; a binomial SE over
+    samples would understate it). NaN for fewer than two prompts."""
+    p = torch.tensor(per_prompt, dtype=torch.float64)
+    return float(p.std(unbiased=True) / p.numel() ** 0.5) if p.numel() > 1 else float("nan")

@@ -5,12 +5,15 @@
 Deployment = the rollout engine (trace/rollout) with the checkpoint's weights: "bf16" runs it
 unquantized, "fp4" in W4A4 with the FP4 KV cache (weights re-quantized from the checkpoint's master
 weights by the shared quantizer). `posthoc-fp4` is simply the "fp4" entry of a `bf16`-trained run.
-Sampling: `eval.samples_per_prompt` samples at `eval.temperature` (0 = greedy) per test prompt, seeded
-by `eval.seed`, so SFT base and RL policies are scored on identical prompts with identical seeds.
-accuracy = fraction of samples with reward 1; reward = mean reward. The episode and the scoring are
+The test set is every unique held-out prompt once, at most `n_test` of them. Sampling:
+`eval.samples_per_prompt` samples at `eval.temperature` (0 = greedy) per test prompt, seeded by
+`eval.seed`, so SFT base and RL policies are scored on identical prompts with identical seeds.
+accuracy = fraction of samples with reward 1; reward = mean reward; per_prompt = each prompt's
+fraction correct; se = the accuracy's standard error clustered by prompt. The episode and the scoring are
 trace/episode.py's (`evaluate_policy`), the same step RL training runs.
 
-Output: {"checkpoint": path, "task": ..., "bf16": {"accuracy", "reward", "n", "n_prompts"}, "fp4": {...}}.
+Output: {"checkpoint": path, "task": ..., "bf16": {"accuracy", "se", "reward", "n", "n_prompts", "per_prompt"},
+"fp4": {...}}.
 `--ckpt` takes a model directory (config.json), a run directory or its ckpt/ (the latest checkpoint).
 Compared against: tests/test_eval.py (a gold-answer oracle scores 1, the stand-alone JSON shape).
 """
@@ -53,7 +56,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps({m: res[m] for m in cfg["eval"]["modes"]}))
+    print(json.dumps({m: {k: v for k, v in res[m].items() if k != "per_prompt"} for m in cfg["eval"]["modes"]}))
     return 0
 
 

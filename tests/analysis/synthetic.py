@@ -62,7 +62,10 @@ def write_run(run_dir: str, model: str, task: str, arm: str, method: str, seed: 
                 "code_flip_rate": flips, "scale_flip_rate": {k: v / 10 for k, v in flips.items()},
                 "unrecoverable_rate": {k: v / 100 for k, v in flips.items()},
                 "routing_flip_rate": {k: v / 5 for k, v in flips.items()},
-                "guidance_bytes_per_token": float(gb), "rollout_tokens_per_s": 100.0 * speed * (1 + 0.01 * rng.random()),
+                "guidance_bytes_per_gen_token": float(gb),
+                "guidance_bits_per_element": 1.6 if method.startswith("trace") else None,
+                "rollout_gen_tokens_per_s": 100.0 * speed * (1 + 0.01 * rng.random()),
+                "record_overhead": 0.2 if method.startswith("trace") else 0.0,
                 "time_rollout_s": 1.0, "time_train_s": 0.5, "time_step_s": 1.6, "loss": 0.1, "grad_norm": 1.0,
             }
             if s % 4 == 3:
@@ -70,9 +73,19 @@ def write_run(run_dir: str, model: str, task: str, arm: str, method: str, seed: 
             f.write(json.dumps(rec) + "\n")
     final = 0.2 + 0.05 * steps
     with open(os.path.join(run_dir, "eval.json"), "w") as f:
-        json.dump({"checkpoint": os.path.join(run_dir, "ckpt"), "bf16": {"accuracy": final, "reward": final, "n": 16},
-                   "fp4": {"accuracy": final - drop, "reward": final - drop, "n": 16}}, f)
+        json.dump({"checkpoint": os.path.join(run_dir, "ckpt"),
+                   "bf16": eval_block([final + d for d in (-0.1, 0.0, 0.1)]),
+                   "fp4": eval_block([final - drop + d for d in (-0.1, 0.0, 0.1)])}, f)
     open(os.path.join(run_dir, "done"), "w").close()
+
+
+def eval_block(per_prompt: list[float], samples: int = 4) -> dict:
+    """An eval.json block as trace.eval writes it (accuracy, per-prompt accuracies, clustered SE)."""
+    n = len(per_prompt)
+    mean = sum(per_prompt) / n
+    se = math.sqrt(sum((p - mean) ** 2 for p in per_prompt) / (n - 1) / n)
+    return {"accuracy": mean, "reward": mean, "n": n * samples, "n_prompts": n, "per_prompt": per_prompt,
+            "se": se}
 
 
 def write_profile(runs_dir, models=("qwen3_moe-tiny", "mixtral-tiny"), tasks=("reasoning",), seeds=(0,),

@@ -1,16 +1,22 @@
 """analysis.tables on synthetic run dirs (tests/analysis/synthetic.py): every arm present, finite numbers,
-posthoc-fp4 derived from the bf16 run, ablation factors read from the run configs, strict mode."""
+posthoc-fp4 derived from the bf16 run with its training columns n/a, ablation factors read from the run
+configs, strict mode, the k3 "final" window, standard errors beside accuracies, generation speed
+without recording."""
+import json
 import math
 import os
 
 import pandas as pd
 import pytest
 
+from analysis.runs import se_clustered
+from trace.rundir import read_metrics
 from analysis.tables import build
 from tests.analysis.synthetic import ABLATIONS, METHODS, write_profile
 
-MAIN_NUM = ["acc_bf16", "acc_fp4", "k3_mean", "k3_final", "guidance_bytes_per_token", "rollout_tokens_per_s",
-            "rollout_speedup"]
+MAIN_NUM = ["acc_bf16", "acc_fp4", "k3_mean", "k3_final", "guidance_bytes_per_gen_token",
+            "rollout_gen_tokens_per_s", "rollout_speedup", "record_overhead"]
+TRAINING = [c for c in MAIN_NUM if c != "acc_fp4"]
 
 
 @pytest.fixture()
@@ -27,17 +33,86 @@ def test_main_table_has_every_arm_with_finite_numbers(profile):
     for model in ("qwen3_moe-tiny", "mixtral-tiny"):
         arms = set(main[main.model == model].arm)
         assert arms == set(METHODS) | {"posthoc-fp4"}
-    assert main[MAIN_NUM].notna().all().all()
-    assert all(math.isfinite(v) for v in main[MAIN_NUM].to_numpy().ravel())
+    trained = main[main.arm != "posthoc-fp4"]
+    assert all(math.isfinite(v) for v in trained[MAIN_NUM].to_numpy().ravel())
     assert (main["n_seeds"] == 2).all()
-    # posthoc-fp4 is the bf16 policy deployed in FP4
     q = main[main.model == "qwen3_moe-tiny"].set_index("arm")
-    assert q.loc["posthoc-fp4", "acc_fp4"] == pytest.approx(q.loc["bf16", "acc_fp4"])
     assert q.loc["bf16", "rollout_speedup"] == pytest.approx(1.0)
     assert q.loc["fp4-naive", "rollout_speedup"] > 1.5
     assert len(t["runs"]) == 2 * 2 * 5 + 2 * len(ABLATIONS)
     md = (out / "main.md").read_text()
-    assert "posthoc-fp4" in md and "trace" in md and "n/a" not in md
+    assert "posthoc-fp4" in md and "trace" in md
+
+
+def test_posthoc_row_has_only_its_fp4_accuracy(profile):
+    """posthoc-fp4 is the bf16 policy evaluated in FP4; before the fix its row repeated the bf16 run's
+    k3 (e.g. 2.11e-05) and speedup (1.00x) as if it had been trained and rolled out in FP4."""
+    runs, out, _ = profile
+    build(str(runs), str(out), strict=True)
+    q = pd.read_csv(out / "main.csv").set_index(["model", "arm"]).loc["qwen3_moe-tiny"]
+    assert q.loc["posthoc-fp4", "acc_fp4"] == pytest.approx(q.loc["bf16", "acc_fp4"])
+    assert q.loc["posthoc-fp4", TRAINING].isna().all()
+    row = next(line for line in (out / "main.md").read_text().splitlines() if "| posthoc-fp4 |" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3] == "n/a" and cells[4].startswith(f"{q.loc['bf16', 'acc_fp4']:.3f} ± ")
+    assert cells[5:-1] == ["n/a"] * len(TRAINING[1:])
+
+
+def test_accuracy_cells_carry_a_standard_error(profile):
+    """Every accuracy is printed as `mean ± SE`; the SE of a seed mean is never below the evaluation's
+    own prompt-clustered SE / sqrt(seeds) (synthetic per-prompt accuracies final-0.1, final, final+0.1:
+    clustered SE 0.0577 per run)."""
+    runs, out, _ = profile
+    build(str(runs), str(out), strict=True)
+    main = pd.read_csv(out / "main.csv")
+    trained = main[main.arm != "posthoc-fp4"]
+    assert (trained["acc_bf16_se"] >= 0.0577 / math.sqrt(2) - 1e-4).all()
+    for line in (out / "main.md").read_text().splitlines():
+        if line.startswith("| qwen3") and "posthoc" not in line:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            assert " ± " in cells[3] and " ± " in cells[4], line
+
+
+def test_k3_final_is_the_last_third_with_its_range(tmp_path):
+    """k3 final = mean over the last third of the steps: 6 last steps at 1e-2 among 60 at 1e-4 give
+    (6 * 1e-2 + 14 * 1e-4) / 20 = 3.07e-3 (the old last-10% window said 1e-2); with two seeds the
+    markdown shows [min, max]."""
+    runs = tmp_path / "runs" / "smoke"
+    write_profile(runs, models=["qwen3_moe-tiny"], seeds=[0, 1], ablation_models=(), steps=60)
+    for seed, spike in ((0, 1e-2), (1, 2e-2)):
+        p = runs / "qwen3_moe-tiny" / "reasoning" / "trace" / f"seed{seed}" / "metrics.jsonl"
+        recs = read_metrics(str(p))
+        for i, r in enumerate(recs):
+            r["k3"] = spike if i >= 54 else 1e-4
+        p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    build(str(runs), str(tmp_path / "t"), strict=True)
+    df = pd.read_csv(tmp_path / "t" / "runs.csv").set_index(["arm", "seed"])
+    assert df.loc[("trace", 0), "k3_final"] == pytest.approx((6 * 1e-2 + 14 * 1e-4) / 20)
+    assert df.loc[("trace", 1), "k3_final"] == pytest.approx((6 * 2e-2 + 14 * 1e-4) / 20)
+    row = next(line for line in (tmp_path / "t" / "main.md").read_text().splitlines() if "| trace |" in line)
+    assert "[3.07e-03, 6.07e-03]" in row
+
+
+def test_speed_is_generation_alone_and_overhead_is_separate(tmp_path):
+    """The speed column reads generation-only tokens/s (a run logging 1228 tok/s of generation and
+    0.46 recording overhead shows 1228, not 1228 / 1.46 = 842), overhead in its own column."""
+    runs = tmp_path / "runs" / "smoke"
+    write_profile(runs, models=["qwen3_moe-tiny"], seeds=[0], ablation_models=(), steps=4)
+    p = runs / "qwen3_moe-tiny" / "reasoning" / "trace" / "seed0" / "metrics.jsonl"
+    recs = read_metrics(str(p))
+    for r in recs:
+        r["rollout_gen_tokens_per_s"], r["record_overhead"] = 1228.0, 0.46
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    build(str(runs), str(tmp_path / "t"), strict=True)
+    main = pd.read_csv(tmp_path / "t" / "main.csv").set_index("arm")
+    assert main.loc["trace", "rollout_gen_tokens_per_s"] == pytest.approx(1228.0)
+    assert main.loc["trace", "record_overhead"] == pytest.approx(0.46)
+    assert "| 1228 |" in (tmp_path / "t" / "main.md").read_text()
+
+
+def test_clustered_se_of_prompt_accuracies():
+    """sd over prompts / sqrt(prompts): per-prompt accuracies (0, 0.5, 1, 1) -> sd 0.4787, SE 0.2394."""
+    assert se_clustered([0.0, 0.5, 1.0, 1.0]) == pytest.approx(0.47871 / 2, rel=1e-4)
 
 
 def test_ablation_table_factors(profile):
@@ -51,8 +126,10 @@ def test_ablation_table_factors(profile):
     assert not abl.loc["trace-noalign", "align_loss"] and abl.loc["trace", "align_loss"]
     assert not abl.loc["trace-noroutingreplay", "routing_replay"] and abl.loc["trace", "routing_replay"]
     assert abl.loc["trace-rho1", "k3_mean"] < abl.loc["trace", "k3_mean"] < abl.loc["qat-independent", "k3_mean"]
-    for c in ("acc_fp4", "k3_mean", "k3_final", "code_flip_rate", "guidance_bytes_per_token"):
+    for c in ("acc_fp4", "k3_mean", "k3_final", "code_flip_rate", "guidance_bytes_per_gen_token"):
         assert abl[c].map(math.isfinite).all(), c
+    assert abl.loc["qat-independent", ["guidance_bits_per_element", "unrecoverable_rate"]].isna().all()
+    assert math.isfinite(abl.loc["trace-fullcodes", "unrecoverable_rate"])
     assert "\\|dlp\\|" in (out / "ablation.md").read_text()
 
 

@@ -15,8 +15,8 @@ from trace.rl.trainer import NonFiniteError, RLTrainer, build_train_batch
 
 KEYS = ("step", "reward_mean", "accuracy", "response_len", "k1", "k3", "dlp_abs_mean", "dlp_abs_max",
         "ratio_out_frac", "chi2", "code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate",
-        "guidance_bytes_per_gen_token", "guidance_bits_per_element", "rollout_tokens_per_s", "time_rollout_s",
-        "time_train_s", "time_step_s",
+        "guidance_bytes_per_gen_token", "guidance_bits_per_element", "rollout_gen_tokens_per_s", "record_overhead",
+        "time_rollout_s", "time_train_s", "time_step_s",
         "loss", "grad_norm")
 
 
@@ -40,6 +40,7 @@ def test_one_step_each_arm(tmp_path, method, sft_ckpt):
     assert rec["k3"] >= 0 and rec["dlp_abs_max"] >= rec["dlp_abs_mean"] >= 0
     changed = any(not torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
     assert changed, "the optimizer step changed nothing"
+    assert rec["rollout_gen_tokens_per_s"] > 0
     if method in ("qat-independent", "trace", "trace-fullcodes", "trace-noalign", "trace-noroutingreplay"):
         # one diagnostic for every arm whose trainer quantizes activations: all layers, routing too
         assert {int(k) for k in rec["code_flip_rate"]} == {0, 1, 2, 3}
@@ -48,8 +49,10 @@ def test_one_step_each_arm(tmp_path, method, sft_ckpt):
         assert rec["code_flip_rate"] == {}
     if method.startswith("trace"):
         assert rec["guidance_bytes_per_gen_token"] > 0 and rec["guidance_bits_per_element"] > 1
+        assert rec["record_overhead"] > 0
     else:
         assert rec["guidance_bytes_per_gen_token"] == 0.0 and rec["guidance_bits_per_element"] is None
+        assert rec["record_overhead"] == 0.0  # a diagnostic record is never timed as the arm's own
     if method == "trace-fullcodes":
         assert any(v >= 0 for v in rec["unrecoverable_rate"].values())
     assert (tmp_path / method / "done").exists()

@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trace.tasks import get_task, task_names
+from trace.tasks.base import Example
 from trace.tasks.reasoning import evaluate, parse_int_answer
 
 
@@ -46,6 +47,20 @@ def test_small_space_repeats_with_warning():
     with pytest.warns(UserWarning, match="unique test examples"):
         ex = t.make_split("test", 100, seed=0)
     assert len(ex) == 100 and len({e.prompt for e in ex}) < 100
+
+
+def test_heldout_is_every_unique_test_prompt_once():
+    """Evaluation sets never repeat a prompt: the easy space's test share (44 of 200 prompts at seed 0;
+    make_split("test", 64) repeats 20 of them) comes back whole, once each, whatever n above it."""
+    import itertools
+    t = get_task("reasoning", difficulty="easy")
+    space = {f"Q: {a}{op}{b}=\nA:" for a, b in itertools.product(range(10), repeat=2) for op in "+-"}
+    test_share = {p for p in space if t.split_of(Example(p, "", "reasoning")) == "test"}
+    ex = t.heldout(64, seed=0)
+    assert [e.prompt for e in ex] == list(dict.fromkeys(e.prompt for e in ex))  # no repeats
+    assert {e.prompt for e in ex} == test_share and len(test_share) == 44
+    assert t.heldout(500, seed=0) == ex
+    assert len(t.heldout(10, seed=0)) == 10
 
 
 @pytest.mark.parametrize("difficulty", ["easy", "medium", "hard"])

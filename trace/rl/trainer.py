@@ -21,12 +21,19 @@ One step (`RLTrainer._step`, read top-down):
   weight sync `engine.sync_weights(model)` (FP4 weights re-quantized by trace.fp4.quantize_weight).
 The arms (what each rolls out, records and trains) are the table in trace/arms.py.
 
+Log-probs on both sides are those of the sampling distribution, at `rl.temperature` (the engine's
+log_softmax(logits / T), the trainer's likewise), so TIS and the mismatch metrics compare the behaviour
+policy with the trainer's policy at the same temperature.
 Mismatch metrics (k1, k3, |dlp| mean/max, ratio-outside fraction, chi2) compare the trainer forward's
 log-probs, in its own quantized mode, with the rollout's, over trainable tokens. Per-layer flip rates
 (DESIGN.md §3 diagnostics: the trainer's code before guidance vs the rollout's, with the rollout's
 routing) cover all layers for every arm whose trainer quantizes activations (qat-independent, trace*);
 they are empty dicts for bf16 / fp4-naive / qat-weight-only. Guidance bytes are those of the arm's own
 record per generated token, and its bits per guided element (n/a without one).
+Speed: `rollout_gen_tokens_per_s` = generated tokens / generation time with all recording excluded;
+`record_overhead` = time spent on the arm's own guidance record (storing its rows, the engine's final
+feed that exists only for records, `Recorder.finish`) / generation time, 0 for arms without one (the
+diagnostic record is never timed into either).
 
 PPO ratio (`rl.ppo_ratio`): "trainer" (default; OpenRLHF's decoupled form: the old policy is the
 trainer's own detached log-prob, so the PPO ratio is 1 on the single update and the rollout mismatch
@@ -43,7 +50,6 @@ the last checkpoint untouched). Compared against: OpenRLHF 0.11.2 losses (tests/
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -115,11 +121,13 @@ def build_train_batch(batch, pad_id: int, device="cpu") -> TrainBatch:
     return TrainBatch(ids.to(d), att.to(d), tgt.to(d), pos.to(d), seq.to(d), mask.to(d), lp.to(d))
 
 
-def token_logprobs(model, tb: TrainBatch, autocast: bool) -> torch.Tensor:
+def token_logprobs(model, tb: TrainBatch, autocast: bool, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs [B, T] of the targets under the model's distribution at `temperature` (the rollout's
+    sampling temperature: the behaviour policy the engine's log-probs describe)."""
     dev_type = tb.ids.device.type
     with torch.autocast(dev_type, dtype=torch.bfloat16, enabled=autocast):
         logits = model(input_ids=tb.ids, attention_mask=tb.att).logits
-    logits = logits.float()
+    logits = logits.float() / temperature
     valid = tb.att.bool()
     if not bool(torch.isfinite(logits[valid]).all()):
         raise NonFiniteError("non-finite logits in the trainer forward")
@@ -206,7 +214,7 @@ class RLTrainer:
             ctx = replay(self.model, record, tb.seq, tb.pos, routing=arm.routing, align=arm.align,
                          full_codes=arm.full_codes, diag=diag)
         with ctx as stats:
-            lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16")
+            lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16", self.rl["temperature"])
         return lp, stats
 
     # ------------------------------------------------------------------------------ one step
@@ -231,7 +239,9 @@ class RLTrainer:
         ep = run_episode(self.engine, self.task, self.tok, self._prompts_for(step), n=rl["group_size"],
                          max_new_tokens=rl["max_new_tokens"], temperature=rl["temperature"],
                          seed=self.cfg["seed"] * 1_000_003 + step, max_turns=rl["max_turns"], recorder=both)
+        t_fin = time.perf_counter()
         record = rec.finish() if rec is not None else None
+        t_fin2 = time.perf_counter()
         diag = diag_rec.finish() if diag_rec is not None else None
         t1 = time.perf_counter()
 
@@ -248,6 +258,9 @@ class RLTrainer:
 
         summ = stats.summary() if stats is not None else {}
         batch = ep.batch
+        n_gen = batch.num_generated_tokens
+        # the arm's own record only; the diagnostic record's time is neither generation nor overhead
+        own_s = rec.seconds + batch.record_feed_s + (t_fin2 - t_fin) if record is not None else 0.0
         return {
             "step": step,
             "method": rl["method"],
@@ -260,12 +273,15 @@ class RLTrainer:
             "unrecoverable_rate": summ.get("unrecoverable_rate", {}),
             "routing_flip_rate": summ.get("routing_flip_rate", {}),
             # DESIGN.md §3 byte accounting of the arm's own record (full codes where it guides with them)
-            "guidance_bytes_per_gen_token": (record.bytes_per_generated_token(max(batch.num_generated_tokens, 1),
+            "guidance_bytes_per_gen_token": (record.bytes_per_generated_token(max(n_gen, 1),
                                                                               compact_only=not arm.full_codes)
                                              if record is not None else 0.0),
             "guidance_bits_per_element": (record.bits_per_element(compact_only=not arm.full_codes)
                                           if record is not None else None),
-            "rollout_tokens_per_s": batch.num_generated_tokens / max(batch.elapsed_s, 1e-9),
+            "rollout_gen_tokens_per_s": n_gen / max(batch.generate_s, 1e-9),
+            "record_overhead": own_s / max(batch.generate_s, 1e-9),
+            "time_generate_s": batch.generate_s,
+            "time_record_s": own_s,
             "time_rollout_s": t1 - t0,
             "time_train_s": t2 - t1,
             "loss": float(loss.detach()),
@@ -290,7 +306,7 @@ class RLTrainer:
                  "clip_frac": info["clip_frac"], "is_filter_frac": info.get("is_filter_frac")}
         if self.ref is not None:
             with torch.no_grad():
-                lp_ref = token_logprobs(self.ref, tb, rl["autocast"] == "bf16")
+                lp_ref = token_logprobs(self.ref, tb, rl["autocast"] == "bf16", rl["temperature"])
             kl = masked_mean(kl_k3(lp_train, lp_ref), tb.mask)
             loss = loss + rl["kl_coef"] * kl
             parts["kl_ref"] = float(kl.detach())
@@ -334,8 +350,7 @@ class RLTrainer:
                 # step 0: the initial policy's test accuracy (the SFT base) in this arm's deployment
                 log.log({"step": 0, "method": rl["method"], "eval_accuracy": self.evaluate()["accuracy"]})
             bar = tqdm(range(self.start_step + 1, rl["steps"] + 1), desc=f"rl[{rl['method']}]",
-                       disable=None if self.progress and not os.environ.get("TQDM_DISABLE") else True,
-                       file=sys.stderr)  # None: off when stderr is not a terminal (pipeline logs)
+                       disable=not self.progress, file=sys.stderr)
             for step in bar:
                 ts = time.perf_counter()
                 try:

@@ -15,9 +15,11 @@ n-1 samples (their prompt records are aliases: `recorder.alias(seq, first_seq, p
 then feeds every unfinished sample one token per step; a sample whose turn ended at a stop string
 gets the environment's observation appended (trainable False, log-prob 0.0) and fed as one chunk,
 reusing the cache. Sampling: temperature (0 = greedy), nucleus top_p, one seeded `torch.Generator`
-per call (same seed and batch -> same outputs). `logprobs` are the POLICY log-probs of the sampled
-tokens, log_softmax of the engine's own logits at temperature 1 (independent of the sampling
-temperature / top_p), which is what the RL trainer compares its own log-probs with.
+per call (same seed and batch -> same outputs). `logprobs` are the log-probs of the sampled tokens
+under the sampling distribution, log_softmax(logits / temperature) of the engine's own logits (the
+behaviour policy, which the RL trainer compares its own log-probs at the same temperature with);
+greedy decoding (temperature 0) reports them at temperature 1, and top_p < 1 truncates sampling but
+not these log-probs (RL configs have no top_p).
 
 GPU: decode steps replay CUDA graphs (trace/rollout/graphs.py: all B rows, one graph per 256-slot attention
 bucket, kept across calls until the next sync_weights; `prepare(batch, prompt_len, new_tokens)` captures
@@ -35,8 +37,13 @@ Stops: `stop_token_ids` finish a sample (e.g. pass `(EOS_ID,)`; nothing is impli
 (needs `tokenizer`) ends the turn and is kept in the output; `max_new_tokens` caps the policy tokens
 of each turn; the context (`max_seq_len`, default `config.max_position_embeddings`) caps the total.
 `stop_reason` is one of "stop_token", "stop_string", "length", "context", "env_done", "max_turns".
-With recording on, the last sampled token is also fed once so that every (seq, pos) of every sample
-is in the record (the trainer's forward sees every token).
+With recording on, the last sampled token of every sample is also fed once, after generation, so that
+every (seq, pos) of every sample is in the record (the trainer's forward sees every token).
+
+Timing: `elapsed_s` is the whole call; `record_s` the part of it spent recording (the recorder's calls,
+with device work awaited on both sides on CUDA, and the final feed that exists only for the record),
+so `elapsed_s - record_s` is generation alone. With a recorder the decode steps run eagerly (no CUDA
+graphs); on a GPU that slows generation itself, which `record_s` does not see.
 
 Compared against: transformers forward / patched QAT model (tests/rollout/test_engine.py); batch vs
 alone and seeds in tests/rollout/test_generate.py. Run: `.venv/bin/python -m pytest tests/rollout -q`.
@@ -59,6 +66,40 @@ from trace.rollout.weights import Arch, EngineWeights
 MODES = ("bf16", "w4a4")
 
 
+class _TimedRecorder:
+    """A recorder whose calls (other than `wants`) add their wall time to `elapsed`; on CUDA the device
+    is synchronized on both sides of each call, so queued generation work is not charged to it."""
+
+    def __init__(self, recorder, cuda: bool):
+        self._recorder, self._cuda, self.elapsed, self._inside = recorder, cuda, 0.0, False
+
+    def wants(self, layer: int) -> bool:
+        return self._recorder.wants(layer)
+
+    def timed(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs), its wall time charged to the recording (once, however nested)."""
+        if self._inside:
+            return fn(*args, **kwargs)
+        if self._cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        self._inside = True
+        try:
+            out = fn(*args, **kwargs)
+            if self._cuda:
+                torch.cuda.synchronize()
+        finally:
+            self._inside = False
+            self.elapsed += time.perf_counter() - t0
+        return out
+
+    def __getattr__(self, name):
+        attr = getattr(self._recorder, name)
+        if not callable(attr):
+            return attr
+        return lambda *a, **k: self.timed(attr, *a, **k)
+
+
 @dataclass
 class RolloutBatch:
     tokens: list[list[int]]  # per sample: prompt + generated (+ env) token ids
@@ -70,8 +111,15 @@ class RolloutBatch:
     finished: list[bool]  # ended naturally (stop token/string, env done, max_turns); False = truncated
     stop_reason: list[str]
     num_generated_tokens: int  # policy tokens sampled (env tokens excluded)
-    elapsed_s: float
+    elapsed_s: float  # the whole generate call
     turns: list[int] = field(default_factory=list)  # completed environment turns per sample
+    record_s: float = 0.0  # part of elapsed_s spent recording (0 without a recorder)
+    record_feed_s: float = 0.0  # part of record_s: feeding finished samples' last tokens for the record
+
+    @property
+    def generate_s(self) -> float:
+        """Generation alone: the call's wall time less the recording's."""
+        return self.elapsed_s - self.record_s
 
     def response_tokens(self, i: int) -> list[int]:
         return self.tokens[i][self.prompt_lens[i]:]
@@ -200,10 +248,13 @@ class RolloutEngine:
         return graphs(step[0, :, None], step[1], step[2], max(fed[b] + 1 for b in pending))
 
     # ------------------------------------------------------------------------------ scoring
-    def score(self, sequences: list[list[int]], *, recorder=None, seq_ids=None) -> list[list[float]]:
-        """Teacher-forced log-probs (temperature 1) of tokens[1:] of each sequence, from ONE full-sequence
+    def score(self, sequences: list[list[int]], *, recorder=None, seq_ids=None,
+              temperature: float = 1.0) -> list[list[float]]:
+        """Teacher-forced log-probs (at `temperature`) of tokens[1:] of each sequence, from ONE full-sequence
         prefill (the engine's prefill numerics). With `recorder`, the prefill is recorded at
         (seq_ids[b] or b, position)."""
+        if not temperature > 0:
+            raise ValueError(f"scoring needs temperature > 0, got {temperature}")
         self._check_ready()
         self._check_prompts(sequences, "sequence")
         cache = self._new_cache(len(sequences), max(len(s) for s in sequences))
@@ -211,7 +262,7 @@ class RolloutEngine:
         logits = self._chunk(cache, [list(s) for s in sequences], [0] * len(sequences), list(range(len(sequences))),
                              recorder, ids, all_logits=True)  # [B, T, V]
         self._check_logits(logits)
-        lp = torch.log_softmax(logits.float(), dim=-1).cpu()
+        lp = torch.log_softmax(logits.float() / temperature, dim=-1).cpu()
         out = []
         for b, s in enumerate(sequences):
             tgt = torch.as_tensor(s[1:], dtype=torch.long)
@@ -226,12 +277,14 @@ class RolloutEngine:
     # ------------------------------------------------------------------------------ sampling
     @staticmethod
     def _sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator):
-        """logits [A, V] -> (tokens [A], policy log-probs [A]) ."""
+        """logits [A, V] -> (tokens [A], log-probs [A] under the sampling distribution at `temperature`;
+        at temperature 1 for greedy)."""
         lf = logits.float()
-        logp = torch.log_softmax(lf, dim=-1)
         if temperature == 0:
+            logp = torch.log_softmax(lf, dim=-1)
             tok = lf.argmax(-1)
         else:
+            logp = torch.log_softmax(lf / temperature, dim=-1)
             probs = torch.softmax(lf / temperature, dim=-1)
             if top_p < 1.0:
                 sp, si = probs.sort(-1, descending=True)
@@ -271,6 +324,8 @@ class RolloutEngine:
         plens = [len(t) for t in tokens]
         cap = self.max_seq_len if env is not None else min(self.max_seq_len, max(plens) + max_new_tokens)
         cache, graphs = self._cache_and_graphs(B, cap, recorder)
+        if recorder is not None:
+            recorder = _TimedRecorder(recorder, torch.device(self.device).type == "cuda")
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int(seed))
 
@@ -291,6 +346,7 @@ class RolloutEngine:
         trainable = [[] for _ in range(B)]
         finished, reason = [False] * B, [""] * B  # finished: no more tokens will be sampled
         turn_text, turn_count, turns = [""] * B, [0] * B, [0] * B
+        tail: dict[int, list[int]] = {}
         n_gen = 0
         row_of = list(range(B))  # logits row of sample b
 
@@ -339,10 +395,11 @@ class RolloutEngine:
                         finished[b], reason[b] = True, ("length" if cap < self.max_seq_len else "context")
                     elif turn_count[b] >= max_new_tokens:
                         finished[b], reason[b] = True, "length"
-                if not finished[b] or recorder is not None:
-                    feed = feed[: max(0, cap - fed[b])]
-                    if feed:
-                        pending[b] = feed
+                feed = feed[: max(0, cap - fed[b])]
+                if feed and not finished[b]:
+                    pending[b] = feed
+                elif feed and recorder is not None:
+                    tail[b] = feed  # fed after generation, only so that the record holds it
             if not pending:
                 break
             if graphs is not None and all(len(f) == 1 for f in pending.values()):
@@ -358,8 +415,15 @@ class RolloutEngine:
                 row_of[b] = r
             logits = out
 
+        feed_s = 0.0
+        if tail:
+            rows = sorted(tail)
+            before = recorder.elapsed
+            recorder.timed(self._chunk, cache, [tail[b] for b in rows], [fed[b] for b in rows], rows, recorder, rows)
+            feed_s = recorder.elapsed - before
         return RolloutBatch(tokens=tokens, prompt_lens=plens, logprobs=logps, trainable=trainable,
                             prompt_index=[b // n for b in range(B)], seq_ids=list(range(B)),
                             finished=[r not in ("length", "context") for r in reason],
                             stop_reason=reason, num_generated_tokens=n_gen, elapsed_s=time.perf_counter() - t0,
-                            turns=turns)
+                            turns=turns, record_s=recorder.elapsed if recorder is not None else 0.0,
+                            record_feed_s=feed_s)

@@ -81,12 +81,14 @@ class Task:
         frac = stable_fraction(self.name, self.partition_key(example))
         return "test" if frac < self.test_fraction else "train"
 
-    def make_split(self, split: str, n: int, seed: int) -> list[Example]:
-        """`n` examples of `split`; same (knobs, split, n, seed) -> identical list.
+    def make_split(self, split: str, n: int, seed: int, repeat: bool = True) -> list[Example]:
+        """`n` examples of `split`; same (knobs, split, n, seed, repeat) -> identical list.
 
-        Examples are unique within the split while the split's share of the prompt space lasts; a
-        space too small for `n` (easy knobs) is topped up with repeats and a warning, because a
-        smaller-than-asked set would silently change batch sizes downstream.
+        Examples are unique within the split while the split's share of the prompt space lasts. A
+        space too small for `n` (easy knobs) is topped up with repeats and a warning when `repeat`
+        (training: a smaller-than-asked set would silently change batch sizes downstream), and is
+        returned as it is, all of its unique examples, when not (evaluation: a repeated prompt would
+        count its verdict twice and shrink the standard error it seems to have).
         """
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -112,7 +114,7 @@ class Task:
             seen.add(key)
             out.append(ex)
             misses = 0
-        if len(out) < n:
+        if len(out) < n and repeat:
             if not pool:
                 raise ValueError(f"{self.name}: no {split} examples exist for knobs {knob_text}")
             warnings.warn(
@@ -122,7 +124,13 @@ class Task:
             )
             while len(out) < n:
                 out.append(pool[rng.randrange(len(pool))])
+        if not out and n > 0:
+            raise ValueError(f"{self.name}: no {split} examples exist for knobs {knob_text}")
         return out
+
+    def heldout(self, n: int, seed: int) -> list[Example]:
+        """At most `n` unique test examples (every unique one when the space holds fewer)."""
+        return self.make_split("test", n, seed, repeat=False)
 
     def sft_target(self, example: Example) -> str:
         """Gold response text (everything after the prompt), ending with the stop string."""

@@ -101,3 +101,25 @@ rule eval:
     shell:
         ENV + " python -m workflow.scripts.launch --stage eval --cmd '{params.cmd}'"
         " --config {input.cfg} --ckpt {params.ckpt} --out {output} > {log} 2>&1"
+
+
+rule eval_base:
+    """The SFT base (step 0 of every RL run) evaluated with the learning-check arm's run config."""
+    input:
+        unpack(lambda wc: {"cfg": ancient(PLAN.run_config_path(wc.model, wc.task, LEARNING["arm"], config["seeds"][0])),
+                           "done": ancient(f"{PLAN.sft_dir(wc.model, wc.task)}/done")}),
+    output:
+        f"{RUNS}/{{model}}/{{task}}/sft/eval.json",
+    log:
+        f"{LOGS}/eval/{{model}}/{{task}}/sft.log",
+    params:
+        cmd=config["launcher"]["eval"],
+        ckpt=lambda wc, input: os.path.join(os.path.dirname(input.done), "ckpt"),
+    threads: RES["eval"].get("threads", 1)
+    resources:
+        gpu=RES["eval"].get("gpu", 0),
+        mem_mb=RES["eval"].get("mem_mb", 4000),
+        runtime=RES["eval"].get("runtime", 30),
+    shell:
+        ENV + " python -m workflow.scripts.launch --stage eval --cmd '{params.cmd}'"
+        " --config {input.cfg} --ckpt {params.ckpt} --out {output} > {log} 2>&1"
