@@ -262,8 +262,11 @@ def eval_sample_counts(runs) -> dict[tuple[str, str], int]:
 
 
 def accuracy_stderr(g: pd.DataFrame, col: str, n_eval: int | None) -> np.ndarray:
-    """One standard error per row of a main-table slice: std/sqrt(n_seeds) over seeds where n_seeds > 1,
-    else the binomial sqrt(p(1-p)/n_eval) (NaN when neither is known)."""
+    """One standard error per row of a main-table slice: the table's own `<col>_se` (prompt-clustered,
+    analysis/tables.py) where it has one; else std/sqrt(n_seeds) over seeds where n_seeds > 1, else the
+    binomial sqrt(p(1-p)/n_eval) (NaN when neither is known)."""
+    if f"{col}_se" in g and np.isfinite(g[f"{col}_se"].to_numpy(dtype=float)).any():
+        return g[f"{col}_se"].to_numpy(dtype=float)
     p = g[col].to_numpy(dtype=float)
     seeds = g["n_seeds"].to_numpy(dtype=float) if "n_seeds" in g else np.ones_like(p)
     std = g[f"{col}_std"].to_numpy(dtype=float) if f"{col}_std" in g else np.full_like(p, np.nan)

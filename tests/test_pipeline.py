@@ -125,7 +125,7 @@ def test_smoke_profile_checks_that_rl_learns(tmp_path):
                    str(tmp_path))
     assert r.returncode == 0, r.stderr
     out = r.stdout + r.stderr
-    assert "rule eval_base" in out and "analysis.learning" in out and "--min-se 3 " in out
+    assert "rule eval_base" in out and "analysis.learning" in out and re.search(r"--min-se 3[\s)]", out)
     assert "bf16-seed0.yaml --ckpt results/runs/smoke/qwen3_moe-tiny/reasoning/sft/ckpt" in out
 
 

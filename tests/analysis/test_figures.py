@@ -176,7 +176,7 @@ def test_mismatch_vs_bytes_labels_do_not_overlap():
     arms = {"bf16": (2e-5, 0), "fp4-naive": (5.8e-2, 0), "qat-weight-only": (5.9e-2, 0),
             "qat-independent": (8e-3, 0), "trace": (6.9e-4, 65), "trace-noalign": (6.8e-4, 65),
             "trace-rho0.25": (6.9e-4, 32), "trace-rho1": (5e-6, 130)}
-    df = pd.DataFrame([{"model": "m-tiny", "task": "reasoning", "arm": a, "k3_mean": k, "guidance_bytes_per_token": b}
+    df = pd.DataFrame([{"model": "m-tiny", "task": "reasoning", "arm": a, "k3_mean": k, "guidance_bytes_per_gen_token": b}
                        for a, (k, b) in arms.items()])
     fig = mismatch_vs_bytes_figure(df)
     from matplotlib.text import Text
@@ -199,7 +199,7 @@ def _error_bars(ax):
     out = []
     for c in (c for c in ax.containers if isinstance(c, BarContainer)):
         segs = c.errorbar.lines[2][0].get_segments()
-        out.append(np.array([abs(s[1][1] - s[0][1]) / 2 for s in segs]))
+        out.append(np.array([abs(s[1][1] - s[0][1]) / 2 if len(s) == 2 else np.nan for s in segs]))  # NaN: no bar
     return out
 
 
@@ -217,12 +217,16 @@ def test_final_accuracy_error_bars(tmp_path):
 
     main = main_table(runs_frame(runs))
     n = eval_sample_counts(runs)
-    assert n == {("qwen3_moe-tiny", "reasoning"): 16}
     fig = final_accuracy_figure(main, n)
     bf16_err, fp4_err = _error_bars(fig.axes[0])
     plt.close(fig)
+    assert np.allclose(bf16_err, main["acc_bf16_se"].to_numpy(dtype=float), equal_nan=True)  # the table's SE
     p = main["acc_bf16"].to_numpy(dtype=float)
-    assert np.allclose(bf16_err, np.sqrt(p * (1 - p) / 16))
+    one = main.drop(columns=["acc_bf16_se", "acc_fp4_se"])
+    fig = final_accuracy_figure(one, {("qwen3_moe-tiny", "reasoning"): 16})
+    bf16_err, _ = _error_bars(fig.axes[0])
+    plt.close(fig)
+    assert np.allclose(bf16_err, np.sqrt(p * (1 - p) / 16), equal_nan=True)  # no SE column, one seed: binomial
 
     multi = pd.DataFrame({"model": "m", "task": "t", "arm": ["bf16", "trace"], "acc_bf16": [0.5, 0.6],
                           "acc_fp4": [0.4, 0.5], "n_seeds": [3, 3], "acc_bf16_std": [0.03, 0.06],
