@@ -158,8 +158,9 @@ class RolloutEngine:
             raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
         self.weights: EngineWeights | None = None
         self.fwd: EngineForward | None = None
-        # decode steps replay CUDA graphs (trace/rollout/graphs.py) on a GPU when nothing is recorded
-        self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"
+        # decode steps replay CUDA graphs (trace/rollout/graphs.py) on a GPU when nothing is recorded; a
+        # float32 forward on CUDA cannot be captured (its grouped GEMM loops over host-side offsets)
+        self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda" and self.dtype == torch.bfloat16
         self._kept = None  # ((batch, cap), KVCache, DecodeGraphs) reused across calls with graphs on
 
     # ------------------------------------------------------------------------------ weights
