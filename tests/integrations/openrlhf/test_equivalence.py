@@ -12,8 +12,10 @@ With the embedded trainer's functions on BF16 weights (the plumbing alone: recor
 addressing, replay, loss) the two agree to rounding: measured max |dlogprob| 4.8e-7, losses equal to
 6 digits (asserted: 1e-4, 1e-5). With its FP32 master weights under autocast (what RLTrainer runs)
 the non-matmul ops run in FP32 instead of BF16 and the unguided layers re-round: measured max
-|dlogprob| 0.078, mean 0.019, loss 0.0089 vs 0.0029 (asserted: 0.15, 0.03, 2e-2). The BF16 engine's
-records match a BF16 trainer; see docs/openrlhf.md.
+|dlogprob| 0.078, mean 0.019 (asserted: 0.15, 0.03); loss 0.0359 vs 0.0122 (asserted: 5e-2): the
+alignment term's block-scale hinge counts the scale bytes the FP32 arithmetic rounds differently, so the
+FP32 loss moves more than the log-probs (0.0089 vs 0.0029 with the earlier code-only midpoint term).
+The BF16 engine's records match a BF16 trainer; see docs/openrlhf.md.
 """
 import asyncio
 
@@ -39,7 +41,7 @@ from vllm import SamplingParams  # noqa: E402
 
 GROUP = 4
 BF16_LP_TOL, BF16_LOSS_TOL = 1e-4, 1e-5
-FP32_LP_TOL, FP32_LP_MEAN_TOL, FP32_LOSS_TOL = 0.15, 0.03, 2e-2
+FP32_LP_TOL, FP32_LP_MEAN_TOL, FP32_LOSS_TOL = 0.15, 0.03, 5e-2
 
 
 def test_first_step_logprobs_and_loss(tmp_path):
