@@ -65,4 +65,4 @@ def test_train_ppo_ray_three_arms(tmp_path):
         files = [f for f in runs.rglob("metrics.jsonl") if arm in f.parts]
         return [json.loads(line).get("guidance_bytes_per_token") or 0.0 for f in files for line in f.open()]
     assert max(record_bytes("trace")) > 0 and max(record_bytes("bf16")) == 0
-    assert rows["trace"]["code_flip_rate"] == rows["trace"]["code_flip_rate"]
+    # no flip-rate assertion: this path records no diagnostic full-codes record yet (docs/openrlhf.md)
