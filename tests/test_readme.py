@@ -28,6 +28,13 @@ def _tracked() -> list[str]:
     return [p for p in out.decode().split("\0") if p]
 
 
+def test_test_module_names_are_unique():
+    names = [os.path.basename(p) for p in _tracked() if p.startswith("tests/")
+             and os.path.basename(p).startswith("test_") and p.endswith(".py")]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    assert not clashes, f"test modules with the same file name: {clashes}"
+
+
 def test_no_reference_outside_the_repository():
     bad = []
     for path in _tracked():
