@@ -104,7 +104,7 @@ def evaluate_policy(model, cfg: dict, task, tok, mode: str = "bf16", examples=No
     s = eval_settings(cfg)
     examples = examples if examples is not None else heldout_examples(cfg, task)
     eng = RolloutEngine(model.config, mode="bf16" if mode == "bf16" else "w4a4", fmt=cfg["rl"]["fmt"],
-                        kv_fp4=mode == "fp4", dtype=torch.float32, device=cfg["device"])
+                        kv_fp4=mode == "fp4", device=cfg["device"])
     eng.sync_weights(model)
     ep = run_episode(eng, task, tok, examples, n=s["samples_per_prompt"], max_new_tokens=s["max_new_tokens"],
                      temperature=s["temperature"], seed=s["seed"], max_turns=cfg["rl"]["max_turns"])

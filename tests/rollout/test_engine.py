@@ -131,3 +131,11 @@ def test_mxfp4_mode_matches_and_replays():
     guided, summ = _replay_logprobs(m, rec.finish(), 1, SEQS[1])
     assert all(v == 0 for v in summ["unrecoverable_rate"].values())
     assert float((guided - torch.tensor(lp[1])).abs().max()) < 1e-4
+
+
+def test_compute_dtype_follows_the_device():
+    from trace.rollout.engine import default_dtype
+
+    assert default_dtype("cpu") == torch.float32 and default_dtype(torch.device("cuda", 1)) == torch.bfloat16
+    assert RolloutEngine(tiny("qwen3_moe").config).dtype == torch.float32
+    assert RolloutEngine(tiny("qwen3_moe").config, dtype=torch.bfloat16).dtype == torch.bfloat16

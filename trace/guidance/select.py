@@ -1,11 +1,15 @@
-"""Which layers TRACE guides: the deepest fraction rho of the decoder layers (DESIGN.md §3).
+"""Which layers TRACE guides (the deepest fraction rho of the decoder layers, DESIGN.md §3) and what an
+arm records during a rollout.
 
-    guided_layer_indices(8, 0.5)  # -> [4, 5, 6, 7]
+    guided_layer_indices(8, 0.5)                 # -> [4, 5, 6, 7]
+    guide, diag = arm_recorders(ARMS["trace"], num_layers=8, rho=0.5)
 
 Deeper layers see the accumulated rounding differences of all layers below them, so a fixed byte
 budget buys the most there. Compared against: tests/guidance/test_select.py (rho 0, 1, rounding).
 """
 from __future__ import annotations
+
+from trace.guidance.record import Recorder
 
 
 def guided_layer_indices(num_layers: int, rho: float) -> list[int]:
@@ -14,3 +18,21 @@ def guided_layer_indices(num_layers: int, rho: float) -> list[int]:
         raise ValueError(f"rho must be in [0, 1], got {rho}")
     n = int(round(rho * num_layers))
     return list(range(num_layers - n, num_layers))
+
+
+def arm_recorders(arm, num_layers: int, rho: float, diag_flips: bool = True) -> tuple[Recorder | None, Recorder | None]:
+    """(the arm's guidance recorder, the diagnostic recorder), each possibly None; the embedded trainer
+    and the OpenRLHF rollout actor both take their recorders from here.
+
+    The guidance record (`arm.record == "guide"`) holds the deepest `rho` layers' sites and, with routing
+    replay, the expert ids of every MoE layer (without it, of the guided layers only: they line up guided
+    expert slots). The diagnostic record (`diag_flips`, every arm whose trainer quantizes activations)
+    holds full codes and routing of all layers; it only measures flips and never counts in bytes or speed.
+    """
+    guide = diag = None
+    if arm.record == "guide":
+        guide = Recorder(layers=guided_layer_indices(num_layers, rho), full_codes=arm.full_codes,
+                         routing=True if arm.routing else "guided")
+    if diag_flips and arm.trainer_mode in ("w4a4", "w4a4kv4"):
+        diag = Recorder(layers=None, full_codes=True)
+    return guide, diag

@@ -18,7 +18,8 @@ One step (`RLTrainer._step`, read top-down):
               routing replay and alignment term for trace; flip statistics against the diagnostic record)
   loss        PPO-clip vs the rollout log-probs with TIS / ICEPOP, + kl_coef * KL(ref) + align_coef * align
   optimizer   AdamW with gradient clipping
-  weight sync `engine.sync_weights(model)` (FP4 weights re-quantized by trace.fp4.quantize_weight).
+  weight sync `engine.sync_weights(model)` (FP4 weights re-quantized by trace.fp4.quantize_weight); the
+              engine computes in BF16 on CUDA and FP32 on the CPU (`default_dtype`, DESIGN.md §4).
 The arms (what each rolls out, records and trains) are the table in trace/arms.py.
 
 Log-probs on both sides are those of the sampling distribution, at `rl.temperature` (the engine's
@@ -61,7 +62,7 @@ import torch.nn.functional as F
 from trace import rundir
 from trace.arms import ARMS
 from trace.episode import build_task, evaluate_policy, run_episode
-from trace.guidance import Recorder, Tee, guided_layer_indices
+from trace.guidance import Recorder, Tee, arm_recorders
 from trace.models import build_model, build_tokenizer, load_checkpoint
 from trace.qat import patch_model, replay
 from trace.rl.losses import compute_advantages, kl_k3, masked_mean, mismatch_metrics, policy_loss
@@ -179,7 +180,7 @@ class RLTrainer:
         if state is not None:
             self.opt.load_state_dict(state["optimizer"])
         self.engine = RolloutEngine(self.model.config, mode=self.arm.engine_mode, fmt=self.rl["fmt"],
-                                    kv_fp4=self.arm.kv_fp4, dtype=torch.float32, device=self.device)
+                                    kv_fp4=self.arm.kv_fp4, device=self.device)
         self.engine.sync_weights(self.model)
         self.num_layers = self.model.config.num_hidden_layers
 
@@ -190,18 +191,8 @@ class RLTrainer:
         return [self.train_set[i] for i in idx]
 
     def _recorders(self) -> tuple[Recorder | None, Recorder | None]:
-        """(the arm's guidance recorder, the diagnostic recorder), each possibly None. The guidance
-        record holds the deepest `rho` layers' sites and, with routing replay, the expert ids of every
-        MoE layer (without it, of the guided layers only: they line up guided expert slots). The
-        diagnostic record (`rl.diag_flips`, every arm whose trainer quantizes activations) holds full
-        codes and routing of all layers; it only measures flips and never counts in bytes or speed."""
-        guide = diag = None
-        if self.arm.record == "guide":
-            guide = Recorder(layers=guided_layer_indices(self.num_layers, self.rl["rho"]),
-                             full_codes=self.arm.full_codes, routing=True if self.arm.routing else "guided")
-        if self.rl["diag_flips"] and self.arm.trainer_mode in ("w4a4", "w4a4kv4"):
-            diag = Recorder(layers=None, full_codes=True)
-        return guide, diag
+        """(the arm's guidance recorder, the diagnostic recorder): `trace.guidance.arm_recorders`."""
+        return arm_recorders(self.arm, self.num_layers, self.rl["rho"], self.rl["diag_flips"])
 
     def _replayed_logprobs(self, tb: TrainBatch, record, diag):
         """Trainer forward of the train batch in the arm's mode; inside replay when a record exists

@@ -137,14 +137,22 @@ def _call_env(env, i: int, text: str):
     return str(out[0]), bool(out[-1])
 
 
+def default_dtype(device) -> torch.dtype:
+    """The engine's compute dtype when none is given: BF16 on CUDA, the production path (CUDA-graph decode,
+    the Triton FP4 kernels, the same BF16 weights the BF16-autocast trainer computes with); FP32 on the
+    CPU, where BF16 matmuls are emulated and slow and the smoke profile's numbers were made."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
 class RolloutEngine:
     def __init__(self, config, *, mode: str = "bf16", fmt: str = "nvfp4", kv_fp4: bool = False,
-                 dtype: torch.dtype = torch.float32, device="cpu", max_seq_len: int | None = None,
+                 dtype: torch.dtype | None = None, device="cpu", max_seq_len: int | None = None,
                  cuda_graphs: bool = True, fp4_backend: str = "auto"):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if fmt not in fp4.FORMATS:
             raise ValueError(f"fmt must be one of {fp4.FORMATS}, got {fmt!r}")
+        dtype = default_dtype(device) if dtype is None else dtype
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
         if fp4_backend not in fast.BACKENDS:

@@ -154,8 +154,9 @@ def metrics_line(step: int, method: str, status: dict, kl_on: bool) -> dict:
     for key in LAYER_KEYS:
         rec[key] = {int(k.split("/", 1)[1]): v for k, v in status.items() if k.startswith(key + "/")}
     rec.update({
-        "guidance_bytes_per_token": g("guidance_bytes_per_token", 0.0),
-        "rollout_tokens_per_s": g("rollout_tokens_per_s"),
+        "guidance_bytes_per_gen_token": g("guidance_bytes_per_gen_token", 0.0),
+        "rollout_gen_tokens_per_s": g("rollout_gen_tokens_per_s"),
+        "record_overhead": g("record_overhead"),
         "loss": g("policy_loss"), "policy_loss": g("ppo_loss", g("policy_loss")),
         "kl_ref": g("kl") if kl_on else None, "align_loss": g("align_loss"),
         "grad_norm": g("actor_grad_norm"), "clip_frac": g("ppo_clip_ratio"), "is_filter_frac": g("is_filter_ratio"),

@@ -52,7 +52,7 @@ from vllm.distributed.utils import StatelessProcessGroup  # noqa: E402
 
 from trace.arms import ARMS  # noqa: E402
 from trace.episode import build_task  # noqa: E402
-from trace.guidance import Recorder, guided_layer_indices  # noqa: E402
+from trace.guidance import arm_recorders  # noqa: E402
 from trace.integrations.openrlhf.plugin import run_config  # noqa: E402
 from trace.integrations.openrlhf.records import merge_turns, split_record  # noqa: E402
 from trace.rollout import RolloutEngine  # noqa: E402
@@ -62,12 +62,11 @@ _SLOT: contextvars.ContextVar = contextvars.ContextVar("trace_sample_slot", defa
 
 
 def recorder_for(arm, num_layers: int, rho: float, diag_flips: bool = True):
-    """The Recorder of one sample for an arm (same choice as the embedded trainer)."""
-    if arm.record == "guide":
-        return Recorder(layers=guided_layer_indices(num_layers, rho), full_codes=arm.full_codes)
-    if arm.record == "diag" and diag_flips:
-        return Recorder(layers=None, full_codes=True)
-    return None
+    """The one Recorder of a sample: the arm's guidance record, else its flip-diagnostic record (the
+    embedded trainer's choice, `trace.guidance.arm_recorders`; a trace arm's diagnostic record is not
+    taken here, so OpenRLHF runs log flip rates for qat-independent only)."""
+    guide, diag = arm_recorders(arm, num_layers, rho, diag_flips)
+    return guide if guide is not None else diag
 
 
 def _load_agent(path: str):
@@ -159,24 +158,28 @@ class TraceRolloutEngine:
                 for it in items:
                     it[3].set_exception(e)
                 continue
-            for it, (request_output, record, tokens, seconds) in zip(items, outs, strict=True):
+            for it, (request_output, record, tokens, gen_s, rec_s) in zip(items, outs, strict=True):
                 if it[2] is not None:
                     entry = self._slots[it[2]]
                     entry["records"].append(record)
                     entry["tokens"] += tokens
-                    entry["seconds"] += seconds
+                    entry["gen_s"] += gen_s
+                    entry["rec_s"] += rec_s
                 it[3].set_result(request_output)
 
     def _run_batch(self, prompts, max_new, temperature, top_p, stop_ids):
-        """One engine call for several samples (n=1 each): per sample (RequestOutput, record, tokens, s)."""
+        """One engine call for several samples (n=1 each): per sample (RequestOutput, record, generated
+        tokens, its share of the generation seconds, its share of the recording seconds). Generation time
+        excludes recording (`RolloutBatch.generate_s`); recording is the engine's record time plus
+        `Recorder.finish` and the split, both counted only for a guidance record."""
         rec = recorder_for(self.arm, self.num_layers, self.rl["rho"], self.rl["diag_flips"])
         self._calls += 1
         t0 = time.perf_counter()
         out = self.engine.generate(prompts, n=1, max_new_tokens=max_new, temperature=temperature, top_p=top_p,
                                    seed=self.seed * 1_000_003 + self._calls, stop_token_ids=stop_ids,
                                    stop_strings=self.stop_strings, tokenizer=self.tok, recorder=rec)
-        dt = time.perf_counter() - t0
         records = split_record(rec.finish(), len(prompts)) if rec is not None else [None] * len(prompts)
+        rec_s = (out.record_s + time.perf_counter() - t0 - out.elapsed_s) if self.arm.record == "guide" else 0.0
         res = []
         for i, ids in enumerate(prompts):
             resp, lps = out.response_tokens(i), out.logprobs[i]
@@ -186,7 +189,8 @@ class TraceRolloutEngine:
             ro = SimpleNamespace(prompt_token_ids=ids, outputs=[SimpleNamespace(
                 token_ids=list(resp), text=self.tok.decode(resp, skip_special_tokens=False), finish_reason=finish,
                 logprobs=logprobs)])
-            res.append((ro, records[i], n_tok, dt * n_tok / max(out.num_generated_tokens, 1)))
+            share = n_tok / max(out.num_generated_tokens, 1)
+            res.append((ro, records[i], n_tok, out.generate_s * share, rec_s * share))
         return res
 
     def _task_done(self, _task):
@@ -200,7 +204,7 @@ class TraceRolloutEngine:
         for _ in range(num_samples):
             slot = self._next_slot
             self._next_slot += 1
-            self._slots[slot] = {"records": [], "tokens": 0, "seconds": 0.0}
+            self._slots[slot] = {"records": [], "tokens": 0, "gen_s": 0.0, "rec_s": 0.0}
             ctx = contextvars.copy_context()
             ctx.run(_SLOT.set, slot)
             task = asyncio.get_running_loop().create_task(
@@ -216,13 +220,18 @@ class TraceRolloutEngine:
             entry = self._slots.pop(slot)
             recs = [r for r in entry["records"] if r is not None]
             record = merge_turns(recs) if recs else None
-            n_tok = len(resp["observation_tokens"])
-            # the same keys on every response: OpenRLHF stacks extra_logs across samples
+            n_gen = max(entry["tokens"], 1)
+            # the same keys on every response: OpenRLHF stacks extra_logs across samples. Bytes: the
+            # arm's own record per generated token (DESIGN.md §3); a sample's record holds its prompt
+            # rows itself (OpenRLHF asks for one sample per request), so this is above the embedded
+            # trainer's figure, where a prompt's samples share its rows
             extra = dict(resp.get("extra_logs") or {})
-            extra["guidance_bytes_per_token"] = (record.total_bytes() / max(n_tok, 1)
-                                                 if record is not None and self.arm.record == "guide" else 0.0)
+            guide = record is not None and self.arm.record == "guide"
+            extra["guidance_bytes_per_gen_token"] = (
+                record.bytes_per_generated_token(n_gen, compact_only=not self.arm.full_codes) if guide else 0.0)
             extra["rollout_tokens"] = float(entry["tokens"])
-            extra["rollout_tokens_per_s"] = entry["tokens"] / max(entry["seconds"], 1e-9)
+            extra["rollout_gen_tokens_per_s"] = entry["tokens"] / max(entry["gen_s"], 1e-9)
+            extra["record_overhead"] = entry["rec_s"] / max(entry["gen_s"], 1e-9)
             resp["extra_logs"] = extra
             if record is not None:
                 # a handle in the object store, fetched by the trainer per micro-batch; in-process
