@@ -13,6 +13,13 @@ TABLES = PLAN.tables_dir
 FIGS = PLAN.figures_dir
 LOGS = f"logs/{PROFILE}"
 RES = config["resources"]
+
+
+def gpu_slots(stage: str) -> int:
+    """`--gpu-slots` for a stage's jobs: the profile's runs per GPU when the stage asks for a gpu, else 0
+    (workflow/scripts/launch.py pins each job to one GPU; `--resources gpu=GPUs x slots` caps them)."""
+    return int(config.get("gpu_slots_per_device", 1)) if RES[stage].get("gpu", 0) > 0 else 0
+
 BENCH = config.get("bench", {}) or {}
 # Every rule runs from the repo root with the root on PYTHONPATH (the package `trace` shadows the
 # stdlib module only there) and the interpreter running Snakemake first on PATH (so `python` is the

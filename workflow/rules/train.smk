@@ -48,7 +48,7 @@ rule sft:
         mem_mb=RES["sft"].get("mem_mb", 4000),
         runtime=RES["sft"].get("runtime", 60),
     shell:
-        ENV + " python -m workflow.scripts.launch --stage sft --cmd '{params.cmd}'"
+        ENV + " python -m workflow.scripts.launch --stage sft --cmd '{params.cmd}' --gpu-slots " + str(gpu_slots("sft")) +
         " --config {input.cfg} --out {params.out} > {log} 2>&1"
 
 
@@ -76,7 +76,7 @@ rule rl:
         mem_mb=RES["rl"].get("mem_mb", 4000),
         runtime=RES["rl"].get("runtime", 60),
     shell:
-        ENV + " python -m workflow.scripts.launch --stage rl --cmd '{params.cmd}'"
+        ENV + " python -m workflow.scripts.launch --stage rl --cmd '{params.cmd}' --gpu-slots " + str(gpu_slots("rl")) +
         " --config {input.cfg} --out {params.out} > {log} 2>&1"
 
 
@@ -99,7 +99,7 @@ rule eval:
         mem_mb=RES["eval"].get("mem_mb", 4000),
         runtime=RES["eval"].get("runtime", 30),
     shell:
-        ENV + " python -m workflow.scripts.launch --stage eval --cmd '{params.cmd}'"
+        ENV + " python -m workflow.scripts.launch --stage eval --cmd '{params.cmd}' --gpu-slots " + str(gpu_slots("eval")) +
         " --config {input.cfg} --ckpt {params.ckpt} --out {output} > {log} 2>&1"
 
 
@@ -121,5 +121,5 @@ rule eval_base:
         mem_mb=RES["eval"].get("mem_mb", 4000),
         runtime=RES["eval"].get("runtime", 30),
     shell:
-        ENV + " python -m workflow.scripts.launch --stage eval --cmd '{params.cmd}'"
+        ENV + " python -m workflow.scripts.launch --stage eval --cmd '{params.cmd}' --gpu-slots " + str(gpu_slots("eval")) +
         " --config {input.cfg} --ckpt {params.ckpt} --out {output} > {log} 2>&1"

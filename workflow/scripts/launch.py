@@ -10,10 +10,19 @@ For sft/rl the run dir carries a stamp of the config it was started with: an int
 same config is resumed by the trainer (from its last checkpoint), a run dir left by a different config
 (or with no checkpoint to resume from) is wiped first so stale metrics never mix with new ones.
 Afterwards the `done` marker (sft/rl) or a well-formed eval JSON (eval) must exist, else exit 1.
+
+GPU slots (``--gpu-slots K``, from the profile's ``gpu_slots_per_device`` for rules whose resources ask
+for a gpu): the job takes one of K slots on one of the visible GPUs (``CUDA_VISIBLE_DEVICES`` if set, else
+every GPU ``nvidia-smi -L`` lists) and runs with ``CUDA_VISIBLE_DEVICES`` set to that GPU alone, so
+no rule names a device id. A slot is an exclusive ``flock`` on a lock file (in ``$TRACE_GPU_LOCK_DIR``,
+default ``/tmp/trace-gpu-slots-<uid>``) held for the life of the job and dropped by the kernel when the
+process ends, crashed or not. Slots are taken slot-major (slot 0 of every GPU before slot 1 of any), so
+jobs spread over all GPUs first. Snakemake's ``--resources gpu=N`` caps concurrent jobs: N = GPUs x K.
 """
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import math
@@ -22,6 +31,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 
 STAMP = ".pipeline_config.sha256"
 
@@ -49,6 +59,44 @@ def prepare_run_dir(out: str, config: str) -> None:
         f.write(digest + "\n")
 
 
+def visible_gpus() -> list[str]:
+    """GPU ids this job may use: CUDA_VISIBLE_DEVICES when set, else the GPUs nvidia-smi lists."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g.strip() for g in env.split(",") if g.strip() and g.strip() != "-1"]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+def lock_dir() -> str:
+    return os.environ.get("TRACE_GPU_LOCK_DIR") or f"/tmp/trace-gpu-slots-{os.getuid()}"
+
+
+def acquire_gpu_slot(gpus: list[str], per_device: int, directory: str, poll_s: float = 2.0,
+                     timeout_s: float | None = None) -> tuple[str, int]:
+    """(GPU id, open fd holding its slot lock); waits while every slot is taken."""
+    if not gpus:
+        raise SystemExit("[launch] this job asks for a GPU slot but no GPU is visible")
+    os.makedirs(directory, exist_ok=True)
+    t0 = time.monotonic()
+    while True:
+        for slot in range(per_device):
+            for g in gpus:
+                fd = os.open(os.path.join(directory, f"gpu{g}-slot{slot}.lock"), os.O_CREAT | os.O_RDWR, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                return g, fd
+        if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"no free GPU slot in {directory} after {timeout_s} s")
+        time.sleep(poll_s)
+
+
 def check_eval(path: str) -> None:
     with open(path) as f:
         d = json.load(f)
@@ -68,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--ckpt")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--gpu-slots", type=int, default=0, metavar="K",
+                    help="take one of K slots per visible GPU and run on that GPU alone (0: no GPU pinning)")
     a = ap.parse_args(argv)
 
     cmd = shlex.split(a.cmd) + ["--config", a.config]
@@ -84,8 +134,13 @@ def main(argv=None) -> int:
     cmd += ["--out", a.out]
     for kv in a.set:
         cmd += ["--set", kv]
+    env = None
+    if a.gpu_slots > 0:
+        gpu, _held = acquire_gpu_slot(visible_gpus(), a.gpu_slots, lock_dir())  # held until this process exits
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
+        print(f"[launch] GPU {gpu} (one of {a.gpu_slots} slots per GPU)", flush=True)
     print("[launch] " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-    rc = subprocess.call(cmd)
+    rc = subprocess.call(cmd, env=env)
     if rc != 0:
         print(f"[launch] {a.stage} failed with exit status {rc}", file=sys.stderr)
         return rc
