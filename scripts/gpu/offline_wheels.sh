@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The OpenRLHF stack for a GPU machine without package access (e.g. a lent node with torch, triton and
+# transformers preinstalled, Python 3.12): download here, carry the folder, install there into a target
+# directory that goes on PYTHONPATH.
+#   bash scripts/gpu/offline_wheels.sh download DIR     # on a machine with pip access (any OS/arch)
+#   bash scripts/gpu/offline_wheels.sh install DIR      # on the GPU machine, into $SITE (default /tmp/site)
+#   export PYTHONPATH=$PWD:/tmp/site                    # then run as usual (scripts/gpu/openrlhf_small.sh)
+# What travels: Ray 2.55.0 without its Java jars, rllib/tune/train/serve/data/llm and the dashboard's web
+# build (73.8 MB -> 35 MB; OpenRLHF and the plugin use ray core, ray.util.collective, placement groups and
+# queues only), DeepSpeed 0.19.6 as its sdist (built there without isolation against the local torch),
+# OpenRLHF 0.11.2 without dependencies, and the packages OpenRLHF and DeepSpeed import that such an image
+# lacks (pydantic, hjson, datasets and its pins, torchdata, jsonlines, pylatexenc, jsonschema for our
+# configs). Versions are those of requirements-openrlhf.txt. 41 MB in all; on an H200 node (Python 3.12,
+# torch 2.11, pyarrow 25) it installed and every import worked (docs/openrlhf.md).
+set -euo pipefail
+cmd=${1:?usage: offline_wheels.sh download|install DIR}
+dir=${2:?usage: offline_wheels.sh download|install DIR}
+PY_VER=${PY_VER:-3.12}
+case $cmd in
+download)
+  mkdir -p "$dir"
+  plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY_VER" --implementation cp "${plat[@]}" \
+    -d "$dir" ray==2.55.0 openrlhf==0.11.2 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 \
+    typing-inspection==0.4.5 hjson==3.1.0 jsonlines==4.0.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
+    torchdata==0.11.0 pylatexenc==2.11 fsspec==2026.9.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
+    referencing==0.37.0 rpds-py==2026.9.1 attrs==26.1.0
+  python3 -m pip download -q --no-deps --no-binary=:all: -d "$dir" deepspeed==0.19.6
+  ray_whl=$(ls "$dir"/ray-2.55.0-*.whl)
+  python3 - "$ray_whl" <<'PY'
+import os, sys, zipfile
+path = sys.argv[1]
+drop = ("ray/jars/", "ray/rllib/", "ray/tune/", "ray/train/", "ray/serve/", "ray/data/", "ray/llm/",
+        "ray/dashboard/client/build/")
+tmp = path + ".tmp"
+with zipfile.ZipFile(path) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as dst:
+    for item in src.infolist():
+        if not item.filename.startswith(drop):
+            dst.writestr(item, src.read(item.filename))
+os.replace(tmp, path)
+PY
+  du -sh "$dir";;
+install)
+  site=${SITE:-/tmp/site}
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$dir"/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target "$site" \
+    "$dir"/deepspeed-0.19.6.tar.gz
+  PYTHONPATH=$PWD:$site${PYTHONPATH:+:$PYTHONPATH} python3 -c "import datasets, deepspeed, openrlhf, ray, jsonschema; print('ray', ray.__version__, 'deepspeed', deepspeed.__version__)";;
+*) echo "usage: offline_wheels.sh download|install DIR" >&2; exit 2;;
+esac
