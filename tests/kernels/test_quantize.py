@@ -1,10 +1,13 @@
 """Triton quantize kernel vs kernels/reference.py: bit-exact codes, scales, outer scales and packed
-mantissa bits (rtn); statistics and determinism for stochastic rounding; Python-side errors."""
+mantissa bits (rtn); statistics and determinism for stochastic rounding; Python-side errors.
+Every assertion holds on the GPU and in the interpreter alike (tests/kernels/conftest.py): inputs are
+made on the CPU, the kernel runs on DEV, the oracle on the CPU copy."""
 import pytest
 import torch
 
 from kernels import reference as ref
 from kernels.quantize import QuantizedRows, quantize_rows
+from tests.kernels.conftest import DEV, dev, host
 
 
 def _data(M, K, seed):
@@ -24,7 +27,7 @@ def _data(M, K, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rtn_bit_exact(fmt, M, K, dtype):
     x = _data(M, K, seed=M * 1000 + K).to(dtype)
-    q = quantize_rows(x, fmt, guidance=True)
+    q = host(quantize_rows(dev(x), fmt, guidance=True))
     if fmt == "nvfp4":
         c, s, o = ref.nvfp4_quantize(x.float(), outer="row")
         assert torch.equal(q.outer, o)
@@ -38,13 +41,15 @@ def test_rtn_bit_exact(fmt, M, K, dtype):
 
 def test_mx_noclip_and_3d_input():
     x = _data(6, 64, 3).reshape(2, 3, 64)
-    q = quantize_rows(x, "mxfp4", mx_rule="noclip")
+    q = host(quantize_rows(dev(x), "mxfp4", mx_rule="noclip"))
     c, s = ref.mxfp4_quantize(x, rule="noclip")
     assert q.packed.shape == (2, 3, 32) and torch.equal(q.packed, ref.pack_fp4(c)) and torch.equal(q.scales, s)
 
 
 def test_e4m3_scale_rounding_boundaries():
-    # block amax values whose scaled amax lands near E4M3 binade edges and rounding midpoints
+    # block amax values whose scaled amax lands near E4M3 binade edges and rounding midpoints. The
+    # scale byte comes from the hardware cast on the GPU and from integer RNE in the interpreter
+    # (whose own fp8 cast rounded 126.7 to 64): both must give the oracle's bytes.
     amax_row = 100.0
     blk = torch.tensor([126.7, 120.0, 124.0, 0.015625 * 6 / 26.88, 0.0009, 99.99, 4.0, 60.0]) / 448 * amax_row
     x = torch.zeros(1, 16 * len(blk))
@@ -52,17 +57,18 @@ def test_e4m3_scale_rounding_boundaries():
     for i, a in enumerate(blk):
         x[0, 16 * i + 5] = float(a)
         x[0, 16 * i + 9] = -float(a) / 3
-    q = quantize_rows(x, "nvfp4")
+    q = host(quantize_rows(dev(x), "nvfp4"))
     c, s, o = ref.nvfp4_quantize(x, outer="row")
     assert torch.equal(q.scales, s) and torch.equal(q.packed, ref.pack_fp4(c))
 
 
 def test_stochastic_contract():
     x = _data(4, 64, 7)
-    q1 = quantize_rows(x, "nvfp4", "stochastic", seed=5)
-    q2 = quantize_rows(x, "nvfp4", "stochastic", seed=5)
+    xd = dev(x)
+    q1 = host(quantize_rows(xd, "nvfp4", "stochastic", seed=5))
+    q2 = host(quantize_rows(xd, "nvfp4", "stochastic", seed=5))
     assert torch.equal(q1.packed, q2.packed)  # deterministic per seed
-    rtn = quantize_rows(x, "nvfp4")
+    rtn = host(quantize_rows(xd, "nvfp4"))
     assert torch.equal(q1.scales, rtn.scales) and torch.equal(q1.outer, rtn.outer)
     v = ref.nvfp4_scaled(x, rtn.scales, rtn.outer)
     lo = ref.e2m1_floor_index(v.abs()).clamp(max=6)
@@ -72,20 +78,22 @@ def test_stochastic_contract():
     acc = torch.zeros_like(x)
     n = 200
     for sd in range(n):
-        acc += quantize_rows(x, "nvfp4", "stochastic", seed=sd).dequantize()
+        acc += host(quantize_rows(xd, "nvfp4", "stochastic", seed=sd)).dequantize()
     err = (acc / n - x).abs()
     step = (rtn.dequantize() - x).abs().max()  # scale of one grid step
     assert float(err.mean()) < 0.05 * float(step) + 1e-6
-    assert not torch.equal(quantize_rows(x, "nvfp4", "stochastic", seed=6).packed, q1.packed)
+    assert not torch.equal(quantize_rows(xd, "nvfp4", "stochastic", seed=6).packed.cpu(), q1.packed)
 
 
 def test_scatter_rows_into_buffers():
     x = _data(5, 32, 11)
     R = 9
-    out = QuantizedRows(torch.zeros(R, 16, dtype=torch.uint8), torch.zeros(R, 2, dtype=torch.uint8),
-                        torch.ones(R), torch.zeros(R, 4, dtype=torch.uint8), "nvfp4")
+    u8 = dict(dtype=torch.uint8, device=DEV)
+    out = QuantizedRows(torch.zeros(R, 16, **u8), torch.zeros(R, 2, **u8), torch.ones(R, device=DEV),
+                        torch.zeros(R, 4, **u8), "nvfp4")
     dst = torch.tensor([8, 0, 3, 5, 1])
-    quantize_rows(x, "nvfp4", guidance=True, out=out, dst_rows=dst)
+    assert quantize_rows(dev(x), "nvfp4", guidance=True, out=out, dst_rows=dev(dst)) is out
+    out = host(out)
     c, s, o = ref.nvfp4_quantize(x, outer="row")
     assert torch.equal(out.packed[dst], ref.pack_fp4(c)) and torch.equal(out.scales[dst], s)
     assert torch.equal(out.outer[dst], o.squeeze(-1)) and torch.equal(out.mantissa[dst], ref.pack_bits(c & 1))
@@ -94,18 +102,18 @@ def test_scatter_rows_into_buffers():
 
 def test_errors_before_launch():
     with pytest.raises(ValueError, match="non-finite"):
-        quantize_rows(torch.tensor([[1.0, float("nan")] + [0.0] * 14]))
+        quantize_rows(dev(torch.tensor([[1.0, float("nan")] + [0.0] * 14])))
     with pytest.raises(ValueError, match="non-finite"):
-        quantize_rows(torch.full((2, 16), float("inf")))
+        quantize_rows(torch.full((2, 16), float("inf"), device=DEV))
     with pytest.raises(TypeError):
-        quantize_rows(torch.ones(2, 16, dtype=torch.int32))
+        quantize_rows(torch.ones(2, 16, dtype=torch.int32, device=DEV))
     with pytest.raises(ValueError, match="multiple"):
-        quantize_rows(torch.ones(2, 24))
+        quantize_rows(torch.ones(2, 24, device=DEV))
     with pytest.raises(ValueError, match="multiple"):
-        quantize_rows(torch.ones(2, 16), "mxfp4")
+        quantize_rows(torch.ones(2, 16, device=DEV), "mxfp4")
     with pytest.raises(ValueError):
-        quantize_rows(torch.ones(2, 16), rounding="guided")
-    assert quantize_rows(torch.ones(0, 16)).packed.shape == (0, 8)
+        quantize_rows(torch.ones(2, 16, device=DEV), rounding="guided")
+    assert quantize_rows(torch.ones(0, 16, device=DEV)).packed.shape == (0, 8)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
@@ -115,9 +123,11 @@ def test_fake_output_is_the_reference_dequantization(fmt, dtype):
     reference dequantization of the kernel's own codes: exactly for MXFP4 (power-of-two scales); for
     NVFP4 the kernel multiplies by the row's reciprocal of S_enc instead of dividing: within 2^-22 of
     it in fp32; after the cast to bf16 equal except where the two land on either side of a rounding
-    boundary (rare), then one bf16 ulp apart."""
+    boundary (rare), then one bf16 ulp apart. The cast rounds to nearest even on both devices (the
+    GPU's cvt.rn; in the interpreter, whose cast truncates, the kernel rounds the bits itself)."""
     x = _data(6, 4096 + 64, seed=11).to(dtype)
-    q = quantize_rows(x, fmt, fake_dtype=dtype)
+    xd = dev(x)
+    q = host(quantize_rows(xd, fmt, fake_dtype=dtype))
     c = q.codes()
     deq = ref.nvfp4_dequantize(c, q.scales, q.outer) if fmt == "nvfp4" else ref.mxfp4_dequantize(c, q.scales)
     assert q.fake.dtype == dtype
@@ -130,5 +140,5 @@ def test_fake_output_is_the_reference_dequantization(fmt, dtype):
         assert bool((err <= rel * deq.double().abs() + (want.double() - deq.double()).abs()).all())
         if dtype == torch.bfloat16:
             assert float((q.fake != want).float().mean()) < 1e-3
-    q0 = quantize_rows(x, fmt)  # codes and scales do not depend on the extra output
+    q0 = host(quantize_rows(xd, fmt))  # codes and scales do not depend on the extra output
     assert torch.equal(q0.packed, q.packed) and torch.equal(q0.scales, q.scales) and q0.fake is None
