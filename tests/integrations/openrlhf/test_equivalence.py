@@ -16,6 +16,10 @@ the non-matmul ops run in FP32 instead of BF16 and the unguided layers re-round:
 alignment term's block-scale hinge counts the scale bytes the FP32 arithmetic rounds differently, so the
 FP32 loss moves more than the log-probs (0.0089 vs 0.0029 with the earlier code-only midpoint term).
 The BF16 engine's records match a BF16 trainer; see docs/openrlhf.md.
+Flip statistics: the plugin's replay measures them against the diagnostic record of all layers that
+rides beside the guidance record, as the embedded trainer does; on the same BF16 weights both give
+per-layer code flip rates (the trainer's own RTN code before guidance vs the rollout's) for every
+layer that agree to 0.01.
 """
 import asyncio
 
@@ -26,7 +30,7 @@ from trace import config as C
 from trace.integrations.openrlhf import stand_ins
 from trace.integrations.openrlhf.actor import TraceReplay, prepare_for_qat
 from trace.integrations.openrlhf.launch import REWARD_FILE
-from trace.integrations.openrlhf.rollout import RECORD_KEY, TraceRolloutEngine
+from trace.integrations.openrlhf.rollout import DIAG_KEY, RECORD_KEY, TraceRolloutEngine
 from trace.models import build_model, build_tokenizer, load_checkpoint, save_checkpoint
 from trace.qat import patch_model, replay
 from trace.rl.losses import compute_advantages, policy_loss
@@ -42,6 +46,7 @@ from vllm import SamplingParams  # noqa: E402
 GROUP = 4
 BF16_LP_TOL, BF16_LOSS_TOL = 1e-4, 1e-5
 FP32_LP_TOL, FP32_LP_MEAN_TOL, FP32_LOSS_TOL = 0.15, 0.03, 5e-2
+FLIP_TOL = 0.01
 
 
 def test_first_step_logprobs_and_loss(tmp_path):
@@ -74,6 +79,7 @@ def test_first_step_logprobs_and_loss(tmp_path):
         lp_o = actor(seqs, amask, attention_mask=att).float()
         loss_o = ploss(lp_o, lp_o.detach(), adv, action_mask=amask, rollout_log_probs=lp_roll)[0]
         loss_o = loss_o + rl["align_coef"] * tr.alignment(st)
+    flips_o = st.summary()["code_flip_rate"]
 
     # (a) embedded: the trainer's functions on the same tokens and records, FP32 master weights under
     # BF16 autocast (RLTrainer) and, to isolate the plumbing, BF16 weights like OpenRLHF's
@@ -84,19 +90,24 @@ def test_first_step_logprobs_and_loss(tmp_path):
     pos = torch.where(att.bool(), att.cumsum(-1) - 1, -1)
     tb = TrainBatch(seqs, att, tgt, pos, torch.arange(B), mask, torch.cat([lp_roll, torch.zeros(B, 1)], 1))
     rec = batch_records([m[RECORD_KEY] for m in b.mm_train_inputs])
-    out = {}
+    diag = batch_records([m[DIAG_KEY] for m in b.mm_train_inputs])
+    out, flips_e = {}, {}
     for dtype in (torch.bfloat16, torch.float32):
         model, _ = load_checkpoint(d, dtype=dtype, load_tokenizer=False)
         patch_model(model, "w4a4kv4", rl["fmt"])
-        with replay(model, rec, tb.seq, tb.pos, guide=True, routing=True, align=True) as st_e:
+        with replay(model, rec, tb.seq, tb.pos, guide=True, routing=True, align=True, diag=diag) as st_e:
             lp_e = token_logprobs(model, tb, autocast=True)[:, :-1]
             loss_e, _ = policy_loss(lp_e, lp_e.detach(), adv, amask, lp_roll, clip_eps=rl["clip_eps"],
                                     tis_cap=rl["tis_cap"])
             loss_e = loss_e + rl["align_coef"] * st_e.alignment_loss()
         dlp = (lp_o - lp_e)[amask].abs()
         out[dtype] = (float(dlp.max()), float(dlp.mean()), float(loss_e))
+        flips_e[dtype] = st_e.summary()["code_flip_rate"]
         print(f"embedded {dtype}: max|dlp| {out[dtype][0]:.3e} mean {out[dtype][1]:.3e}; loss {float(loss_e):.6f} "
               f"vs openrlhf {float(loss_o):.6f}")
+    print(f"code flip rate per layer: openrlhf {flips_o}, embedded bf16 {flips_e[torch.bfloat16]}")
+    assert sorted(flips_o) == sorted(flips_e[torch.bfloat16]) == [0, 1, 2, 3]
+    assert all(abs(flips_o[i] - flips_e[torch.bfloat16][i]) < FLIP_TOL for i in flips_o)
     mx, mean, loss_bf16 = out[torch.bfloat16]
     assert mx < BF16_LP_TOL and loss_bf16 == pytest.approx(float(loss_o), abs=BF16_LOSS_TOL)
     mx, mean, loss_fp32 = out[torch.float32]

@@ -3,7 +3,10 @@
 Each arm is one `python -m trace.integrations.openrlhf.launch` process: Ray with logical GPUs, the
 plugin in every worker, our engine actor in place of vLLM, DeepSpeed ZeRO-3 on gloo. The run dirs
 must be what analysis/ reads (a table row per arm, k3 finite), the trace arm's k3 must be below
-qat-independent's (bf16 lowest), and the eval stage must read the checkpoint OpenRLHF saved.
+qat-independent's (bf16 lowest), and the eval stage must read the checkpoint OpenRLHF saved. Both FP4
+arms log per-layer flip rates on every step (from the diagnostic record of all layers, which the
+trace arm's rollout sends beside its guidance record), bf16 none, and the trace arm's mean code flip
+rate is below qat-independent's (its guided layers replay the rollout's rounding).
 About 1.5 minutes per arm on 2 cores, hence slow.
 """
 import json
@@ -42,6 +45,7 @@ def test_train_ppo_ray_three_arms(tmp_path):
         "eval": {"samples_per_prompt": 1},
     }))
     runs = tmp_path / "runs"
+    flips = {}
     for arm in ARMS:
         out = runs / "qwen3_moe-tiny" / "reasoning" / arm / "seed0"
         _launch("--config", cfg, "--out", out, "--gpus", 0, "--set", f"rl.method={arm}")
@@ -49,6 +53,10 @@ def test_train_ppo_ray_three_arms(tmp_path):
         assert [x["step"] for x in lines] == list(range(1, STEPS + 1))
         assert (out / "done").exists() and (out / "ckpt" / "latest").read_text().strip() == f"step_{STEPS:06d}"
         assert json.loads((out / "meta.json").read_text())["kind"] == "rl-openrlhf"
+        flips[arm] = [x["code_flip_rate"] for x in lines]
+    assert all(not f for f in flips["bf16"])
+    assert all(f for a in ("qat-independent", "trace") for f in flips[a])  # every step, every FP4 arm
+    assert all(len(f) == len(flips["trace"][0]) for a in ("qat-independent", "trace") for f in flips[a])
     trace_dir = runs / "qwen3_moe-tiny" / "reasoning" / "trace" / "seed0"
     _launch("--stage", "eval", "--config", cfg, "--ckpt", trace_dir, "--out", trace_dir / "eval.json",
             "--set", "rl.method=trace")
@@ -61,6 +69,9 @@ def test_train_ppo_ray_three_arms(tmp_path):
     print("k3 mean per arm:", k3)
     assert all(v == v for v in k3.values())  # finite, not NaN
     assert k3["bf16"] < k3["trace"] < k3["qat-independent"]
+    code_flips = {a: rows[a]["code_flip_rate"] for a in ("qat-independent", "trace")}
+    print("mean code flip rate per arm:", code_flips)
+    assert code_flips["trace"] < code_flips["qat-independent"]
     # the analysis reads the same byte and speed columns as for embedded runs
     assert rows["trace"]["guidance_bytes_per_gen_token"] > 0 and rows["bf16"]["guidance_bytes_per_gen_token"] == 0
     assert all(rows[a]["rollout_gen_tokens_per_s"] > 0 for a in ARMS)

@@ -8,8 +8,10 @@
   otherwise re-wrap the shared q/k/v input, so it would be quantized and recorded three times);
 - old log-probs (`forward`, called by the experience maker) and the training step run inside
   `trace.qat.replay` with the micro-batch's records, fetched from their handles in
-  `mm_train_inputs`; the replay context stays open across `strategy.backward`, so gradient
-  checkpointing recomputes the guided forward;
+  `mm_train_inputs` (one `ray.get`) and called as the embedded trainer calls it: the arm's guidance
+  record (trace*) guides, the diagnostic full-codes record of all layers (`diag=`, every arm whose
+  trainer quantizes activations) gives the flip statistics; the replay context stays open across
+  `strategy.backward`, so gradient checkpointing recomputes the guided forward;
 - the alignment term (trace arms with align) is added to OpenRLHF's policy loss; the mismatch
   metrics (k1, k3, |dlp|, ratio-outside, chi2 over action tokens, against the rollout log-probs)
   and flip rates go into `experience.info`, which OpenRLHF logs, and rank 0 appends one line per
@@ -34,9 +36,10 @@ import openrlhf.trainer.ray.ppo_actor as _pa  # noqa: E402
 
 from trace import rundir  # noqa: E402
 from trace.arms import ARMS  # noqa: E402
+from trace.guidance import arm_recorders  # noqa: E402
 from trace.guidance.mismatch import mismatch_metrics  # noqa: E402
 from trace.integrations.openrlhf.records import batch_records, coverage  # noqa: E402
-from trace.integrations.openrlhf.rollout import RECORD_KEY  # noqa: E402
+from trace.integrations.openrlhf.rollout import DIAG_KEY, RECORD_KEY  # noqa: E402
 from trace.qat import patch_model, replay  # noqa: E402
 
 LAYER_KEYS = ("code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate")
@@ -69,31 +72,40 @@ class TraceReplay:
     def __init__(self, cfg: dict):
         self.cfg, self.rl = cfg, cfg["rl"]
         self.arm = ARMS[self.rl["method"]]
+        # which records the rollout sends: the same choice as its recorders (the layer count does not
+        # change whether a recorder exists)
+        guide, diag = arm_recorders(self.arm, 1, self.rl["rho"], self.rl["diag_flips"])
+        self.keys = tuple(k for k, r in ((RECORD_KEY, guide), (DIAG_KEY, diag)) if r is not None)
 
-    def records(self, mm_train_inputs) -> list | None:
-        if self.arm.record is None or not mm_train_inputs:
+    def records(self, mm_train_inputs) -> dict[str, list] | None:
+        """{key: the micro-batch's records of that kind, in row order}, all handles fetched in one
+        ray.get; None where the arm's rollout records nothing."""
+        if not self.keys or not mm_train_inputs:
             return None
-        if any(not m or RECORD_KEY not in m for m in mm_train_inputs):
-            raise ValueError(f"arm {self.rl['method']!r} needs a record for every sample; some carry none")
+        if any(not m or any(k not in m for k in self.keys) for m in mm_train_inputs):
+            raise ValueError(f"arm {self.rl['method']!r} needs the records {self.keys} for every sample; "
+                             "some carry none")
         import ray
-        vals = [m[RECORD_KEY] for m in mm_train_inputs]
-        refs = [v for v in vals if isinstance(v, ray.ObjectRef)]
+        vals = {k: [m[k] for m in mm_train_inputs] for k in self.keys}
+        refs = [v for vs in vals.values() for v in vs if isinstance(v, ray.ObjectRef)]
         got = dict(zip(refs, ray.get(refs), strict=True)) if refs else {}
-        return [got[v] if isinstance(v, ray.ObjectRef) else v for v in vals]
+        return {k: [got[v] if isinstance(v, ray.ObjectRef) else v for v in vs] for k, vs in vals.items()}
 
     def context(self, model, mm_train_inputs, attention_mask):
         recs = self.records(mm_train_inputs)
         if recs is None:
             return contextlib.nullcontext(None)
         dev = attention_mask.device
-        rec = batch_records(recs, dev)
         seq = torch.arange(attention_mask.shape[0], device=dev)
         pos = positions(attention_mask)
-        cov = torch.tensor([coverage(r) for r in recs], device=dev)
-        pos = pos.masked_fill(pos >= cov[:, None], -1)  # tokens after the record (final env feedback): RTN
-        guide = self.arm.record == "guide"
-        return replay(model, rec, seq, pos, guide=guide, routing=guide and self.arm.routing,
-                      align=guide and self.arm.align, full_codes=guide and self.arm.full_codes)
+        # tokens after a sample's records (final env feedback) stay RTN; both records of a sample come
+        # from the same forwards and cover the same positions, unless one holds no rows at all (rho 0)
+        cov = torch.tensor([max(coverage(r) for r in rs) for rs in zip(*recs.values(), strict=True)], device=dev)
+        pos = pos.masked_fill(pos >= cov[:, None], -1)
+        rec, diag = (batch_records(recs[k], dev) if k in recs else None for k in (RECORD_KEY, DIAG_KEY))
+        arm = self.arm
+        return replay(model, rec, seq, pos, routing=arm.routing, align=arm.align, full_codes=arm.full_codes,
+                      diag=diag)
 
     def step_info(self, log_probs, rollout_log_probs, action_mask, stats) -> dict:
         """0-d tensors for experience.info (OpenRLHF weights them by action tokens)."""

@@ -6,12 +6,15 @@ hf_tokenizer, num_samples)` on each engine; that runs OpenRLHF's own executor (s
 back `generate(prompt_token_ids, sampling_params)` once per sample and turn and reads a vLLM-shaped
 RequestOutput. The requests of all executor tasks in flight (every sample of every prompt this actor
 is serving) are queued until each task has asked or finished, then run as one batched
-`RolloutEngine.generate` call (BF16, or W4A4 + FP4 KV for the FP4 arms) with a guidance `Recorder` for
-the arms that record (trace*: the deepest rho of the layers; qat-independent: all layers, full codes,
-for flip statistics only); the batch record is split per sample. Each sample's record (turns merged,
-earliest row wins) is `ray.put` into the object store and its handle (an ObjectRef, never the bytes)
-rides in the response's `mm_train_inputs` = {"trace_record": ref}; the trainer fetches it per
-micro-batch.
+`RolloutEngine.generate` call (BF16, or W4A4 + FP4 KV for the FP4 arms) recording through the
+embedded trainer's recorders (`trace.guidance.arm_recorders`, both fed by one forward through `Tee`):
+the arm's guidance record (trace*: the deepest rho of the layers) and the diagnostic record (every arm
+whose trainer quantizes activations, with `rl.diag_flips`: all layers, full codes, for flip statistics
+only). Each batch record is split per sample; each sample's records (turns merged, earliest row wins)
+are `ray.put` into the object store and their handles (ObjectRefs, never the bytes) ride in the
+response's `mm_train_inputs` = {"trace_record": ref, "trace_diag": ref} (a key only where that record
+exists); the trainer fetches them per micro-batch. Recording time and bytes count the guidance record
+alone, as in the embedded trainer.
 
 Weight sync, both of OpenRLHF's protocols: `init_process_group` + `update_weight` (a broadcast from
 trainer rank 0 over vLLM's stateless group, or its stand-in on torch c10d: NCCL on a GPU, gloo on the
@@ -53,20 +56,14 @@ from vllm.distributed.utils import StatelessProcessGroup  # noqa: E402
 from trace.arms import ARMS  # noqa: E402
 from trace.episode import build_task  # noqa: E402
 from trace.guidance import arm_recorders  # noqa: E402
+from trace.guidance.record import Tee  # noqa: E402
 from trace.integrations.openrlhf.plugin import run_config  # noqa: E402
 from trace.integrations.openrlhf.records import merge_turns, split_record  # noqa: E402
 from trace.rollout import RolloutEngine  # noqa: E402
 
-RECORD_KEY = "trace_record"
+RECORD_KEY = "trace_record"  # the arm's guidance record
+DIAG_KEY = "trace_diag"  # the diagnostic full-codes record of all layers (flip statistics only)
 _SLOT: contextvars.ContextVar = contextvars.ContextVar("trace_sample_slot", default=None)
-
-
-def recorder_for(arm, num_layers: int, rho: float, diag_flips: bool = True):
-    """The one Recorder of a sample: the arm's guidance record, else its flip-diagnostic record (the
-    embedded trainer's choice, `trace.guidance.arm_recorders`; a trace arm's diagnostic record is not
-    taken here, so OpenRLHF runs log flip rates for qat-independent only)."""
-    guide, diag = arm_recorders(arm, num_layers, rho, diag_flips)
-    return guide if guide is not None else diag
 
 
 def _load_agent(path: str):
@@ -76,6 +73,12 @@ def _load_agent(path: str):
     if not issubclass(mod.AgentExecutor, AgentExecutorBase):
         raise TypeError(f"{path}: AgentExecutor must subclass openrlhf's AgentExecutorBase")
     return mod.AgentExecutor()
+
+
+def _merged(recs: list):
+    """One sample's records of one kind over its turns (None where none was taken)."""
+    recs = [r for r in recs if r is not None]
+    return merge_turns(recs) if recs else None
 
 
 class TraceRolloutEngine:
@@ -158,28 +161,34 @@ class TraceRolloutEngine:
                 for it in items:
                     it[3].set_exception(e)
                 continue
-            for it, (request_output, record, tokens, gen_s, rec_s) in zip(items, outs, strict=True):
+            for it, (request_output, record, diag, tokens, gen_s, rec_s) in zip(items, outs, strict=True):
                 if it[2] is not None:
                     entry = self._slots[it[2]]
                     entry["records"].append(record)
+                    entry["diags"].append(diag)
                     entry["tokens"] += tokens
                     entry["gen_s"] += gen_s
                     entry["rec_s"] += rec_s
                 it[3].set_result(request_output)
 
     def _run_batch(self, prompts, max_new, temperature, top_p, stop_ids):
-        """One engine call for several samples (n=1 each): per sample (RequestOutput, record, generated
-        tokens, its share of the generation seconds, its share of the recording seconds). Generation time
-        excludes recording (`RolloutBatch.generate_s`); recording is the engine's record time plus
-        `Recorder.finish` and the split, both counted only for a guidance record."""
-        rec = recorder_for(self.arm, self.num_layers, self.rl["rho"], self.rl["diag_flips"])
+        """One engine call for several samples (n=1 each): per sample (RequestOutput, guidance record,
+        diagnostic record, generated tokens, its share of the generation seconds, its share of the
+        recording seconds). Generation time excludes all recording (`RolloutBatch.generate_s`); the
+        recording seconds are the guidance record's own (`Recorder.seconds`, the final feed, its finish
+        and split), as the embedded trainer counts them: the diagnostic record's time never counts."""
+        guide, diag = arm_recorders(self.arm, self.num_layers, self.rl["rho"], self.rl["diag_flips"])
+        both = Tee(guide, diag) if guide is not None or diag is not None else None
         self._calls += 1
-        t0 = time.perf_counter()
         out = self.engine.generate(prompts, n=1, max_new_tokens=max_new, temperature=temperature, top_p=top_p,
                                    seed=self.seed * 1_000_003 + self._calls, stop_token_ids=stop_ids,
-                                   stop_strings=self.stop_strings, tokenizer=self.tok, recorder=rec)
-        records = split_record(rec.finish(), len(prompts)) if rec is not None else [None] * len(prompts)
-        rec_s = (out.record_s + time.perf_counter() - t0 - out.elapsed_s) if self.arm.record == "guide" else 0.0
+                                   stop_strings=self.stop_strings, tokenizer=self.tok, recorder=both)
+        n = len(prompts)
+        t_fin = time.perf_counter()
+        records = split_record(guide.finish(), n) if guide is not None else [None] * n
+        t_fin2 = time.perf_counter()
+        diags = split_record(diag.finish(), n) if diag is not None else [None] * n
+        rec_s = guide.seconds + out.record_feed_s + (t_fin2 - t_fin) if guide is not None else 0.0
         res = []
         for i, ids in enumerate(prompts):
             resp, lps = out.response_tokens(i), out.logprobs[i]
@@ -190,7 +199,7 @@ class TraceRolloutEngine:
                 token_ids=list(resp), text=self.tok.decode(resp, skip_special_tokens=False), finish_reason=finish,
                 logprobs=logprobs)])
             share = n_tok / max(out.num_generated_tokens, 1)
-            res.append((ro, records[i], n_tok, out.generate_s * share, rec_s * share))
+            res.append((ro, records[i], diags[i], n_tok, out.generate_s * share, rec_s * share))
         return res
 
     def _task_done(self, _task):
@@ -204,7 +213,7 @@ class TraceRolloutEngine:
         for _ in range(num_samples):
             slot = self._next_slot
             self._next_slot += 1
-            self._slots[slot] = {"records": [], "tokens": 0, "gen_s": 0.0, "rec_s": 0.0}
+            self._slots[slot] = {"records": [], "diags": [], "tokens": 0, "gen_s": 0.0, "rec_s": 0.0}
             ctx = contextvars.copy_context()
             ctx.run(_SLOT.set, slot)
             task = asyncio.get_running_loop().create_task(
@@ -218,27 +227,25 @@ class TraceRolloutEngine:
         responses = await asyncio.gather(*tasks)
         for resp, slot in zip(responses, slots, strict=True):
             entry = self._slots.pop(slot)
-            recs = [r for r in entry["records"] if r is not None]
-            record = merge_turns(recs) if recs else None
+            record, diag = (_merged(entry[k]) for k in ("records", "diags"))
             n_gen = max(entry["tokens"], 1)
             # the same keys on every response: OpenRLHF stacks extra_logs across samples. Bytes: the
             # arm's own record per generated token (DESIGN.md §3); a sample's record holds its prompt
             # rows itself (OpenRLHF asks for one sample per request), so this is above the embedded
             # trainer's figure, where a prompt's samples share its rows
             extra = dict(resp.get("extra_logs") or {})
-            guide = record is not None and self.arm.record == "guide"
             extra["guidance_bytes_per_gen_token"] = (
-                record.bytes_per_generated_token(n_gen, compact_only=not self.arm.full_codes) if guide else 0.0)
+                record.bytes_per_generated_token(n_gen, compact_only=not self.arm.full_codes)
+                if record is not None else 0.0)
             extra["rollout_tokens"] = float(entry["tokens"])
             extra["rollout_gen_tokens_per_s"] = entry["tokens"] / max(entry["gen_s"], 1e-9)
             extra["record_overhead"] = entry["rec_s"] / max(entry["gen_s"], 1e-9)
             resp["extra_logs"] = extra
-            if record is not None:
-                # a handle in the object store, fetched by the trainer per micro-batch; in-process
-                # use (no Ray) keeps the object itself
-                resp["mm_train_inputs"] = {RECORD_KEY: ray.put(record) if ray.is_initialized() else record}
-            else:
-                resp["mm_train_inputs"] = None
+            # handles in the object store, fetched by the trainer per micro-batch; in-process use
+            # (no Ray) keeps the objects themselves
+            mm = {key: ray.put(r) if ray.is_initialized() else r
+                  for key, r in ((RECORD_KEY, record), (DIAG_KEY, diag)) if r is not None}
+            resp["mm_train_inputs"] = mm or None
         return responses
 
     # ------------------------------------------------------------------ weight sync
@@ -329,4 +336,4 @@ def create_engines(num_engines: int, tensor_parallel_size: int, pretrain: str, s
     return engines
 
 
-__all__ = ["RECORD_KEY", "TraceRolloutEngine", "create_engines", "recorder_for"]
+__all__ = ["DIAG_KEY", "RECORD_KEY", "TraceRolloutEngine", "create_engines"]
