@@ -1,0 +1,94 @@
+"""Where the rollout's and the trainer's forwards part: one rollout batch of an SFT base (W4A4 + FP4 KV,
+a full-codes record of every layer) replayed, unguided, through the patched HF model in three trainer
+precisions, for an engine in FP32 and in BF16.
+
+Trainer precisions: fp32 (FP32 weights and ops), autocast (FP32 master weights under BF16 autocast:
+the RL trainer; matmuls in BF16, residual stream, norms and softmax in FP32) and bf16 (BF16 weights, no
+autocast: every op and the residual stream in BF16, like the BF16 engine). Per pair: per-layer code flip
+rate of the trainer's own rounding against the rollout's codes (rollout routing), the same per
+quantization site of layer 0 (where a difference first shows), k3 and mean |dlp| over the sampled tokens.
+
+    PYTHONPATH=$PWD python scripts/fidelity/bf16_paths.py MODEL SFT_CKPT [BATCHES]
+MODEL: qwen3_moe-tiny | mixtral-tiny; SFT_CKPT: results/runs/smoke/MODEL/reasoning/sft/ckpt (after
+`snakemake all`). Compared against: nothing upstream; the numbers are in docs/LOG.md.
+"""
+import importlib
+import json
+import sys
+import warnings
+
+import torch
+
+from trace import config as C
+from trace import rundir
+from trace.episode import build_task, run_episode
+from trace.guidance import Recorder
+from trace.guidance.mismatch import mismatch_metrics
+from trace.models import load_checkpoint
+from trace.qat import patch_model, replay
+from trace.rl.trainer import build_train_batch, token_logprobs
+from trace.rollout import RolloutEngine
+
+SITE_FLIPS: dict = {}  # (layer, site) -> [code flips, elements] of the current trainer forward
+guidance_replay = importlib.import_module("trace.guidance.replay")  # the module, not trace.guidance.replay()
+_count = guidance_replay.Runtime._count
+
+
+def _count_by_site(self, rp, layer, site, own, res):
+    before = (rp.stats.layer(layer).code_flips, rp.stats.layer(layer).elements)
+    _count(self, rp, layer, site, own, res)
+    st = rp.stats.layer(layer)
+    acc = SITE_FLIPS.setdefault((layer, site), [0, 0])
+    acc[0] += st.code_flips - before[0]
+    acc[1] += st.elements - before[1]
+
+
+guidance_replay.Runtime._count = _count_by_site
+
+
+def main(model: str, ckpt: str, batches: int = 3) -> None:
+    torch.set_num_threads(2)
+    cfg = C.load_config(f"results/runs/smoke/configs/{model}/reasoning/trace-seed0.yaml", ["threads=2"])
+    task = build_task(cfg)
+    train = task.make_split("train", cfg["task"]["n_train"], cfg["task"]["seed"])
+    trainers = {}
+    ckpt = rundir.resolve_checkpoint(ckpt)
+    for name, dtype in (("fp32", torch.float32), ("autocast", torch.float32), ("bf16", torch.bfloat16)):
+        m, tok = load_checkpoint(ckpt, dtype=dtype)
+        patch_model(m, "w4a4kv4", "nvfp4")
+        trainers[name] = m.eval()
+    for eng_dtype in (torch.float32, torch.bfloat16):
+        eng = RolloutEngine(trainers["fp32"].config, mode="w4a4", kv_fp4=True, dtype=eng_dtype)
+        eng.sync_weights(trainers["fp32"])
+        acc = {name: {"k3": [], "dlp": [], "flip": {}, "site0": {}} for name in trainers}
+        for b in range(batches):
+            g = torch.Generator().manual_seed(100 + b)
+            examples = [train[i] for i in torch.randperm(len(train), generator=g)[:8].tolist()]
+            rec = Recorder(layers=None, full_codes=True)
+            batch = run_episode(eng, task, tok, examples, n=8, max_new_tokens=6, temperature=1.0, seed=b,
+                                max_turns=1, recorder=rec).batch
+            record = rec.finish()
+            tb = build_train_batch(batch, tok.pad_token_id)
+            for name, m in trainers.items():
+                SITE_FLIPS.clear()
+                with torch.no_grad(), replay(m, record, tb.seq, tb.pos, guide=False) as st:
+                    lp = token_logprobs(m, tb, autocast=name == "autocast")
+                mm = mismatch_metrics(lp, tb.lp_roll, tb.mask)
+                acc[name]["k3"].append(mm["k3"])
+                acc[name]["dlp"].append(mm["dlp_abs_mean"])
+                for layer, v in st.summary()["code_flip_rate"].items():
+                    acc[name]["flip"].setdefault(int(layer), []).append(v)
+                for (layer, site), (f, n) in SITE_FLIPS.items():
+                    if layer == 0 and n:
+                        acc[name]["site0"].setdefault(site, []).append(f / n)
+        for name, a in acc.items():
+            row = {"model": model, "engine": str(eng_dtype).split(".")[-1], "trainer": name,
+                   "k3": sum(a["k3"]) / len(a["k3"]), "dlp_abs_mean": sum(a["dlp"]) / len(a["dlp"]),
+                   "code_flip_rate": {k: round(sum(v) / len(v), 5) for k, v in sorted(a["flip"].items())},
+                   "layer0_sites": {k: round(sum(v) / len(v), 5) for k, v in sorted(a["site0"].items())}}
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    warnings.simplefilter("ignore")
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 3)
