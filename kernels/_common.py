@@ -35,6 +35,19 @@ def e2m1_rtn_idx(a):
 
 
 @triton.jit
+def e2m1_rtn_idx_scaled(p, s):
+    """E2M1 index of RN(p / s), p >= 0 and s > 0 fp32, without the division: RN(p / s) > m exactly when
+    p > m * s, and RN(p / s) == m exactly when p == m * s, for every midpoint m of the grid (m has at
+    most 3 significant bits and s, an E4M3 value, at most 4, so m * s is exact; the half-ulp intervals
+    of RN around m, scaled by s, are narrower than the ulps around m * s). Same result as
+    `e2m1_rtn_idx(div_rn(p, s))`; callers mask s == 0."""
+    idx = (p > 0.25 * s).to(tl.int32) + (p >= 0.75 * s).to(tl.int32) + (p > 1.25 * s).to(tl.int32)
+    idx += (p >= 1.75 * s).to(tl.int32) + (p > 2.5 * s).to(tl.int32) + (p >= 3.5 * s).to(tl.int32)
+    idx += (p > 5.0 * s).to(tl.int32)
+    return idx
+
+
+@triton.jit
 def e2m1_floor_idx(a):
     """Largest index whose grid value is <= a (a >= 0), 0..7."""
     idx = (a >= 0.5).to(tl.int32) + (a >= 1.0).to(tl.int32) + (a >= 1.5).to(tl.int32)

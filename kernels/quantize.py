@@ -36,6 +36,7 @@ from kernels._common import (
     e2m1_floor_idx,
     e2m1_grid,
     e2m1_rtn_idx,
+    e2m1_rtn_idx_scaled,
     e4m3_byte,
     e4m3_value,
 )
@@ -89,8 +90,12 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
         sb = tl.minimum(tl.math.div_rn(amax_blk * s_enc[:, None], 6.0), 448.0)
         sbyte = e4m3_byte(sb, INTERP)  # [BM, NB] uint8
         s_b = e4m3_value(sbyte)
-        v = tl.math.div_rn(xb * s_enc[:, None, None], s_b[:, :, None])
-        v = tl.where(s_b[:, :, None] == 0.0, 0.0, v)
+        p = xb * s_enc[:, None, None]  # the dividend of v = RN(p / s_b)
+        zero = s_b[:, :, None] == 0.0
+        if STOCH:
+            v = tl.where(zero, 0.0, tl.math.div_rn(p, s_b[:, :, None]))
+        else:
+            v = tl.where(zero, 0.0, p)  # v's sign; the RTN code compares |p| with midpoints * s_b (no division)
     else:
         bits = amax_blk.to(tl.int32, bitcast=True)
         expf = (bits >> 23) & 0xFF
@@ -114,6 +119,8 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
         p_up = (a - glo) / (ghi - glo)
         u = tl.rand(seed, rows[:, None, None] * K + kk)
         idx = lo + (u < p_up).to(tl.int32)
+    elif IS_NV:
+        idx = tl.where(zero, 0, e2m1_rtn_idx_scaled(a, s_b[:, :, None]))
     else:
         idx = e2m1_rtn_idx(a)
     sign = (v.to(tl.int32, bitcast=True) < 0).to(tl.int32)

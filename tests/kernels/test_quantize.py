@@ -142,3 +142,39 @@ def test_fake_output_is_the_reference_dequantization(fmt, dtype):
             assert float((q.fake != want).float().mean()) < 1e-3
     q0 = host(quantize_rows(xd, fmt))  # codes and scales do not depend on the extra output
     assert torch.equal(q0.packed, q.packed) and torch.equal(q0.scales, q.scales) and q0.fake is None
+
+
+def _midpoint_edges() -> torch.Tensor:
+    """One 16-element NVFP4 block per (E4M3 scale s, midpoint m): the block amax 6 * s makes the block
+    scale exactly s (S_enc is 1: the row's amax is 2688), and the other 15 elements sit on m * s and on
+    the floats just below and above it, both signs. These are the values where RN(x / s) lands on a
+    rounding midpoint of the E2M1 grid, or one ulp away from it."""
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    scales = ref.e4m3_decode(torch.arange(1, 127, dtype=torch.uint8))  # every positive finite byte < 448
+    scales = scales[6 * scales <= 2688]
+    rows = []
+    for s in scales.tolist():
+        for m in mids.tolist():
+            t = torch.tensor(m * s, dtype=torch.float32)  # exact
+            lo, hi = torch.nextafter(t, torch.zeros(())), torch.nextafter(t, torch.full((), 1e9))
+            vals = [6 * s, t, lo, hi, -t, -lo, -hi, t, lo, hi, -t, -lo, -hi, t, hi, -lo]
+            rows.append(torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in vals]))
+    blocks = torch.stack(rows)  # [n, 16]
+    pad = (-blocks.shape[0]) % 8
+    blocks = torch.cat([blocks, blocks[:pad]]) if pad else blocks
+    x = blocks.reshape(-1, 8 * 16)  # rows of 8 blocks
+    x[:, -1] = 2688.0  # row amax -> S_enc = 2688 / 2688 = 1 (the last block's scale is 448)
+    return x
+
+
+def test_rtn_codes_at_rounding_midpoints():
+    """The NVFP4 RTN code is decided by comparing |x * S_enc| with midpoint * s_b instead of dividing;
+    on the values where that could go wrong (on and one ulp around every midpoint times every E4M3
+    scale) the codes and scales must still be the oracle's, whose codes come from the division."""
+    x = _midpoint_edges()
+    q = host(quantize_rows(dev(x), "nvfp4", guidance=True))
+    c, s, o = ref.nvfp4_quantize(x, outer="row")
+    assert torch.equal(o, torch.ones_like(o))
+    assert torch.equal(q.scales, s)
+    assert torch.equal(q.codes(), c)
+    assert torch.equal(q.mantissa, ref.pack_bits(c & 1))
