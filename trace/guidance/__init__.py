@@ -4,5 +4,5 @@ alignment term (align.py). Adapters (trace/qat, trace/rollout) call this API at 
 from trace.guidance.align import MARGIN, alignment_loss, alignment_terms, scale_terms  # noqa: F401
 from trace.guidance.record import SITES, GuidanceRecord, Recorder, RecordMismatch, SiteRows, Tee  # noqa: F401
 from trace.guidance.replay import Recording, Replay, Rows, Runtime, recording, replay  # noqa: F401
-from trace.guidance.select import arm_recorders, guided_layer_indices  # noqa: F401
+from trace.guidance.select import arm_recorders, arm_records, guided_layer_indices  # noqa: F401
 from trace.guidance.stats import LayerStats, ReplayStats  # noqa: F401

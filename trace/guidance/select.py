@@ -20,19 +20,25 @@ def guided_layer_indices(num_layers: int, rho: float) -> list[int]:
     return list(range(num_layers - n, num_layers))
 
 
-def arm_recorders(arm, num_layers: int, rho: float, diag_flips: bool = True) -> tuple[Recorder | None, Recorder | None]:
-    """(the arm's guidance recorder, the diagnostic recorder), each possibly None; the embedded trainer
-    and the OpenRLHF rollout actor both take their recorders from here.
+def arm_records(arm, diag_flips: bool = True) -> tuple[bool, bool]:
+    """(whether the arm's rollout takes a guidance record, whether it takes the diagnostic record): the
+    guidance record for arms that guide (`arm.record == "guide"`), the diagnostic one (`diag_flips`) for
+    every arm whose trainer quantizes activations."""
+    return arm.record == "guide", diag_flips and arm.trainer_mode in ("w4a4", "w4a4kv4")
 
-    The guidance record (`arm.record == "guide"`) holds the deepest `rho` layers' sites and, with routing
-    replay, the expert ids of every MoE layer (without it, of the guided layers only: they line up guided
-    expert slots). The diagnostic record (`diag_flips`, every arm whose trainer quantizes activations)
-    holds full codes and routing of all layers; it only measures flips and never counts in bytes or speed.
+
+def arm_recorders(arm, num_layers: int, rho: float, diag_flips: bool = True) -> tuple[Recorder | None, Recorder | None]:
+    """(the arm's guidance recorder, the diagnostic recorder), each None where `arm_records` says the arm
+    takes no such record; the embedded trainer and the OpenRLHF rollout actor both take their recorders
+    from here.
+
+    The guidance record holds the deepest `rho` layers' sites and, with routing replay, the expert ids of
+    every MoE layer (without it, of the guided layers only: they line up guided expert slots). The
+    diagnostic record holds full codes and routing of all layers; it only measures flips and never
+    counts in bytes or speed.
     """
-    guide = diag = None
-    if arm.record == "guide":
-        guide = Recorder(layers=guided_layer_indices(num_layers, rho), full_codes=arm.full_codes,
-                         routing=True if arm.routing else "guided")
-    if diag_flips and arm.trainer_mode in ("w4a4", "w4a4kv4"):
-        diag = Recorder(layers=None, full_codes=True)
+    takes_guide, takes_diag = arm_records(arm, diag_flips)
+    guide = Recorder(layers=guided_layer_indices(num_layers, rho), full_codes=arm.full_codes,
+                     routing=True if arm.routing else "guided") if takes_guide else None
+    diag = Recorder(layers=None, full_codes=True) if takes_diag else None
     return guide, diag

@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from trace import rundir
 from trace.arms import ARMS
 from trace.episode import build_task, evaluate_policy, run_episode
-from trace.guidance import Recorder, Tee, arm_recorders
+from trace.guidance import Tee, arm_recorders
 from trace.models import build_model, build_tokenizer, load_checkpoint
 from trace.qat import patch_model, replay
 from trace.rl.losses import compute_advantages, kl_k3, masked_mean, mismatch_metrics, policy_loss
@@ -190,10 +190,6 @@ class RLTrainer:
         idx = torch.randperm(len(self.train_set), generator=g)[: self.rl["prompts_per_step"]].tolist()
         return [self.train_set[i] for i in idx]
 
-    def _recorders(self) -> tuple[Recorder | None, Recorder | None]:
-        """(the arm's guidance recorder, the diagnostic recorder): `trace.guidance.arm_recorders`."""
-        return arm_recorders(self.arm, self.num_layers, self.rl["rho"], self.rl["diag_flips"])
-
     def _replayed_logprobs(self, tb: TrainBatch, record, diag):
         """Trainer forward of the train batch in the arm's mode; inside replay when a record exists
         (the arm's guidance record and/or the diagnostic one). Returns (log-probs [B, T], ReplayStats
@@ -225,7 +221,7 @@ class RLTrainer:
     def _step(self, step: int) -> dict:
         rl, arm = self.rl, self.arm
         t0 = time.perf_counter()
-        rec, diag_rec = self._recorders()
+        rec, diag_rec = arm_recorders(self.arm, self.num_layers, rl["rho"], rl["diag_flips"])
         both = Tee(rec, diag_rec) if rec is not None or diag_rec is not None else None
         ep = run_episode(self.engine, self.task, self.tok, self._prompts_for(step), n=rl["group_size"],
                          max_new_tokens=rl["max_new_tokens"], temperature=rl["temperature"],

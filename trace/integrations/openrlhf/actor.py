@@ -36,7 +36,7 @@ import openrlhf.trainer.ray.ppo_actor as _pa  # noqa: E402
 
 from trace import rundir  # noqa: E402
 from trace.arms import ARMS  # noqa: E402
-from trace.guidance import arm_recorders  # noqa: E402
+from trace.guidance import arm_records  # noqa: E402
 from trace.guidance.mismatch import mismatch_metrics  # noqa: E402
 from trace.integrations.openrlhf.records import batch_records, coverage  # noqa: E402
 from trace.integrations.openrlhf.rollout import DIAG_KEY, RECORD_KEY  # noqa: E402
@@ -72,10 +72,9 @@ class TraceReplay:
     def __init__(self, cfg: dict):
         self.cfg, self.rl = cfg, cfg["rl"]
         self.arm = ARMS[self.rl["method"]]
-        # which records the rollout sends: the same choice as its recorders (the layer count does not
-        # change whether a recorder exists)
-        guide, diag = arm_recorders(self.arm, 1, self.rl["rho"], self.rl["diag_flips"])
-        self.keys = tuple(k for k, r in ((RECORD_KEY, guide), (DIAG_KEY, diag)) if r is not None)
+        # which records the rollout sends: the choice its recorders are made by
+        takes = arm_records(self.arm, self.rl["diag_flips"])
+        self.keys = tuple(k for k, t in zip((RECORD_KEY, DIAG_KEY), takes, strict=True) if t)
 
     def records(self, mm_train_inputs) -> dict[str, list] | None:
         """{key: the micro-batch's records of that kind, in row order}, all handles fetched in one
