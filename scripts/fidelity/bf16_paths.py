@@ -12,7 +12,6 @@ quantization site of layer 0 (where a difference first shows), k3 and mean |dlp|
 MODEL: qwen3_moe-tiny | mixtral-tiny; SFT_CKPT: results/runs/smoke/MODEL/reasoning/sft/ckpt (after
 `snakemake all`). Compared against: nothing upstream; the numbers are in docs/LOG.md.
 """
-import importlib
 import json
 import sys
 import warnings
@@ -28,22 +27,6 @@ from trace.models import load_checkpoint
 from trace.qat import patch_model, replay
 from trace.rl.trainer import build_train_batch, token_logprobs
 from trace.rollout import RolloutEngine
-
-SITE_FLIPS: dict = {}  # (layer, site) -> [code flips, elements] of the current trainer forward
-guidance_replay = importlib.import_module("trace.guidance.replay")  # the module, not trace.guidance.replay()
-_count = guidance_replay.Runtime._count
-
-
-def _count_by_site(self, rp, layer, site, own, res):
-    before = (rp.stats.layer(layer).code_flips, rp.stats.layer(layer).elements)
-    _count(self, rp, layer, site, own, res)
-    st = rp.stats.layer(layer)
-    acc = SITE_FLIPS.setdefault((layer, site), [0, 0])
-    acc[0] += st.code_flips - before[0]
-    acc[1] += st.elements - before[1]
-
-
-guidance_replay.Runtime._count = _count_by_site
 
 
 def main(model: str, ckpt: str, batches: int = 3) -> None:
@@ -70,7 +53,6 @@ def main(model: str, ckpt: str, batches: int = 3) -> None:
             record = rec.finish()
             tb = build_train_batch(batch, tok.pad_token_id)
             for name, m in trainers.items():
-                SITE_FLIPS.clear()
                 with torch.no_grad(), replay(m, record, tb.seq, tb.pos, guide=False) as st:
                     lp = token_logprobs(m, tb, autocast=name == "autocast")
                 mm = mismatch_metrics(lp, tb.lp_roll, tb.mask)
@@ -78,8 +60,8 @@ def main(model: str, ckpt: str, batches: int = 3) -> None:
                 acc[name]["dlp"].append(mm["dlp_abs_mean"])
                 for layer, v in st.summary()["code_flip_rate"].items():
                     acc[name]["flip"].setdefault(int(layer), []).append(v)
-                for (layer, site), (f, n) in SITE_FLIPS.items():
-                    if layer == 0 and n:
+                for site, (f, n) in st.layer(0).site_codes.items():
+                    if n:
                         acc[name]["site0"].setdefault(site, []).append(f / n)
         for name, a in acc.items():
             row = {"model": model, "engine": str(eng_dtype).split(".")[-1], "trainer": name,

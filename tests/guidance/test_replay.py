@@ -36,6 +36,7 @@ def test_recording_then_replay_counts_flips_by_hand_and_reproduces_the_rollout()
     s = st.layer(3)
     want = int(((own.codes != roll.codes) & ((own.codes | roll.codes) & 7 != 0)).sum())
     assert s.code_flips == want > 0 and s.elements == x.numel()
+    assert s.site_codes == {"o_in": [want, x.numel()]}  # the per-site split of the same count
     assert s.scale_flips == int((own.scales != roll.scales).sum()) and s.blocks == own.scales.numel()
     with replay(rt, record, *_rows(16), full_codes=True) as st:
         y = rt.act(3, "o_in", x)

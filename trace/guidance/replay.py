@@ -227,8 +227,12 @@ class Runtime:
         st.scale_flips += int((own_scales != scales).sum())
         if codes is None:
             return
+        flips = int(_differ(own_codes, codes).sum())
         st.elements += own_codes.numel()
-        st.code_flips += int(_differ(own_codes, codes).sum())
+        st.code_flips += flips
+        site_acc = st.site_codes.setdefault(site, [0, 0])
+        site_acc[0] += flips
+        site_acc[1] += own_codes.numel()
         if guided is not None:
             st.unrecoverable += int(_differ(guided, codes).sum())
             st.unrec_checked += codes.numel()

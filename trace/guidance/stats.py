@@ -33,6 +33,8 @@ class LayerStats:
     unrec_checked: int = 0  # elements whose recovery could be checked (records with full codes)
     routing_tokens: int = 0
     routing_flips: int = 0
+    # site -> [code flips, elements] of the layer's activation sites (where a difference first shows)
+    site_codes: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
