@@ -79,10 +79,10 @@ def test_evaluation_scores_each_unique_prompt_once_with_its_standard_error(monke
     accuracies are 1/3 or 0, they average to the accuracy, and se = sd over prompts / sqrt(44)."""
     import math
 
+    from trace.episode import build_task, encode_prompt
     from trace.models import build_model, build_tokenizer
     from trace.rollout import RolloutBatch
     from trace.rollout import engine as E
-    from trace.episode import build_task, encode_prompt
     from trace.sft import encode_text
     cfg = _cfg(["task.n_test=64", "eval.samples_per_prompt=3"])
     task, tok = build_task(cfg), build_tokenizer()

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from analysis.runs import se_clustered
-from trace.rundir import read_metrics
 from analysis.tables import build
 from tests.analysis.synthetic import ABLATIONS, METHODS, write_profile
+from trace.rundir import read_metrics
 
 MAIN_NUM = ["acc_bf16", "acc_fp4", "k3_mean", "k3_final", "guidance_bytes_per_gen_token",
             "rollout_gen_tokens_per_s", "rollout_speedup", "record_overhead"]
