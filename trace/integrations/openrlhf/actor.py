@@ -16,8 +16,9 @@
   metrics (k1, k3, |dlp|, ratio-outside, chi2 over action tokens, against the rollout log-probs)
   and flip rates go into `experience.info`, which OpenRLHF logs, and rank 0 appends one line per
   step to `$TRACE_RUN_DIR/metrics.jsonl` with the embedded trainer's metric names.
-On a machine without CUDA, DeepSpeed's optimizer is torch's AdamW (`torch_adam`), which avoids the
-JIT build (g++, on first use on every fresh machine) of DeepSpeed's CPU fused Adam.
+DeepSpeed's optimizer is torch's AdamW (`torch_adam`, the same update): DeepSpeed's own Adam is an
+extension built on first use on every fresh machine (g++ on a CPU; nvcc on a GPU, where DeepSpeed 0.19.6
+fails to parse a TORCH_CUDA_ARCH_LIST entry such as "9.0a", ops/op_builder/builder.py:708).
 Compared against: the embedded trainer `trace.rl.trainer.RLTrainer` (same arm table, same
 replay call, same metrics; tests/integrations/openrlhf/test_equivalence.py).
 """
@@ -192,7 +193,7 @@ class TracePolicyActor(_pa.PolicyModelActor.__ray_metadata__.modified_class):
         def ds_train_config(*args, **kwargs):
             conf = orig_ds_cfg(*args, **kwargs)
             opt = conf.get("optimizer")
-            if opt is not None and not torch.cuda.is_available():
+            if opt is not None:  # torch's AdamW, not DeepSpeed's JIT-built FusedAdam (module docstring)
                 opt.setdefault("params", {})["torch_adam"] = True
             return conf
 

@@ -106,13 +106,14 @@ def prepare_prompts(cfg: dict, out: Path, data: dict) -> tuple[str, str, str, in
     return str(path.resolve()), "input", "label", max(len(r["input"]) for r in rows)
 
 
-def build_argv(cfg: dict, out: Path, model_path: str, data: dict, gpus: int) -> list[str]:
+def build_argv(cfg: dict, out: Path, model_path: str, data: dict, gpus: int, zero_stage: int = 3) -> list[str]:
     prompts, input_key, label_key, longest = prepare_prompts(cfg, out, data)
     multi = cfg["task"]["name"] in MULTI_TURN_TASKS
     return F.ppo_flags(cfg, model_path=model_path, prompts=prompts, out=str(out.resolve()),
                        reward_file=None if multi else str(REWARD_FILE),
                        agent_file=str(AGENT_FILE) if multi else None, gpus=gpus, input_key=input_key,
-                       label_key=label_key, max_prompt_len=(longest + 2) if longest else 1024)
+                       label_key=label_key, max_prompt_len=(longest + 2) if longest else 1024,
+                       zero_stage=zero_stage)
 
 
 def parse_with_openrlhf(argv: list[str]):
@@ -195,6 +196,9 @@ def main(argv=None) -> int:
     p.add_argument("--stage", choices=["rl", "sft", "eval"], default="rl")
     p.add_argument("--ckpt", help="checkpoint to evaluate (stage eval)")
     p.add_argument("--gpus", type=int, default=None, help="GPUs for the actor (default: all visible; 0 = CPU)")
+    p.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=3,
+                   help="DeepSpeed ZeRO stage of the actor (docs/openrlhf.md: stage 3 with partitioned "
+                        "parameters and the attention a leaf module fails in backward)")
     p.add_argument("--dry-run", action="store_true", help="write config + argv, check with OpenRLHF's parser")
     p.add_argument("--engine", choices=["trace", "vllm"], default="trace",
                    help="rollout engines: ours (every arm) or OpenRLHF's vLLM engines (bf16 arm only; needs vLLM)")
@@ -214,7 +218,7 @@ def main(argv=None) -> int:
         return 2
     out = Path(a.out)
     rundir.prepare_run_dir(out, cfg, kind="rl-openrlhf")
-    argv_orl = build_argv(cfg, out, prepare_model(cfg, out), data, gpus)
+    argv_orl = build_argv(cfg, out, prepare_model(cfg, out), data, gpus, a.zero_stage)
     (out / "openrlhf_argv.json").write_text(json.dumps([F.MODULE, *argv_orl], indent=1) + "\n")
     print("[openrlhf] python -m " + " ".join([F.MODULE, *argv_orl]), flush=True)
     if a.dry_run:
