@@ -59,11 +59,11 @@ def test_dry_run_builds_full_dag(profile, tmp_path):
     plan = Plan(_load(profile))
     n_runs = len(plan.runs)
     assert counts["rl"] == n_runs and counts["eval"] == n_runs
-    n_sft = len(plan.config["models"]) * len(plan.config["tasks"]) if plan.sft_enabled else 0
+    n_sft = len(plan.model_tasks()) if plan.sft_enabled else 0
     assert counts.get("sft", 0) == n_sft
     assert counts["tables"] == 1 and counts["plot"] == 1 and counts["bench"] == 2
     cfg = plan.config
-    assert n_runs == (len(cfg["models"]) * len(cfg["tasks"]) * len(cfg["methods"]) * len(cfg["seeds"])
+    assert n_runs == (len(plan.model_tasks()) * len(cfg["methods"]) * len(cfg["seeds"])
                       + len(cfg["ablation"]["models"]) * len(cfg["ablation"]["tasks"])
                       * len(cfg["ablation"]["arms"]) * len(cfg["ablation"].get("seeds", cfg["seeds"])))
 
@@ -97,9 +97,20 @@ def test_generated_configs_pass_the_trainer_schema(profile):
     plan = Plan(_load(profile))
     for run in plan.runs:
         C.validate(C.deep_merge(C.DEFAULTS, plan.run_config(run.model, run.task, run.arm, run.seed)))
-    for model in plan.config["models"]:
-        for task in plan.config["tasks"]:
-            C.validate(C.deep_merge(C.DEFAULTS, plan.sft_config(model, task)))
+    for model, task in plan.model_tasks():
+        C.validate(C.deep_merge(C.DEFAULTS, plan.sft_config(model, task)))
+
+
+def test_task_models_restrict_the_main_table():
+    cfg = _load("small")
+    plan = Plan(cfg)
+    pairs = {(r.model, r.task) for r in plan.runs if not r.ablation}
+    assert ("mixtral-small", "coding") in pairs and ("olmoe-small", "coding") not in pairs
+    assert {m for m, t in pairs if t == "reasoning"} == set(cfg["models"])
+    assert "models" not in plan.run_config("mixtral-small", "coding", "trace", 0)["task"]
+    cfg["tasks"]["coding"]["models"] = ["olmoe-tiny"]
+    with pytest.raises(ValueError, match="tasks.coding.models"):
+        Plan(cfg)
 
 
 def test_ablation_arms_set_their_keys():

@@ -43,7 +43,7 @@ MANIFEST = f"{RUNS}/manifest.json"
 # The learning check (analysis/learning.py): the arm's final policies against their SFT base, evaluated
 # with the arm's first-seed run config (same prompts, samples and sampling seed as every final eval).
 LEARNING = (config.get("checks") or {}).get("learning") if PLAN.sft_enabled else None
-BASE_EVAL = [f"{PLAN.sft_dir(m, t)}/eval.json" for m in config["models"] for t in config["tasks"]] if LEARNING else []
+BASE_EVAL = [f"{PLAN.sft_dir(m, t)}/eval.json" for m, t in PLAN.model_tasks()] if LEARNING else []
 TABLE_FILES = [f"{TABLES}/{name}.{ext}" for name in ("main", "ablation") for ext in ("csv", "md")] + [
     f"{TABLES}/runs.csv"
 ] + ([f"{TABLES}/learning.{ext}" for ext in ("csv", "md")] if LEARNING else [])

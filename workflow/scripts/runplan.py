@@ -89,11 +89,16 @@ class Plan:
             if name in self.arms:
                 raise ValueError(f"ablation arm {name!r} clashes with a method of the main table")
             self.ablation_arms[name] = {"method": spec["method"], "set": dict(spec.get("set") or {})}
+        for task, spec in config["tasks"].items():
+            extra = sorted(set((spec or {}).get("models", [])) - set(config["models"]))
+            if extra:
+                raise ValueError(f"tasks.{task}.models: {extra} not in models")
         runs: list[Run] = []
         for model, task, method, seed in itertools.product(
             config["models"], config["tasks"], config["methods"], config["seeds"]
         ):
-            runs.append(Run(model, task, method, int(seed), method, False))
+            if self.runs_task(model, task):
+                runs.append(Run(model, task, method, int(seed), method, False))
         abl_seeds = abl.get("seeds", config["seeds"])
         for model, task, arm, seed in itertools.product(
             abl.get("models", []), abl.get("tasks", []), self.ablation_arms, abl_seeds
@@ -103,6 +108,15 @@ class Plan:
             runs.append(Run(model, task, arm, int(seed), self.ablation_arms[arm]["method"], True))
         seen = set()
         self.runs = [r for r in runs if not (r.key in seen or seen.add(r.key))]
+
+    def runs_task(self, model: str, task: str) -> bool:
+        """Whether the main table has (model, task): a task's `models` key restricts it to a subset."""
+        only = (self.config["tasks"][task] or {}).get("models")
+        return only is None or model in only
+
+    def model_tasks(self) -> list[tuple[str, str]]:
+        """(model, task) pairs of the main table, in profile order (each has an SFT base)."""
+        return [(m, t) for m in self.config["models"] for t in self.config["tasks"] if self.runs_task(m, t)]
 
     # ---- paths -------------------------------------------------------------------------------
     def run_dir(self, model, task, arm, seed) -> str:
@@ -127,7 +141,8 @@ class Plan:
     # ---- configs -----------------------------------------------------------------------------
     def _base(self, model: str, task: str, seed: int) -> dict:
         d = copy.deepcopy(self.config.get("defaults", {}))
-        task_cfg = deep_merge({"seed": DATA_SEED}, self.config["tasks"][task] or {})
+        task_cfg = {k: v for k, v in (self.config["tasks"][task] or {}).items() if k != "models"}
+        task_cfg = deep_merge({"seed": DATA_SEED}, task_cfg)
         d["model"] = model
         d["task"] = deep_merge(d.get("task", {}), {"name": task, **task_cfg})
         d["seed"] = int(seed)
