@@ -60,7 +60,7 @@ def main(model: str, ckpt: str, batches: int = 3) -> None:
                 acc[name]["dlp"].append(mm["dlp_abs_mean"])
                 for layer, v in st.summary()["code_flip_rate"].items():
                     acc[name]["flip"].setdefault(int(layer), []).append(v)
-                for site, (f, n) in st.layer(0).site_codes.items():
+                for site, (f, n) in st.totals().layer(0).site_codes.items():
                     if n:
                         acc[name]["site0"].setdefault(site, []).append(f / n)
         for name, a in acc.items():

@@ -116,11 +116,12 @@ def test_bytes_per_generated_token_count_prompt_rows_once():
         r.bytes_per_generated_token(0)
 
 
-def test_lookup_from_another_device_moves_keys_and_returns_rows_there(monkeypatch):
-    """The record stays on the CPU while the trainer's (seq, pos) live on the GPU: searchsorted needs
-    both on one device (it raised a device mismatch). FakeTensorMode gives CUDA-device tensors on a
-    CPU machine and checks device propagation; the found-row check needs real data, so it is
-    skipped here (tested on the CPU above)."""
+def test_view_from_another_device_moves_the_record_and_returns_rows_there():
+    """The record is built on the CPU while the trainer's (seq, pos) live on the GPU: a view copies the
+    record to the query's device once (searchsorted needs both on one device) and returns rows there.
+    FakeTensorMode gives CUDA-device tensors on a CPU machine and checks device propagation; the
+    found-row check needs real data, so the view defers it and it is not verified here (tested on the
+    CPU below)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     rec = Recorder()
@@ -130,13 +131,28 @@ def test_lookup_from_another_device_moves_keys_and_returns_rows_there(monkeypatc
     rec.add_routing(0, torch.ones(6, 2, dtype=torch.long), seq, pos)
     rec.alias(1, 0, 3)
     r = rec.finish()
-    monkeypatch.setattr(GuidanceRecord, "_check_found", staticmethod(lambda *a: None))
     with FakeTensorMode(allow_non_fake_inputs=True):
         qs, qp = torch.tensor([1, 0], device="cuda"), torch.tensor([2, 1], device="cuda")
-        g = r.lookup(0, "attn_in", qs, qp)
-        ids = r.lookup_routing(0, qs, qp)
+        v = r.view(qs, qp)
+        g, ids = v.guide(0, "attn_in"), v.routing(0)
+        assert r.on(qs.device) is v.record  # one copy per device, kept
     assert {t.device.type for t in (g.mantissa, g.scales, g.outer, ids)} == {"cuda"}
     assert r.sites[(0, "attn_in")].keys.device.type == "cpu"
+
+
+def test_deferred_view_checks_once_and_names_the_first_miss():
+    rec = Recorder()
+    seq, pos = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 0, 1])
+    rec.add(0, "attn_in", fp4.quantize(torch.randn(4, 32), "nvfp4", "row"), seq, pos)
+    rec.add(1, "attn_in", fp4.quantize(torch.randn(2, 32), "nvfp4", "row"), seq[:2], pos[:2])
+    r = rec.finish()
+    v = r.view(seq, pos)
+    v.guide(0, "attn_in")
+    v.verify()  # every row of layer 0 is there
+    g = v.guide(1, "attn_in")  # layer 1 lacks sequence 1: nothing raised until verify
+    assert g.scales.shape[0] == 4
+    with pytest.raises(RecordMismatch, match=r"layer 1 site attn_in: no recorded row for \(seq 1, pos 0\)"):
+        v.verify()
 
 
 def test_mismatched_records_raise():

@@ -3,6 +3,7 @@ statistics count by hand against the rollout's codes (a diagnostic record for ev
 slots lined up by expert id), padding rows get plain RTN, routing replay forces the recorded experts."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trace import fp4
 from trace.guidance import Recorder, RecordMismatch, Runtime, Tee, recording, replay
@@ -166,3 +167,54 @@ def test_expert_slots_are_compared_and_guided_by_expert_id():
         assert torch.equal(ids, ids_roll)
         assert torch.equal(rt.act(0, "moe_down_in", h_roll), roll)
     assert st.layer(0).elements == 4 * 32 and st.layer(0).code_flips == 0
+
+
+class _HostSyncs(TorchDispatchMode):
+    """Counts the ops that make the host wait for the device on a GPU (a value read on the host, or an
+    output size that depends on values): on the GPU each one stalls the launch queue."""
+
+    OPS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default",
+           "aten.masked_select.default", "aten.is_nonzero.default"}
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        bool_index = name.startswith(("aten.index.Tensor", "aten.index_put")) and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or []))
+        self.n += name in self.OPS or bool_index
+        return func(*args, **(kwargs or {}))
+
+
+def test_replay_makes_the_host_wait_no_more_than_plain_rtn():
+    """A guided replay with alignment, routing replay, expert slots, padding rows and a diagnostic
+    record waits for the device no more often than the plain RTN forward of the same sites (whose
+    only waits are the FP4 library's finite-input checks): lookups, flip counts and the alignment
+    term stay on the device, and whether every row was found is checked once, when the block ends."""
+    g = torch.Generator().manual_seed(3)
+    seq, pos = torch.arange(2), torch.tensor([[0, 1, 2, -1], [0, 1, 2, 3]])  # one padding row
+    n, k = 8, 2
+    xs = {(layer, site): torch.randn(n, *shape, generator=g) for layer in (0, 1)
+          for site, shape in (("attn_in", (64,)), ("moe_down_in", (k, 32)))}
+    ids = torch.randint(0, 4, (n, 1)) + torch.tensor([[0, 4]])  # [n, k] distinct experts
+    rt, guide, diag = Runtime(), Recorder(layers=[1]), Recorder(full_codes=True)
+    with recording(rt, Tee(guide, diag), seq, pos):
+        for (layer, site), x in xs.items():
+            rt.record_routing(layer, ids) if site == "attn_in" else None
+            rt.act(layer, site, x)
+    guide, diag = guide.finish(), diag.finish()
+    near = {key: (x * 1.01).requires_grad_(True) for key, x in xs.items()}
+    with _HostSyncs() as plain:
+        for key, x in near.items():
+            rt.act(*key, x)
+    with replay(rt, guide, seq, pos, align=True, diag=diag) as st:
+        with _HostSyncs() as guided:
+            for (layer, site), x in near.items():
+                if site == "attn_in":
+                    rt.route(layer, torch.randn(n, 8, generator=g), ids.flip(-1), renorm=True)
+                rt.act(layer, site, x)
+            st.alignment_loss().backward()
+    assert plain.n > 0 and guided.n <= plain.n, (guided.n, plain.n)
+    assert st.summary()["code_flip_rate"].keys() == {0, 1}

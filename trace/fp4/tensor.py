@@ -92,7 +92,7 @@ def check_finite(x: torch.Tensor, name: str = "input") -> None:
         )
 
 
-def _check_input(x: torch.Tensor, fmt: str, block_2d: bool = False, outer="tensor") -> None:
+def _check_input(x: torch.Tensor, fmt: str, block_2d: bool = False, outer="tensor", values: bool = True) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _FLOAT_DTYPES:
@@ -127,7 +127,8 @@ def _check_input(x: torch.Tensor, fmt: str, block_2d: bool = False, outer="tenso
             raise ValueError("16x16 blocks need a per-tensor or per-expert outer scale, not per-row")
     if isinstance(outer, str) and outer == "expert" and x.dim() < 2:
         raise ValueError("outer='expert' needs a leading expert dimension")
-    check_finite(x)
+    if values:
+        check_finite(x)
 
 
 def _make_generator(generator, seed, device) -> torch.Generator | None:
@@ -181,10 +182,10 @@ def dequantize(t: FP4Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     return t.dequantize(dtype)
 
 
-def _check_record(x, mantissa, scales, outer, fmt, block_2d):
+def _check_record(x, mantissa, scales, outer, fmt, block_2d, values: bool = True):
     if mantissa.dtype != torch.uint8 or mantissa.shape != x.shape:
         raise ValueError(f"mantissa must be uint8 0/1 bits of shape {tuple(x.shape)}, got {mantissa.dtype} {tuple(mantissa.shape)}")
-    if bool((mantissa > 1).any()):
+    if values and bool((mantissa > 1).any()):
         raise ValueError("mantissa bits must be 0 or 1 (unpack packed bits first with unpack_bits)")
     block = ref.NVFP4_BLOCK if fmt == "nvfp4" else ref.MXFP4_BLOCK
     if block_2d:
@@ -218,14 +219,17 @@ def guided_quantize(
     *,
     block_2d: bool = False,
     ref_codes: torch.Tensor | None = None,
+    check_values: bool = True,
 ) -> GuidedResult:
     """TRACE guided rounding (DESIGN.md §3): quantize `x` with the RECORDED block scales and outer
     scale, choosing between the two grid points around each element by its recorded mantissa bit.
     Reproduces the recorded code whenever x lies within one grid step of it. With `ref_codes`
     (the full recorded codes, available in tests and the full-codes ablation) the result reports
-    which elements differ."""
-    _check_input(x, fmt, block_2d, "tensor")
-    _check_record(x, mantissa, scales, outer, fmt, block_2d)
+    which elements differ. check_values=False skips the checks that read values (x finite, bits 0/1),
+    each a wait for the device on a GPU, for a caller that has just checked x and unpacked the bits
+    itself (the replay runtime); dtypes and shapes are checked always."""
+    _check_input(x, fmt, block_2d, "tensor", values=check_values)
+    _check_record(x, mantissa, scales, outer, fmt, block_2d, values=check_values)
     v = scaled_values(x.float(), scales, outer, fmt, block_2d=block_2d)
     codes = ref.e2m1_guided(v, mantissa)
     t = FP4Tensor(codes, scales, outer, fmt, block_2d, x.dtype)

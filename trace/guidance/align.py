@@ -29,53 +29,57 @@ MARGIN = 0.1  # grid steps past the boundary; ties and the next step's noise sta
 
 
 def alignment_terms(scaled: torch.Tensor, own_codes: torch.Tensor, target_codes: torch.Tensor,
-                    margin: float = MARGIN) -> tuple[torch.Tensor | None, int]:
+                    margin: float = MARGIN) -> tuple[torch.Tensor, torch.Tensor]:
     """scaled [..., K] the trainer's values in grid units under the recorded scales (differentiable);
     own_codes / target_codes [..., K] uint8 FP4 codes (the trainer's RTN of `scaled`, the rollout's).
-    Returns (sum over flipped elements of relu(margin - d)^2, their number); (None, 0) when nothing
-    flipped. margin 0 penalizes only the distance still to go to the boundary."""
+    Returns (sum over flipped elements of relu(margin - d)^2, their number), both 0-d tensors on the
+    device: every element is computed and the unflipped ones are masked out, so nothing waits for the
+    device. margin 0 penalizes only the distance still to go to the boundary."""
     own_mag = own_codes.long() & 7
     tgt_mag = target_codes.long() & 7
-    flipped = own_mag != tgt_mag
-    if not bool(flipped.any()):
-        return None, 0
+    flipped = own_mag != tgt_mag  # [..., K]
     grid = torch.tensor(ref.E2M1_GRID, device=scaled.device, dtype=torch.float32)
-    own_mag, tgt_mag = own_mag[flipped], tgt_mag[flipped]  # [F] flipped elements only
-    a = scaled[flipped].abs().float()
+    a = scaled.abs().float()
     up = tgt_mag > own_mag  # the value must grow in magnitude to reach the rollout's code
-    nb = torch.where(up, tgt_mag - 1, tgt_mag + 1)  # the target's neighbour facing own (0..7: own lies there)
+    # the target's neighbour facing own (0..7 where flipped: own lies there); any valid code elsewhere
+    nb = torch.where(up, tgt_mag - 1, tgt_mag + 1).clamp(0, 7)
+    nb = torch.where(flipped, nb, torch.where(tgt_mag == 7, tgt_mag - 1, tgt_mag + 1))
     edge = (grid[tgt_mag] + grid[nb]) / 2  # the boundary of the target's interval facing own
     gap = (grid[tgt_mag] - grid[nb]).abs()  # grid step at that boundary, > 0
     d = torch.where(up, a - edge, edge - a) / gap  # > 0 inside the target's interval
-    return (torch.relu(margin - d) ** 2).sum(), int(flipped.sum())
+    hinge = torch.where(flipped, torch.relu(margin - d) ** 2, torch.zeros_like(d))
+    return hinge.sum(), flipped.sum()
 
 
 def scale_terms(x: torch.Tensor, own_scales: torch.Tensor, target_scales: torch.Tensor,
-                margin: float = MARGIN) -> tuple[torch.Tensor | None, int]:
+                margin: float = MARGIN) -> tuple[torch.Tensor, torch.Tensor]:
     """The same hinge for NVFP4 block scales (1x16 blocks, per-row outer scale). x [..., K] the
     trainer's values (differentiable); own_scales / target_scales [..., K/16] E4M3 bytes (the
     trainer's, the rollout's). A block's unrounded scale is u = amax_blk * S_enc / 6 = 448 *
     amax_blk / amax_row; where its byte differs from the rollout's, d is the distance of u past the
     boundary into the rollout byte's E4M3 interval in units of the E4M3 step there. Returns
-    (sum of relu(margin - d)^2 over flipped blocks, their number); (None, 0) when none flipped.
-    A flipped scale moves every code of its block, so without this term the trainer's own codes
-    keep disagreeing however well the code term aligns the values under the recorded scales."""
-    flipped = own_scales != target_scales
-    if not bool(flipped.any()):
-        return None, 0
+    (sum of relu(margin - d)^2 over flipped blocks, their number) as 0-d device tensors (masked, no
+    host sync). A flipped scale moves every code of its block, so without this term the trainer's own
+    codes keep disagreeing however well the code term aligns the values under the recorded scales."""
+    flipped = own_scales != target_scales  # [..., K/16]
     amax_blk = x.float().abs().reshape(*x.shape[:-1], -1, ref.NVFP4_BLOCK).amax(-1)  # [..., K/16]
     u = ref.E4M3_MAX * amax_blk / amax_blk.amax(-1, keepdim=True).clamp(min=1e-30)
-    u, tb, ob = u[flipped], target_scales[flipped], own_scales[flipped]  # [F]
+    tb, ob = target_scales.long(), own_scales.long()
     up = tb > ob  # positive E4M3 bytes are ordered like their values
     nb = torch.where(up, tb - 1, tb + 1)  # the target's neighbour facing own (a valid byte: own lies there)
-    vt, vn = ref.e4m3_decode(tb), ref.e4m3_decode(nb)
+    nb = torch.where(flipped, nb, torch.where(tb > 0, tb - 1, tb + 1))  # any other byte where unflipped
+    vt, vn = ref.e4m3_decode(tb.to(torch.uint8)), ref.e4m3_decode(nb.to(torch.uint8))
     edge, gap = (vt + vn) / 2, (vt - vn).abs()
+    gap = torch.where(flipped, gap, torch.ones_like(gap))
     d = torch.where(up, u - edge, edge - u) / gap
-    return (torch.relu(margin - d) ** 2).sum(), int(flipped.sum())
+    hinge = torch.where(flipped, torch.relu(margin - d) ** 2, torch.zeros_like(d))
+    return hinge.sum(), flipped.sum()
 
 
-def alignment_loss(total: torch.Tensor | None, count: int) -> torch.Tensor:
-    """Mean over flipped elements; a zero scalar when there were none."""
-    if total is None or count == 0:
+def alignment_loss(total: torch.Tensor | None, count) -> torch.Tensor:
+    """Mean over flipped elements; 0 when there were none (count a number or a 0-d tensor)."""
+    if total is None:
         return torch.zeros(())
-    return total / count
+    if isinstance(count, torch.Tensor):
+        return total / count.clamp(min=1)
+    return total / count if count else total * 0.0

@@ -10,8 +10,11 @@ Rows are addressed by (sequence id, position). The n samples of one prompt share
 the engine records the prompt once and registers the other samples as aliases
 (`Recorder.alias(seq, src_seq, upto_pos)`). A lookup that misses a row, or a record whose layers,
 sites or row shapes do not match the batch, raises `RecordMismatch`; nothing is silently misaligned.
-Records live on the CPU; a lookup finds rows on the record's device and returns them on the device
-of the query (the trainer's GPU), so only the rows a forward needs travel.
+Records are built on the CPU. `record.view(seq, pos)` resolves a forward's rows once on the forward's
+device (a copy of the record is made there once and kept): every lookup through the view is then a
+device-side search and gather with no host sync, and whether every row was found is checked once per
+view (`verify`), which the replay context does when its block ends. The `lookup*` methods are the same
+with the check at each call.
 
     rec = Recorder(layers=guided_layers, full_codes=False)
     rec.add(layer, "attn_in", fp4tensor_rows, seq, pos)       # engine, at each quantized site
@@ -90,59 +93,53 @@ class GuidanceRecord:
     def has(self, layer: int, site: str) -> bool:
         return (layer, site) in self.sites
 
-    def _resolve(self, seq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        seq = seq.long()
-        for s, (src, upto) in self.aliases.items():
-            seq = torch.where((seq == s) & (pos < upto), src, seq)
-        return _keys(seq, pos)
+    def on(self, device) -> GuidanceRecord:
+        """This record with its tensors on `device` (made once per device and kept)."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        cache = self.__dict__.setdefault("_copies", {})
+        if device not in cache:
+            cache[device] = GuidanceRecord(
+                {k: SiteRows(r.keys.to(device), r.mantissa.to(device), r.scales.to(device), r.outer.to(device),
+                             None if r.codes is None else r.codes.to(device), r.fmt) for k, r in self.sites.items()},
+                {i: (k.to(device), ids.to(device)) for i, (k, ids) in self.routing.items()},
+                dict(self.aliases), self.full_codes)
+        return cache[device]
 
-    def _rows(self, keys_sorted: torch.Tensor, seq, pos, what: str) -> torch.Tensor:
-        """Indices (on the record's device) of rows (seq[i], pos[i]); seq/pos may be on any device."""
-        want = self._resolve(seq, pos).to(keys_sorted.device)
-        idx = torch.searchsorted(keys_sorted, want).clamp(max=max(len(keys_sorted) - 1, 0))
-        self._check_found(keys_sorted, idx, want, seq, pos, what)
-        return idx
+    def __getstate__(self):  # device copies stay where they were made (records travel through Ray)
+        state = dict(self.__dict__)
+        state.pop("_copies", None)
+        return state
 
-    @staticmethod
-    def _check_found(keys_sorted, idx, want, seq, pos, what: str) -> None:
-        if len(keys_sorted) == 0 or not torch.equal(keys_sorted[idx], want):
-            miss = int((keys_sorted[idx] != want).nonzero()[0, 0]) if len(keys_sorted) else 0
-            raise RecordMismatch(
-                f"{what}: no recorded row for (seq {int(seq[miss])}, pos {int(pos[miss])}); "
-                f"the batch does not match the record"
-            )
+    @property
+    def device(self) -> torch.device:
+        for r in self.sites.values():
+            return r.keys.device
+        for k, _ in self.routing.values():
+            return k.device
+        return torch.device("cpu")
+
+    def view(self, seq: torch.Tensor, pos: torch.Tensor, defer: bool = True) -> RecordView:
+        """Lookups of rows (seq[i], pos[i]) on seq's device; defer=False checks at every lookup."""
+        return RecordView(self, seq, pos, defer)
 
     def lookup(self, layer: int, site: str, seq: torch.Tensor, pos: torch.Tensor) -> fp4.Guide:
         """Guide for rows (seq[i], pos[i]): mantissa [M, *inner, K] (unpacked 0/1), scales, outer."""
-        if (layer, site) not in self.sites:
-            raise RecordMismatch(f"record has no site {site!r} in layer {layer} (has layers {self.layers})")
-        r = self.sites[(layer, site)]
-        idx = self._rows(r.keys, seq, pos, f"layer {layer} site {site}")
-        dev = seq.device
-        return fp4.Guide(ref.unpack_bits(r.mantissa[idx].to(dev)), r.scales[idx].to(dev), r.outer[idx].to(dev))
+        return self.view(seq, pos, defer=False).guide(layer, site)
 
     def lookup_codes(self, layer: int, site: str, seq, pos) -> torch.Tensor | None:
         """Recorded 4-bit codes [M, *inner, K] on seq's device, or None for a compact record."""
-        r = self.sites[(layer, site)]
-        if r.codes is None:
-            return None
-        idx = self._rows(r.keys, seq, pos, f"layer {layer} site {site}")
-        return ref.unpack_fp4(r.codes[idx].to(seq.device))
+        return self.view(seq, pos, defer=False).codes(layer, site)
 
     def lookup_reference(self, layer: int, site: str, seq, pos) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(scale bytes, 4-bit codes or None) of rows (seq[i], pos[i]) on seq's device, one search:
         what flip statistics compare against."""
-        r = self.sites[(layer, site)]
-        idx = self._rows(r.keys, seq, pos, f"layer {layer} site {site}")
-        codes = ref.unpack_fp4(r.codes[idx].to(seq.device)) if r.codes is not None else None
-        return r.scales[idx].to(seq.device), codes
+        return self.view(seq, pos, defer=False).reference(layer, site)
 
     def lookup_routing(self, layer: int, seq, pos) -> torch.Tensor:
         """Recorded expert ids [M, k] (int64, slot order = the rollout's top-k order) on seq's device."""
-        if layer not in self.routing:
-            raise RecordMismatch(f"record has no routing for layer {layer}")
-        keys, ids = self.routing[layer]
-        return ids[self._rows(keys, seq, pos, f"routing layer {layer}")].to(seq.device).long()
+        return self.view(seq, pos, defer=False).routing(layer)
 
     # -------------------------------------------------------------------- byte accounting
     def bytes_by_site(self, compact_only: bool = True) -> dict[str, int]:
@@ -190,6 +187,97 @@ class GuidanceRecord:
         if n == 0:
             return None
         return 8 * sum(r.nbytes(compact_only) for r in self.sites.values()) / n
+
+
+class RecordView:
+    """A record's rows addressed by one forward's tokens (seq [M], pos [M]), on the forward's device.
+
+    The tokens' keys are resolved once (aliases of shared prompt rows included, vectorized); each
+    lookup is a searchsorted and a gather on the device. With defer=True the found-check of each lookup
+    is kept on the device and `verify()` raises RecordMismatch for the first lookup that missed a row
+    (one host sync for all of them); defer=False raises at the lookup."""
+
+    def __init__(self, record: GuidanceRecord, seq: torch.Tensor, pos: torch.Tensor, defer: bool = True):
+        self.record = record.on(seq.device)
+        self.seq, self.pos, self.defer = seq, pos, defer
+        self.want = _keys(self._resolve(seq.long(), pos.long()), pos)  # [M] int64
+        self._checks: list[tuple[str, torch.Tensor]] = []  # (what, found [M] bool)
+
+    def _resolve(self, seq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        aliases = self.record.aliases
+        if not aliases:
+            return seq
+        for s, (src, _) in aliases.items():
+            if src in aliases:
+                raise RecordMismatch(f"sequence {s} aliases {src}, itself an alias: chains are not supported")
+        a_seq = sorted(aliases)
+        table = torch.tensor([[s, *aliases[s]] for s in a_seq], dtype=torch.long).to(seq.device)  # [A, 3]
+        a_keys, a_src, a_upto = table.unbind(1)  # sorted sequence ids, their source, alias extent
+        i = torch.searchsorted(a_keys, seq).clamp(max=len(a_seq) - 1)  # [M]
+        hit = (a_keys.index_select(0, i) == seq) & (pos < a_upto.index_select(0, i))
+        return torch.where(hit, a_src.index_select(0, i), seq)
+
+    def _idx(self, keys: torch.Tensor, what: str) -> torch.Tensor:
+        if len(keys) == 0:
+            if self.want.numel():
+                raise RecordMismatch(f"{what}: the record has no rows")
+            return torch.zeros(0, dtype=torch.long, device=keys.device)
+        idx = torch.searchsorted(keys, self.want).clamp(max=len(keys) - 1)
+        found = keys.index_select(0, idx) == self.want  # [M]
+        if self.defer:
+            self._checks.append((what, found))
+        else:
+            self._raise_missing(what, found)
+        return idx
+
+    def _raise_missing(self, what: str, found: torch.Tensor) -> None:
+        if not bool(found.all()):
+            miss = int((~found).nonzero()[0, 0])
+            raise RecordMismatch(f"{what}: no recorded row for (seq {int(self.seq[miss])}, pos "
+                                 f"{int(self.pos[miss])}); the batch does not match the record")
+
+    def verify(self) -> None:
+        """Raise RecordMismatch for the first deferred lookup that missed a row (one host sync)."""
+        if not self._checks:
+            return
+        fine = torch.stack([f.all() for _, f in self._checks])
+        if not bool(fine.all()):
+            what, found = self._checks[int((~fine).nonzero()[0, 0])]
+            self._raise_missing(what, found)
+        self._checks.clear()
+
+    def _site(self, layer: int, site: str) -> SiteRows:
+        if (layer, site) not in self.record.sites:
+            raise RecordMismatch(f"record has no site {site!r} in layer {layer} (has layers {self.record.layers})")
+        return self.record.sites[(layer, site)]
+
+    def guide(self, layer: int, site: str) -> fp4.Guide:
+        """mantissa [M, *inner, K] (unpacked 0/1), scales, outer of the rows."""
+        r = self._site(layer, site)
+        idx = self._idx(r.keys, f"layer {layer} site {site}")
+        return fp4.Guide(ref.unpack_bits(r.mantissa.index_select(0, idx)), r.scales.index_select(0, idx),
+                         r.outer.index_select(0, idx))
+
+    def codes(self, layer: int, site: str) -> torch.Tensor | None:
+        """Recorded 4-bit codes [M, *inner, K], or None for a compact record."""
+        r = self._site(layer, site)
+        if r.codes is None:
+            return None
+        return ref.unpack_fp4(r.codes.index_select(0, self._idx(r.keys, f"layer {layer} site {site}")))
+
+    def reference(self, layer: int, site: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(scale bytes, 4-bit codes or None), one search: what flip statistics compare against."""
+        r = self._site(layer, site)
+        idx = self._idx(r.keys, f"layer {layer} site {site}")
+        codes = ref.unpack_fp4(r.codes.index_select(0, idx)) if r.codes is not None else None
+        return r.scales.index_select(0, idx), codes
+
+    def routing(self, layer: int) -> torch.Tensor:
+        """Recorded expert ids [M, k] (int64, the rollout's top-k order)."""
+        if layer not in self.record.routing:
+            raise RecordMismatch(f"record has no routing for layer {layer}")
+        keys, ids = self.record.routing[layer]
+        return ids.index_select(0, self._idx(keys, f"routing layer {layer}")).long()
 
 
 class Recorder:

@@ -40,20 +40,33 @@ import torch
 from kernels import reference as ref
 from trace import fp4
 from trace.guidance.align import MARGIN, alignment_terms, scale_terms
-from trace.guidance.record import GuidanceRecord, Recorder, RecordMismatch
+from trace.guidance.record import GuidanceRecord, Recorder, RecordMismatch, RecordView
 from trace.guidance.stats import ReplayStats
 
 
 @dataclass
 class Rows:
-    """Addressing of the N flattened token rows of one forward."""
+    """Addressing of the N flattened token rows of one forward. The valid rows' indices are found once
+    (one host sync); every later selection is an index_select on the device."""
 
     seq: torch.Tensor  # [N] sequence id per row
     pos: torch.Tensor  # [N] position per row, -1 = padding
     valid: torch.Tensor = field(init=False)  # [N] bool
+    idx: torch.Tensor = field(init=False)  # [n] indices of the valid rows
+    all_valid: bool = field(init=False)
+    valid_seq: torch.Tensor = field(init=False)  # [n]
+    valid_pos: torch.Tensor = field(init=False)  # [n]
 
     def __post_init__(self):
         self.valid = self.pos >= 0
+        self.idx = self.valid.nonzero().squeeze(-1)
+        self.all_valid = self.idx.numel() == self.valid.numel()
+        self.valid_seq = self.seq.index_select(0, self.idx)
+        self.valid_pos = self.pos.index_select(0, self.idx)
+
+    def select(self, t: torch.Tensor) -> torch.Tensor:
+        """The valid rows of t [N, ...] (on t's device)."""
+        return t if self.all_valid else t.index_select(0, self.idx.to(t.device))
 
     @classmethod
     def of_batch(cls, seq: torch.Tensor, pos: torch.Tensor) -> Rows:
@@ -71,17 +84,8 @@ class Rows:
         """The valid rows of a per-row quantized t [N, *inner, K], with a per-row outer scale
         [n, *inner, 1] (MXFP4 has a scalar outer of ones; records want one per row)."""
         self.check(t.codes.shape[0])
-        m = self.valid.to(t.codes.device)
         outer = t.outer.expand(*t.codes.shape[:-1], 1)  # [N, *inner, 1]
-        return fp4.FP4Tensor(t.codes[m], t.scales[m], outer[m], t.fmt, False, t.dtype)
-
-    @property
-    def valid_seq(self) -> torch.Tensor:
-        return self.seq[self.valid]
-
-    @property
-    def valid_pos(self) -> torch.Tensor:
-        return self.pos[self.valid]
+        return fp4.FP4Tensor(self.select(t.codes), self.select(t.scales), self.select(outer), t.fmt, False, t.dtype)
 
 
 @dataclass
@@ -103,7 +107,7 @@ class Recording:
         """expert_ids [N, k] of all N rows; stored for every MoE layer when the recorder keeps routing."""
         if self.recorder.routing:
             self.rows.check(expert_ids.shape[0])
-            ids = expert_ids[self.rows.valid.to(expert_ids.device)]
+            ids = self.rows.select(expert_ids)
             self.recorder.add_routing(layer, ids, self.rows.valid_seq, self.rows.valid_pos)
 
 
@@ -121,6 +125,17 @@ class Replay:
     diag: GuidanceRecord | None = None  # the statistics' reference record (default: `record`)
     align_margin: float = MARGIN
     ids: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> expert ids [N, k] this forward used
+    views: dict[int, RecordView] = field(default_factory=dict)  # id(record) -> its rows for this forward
+
+    def view(self, record: GuidanceRecord) -> RecordView:
+        """`record`'s rows addressed by this forward's valid rows (found-checks deferred to `verify`)."""
+        if id(record) not in self.views:
+            self.views[id(record)] = record.view(self.rows.valid_seq, self.rows.valid_pos)
+        return self.views[id(record)]
+
+    def verify(self) -> None:
+        for v in self.views.values():
+            v.verify()
 
     def guided(self, layer: int, site: str) -> bool:
         return (self.record is not None and self.record.has(layer, site)
@@ -154,13 +169,13 @@ class Runtime:
             return rtn
         rows = rp.rows
         rows.check(x.shape[0])
-        seq, pos = rows.valid_seq, rows.valid_pos
         own = rows.take(own)  # valid rows, per-row outer [n, *inner, 1]
         res = None
         if rp.guided(layer, site):
-            xv = x[rows.valid]
-            g = rp.record.lookup(layer, site, seq, pos)
-            rec_codes = rp.record.lookup_codes(layer, site, seq, pos) if rp.full_codes else None
+            xv = rows.select(x)
+            view = rp.view(rp.record)
+            g = view.guide(layer, site)
+            rec_codes = view.codes(layer, site) if rp.full_codes else None
             slots = None
             if site == "moe_down_in":  # expert-slot rows: line them up with this forward's routing
                 slots = self._slot_match(rp, rp.record, layer)
@@ -176,7 +191,8 @@ class Runtime:
                 # the rollout's own operands: nothing left to recover
                 res = fp4.GuidedResult(fp4.FP4Tensor(rec_codes, g.scales, g.outer, self.fmt, False, x.dtype), None)
             else:
-                res = fp4.guided_quantize(xv.detach(), g.mantissa, g.scales, g.outer, self.fmt)
+                # x was checked by the RTN above, the bits were unpacked from the record
+                res = fp4.guided_quantize(xv.detach(), g.mantissa, g.scales, g.outer, self.fmt, check_values=False)
             vals = res.tensor.dequantize(x.dtype)
             target, target_scales = res.tensor.codes, g.scales
             if rp.align or slots is not None:
@@ -195,12 +211,11 @@ class Runtime:
             if self.fmt == "nvfp4":
                 terms.append(scale_terms(xv, own.scales, target_scales, margin=rp.align_margin))
             for total, n in terms:
-                if n:
-                    rp.stats.add_alignment(total, n)
+                rp.stats.add_alignment(total, n)
         guided_vals = fp4.straight_through(xv, vals)
-        if bool(rows.valid.all()):
+        if rows.all_valid:
             return guided_vals
-        return rtn.index_put((rows.valid.nonzero().squeeze(-1),), guided_vals)  # padding rows keep RTN
+        return rtn.index_put((rows.idx.to(rtn.device),), guided_vals)  # padding rows keep RTN
 
     def _count(self, rp: Replay, layer: int, site: str, own: fp4.FP4Tensor, res: fp4.GuidedResult | None) -> None:
         """Flip statistics of the valid rows `own` (the trainer's RTN before guidance) against the
@@ -208,47 +223,54 @@ class Runtime:
         refr = rp.reference
         if refr is None or not refr.has(layer, site):
             return
-        seq, pos = rp.rows.valid_seq, rp.rows.valid_pos
-        scales, codes = refr.lookup_reference(layer, site, seq, pos)
+        scales, codes = rp.view(refr).reference(layer, site)
         own_codes, own_scales = own.codes, own.scales
         guided = res.tensor.codes if res is not None else None
+        keep = None  # [n, k, 1] expert slots compared (slot rows), else all rows
         if site == "moe_down_in":
             if layer in rp.ids and layer not in refr.routing:
                 return  # the reference has no routing: expert slots cannot be compared like with like
             slots = self._slot_match(rp, refr, layer)
             if slots is not None:
                 src, keep = slots
-                scales = _take_slots(scales, src)[keep]
-                codes = _take_slots(codes, src)[keep] if codes is not None else None
-                own_codes, own_scales = own_codes[keep], own_scales[keep]
-                guided = guided[keep] if guided is not None else None
+                keep = keep[..., None]
+                scales = _take_slots(scales, src)
+                codes = _take_slots(codes, src) if codes is not None else None
+
+        # counts stay on the device until the step reads them (ReplayStats.totals): no host sync here
+        def count(differ: torch.Tensor):  # -> (differing, compared) over the compared rows
+            if keep is None:
+                return differ.sum(), differ.numel()
+            return (differ & keep).sum(), keep.sum() * differ.shape[-1]
+
         st = rp.stats.layer(layer)
-        st.blocks += own_scales.numel()
-        st.scale_flips += int((own_scales != scales).sum())
+        n, total = count(own_scales != scales)
+        st.scale_flips += n
+        st.blocks += total
         if codes is None:
             return
-        flips = int(_differ(own_codes, codes).sum())
-        st.elements += own_codes.numel()
+        flips, total = count(_differ(own_codes, codes))
         st.code_flips += flips
+        st.elements += total
         site_acc = st.site_codes.setdefault(site, [0, 0])
         site_acc[0] += flips
-        site_acc[1] += own_codes.numel()
+        site_acc[1] += total
         if guided is not None:
-            st.unrecoverable += int(_differ(guided, codes).sum())
-            st.unrec_checked += codes.numel()
+            n, total = count(_differ(guided, codes))
+            st.unrecoverable += n
+            st.unrec_checked += total
 
     @staticmethod
     def _slot_match(rp: Replay, record: GuidanceRecord, layer: int):
         """(src [n, k] long, keep [n, k] bool): for each expert slot of this forward's valid rows,
         the record's slot routed to the same expert and whether there is one. None when nothing needs
-        moving: no router ran in this forward (the caller's slots are the record's), the record has
-        no routing for the layer, or the slots already line up."""
+        moving: no router ran in this forward (the caller's slots are the record's) or the record has
+        no routing for the layer. (Slots that already line up map to themselves; finding that out first
+        would cost a host sync.)"""
         if layer not in rp.ids or layer not in record.routing:
             return None
-        mine = rp.ids[layer][rp.rows.valid.to(rp.ids[layer].device)]  # [n, k]
-        roll = record.lookup_routing(layer, rp.rows.valid_seq, rp.rows.valid_pos).to(mine.device)  # [n, k]
-        if torch.equal(mine, roll):
-            return None
+        mine = rp.rows.select(rp.ids[layer])  # [n, k]
+        roll = rp.view(record).routing(layer).to(mine.device)  # [n, k]
         match = mine[:, :, None] == roll[:, None, :]  # [n, k, k]; top-k ids are distinct, <= 1 match
         return match.int().argmax(-1), match.any(-1)
 
@@ -264,20 +286,19 @@ class Runtime:
             return None
         rows = rp.rows
         rows.check(expert_ids.shape[0])
-        valid = rows.valid.to(expert_ids.device)
         refr = rp.reference
         if refr is not None and layer in refr.routing:
-            roll = refr.lookup_routing(layer, rows.valid_seq, rows.valid_pos).to(expert_ids.device)
+            roll = rp.view(refr).routing(layer).to(expert_ids.device)
             st = rp.stats.layer(layer)
-            st.routing_tokens += int(valid.sum())
-            same = (expert_ids[valid].sort(-1).values == roll.sort(-1).values).all(-1)
-            st.routing_flips += int((~same).sum())
+            st.routing_tokens += rows.idx.numel()
+            same = (rows.select(expert_ids).sort(-1).values == roll.sort(-1).values).all(-1)
+            st.routing_flips += (~same).sum()
         replayed = rp.routing and rp.record is not None and layer in rp.record.routing
         if not replayed:
             rp.ids[layer] = expert_ids
             return None
-        ids = expert_ids.clone()
-        ids[valid] = rp.record.lookup_routing(layer, rows.valid_seq, rows.valid_pos).to(ids.device)
+        rolled = rp.view(rp.record).routing(layer).to(expert_ids.device)
+        ids = rolled if rows.all_valid else expert_ids.index_put((rows.idx.to(expert_ids.device),), rolled)
         rp.ids[layer] = ids
         w = torch.softmax(logits.float(), dim=-1).gather(1, ids)
         if renorm:
@@ -326,5 +347,6 @@ def replay(rt: Runtime, record: GuidanceRecord | None, seq: torch.Tensor, pos: t
                           MARGIN if align_margin is None else align_margin)
     try:
         yield stats
+        rt.replaying.verify()  # every lookup of the block found its row (one host sync)
     finally:
         rt.replaying = old
