@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from kernels import quantize as kq
 from kernels import reference as ref
-from kernels.gemm import GemmConfig, fp4_linear, prepare_weight
-from tests.kernels.conftest import DEV, GPU_TOL_MMA, MMA_KW, TOL, TOL_MMA, bf16_exact, dev, rel
+from kernels.gemm import GemmConfig, default_config, fp4_linear, prepare_weight
+from tests.kernels.conftest import DEV, GPU_TOL_MMA, MMA_KW, ON_GPU, TOL, TOL_MMA, bf16_exact, dev, host, rel
 
 MMA_CASES = [(1, 40, 96), (17, 33, 256), (5, 64, 48)]
 
@@ -74,6 +75,30 @@ def test_w4a4_equals_dequant_then_gemm():
     xq = ref.fake_quantize_rows(x)
     y = fp4_linear(dev(x), pw, act_quant=True)  # default: the GEMV kernel on the dequantized activations
     assert rel(y, xq @ ref.nvfp4_dequantize(c, s, o).T) < TOL
+
+
+def test_w4a4_mma_with_the_gpu_tiles_of_m128_k2048(monkeypatch):
+    """W4A4 on the MMA path with the tiles a GPU takes at M=128, K=2048 (the shape of the benchmark's
+    dense W4A4 check): the activation quantize at 2 rows x 128 blocks per program (`kq._config` on a
+    GPU; the interpreter's own choice is 1 row, and no other test reaches 2 rows of 128 blocks), the GEMM
+    at BM=64, BN=128, BKW=32, one K split (`default_config` for M > 64). Forced in the interpreter, the
+    defaults on a GPU. BF16 input as in the benchmark, FP32 output so TOL_MMA applies. The activation
+    codes and scales are checked first, so a failure says which of the two kernels is wrong."""
+    M, N, K = 128, 256, 2048
+    c, s, o = _w(N, K, 5)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(6)).bfloat16()
+    gpu_q = kq._config(M, K, 16, interpret=False)
+    cfg = GemmConfig(BN=128, BM=64, BKW=32, split=1, num_warps=4, num_stages=4)
+    assert gpu_q[:3] == (2, 128, True)
+    if ON_GPU:
+        assert kq._config(M, K, 16) == gpu_q and default_config(M, N, K, DEV) == cfg
+    else:
+        monkeypatch.setattr(kq, "_config", lambda *a: gpu_q)
+    q = host(kq.quantize_rows(dev(x), "nvfp4"))
+    qc, qs, qo = ref.nvfp4_quantize(x.float(), outer="row")
+    assert torch.equal(q.codes(), qc) and torch.equal(q.scales, qs) and torch.equal(q.outer, qo)
+    y = fp4_linear(dev(x), prepare_weight(*dev(c, s, o)), act_quant=True, out_dtype=torch.float32, config=cfg)
+    assert rel(y, ref.fp4_linear(x.float(), c, s, o, act_quant=True)) < TOL_MMA
 
 
 def test_errors():
