@@ -193,17 +193,18 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
                          BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, INTERP)
 
 
-def _config(M: int, K: int, block: int):
+def _config(M: int, K: int, block: int, interpret: bool = INTERPRET):
     """Tile choice: whole rows in one chunk when K <= 4096 (one read of x), else 2048-wide chunks; a
     few rows (decode) of up to 16384 also go in one chunk, with one warp per 1024 elements, so a
     single long row is not two serial passes of one small program. -> (rows, blocks per chunk,
-    single chunk, warps)."""
+    single chunk, warps). interpret=False gives the GPU's choice (tests force it in the interpreter,
+    whose own choice keeps programs small)."""
     ch = max(block, triton.next_power_of_2(K))
-    single = ch <= 4096 or (ch <= 16384 and M <= 64 and not INTERPRET)
+    single = ch <= 4096 or (ch <= 16384 and M <= 64 and not interpret)
     nw = max(4, ch // 1024) if single else 4
     if not single:
         ch = 2048
-    bm = max(1, min(16, 4096 // ch)) if not INTERPRET else max(1, min(8, 1024 // ch))
+    bm = max(1, min(16, 4096 // ch)) if not interpret else max(1, min(8, 1024 // ch))
     bm = min(bm, triton.next_power_of_2(max(M, 1)))
     return bm, ch // block, single, nw
 

@@ -2,14 +2,15 @@
 Tolerance (relative Frobenius error, tests/kernels/conftest.py): FP32 FMA paths TOL = 1e-5 on both
 devices; the MMA path TOL_MMA = 1e-5 in the interpreter (FP32 dots over exactly dequantized operands:
 only accumulation order differs) and 1e-4 on the GPU (BF16 tensor cores over the same operands, exact
-in BF16 because the activations are BF16-exact, FP32 accumulation)."""
+in BF16 because the activations are BF16-exact, FP32 accumulation; 3e-4 for the one case with K = 2048)."""
 import numpy as np
 import pytest
 import torch
 
+from kernels import quantize as kq
 from kernels import reference as ref
-from kernels.gemm import GemmConfig, fp4_linear, prepare_weight
-from tests.kernels.conftest import DEV, GPU_TOL_MMA, MMA_KW, TOL, TOL_MMA, bf16_exact, dev, rel
+from kernels.gemm import GemmConfig, default_config, fp4_linear, prepare_weight
+from tests.kernels.conftest import DEV, GPU_TOL_MMA, MMA_KW, ON_GPU, TOL, TOL_MMA, bf16_exact, dev, host, rel
 
 MMA_CASES = [(1, 40, 96), (17, 33, 256), (5, 64, 48)]
 
@@ -39,21 +40,27 @@ def test_mma_path(M, N, K, act_quant):
     assert y.shape == (M, N) and rel(y, r) < TOL_MMA
 
 
+def _truncated_accumulation(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ w [N, K]^T with exact products summed in FP32, every addition truncated toward zero
+    (the worst plausible tensor-core summation), in float64 numpy on the CPU."""
+    xs, ws = x.double().numpy(), w.double().numpy()
+    acc = np.zeros((x.shape[0], w.shape[0]))
+    for kk in range(x.shape[1]):
+        v = acc + np.outer(xs[:, kk], ws[:, kk])  # exact in float64
+        r = v.astype(np.float32)
+        up = np.abs(r.astype(np.float64)) > np.abs(v)
+        r[up] = np.nextafter(r[up], np.float32(0))
+        acc = r.astype(np.float64)
+    return torch.from_numpy(acc)
+
+
 def test_mma_gpu_tolerance_covers_truncated_accumulation():
-    """CPU emulation of the GPU MMA path: exact BF16 x BF16 products summed in FP32 with every
-    addition truncated toward zero (the worst plausible tensor-core summation) stays 5x inside
-    GPU_TOL_MMA on test_mma_path's inputs. Runs on every device (torch/numpy on the CPU)."""
+    """CPU emulation of the GPU MMA path (`_truncated_accumulation`) stays 5x inside GPU_TOL_MMA on
+    test_mma_path's inputs. Runs on every device (torch/numpy on the CPU)."""
     for M, N, K in MMA_CASES:
         (c, s, o), x = _mma_case(M, N, K)
-        xs, ws = x.double().numpy(), ref.nvfp4_dequantize(c, s, o).double().numpy()
-        acc = np.zeros((M, N))
-        for kk in range(K):
-            v = acc + np.outer(xs[:, kk], ws[:, kk])  # exact in float64
-            r = v.astype(np.float32)
-            up = np.abs(r.astype(np.float64)) > np.abs(v)
-            r[up] = np.nextafter(r[up], np.float32(0))
-            acc = r.astype(np.float64)
-        assert rel(torch.from_numpy(acc), ref.fp4_linear(x, c, s, o)) < GPU_TOL_MMA / 5
+        acc = _truncated_accumulation(x, ref.nvfp4_dequantize(c, s, o))
+        assert rel(acc, ref.fp4_linear(x, c, s, o)) < GPU_TOL_MMA / 5
 
 
 @pytest.mark.parametrize("split", [1, 3])
@@ -74,6 +81,46 @@ def test_w4a4_equals_dequant_then_gemm():
     xq = ref.fake_quantize_rows(x)
     y = fp4_linear(dev(x), pw, act_quant=True)  # default: the GEMV kernel on the dequantized activations
     assert rel(y, xq @ ref.nvfp4_dequantize(c, s, o).T) < TOL
+
+
+# GPU tolerance of the K = 2048 case below: truncated accumulation over 2048 terms (4.4e-5 on its
+# inputs) is too close to GPU_TOL_MMA; test_gpu_tiles_tolerance_covers_truncated_accumulation keeps 5x.
+GPU_TOL_M128_K2048 = 3e-4
+
+
+def _m128_k2048_case():
+    M, N, K = 128, 256, 2048
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(6)).bfloat16()
+    return _w(N, K, 5), x
+
+
+def test_gpu_tiles_tolerance_covers_truncated_accumulation():
+    (c, s, o), x = _m128_k2048_case()
+    acc = _truncated_accumulation(ref.fake_quantize_rows(x.float()), ref.nvfp4_dequantize(c, s, o))
+    assert rel(acc, ref.fp4_linear(x.float(), c, s, o, act_quant=True)) < GPU_TOL_M128_K2048 / 5
+
+
+def test_w4a4_mma_with_the_gpu_tiles_of_m128_k2048(monkeypatch):
+    """W4A4 on the MMA path with the tiles a GPU takes at M=128, K=2048 (the shape of the benchmark's
+    dense W4A4 check): the activation quantize at 2 rows x 128 blocks per program (`kq._config` on a
+    GPU; the interpreter's own choice is 1 row, and no other test reaches 2 rows of 128 blocks), the GEMM
+    at BM=64, BN=128, BKW=32, one K split (`default_config` for M > 64). Forced in the interpreter, the
+    defaults on a GPU. BF16 input as in the benchmark, FP32 output. The activation
+    codes and scales are checked first, so a failure says which of the two kernels is wrong."""
+    (c, s, o), x = _m128_k2048_case()
+    (M, K), N = x.shape, c.shape[0]
+    gpu_q = kq._config(M, K, 16, interpret=False)
+    cfg = GemmConfig(BN=128, BM=64, BKW=32, split=1, num_warps=4, num_stages=4)
+    assert gpu_q[:3] == (2, 128, True)
+    if ON_GPU:
+        assert kq._config(M, K, 16) == gpu_q and default_config(M, N, K, DEV) == cfg
+    else:
+        monkeypatch.setattr(kq, "_config", lambda *a: gpu_q)
+    q = host(kq.quantize_rows(dev(x), "nvfp4"))
+    qc, qs, qo = ref.nvfp4_quantize(x.float(), outer="row")
+    assert torch.equal(q.codes(), qc) and torch.equal(q.scales, qs) and torch.equal(q.outer, qo)
+    y = fp4_linear(dev(x), prepare_weight(*dev(c, s, o)), act_quant=True, out_dtype=torch.float32, config=cfg)
+    assert rel(y, ref.fp4_linear(x.float(), c, s, o, act_quant=True)) < (GPU_TOL_M128_K2048 if ON_GPU else TOL)
 
 
 def test_errors():
