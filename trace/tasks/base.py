@@ -162,22 +162,3 @@ def register(name: str):
         return cls
 
     return deco
-
-
-def task_names() -> list[str]:
-    _ensure_loaded()
-    return sorted(_REGISTRY)
-
-
-def get_task(name: str, **knobs) -> Task:
-    """Build a task by name ("reasoning", "coding", "long_horizon") with difficulty knobs."""
-    _ensure_loaded()
-    base = name.split(":", 1)[0].split("/", 1)[0]
-    if base not in _REGISTRY:
-        raise KeyError(f"unknown task {name!r}; known: {sorted(_REGISTRY)}")
-    return _REGISTRY[base](**knobs)
-
-
-def _ensure_loaded() -> None:
-    # Importing the modules runs their @register decorators; done lazily to avoid import cycles.
-    from trace.tasks import coding, long_horizon, reasoning  # noqa: F401

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from trace.tasks.base import Example, get_task
+from trace.tasks import Example, get_task
 
 _TASK_CACHE: dict[tuple, object] = {}
 
