@@ -4,8 +4,12 @@
 `@ray.remote`), which `launch` puts in place of the original before `train_ppo_ray` runs:
 - model load: OpenRLHF builds its `Actor` (HF model, BF16, sdpa); we patch it in place with
   `trace.qat.patch_model` in the arm's trainer mode (bf16 / w4a16 / w4a4kv4) before DeepSpeed wraps
-  it, and under ZeRO-3 mark the attention class a ZeRO-3 leaf (DeepSpeed's per-module hooks would
-  otherwise re-wrap the shared q/k/v input, so it would be quantized and recorded three times);
+  it, and under ZeRO-3 make each module whose projections share one input (attention; shared
+  expert, dense MLP) a ZeRO-3 leaf with that input passed positionally (`prepare_for_qat`: DeepSpeed's
+  per-module hooks would otherwise re-wrap the shared q/k/v input, so it would be quantized and
+  recorded three times, and a leaf called with keyword inputs has its gradients reduced too early);
+  `launch --zero-persistence-threshold` sets DeepSpeed's stage3_param_persistence_threshold (0 in CI:
+  the tiny models' parameters are all below DeepSpeed's default, so none would be partitioned);
 - old log-probs (`forward`, called by the experience maker) and the training step run inside
   `trace.qat.replay` with the micro-batch's records, fetched from their handles in
   `mm_train_inputs` (one `ray.get`) and called as the embedded trainer calls it: the arm's guidance
@@ -238,6 +242,9 @@ class TracePolicyActor(_pa.PolicyModelActor.__ray_metadata__.modified_class):
             opt = conf.get("optimizer")
             if opt is not None:  # torch's AdamW, not DeepSpeed's JIT-built FusedAdam (module docstring)
                 opt.setdefault("params", {})["torch_adam"] = True
+            thr = plugin.zero_persistence_threshold()
+            if thr is not None and "zero_optimization" in conf:
+                conf["zero_optimization"]["stage3_param_persistence_threshold"] = thr
             return conf
 
         _pa.Actor, _pa.ActorPPOTrainer = make_actor, TraceActorPPOTrainer
