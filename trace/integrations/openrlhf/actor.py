@@ -90,13 +90,14 @@ def prepare_for_qat(model, mode: str, fmt: str, zero_stage: int) -> None:
     A leaf's gradients are reduced (and its parameters released) by DeepSpeed from a
     `register_full_backward_hook` on the leaf, which PyTorch fires once the gradients of the leaf's
     positional inputs exist. transformers' decoder layers call attention with keyword arguments
-    only (`self_attn(hidden_states=...)`), so that hook saw no input and fired as soon as the
-    attention's output gradient arrived, before any of its parameters was gathered for backward and
-    before o_proj's backward ran: DeepSpeed gave each leaf parameter a gradient `zeros_like` its
-    released 0-element storage, and o_proj's real gradient was then accumulated onto it ("The size
+    only (`self_attn(hidden_states=...)`), so that hook would see no input and fire as soon as the
+    attention's output gradient arrives, before any of its parameters is gathered for backward and
+    before o_proj's backward runs: DeepSpeed gives each leaf parameter a gradient `zeros_like` its
+    released 0-element storage, and o_proj's real gradient is then accumulated onto it ("The size
     of tensor a (0) must match the size of tensor b (...)"). Moving `hidden_states` into the
     positional arguments (a pre-hook that runs before DeepSpeed's) makes the hook fire after the
-    whole attention backward, as it does for the modules called positionally (the MLPs)."""
+    whole attention backward, as it does for the modules called positionally (the MLPs). This needs
+    the input to require grad, as it does whenever the embeddings train."""
     patch_model(model, mode, fmt)
     if zero_stage == 3:
         from deepspeed.utils import set_z3_leaf_modules
