@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # OpenRLHF 0.11.2's train_ppo_ray on one GPU through `trace.integrations.openrlhf.launch`, colocated (Ray,
-# DeepSpeed ZeRO-2 (one GPU: nothing to partition across; ZeRO-3 with partitioned parameters fails in
-# backward, docs/openrlhf.md), our engine actor in place of vLLM, CUDA-IPC weight sync): an SFT base of
+# DeepSpeed ZeRO-3 as on a cluster, our engine actor in place of vLLM, CUDA-IPC weight sync): an SFT base of
 # qwen3_moe-small (our SFT, one config), then the arms bf16, qat-independent and trace for
 # rl.steps steps each, then the table of those runs.
 #   bash scripts/gpu/openrlhf_small.sh OUT_DIR [--set key=value ...]
@@ -17,6 +16,6 @@ base=$out/qwen3_moe-small/reasoning
 "$py" -m trace.integrations.openrlhf.launch --stage sft --config $cfg --out $base/sft "$@"
 for arm in bf16 qat-independent trace; do
   /usr/bin/time -f "$arm: %e s wall" "$py" -m trace.integrations.openrlhf.launch --config $cfg \
-    --out $base/$arm/seed0 --zero-stage 2 --set rl.method=$arm --set rl.init_ckpt=$base/sft "$@"
+    --out $base/$arm/seed0 --zero-stage 3 --set rl.method=$arm --set rl.init_ckpt=$base/sft "$@"
 done
 "$py" -m analysis.tables --runs "$out" --out "$out/tables"

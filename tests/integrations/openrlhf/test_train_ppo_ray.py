@@ -1,7 +1,9 @@
 """OpenRLHF's whole `train_ppo_ray` on the CPU through our launcher, for the arms bf16, qat-independent, trace.
 
 Each arm is one `python -m trace.integrations.openrlhf.launch` process: Ray with logical GPUs, the
-plugin in every worker, our engine actor in place of vLLM, DeepSpeed ZeRO-3 on gloo. The run dirs
+plugin in every worker, our engine actor in place of vLLM, DeepSpeed ZeRO-3 on gloo with every
+parameter partitioned (`--zero-persistence-threshold 0`; DeepSpeed's default would partition none of
+the tiny model's, and the ZeRO-3 leaf hooks only matter when parameters are released). The run dirs
 must be what analysis/ reads (a table row per arm, k3 finite), the trace arm's k3 must be below
 qat-independent's (bf16 lowest), and the eval stage must read the checkpoint OpenRLHF saved. Both FP4
 arms log per-layer flip rates on every step (from the diagnostic record of all layers, which the
@@ -48,7 +50,8 @@ def test_train_ppo_ray_three_arms(tmp_path):
     flips = {}
     for arm in ARMS:
         out = runs / "qwen3_moe-tiny" / "reasoning" / arm / "seed0"
-        _launch("--config", cfg, "--out", out, "--gpus", 0, "--set", f"rl.method={arm}")
+        _launch("--config", cfg, "--out", out, "--gpus", 0, "--zero-persistence-threshold", 0,
+                "--set", f"rl.method={arm}")
         lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         assert [x["step"] for x in lines] == list(range(1, STEPS + 1))
         assert (out / "done").exists() and (out / "ckpt" / "latest").read_text().strip() == f"step_{STEPS:06d}"

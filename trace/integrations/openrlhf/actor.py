@@ -4,8 +4,12 @@
 `@ray.remote`), which `launch` puts in place of the original before `train_ppo_ray` runs:
 - model load: OpenRLHF builds its `Actor` (HF model, BF16, sdpa); we patch it in place with
   `trace.qat.patch_model` in the arm's trainer mode (bf16 / w4a16 / w4a4kv4) before DeepSpeed wraps
-  it, and under ZeRO-3 mark the attention class a ZeRO-3 leaf (DeepSpeed's per-module hooks would
-  otherwise re-wrap the shared q/k/v input, so it would be quantized and recorded three times);
+  it, and under ZeRO-3 make each module whose projections share one input (attention; shared
+  expert, dense MLP) a ZeRO-3 leaf with that input passed positionally (`prepare_for_qat`: DeepSpeed's
+  per-module hooks would otherwise re-wrap the shared q/k/v input, so it would be quantized and
+  recorded three times, and a leaf called with keyword inputs has its gradients reduced too early);
+  `launch --zero-persistence-threshold` sets DeepSpeed's stage3_param_persistence_threshold (0 in CI:
+  the tiny models' parameters are all below DeepSpeed's default, so none would be partitioned);
 - old log-probs (`forward`, called by the experience maker) and the training step run inside
   `trace.qat.replay` with the micro-batch's records, fetched from their handles in
   `mm_train_inputs` (one `ray.get`) and called as the embedded trainer calls it: the arm's guidance
@@ -28,6 +32,7 @@ import contextlib
 import time
 
 import torch
+from torch import nn
 
 from trace.integrations.openrlhf import plugin, stand_ins
 
@@ -52,13 +57,56 @@ def hf_model(actor):
     return getattr(m, "module", m)
 
 
+def shared_input_modules(model) -> list[nn.Module]:
+    """The modules whose projections share one quantized input (trace.qat.patch `_swap_shared`): every
+    attention (q/k/v), every shared expert and dense MLP (gate/up)."""
+    mods = []
+    for layer in model.model.layers:
+        mods.append(layer.self_attn)
+        mlp = layer.mlp
+        shared = getattr(mlp, "shared_expert", None)
+        if shared is not None:
+            mods.append(shared)
+        elif not hasattr(mlp, "experts"):
+            mods.append(mlp)
+    return mods
+
+
+def _input_by_position(module, args, kwargs):
+    """Forward pre-hook: a keyword `hidden_states` (how transformers' decoder layers call attention)
+    becomes the first positional argument, the only place module hooks look for inputs."""
+    if not args and "hidden_states" in kwargs:
+        kwargs = dict(kwargs)
+        return (kwargs.pop("hidden_states"),), kwargs
+    return None
+
+
 def prepare_for_qat(model, mode: str, fmt: str, zero_stage: int) -> None:
-    """Patch an HF model loaded by OpenRLHF for QAT, before DeepSpeed wraps it."""
+    """Patch an HF model loaded by OpenRLHF for QAT, before DeepSpeed wraps it.
+
+    Under ZeRO-3 every module whose projections share one input (q/k/v; gate/up) becomes a ZeRO-3
+    leaf: DeepSpeed's per-submodule hooks would otherwise hand each projection its own wrapped copy
+    of the input, and the shared input would be quantized (and recorded) once per projection.
+    A leaf's gradients are reduced (and its parameters released) by DeepSpeed from a
+    `register_full_backward_hook` on the leaf, which PyTorch fires once the gradients of the leaf's
+    positional inputs exist. transformers' decoder layers call attention with keyword arguments
+    only (`self_attn(hidden_states=...)`), so that hook would see no input and fire as soon as the
+    attention's output gradient arrives, before any of its parameters is gathered for backward and
+    before o_proj's backward runs: DeepSpeed gives each leaf parameter a gradient `zeros_like` its
+    released 0-element storage, and o_proj's real gradient is then accumulated onto it ("The size
+    of tensor a (0) must match the size of tensor b (...)"). Moving `hidden_states` into the
+    positional arguments (a pre-hook that runs before DeepSpeed's) makes the hook fire after the
+    whole attention backward, as it does for the modules called positionally (the MLPs). This needs
+    the input to require grad, as it does whenever the embeddings train."""
     patch_model(model, mode, fmt)
     if zero_stage == 3:
         from deepspeed.utils import set_z3_leaf_modules
-        attn = sorted({type(layer.self_attn) for layer in model.model.layers}, key=lambda c: c.__name__)
-        set_z3_leaf_modules(model, attn)
+        mods = shared_input_modules(model)
+        set_z3_leaf_modules(model, sorted({type(m) for m in mods}, key=lambda c: c.__name__))
+        for m in mods:
+            if not getattr(m, "_trace_input_hook", False):
+                m.register_forward_pre_hook(_input_by_position, with_kwargs=True, prepend=True)
+                m._trace_input_hook = True
 
 
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -195,6 +243,9 @@ class TracePolicyActor(_pa.PolicyModelActor.__ray_metadata__.modified_class):
             opt = conf.get("optimizer")
             if opt is not None:  # torch's AdamW, not DeepSpeed's JIT-built FusedAdam (module docstring)
                 opt.setdefault("params", {})["torch_adam"] = True
+            thr = plugin.zero_persistence_threshold()
+            if thr is not None and "zero_optimization" in conf:
+                conf["zero_optimization"]["stage3_param_persistence_threshold"] = thr
             return conf
 
         _pa.Actor, _pa.ActorPPOTrainer = make_actor, TraceActorPPOTrainer
@@ -238,5 +289,4 @@ class TracePolicyActor(_pa.PolicyModelActor.__ray_metadata__.modified_class):
 
 
 __all__ = ["TraceActorPPOTrainer", "TracePolicyActor", "TraceReplay", "hf_model", "metrics_line", "mismatch_metrics",
-           "positions",
-           "prepare_for_qat"]
+           "positions", "prepare_for_qat", "shared_input_modules"]

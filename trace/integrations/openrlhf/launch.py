@@ -144,13 +144,17 @@ def parse_with_openrlhf(argv: list[str]):
     return seen["args"]
 
 
-def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int, engine: str = "trace") -> None:
+def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int, engine: str = "trace",
+                 zero_persistence: int | None = None) -> None:
     """Start Ray with the plugin in every process and run OpenRLHF's train_ppo_ray main here.
-    engine "vllm" keeps OpenRLHF's vLLM engines (only our policy actor replaces OpenRLHF's)."""
+    engine "vllm" keeps OpenRLHF's vLLM engines (only our policy actor replaces OpenRLHF's).
+    zero_persistence: DeepSpeed's stage3_param_persistence_threshold for the policy actor (None: OpenRLHF's)."""
     os.environ[plugin.RUN_DIR_ENV] = str(out.resolve())
     plugin.setup()
     pypath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env_vars = {plugin.RUN_DIR_ENV: str(out.resolve()), "PYTHONPATH": pypath, "TOKENIZERS_PARALLELISM": "false"}
+    if zero_persistence is not None:
+        env_vars[plugin.ZERO_PERSISTENCE_ENV] = str(zero_persistence)
     if gpus == 0:
         # threads per process: several OpenRLHF processes share the CPU cores
         env_vars["OMP_NUM_THREADS"] = str(cfg.get("threads") or 1)
@@ -197,8 +201,13 @@ def main(argv=None) -> int:
     p.add_argument("--ckpt", help="checkpoint to evaluate (stage eval)")
     p.add_argument("--gpus", type=int, default=None, help="GPUs for the actor (default: all visible; 0 = CPU)")
     p.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=3,
-                   help="DeepSpeed ZeRO stage of the actor (docs/openrlhf.md: stage 3 with partitioned "
-                        "parameters and the attention a leaf module fails in backward)")
+                   help="DeepSpeed ZeRO stage of the actor (3: parameters, gradients and optimizer state "
+                        "partitioned, the cluster setting; attention, shared experts and dense MLPs are "
+                        "ZeRO-3 leaf modules, docs/openrlhf.md)")
+    p.add_argument("--zero-persistence-threshold", type=int, default=None, metavar="N",
+                   help="ZeRO-3: parameters of fewer than N elements stay unpartitioned (DeepSpeed's "
+                        "stage3_param_persistence_threshold; default OpenRLHF's, 1e5); 0 partitions all, "
+                        "as a real model's are (the CI's tiny models)")
     p.add_argument("--dry-run", action="store_true", help="write config + argv, check with OpenRLHF's parser")
     p.add_argument("--engine", choices=["trace", "vllm"], default="trace",
                    help="rollout engines: ours (every arm) or OpenRLHF's vLLM engines (bf16 arm only; needs vLLM)")
@@ -224,7 +233,7 @@ def main(argv=None) -> int:
     if a.dry_run:
         parse_with_openrlhf(argv_orl)
         return 0
-    run_openrlhf(cfg, argv_orl, out, gpus, a.engine)
+    run_openrlhf(cfg, argv_orl, out, gpus, a.engine, a.zero_persistence_threshold)
     finish(cfg, out)
     return 0
 

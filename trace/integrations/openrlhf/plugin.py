@@ -4,7 +4,8 @@
 "env_vars": {"TRACE_RUN_DIR": out, ...}}`, so each process, before it unpickles an OpenRLHF actor:
 1. registers the flash-attn / vLLM stand-ins where those packages are absent (stand_ins.py);
 2. on a machine without CUDA, installs the CPU runtime shim below (documented in docs/openrlhf.md).
-Actors find our run config in `$TRACE_RUN_DIR/config.yaml` (`run_config()`).
+Actors find our run config in `$TRACE_RUN_DIR/config.yaml` (`run_config()`), and launch's
+`--zero-persistence-threshold` in `$TRACE_ZERO_PERSISTENCE_THRESHOLD` (`zero_persistence_threshold()`).
 
 The CPU shim: OpenRLHF 0.11.2 assumes CUDA in a handful of calls on its training path --
 `torch.cuda.current_device()` as the target of `.to(...)` (experience batches, all-reduce of
@@ -28,6 +29,7 @@ import torch
 from trace.integrations.openrlhf import stand_ins
 
 RUN_DIR_ENV = "TRACE_RUN_DIR"
+ZERO_PERSISTENCE_ENV = "TRACE_ZERO_PERSISTENCE_THRESHOLD"
 _CPU = torch.device("cpu")
 
 
@@ -37,6 +39,12 @@ def run_dir() -> Path:
         raise RuntimeError(f"${RUN_DIR_ENV} is not set: OpenRLHF runs with TRACE start through "
                            "`python -m trace.integrations.openrlhf.launch`")
     return Path(d)
+
+
+def zero_persistence_threshold() -> int | None:
+    """DeepSpeed's stage3_param_persistence_threshold for the policy actor; None: OpenRLHF's ("auto")."""
+    v = os.environ.get(ZERO_PERSISTENCE_ENV)
+    return None if v in (None, "") else int(v)
 
 
 def run_config() -> dict:
@@ -91,4 +99,5 @@ def setup() -> None:
     install_cpu_shim()
 
 
-__all__ = ["RUN_DIR_ENV", "install_cpu_shim", "run_config", "run_dir", "setup"]
+__all__ = ["RUN_DIR_ENV", "ZERO_PERSISTENCE_ENV", "install_cpu_shim", "run_config", "run_dir", "setup",
+           "zero_persistence_threshold"]

@@ -1,0 +1,157 @@
+"""`prepare_for_qat` under DeepSpeed ZeRO-3 with every parameter partitioned
+(`stage3_param_persistence_threshold: 0`: DeepSpeed releases and re-gathers each one around every
+module, as it does on a real model), for the arms bf16, qat-independent (trainer mode w4a4kv4) and
+trace (qwen3_moe; trace also on qwen2_moe, whose shared expert is a second kind of leaf). The records
+are what the rollout actor ships per sample (`arm_recorders`, recorded from a float32 forward, split
+per sample); the step is the policy actor's: `TraceReplay.context` open across forward and backward,
+the alignment term added for trace, then the optimizer step.
+
+Compared against the same patched model in BF16 outside DeepSpeed under the same replay:
+- log-probs agree to 1e-3 (measured: exactly equal on this CPU). ZeRO-3 runs the same BF16 tensors
+  through its own linear autograd function (`input.matmul(weight.t())` instead of `F.linear`), which
+  other kernels may round differently by an ulp; the bound leaves room for that, far below the
+  FP4-vs-BF16 mismatch the metrics measure;
+- the alignment term and the per-layer code flip rates agree (to 1e-3 relative / absolute), i.e.
+  every site was quantized and looked up once per forward, as outside DeepSpeed;
+- every gradient agrees to 2% of its norm (measured: exactly equal; DeepSpeed reduces BF16 gradients
+  in FP32 and may sum in another order on other machines) and every attention parameter gets one
+  and moves in the step. Without `prepare_for_qat`'s keyword-input hook the attention's ZeRO-3 leaf
+  hook fires before the attention's backward and the backward raises "The size of tensor a (0) must
+  match the size of tensor b (...)".
+Run: `python -m pytest tests/integrations/openrlhf/test_actor_zero3.py -n 0` (about 15 s).
+"""
+import os
+import socket
+
+import pytest
+import torch
+
+deepspeed = pytest.importorskip("deepspeed")
+
+from trace import config as C  # noqa: E402
+from trace.arms import ARMS  # noqa: E402
+from trace.guidance import arm_recorders  # noqa: E402
+from trace.integrations.openrlhf.actor import TraceReplay, prepare_for_qat  # noqa: E402
+from trace.integrations.openrlhf.records import split_record  # noqa: E402
+from trace.integrations.openrlhf.rollout import DIAG_KEY, RECORD_KEY  # noqa: E402
+from trace.models import build_model  # noqa: E402
+from trace.qat import patch_model, recording  # noqa: E402
+
+LP_TOL = 1e-3
+GRAD_REL_TOL = 2e-2
+B, T = 2, 12
+THRESHOLD = 0  # partition every parameter (DeepSpeed's default, 1e5 elements, partitions none here)
+# (model, arm): the three arms on qwen3_moe; trace also on qwen2_moe, whose shared expert's gate/up
+# share one input (a second kind of ZeRO-3 leaf)
+CASES = [("qwen3_moe-tiny", a) for a in ("bf16", "qat-independent", "trace")] + [("qwen2_moe-tiny", "trace")]
+
+
+@pytest.fixture(scope="module")
+def gloo():
+    """One gloo process group of world size 1, as OpenRLHF's actor ranks have on the CPU; DeepSpeed's
+    override of F.linear (ZeRO-3 keeps it for the process) is undone afterwards."""
+    linear = torch.nn.functional.linear
+    if not torch.distributed.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                          LOCAL_RANK="0")
+        import deepspeed.ops
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no g++ build of a CPU op
+        deepspeed.init_distributed(dist_backend="gloo")
+    yield
+    torch.nn.functional.linear = linear
+
+
+def _rollout_records(name, cfg, ids):
+    """What the rollout actor ships per sample: {RECORD_KEY, DIAG_KEY: record} as the arm takes them,
+    recorded from a float32 forward (the stand-in for the engine's rollout)."""
+    arm, rl = ARMS[cfg["rl"]["method"]], cfg["rl"]
+    roll = build_model(name, seed=0)
+    patch_model(roll, arm.trainer_mode, rl["fmt"])
+    seq, pos = torch.arange(B), torch.arange(T).expand(B, T)
+    out = [{} for _ in range(B)]
+    recs = arm_recorders(arm, roll.config.num_hidden_layers, rl["rho"], rl["diag_flips"])
+    for key, r in zip((RECORD_KEY, DIAG_KEY), recs, strict=True):
+        if r is None:
+            continue
+        with torch.no_grad(), recording(roll, r, seq, pos):
+            roll(input_ids=ids)
+        for m, one in zip(out, split_record(r.finish(), B), strict=True):
+            m[key] = one
+    return out if any(out) else None
+
+
+def _lp(model, ids, att):
+    lp = torch.log_softmax(model(input_ids=ids, attention_mask=att).logits.float(), -1)
+    return lp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
+
+
+def _step(tr, model, ids, mm, backward):
+    """The actor on one micro-batch: the old log-probs (no grad), then the training step: log-probs
+    [B, T-1] under the arm's replay, backward of -mean(lp) (+ alignment) with the replay still open;
+    (old lp, lp, alignment, flip rates)."""
+    att = torch.ones(B, T, dtype=torch.long)
+    with torch.no_grad(), tr.context(model, mm, att):
+        old = _lp(model, ids, att)
+    with tr.context(model, mm, att) as st:
+        lp = _lp(model, ids, att)
+        loss = -lp.mean()
+        al = tr.alignment(st)
+        if al is not None:
+            loss = loss + al
+        backward(loss)
+    flips = None if st is None else st.summary().get("code_flip_rate")
+    return old, lp.detach(), None if al is None else float(al), flips
+
+
+@pytest.mark.parametrize("name,arm", CASES)
+def test_zero3_partitioned_step_matches_unwrapped(gloo, name, arm):
+    cfg = C.load_config(None, [f"model={name}", f"rl.method={arm}"])
+    mode, fmt = ARMS[arm].trainer_mode, cfg["rl"]["fmt"]
+    ids = torch.randint(5, 100, (B, T), generator=torch.Generator().manual_seed(1))
+    mm = _rollout_records(name, cfg, ids)
+    tr = TraceReplay(cfg)
+
+    ref = build_model(name, seed=0, dtype=torch.bfloat16)
+    patch_model(ref, mode, fmt)
+    old_ref, lp_ref, al_ref, flips_ref = _step(tr, ref, ids, mm, lambda loss: loss.backward())
+
+    model = build_model(name, seed=0, dtype=torch.bfloat16)
+    prepare_for_qat(model, mode, fmt, zero_stage=3)
+    conf = {"train_micro_batch_size_per_gpu": B, "bf16": {"enabled": True},
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": THRESHOLD},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+    eng, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=conf)
+    names = [n for n, _ in model.named_parameters()]
+    assert all(p.numel() == 0 for p in model.parameters())  # every parameter partitioned and released
+    old, lp, al, flips = _step(tr, model, ids, mm, eng.backward)
+
+    print(f"{name} {arm}: max|dlp| {float((lp - lp_ref).abs().max()):.3e}; align {al} vs {al_ref}; "
+          f"code flips {flips} vs {flips_ref}")
+    assert (lp - lp_ref).abs().max() < LP_TOL and (old - old_ref).abs().max() < LP_TOL
+    assert (al is None) == (al_ref is None) == (arm != "trace")
+    if al is not None:
+        assert al == pytest.approx(al_ref, rel=1e-3, abs=1e-6) and al_ref > 0
+    assert (flips is None) == (flips_ref is None) == (arm == "bf16")
+    if flips is not None:
+        assert sorted(flips) == sorted(flips_ref) and all(abs(flips[i] - flips_ref[i]) < 1e-3 for i in flips)
+    ref_grads = dict(ref.named_parameters())
+    before, worst = {}, 0.0
+    for n, p in zip(names, model.parameters(), strict=True):
+        got, want = deepspeed.utils.safe_get_full_grad(p), ref_grads[n].grad
+        assert (got is None) == (want is None), n
+        if want is None:
+            continue
+        rel = float((got - want.float()).norm() / want.float().norm().clamp_min(1e-12))
+        worst = max(worst, rel)
+        assert rel <= GRAD_REL_TOL or want.float().norm() < 1e-6, n
+        if ".self_attn." in n:
+            assert got.abs().sum() > 0, n
+        before[n] = deepspeed.utils.safe_get_full_fp32_param(p).clone()
+    print(f"{name} {arm}: largest relative gradient difference {worst:.3e}")
+    eng.step()
+    moved = {n for n, p in zip(names, model.parameters(), strict=True)
+             if n in before and not torch.equal(deepspeed.utils.safe_get_full_fp32_param(p), before[n])}
+    assert {n for n in before if ".self_attn." in n} <= moved
