@@ -1,8 +1,19 @@
-"""Per-sample records, merged per micro-batch, give exactly the rows of a record made for the batch."""
+"""Per-sample records, merged per micro-batch, give exactly the rows of a record made for the batch;
+packed for the object store they come back byte for byte."""
+import pickle
+
 import torch
 
 from trace.guidance.record import Recorder
-from trace.integrations.openrlhf.records import batch_records, merge_turns, split_record
+from trace.integrations.openrlhf.records import (
+    PackedRecord,
+    as_record,
+    batch_records,
+    merge_turns,
+    pack,
+    split_record,
+    unpack,
+)
 from trace.models import build_model
 from trace.qat import patch_model, recording
 
@@ -60,3 +71,37 @@ def test_split_record_materializes_aliases():
         assert torch.equal(s0.sites[key].keys, full.sites[key].keys)
         assert s1.sites[key].keys.tolist() == list(range(5))
         assert torch.equal(s1.sites[key].mantissa[:3], full.sites[key].mantissa[:3])
+
+
+def _tensors(rec):
+    for key, r in rec.sites.items():
+        yield from ((key, f, getattr(r, f)) for f in ("keys", "mantissa", "scales", "outer", "codes"))
+    for layer, (k, v) in rec.routing.items():
+        yield from (((layer,), "keys", k), ((layer,), "ids", v))
+
+
+def test_pack_round_trip_is_exact():
+    model = build_model("qwen3_moe-tiny", seed=0)
+    patch_model(model, "w4a4kv4")
+    ids = torch.randint(5, 90, (1, 7))
+    for full in (True, False):
+        rec = Recorder(layers=[1, 3], full_codes=full)
+        with torch.no_grad(), recording(model, rec, torch.tensor([0]), torch.arange(7)[None]):
+            model(input_ids=ids)
+        rec = rec.finish()
+        packed = pickle.loads(pickle.dumps(pack(rec)))
+        assert isinstance(packed, PackedRecord)
+        packed.buf.setflags(write=False)  # as the object store hands it out
+        got = as_record(packed)
+        assert got.full_codes == rec.full_codes and list(got.sites) == list(rec.sites)
+        assert list(got.routing) == list(rec.routing) and len(list(_tensors(rec))) > 0
+        for (k1, f1, a), (k2, f2, b) in zip(_tensors(rec), _tensors(got), strict=True):
+            assert (k1, f1) == (k2, f2) and (a is None) == (b is None)
+            if a is not None:
+                assert a.dtype == b.dtype and torch.equal(a, b), (k1, f1)
+        assert all(got.sites[k].fmt == rec.sites[k].fmt for k in rec.sites)
+        assert as_record(rec) is rec
+        # the trainer batches unpacked records like any other
+        both = batch_records([got, unpack(pack(rec))])
+        key = next(iter(rec.sites))
+        assert torch.equal(both.sites[key].mantissa, torch.cat([rec.sites[key].mantissa] * 2))

@@ -39,7 +39,7 @@ from trace import rundir  # noqa: E402
 from trace.arms import ARMS  # noqa: E402
 from trace.guidance import arm_records  # noqa: E402
 from trace.guidance.mismatch import mismatch_metrics  # noqa: E402
-from trace.integrations.openrlhf.records import batch_records, coverage  # noqa: E402
+from trace.integrations.openrlhf.records import as_record, batch_records, coverage  # noqa: E402
 from trace.integrations.openrlhf.rollout import DIAG_KEY, RECORD_KEY  # noqa: E402
 from trace.qat import patch_model, replay  # noqa: E402
 
@@ -89,7 +89,7 @@ class TraceReplay:
         vals = {k: [m[k] for m in mm_train_inputs] for k in self.keys}
         refs = [v for vs in vals.values() for v in vs if isinstance(v, ray.ObjectRef)]
         got = dict(zip(refs, ray.get(refs), strict=True)) if refs else {}
-        return {k: [got[v] if isinstance(v, ray.ObjectRef) else v for v in vs] for k, vs in vals.items()}
+        return {k: [as_record(got[v] if isinstance(v, ray.ObjectRef) else v) for v in vs] for k, vs in vals.items()}
 
     def context(self, model, mm_train_inputs, attention_mask):
         recs = self.records(mm_train_inputs)

@@ -17,6 +17,11 @@ Compared against: a record made directly for the whole batch (tests/integrations
 """
 from __future__ import annotations
 
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from trace.guidance.record import _POS_BITS, GuidanceRecord, SiteRows
@@ -83,28 +88,119 @@ def batch_records(recs: list[GuidanceRecord], device=None) -> GuidanceRecord:
 
 def split_record(rec: GuidanceRecord, n: int) -> list[GuidanceRecord]:
     """A record of samples 0..n-1 from one engine call -> one record per sample (sequence id 0),
-    aliased prompt rows (samples sharing a prefilled prompt) copied into each sample's record."""
-    def pick(keys: torch.Tensor, i: int) -> torch.Tensor:
-        seqs, pos = keys >> _POS_BITS, keys & _POS_MASK
-        m = seqs == i
-        if i in rec.aliases:
-            src, upto = rec.aliases[i]
-            m = m | ((seqs == src) & (pos < upto))
-        idx = m.nonzero().squeeze(-1)
-        return idx[torch.argsort(keys[idx] & _POS_MASK)]
+    aliased prompt rows (samples sharing a prefilled prompt) copied into each sample's record.
+    A finished record's keys are sorted, so each sample's rows are one contiguous block (found by
+    one search per site for all samples) and an alias is a prefix of its source's block."""
+    bounds = torch.arange(n + 1, dtype=torch.long) << _POS_BITS
+    alias = sorted(rec.aliases.items())
+    alias_at = torch.tensor([(src << _POS_BITS) | upto for _, (src, upto) in alias], dtype=torch.long)
 
-    out = []
-    for i in range(n):
-        r = GuidanceRecord(full_codes=rec.full_codes)
-        for key, s in rec.sites.items():
-            idx = pick(s.keys, i)
-            r.sites[key] = SiteRows(s.keys[idx] & _POS_MASK, s.mantissa[idx], s.scales[idx], s.outer[idx],
-                                    s.codes[idx] if s.codes is not None else None, s.fmt)
-        for layer, (k, v) in rec.routing.items():
-            idx = pick(k, i)
-            r.routing[layer] = (k[idx] & _POS_MASK, v[idx])
-        out.append(r)
+    def blocks(keys: torch.Tensor):
+        """Per sample, the (start, end) row slices that make up its rows, in position order."""
+        if len(keys) > 1 and not bool((keys[1:] >= keys[:-1]).all()):
+            raise ValueError("split_record needs a finished record (keys sorted)")
+        b = torch.searchsorted(keys, bounds).tolist()
+        out = [[(b[i], b[i + 1])] for i in range(n)]
+        if alias:
+            ends = torch.searchsorted(keys, alias_at).tolist()
+            for (i, (src, _)), end in zip(alias, ends, strict=True):
+                if i < n:
+                    out[i].insert(0, (b[src], end))
+        return out
+
+    def take(t: torch.Tensor, parts) -> torch.Tensor:
+        return t[parts[0][0]:parts[0][1]] if len(parts) == 1 else torch.cat([t[a:e] for a, e in parts])
+
+    out = [GuidanceRecord(full_codes=rec.full_codes) for _ in range(n)]
+    for key, s in rec.sites.items():
+        pos = s.keys & _POS_MASK
+        for r, parts in zip(out, blocks(s.keys), strict=True):
+            p = take(pos, parts)
+            rows = [take(t, parts) if t is not None else None for t in (s.mantissa, s.scales, s.outer, s.codes)]
+            if len(parts) > 1 and len(p) > 1 and not bool((p[1:] > p[:-1]).all()):
+                order = torch.argsort(p)  # an aliased sample that also recorded prompt positions itself
+                p, rows = p[order], [t[order] if t is not None else None for t in rows]
+            r.sites[key] = SiteRows(p, *rows, s.fmt)
+    for layer, (k, v) in rec.routing.items():
+        pos = k & _POS_MASK
+        for r, parts in zip(out, blocks(k), strict=True):
+            p, ids = take(pos, parts), take(v, parts)
+            if len(parts) > 1 and len(p) > 1 and not bool((p[1:] > p[:-1]).all()):
+                order = torch.argsort(p)
+                p, ids = p[order], ids[order]
+            r.routing[layer] = (p, ids)
     return out
+
+
+@dataclass(frozen=True)
+class PackedRecord:
+    """A record as it travels through Ray's object store: every tensor's bytes in one uint8 array
+    (a NumPy buffer, which Ray serializes out of band and maps without a copy) plus the layout.
+    Pickling a GuidanceRecord instead pickles each of its tensors through torch.save / torch.load,
+    per tensor and per sample, which costs far more than the rollout itself."""
+
+    layout: tuple  # (full_codes, ((kind, key, fmt, ((dtype, shape, offset) | None, ...)), ...))
+    buf: np.ndarray  # [nbytes] uint8
+
+
+_ALIGN = 8  # every tensor starts at a multiple of the widest element (int64 keys)
+_PAD = torch.zeros(_ALIGN, dtype=torch.uint8)
+_DTYPE_NAME = {getattr(torch, n): n for n in ("uint8", "int16", "int32", "int64", "float32", "bfloat16", "float16")}
+
+
+def pack(rec: GuidanceRecord) -> PackedRecord:
+    """One sample's record (no aliases) -> PackedRecord, byte for byte (one copy of all its rows)."""
+    if rec.aliases:
+        raise ValueError("pack a per-sample record (split_record materializes aliases)")
+    pieces, off = [], 0
+
+    def place(t):
+        nonlocal off
+        if t is None:
+            return None
+        spec = (_DTYPE_NAME[t.dtype], tuple(t.shape), off)
+        nb = t.numel() * t.element_size()
+        pieces.append(t.reshape(-1).view(torch.uint8))
+        pad = -nb % _ALIGN
+        if pad:
+            pieces.append(_PAD[:pad])
+        off += nb + pad
+        return spec
+
+    entries = [("site", key, r.fmt, tuple(place(t) for t in (r.keys, r.mantissa, r.scales, r.outer, r.codes)))
+               for key, r in rec.sites.items()]
+    entries += [("routing", layer, None, (place(k), place(v))) for layer, (k, v) in rec.routing.items()]
+    buf = torch.cat(pieces).cpu() if pieces else torch.empty(0, dtype=torch.uint8)
+    return PackedRecord((rec.full_codes, tuple(entries)), buf.numpy())
+
+
+def unpack(p: PackedRecord) -> GuidanceRecord:
+    """PackedRecord -> GuidanceRecord whose tensors are views of the packed bytes (read-only when
+    they come from the object store: the trainer only reads and concatenates them)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the object store's buffers are not writable
+        buf = torch.from_numpy(p.buf)
+
+    def view(spec):
+        if spec is None:
+            return None
+        dtype, shape, o = spec
+        dt = getattr(torch, dtype)
+        return buf[o:o + math.prod(shape) * dt.itemsize].view(dt).view(shape)
+
+    full_codes, entries = p.layout
+    rec = GuidanceRecord(full_codes=full_codes)
+    for kind, key, fmt, specs in entries:
+        if kind == "site":
+            rec.sites[key] = SiteRows(*(view(sp) for sp in specs), fmt)
+        else:
+            rec.routing[key] = tuple(view(sp) for sp in specs)
+    return rec
+
+
+def as_record(r) -> GuidanceRecord:
+    """A record as shipped (packed) or kept in process (a GuidanceRecord) -> GuidanceRecord."""
+    return unpack(r) if isinstance(r, PackedRecord) else r
 
 
 def coverage(rec: GuidanceRecord) -> int:
@@ -126,4 +222,5 @@ def to_device(rec: GuidanceRecord, device) -> GuidanceRecord:
     return out
 
 
-__all__ = ["batch_records", "coverage", "merge_turns", "split_record", "to_device"]
+__all__ = ["PackedRecord", "as_record", "batch_records", "coverage", "merge_turns", "pack", "split_record", "to_device",
+           "unpack"]
