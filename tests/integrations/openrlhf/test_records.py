@@ -9,8 +9,11 @@ from trace.integrations.openrlhf.records import (
     PackedRecord,
     as_record,
     batch_records,
+    coverage,
+    coverages,
     merge_turns,
     pack,
+    pack_split,
     split_record,
     unpack,
 )
@@ -105,3 +108,38 @@ def test_pack_round_trip_is_exact():
         both = batch_records([got, unpack(pack(rec))])
         key = next(iter(rec.sites))
         assert torch.equal(both.sites[key].mantissa, torch.cat([rec.sites[key].mantissa] * 2))
+
+
+def _same(a, b):
+    """Same sites, routing layers and tensors (in any dict order)."""
+    ta, tb = sorted(_tensors(a), key=lambda e: (str(e[0]), e[1])), sorted(_tensors(b), key=lambda e: (str(e[0]), e[1]))
+    assert ta and len(ta) == len(tb)
+    for (k1, f1, x), (k2, f2, y) in zip(ta, tb, strict=True):
+        assert (k1, f1) == (k2, f2) and (x is None) == (y is None)
+        if x is not None:
+            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), (k1, f1)
+
+
+def test_pack_split_and_batch_of_packed_records():
+    """pack_split (the rollout's path) == pack(split_record(...)), aliases included, and a micro-batch
+    of packed records == the micro-batch of the same records unpacked."""
+    model = build_model("qwen3_moe-tiny", seed=0)
+    patch_model(model, "w4a4kv4")
+    a = torch.randint(5, 90, (1, 5))
+    rec = Recorder(layers=[0, 2], full_codes=True)
+    with torch.no_grad(), recording(model, rec, torch.tensor([0, 2]), torch.arange(5).expand(2, 5)):
+        model(input_ids=a.expand(2, 5))
+    with torch.no_grad(), recording(model, rec, torch.tensor([1]), torch.arange(3, 6)[None]):
+        model(input_ids=a[:, 2:5])
+    rec.alias(1, 0, 3)  # sample 1 shares sample 0's positions 0..2 and owns 3..5
+    rec = rec.finish()
+    split = split_record(rec, 3)
+    packed = pack_split(rec, 3)
+    for r, p in zip(split, packed, strict=True):
+        _same(r, unpack(p))
+        assert p.layout == pack(r).layout and (p.buf == pack(r).buf).all()
+    order = [2, 0, 1]  # OpenRLHF shuffles samples into micro-batches
+    got = batch_records([packed[i] for i in order])
+    want = batch_records([split[i] for i in order])
+    _same(want, got)
+    assert coverages(got, 3).tolist() == [coverage(split[i]) for i in order] == [5, 5, 6]

@@ -11,11 +11,11 @@ samples, prefilled once; BF16, or W4A4 + FP4 KV for the FP4 arms) recording thro
 embedded trainer's recorders (`trace.guidance.arm_recorders`, both fed by one forward through `Tee`):
 the arm's guidance record (trace*: the deepest rho of the layers) and the diagnostic record (every arm
 whose trainer quantizes activations, with `rl.diag_flips`: all layers, full codes, for flip statistics
-only). Each batch record is split per sample; each sample's records (turns merged, earliest row wins)
-are packed into one buffer each (`records.pack`) and `ray.put` into the object store; their handles
-(ObjectRefs, never the bytes) ride in the response's `mm_train_inputs` = {"trace_record": ref,
-"trace_diag": ref} (a key only where that record exists); the trainer fetches them per micro-batch. Recording time and bytes count the guidance record
-alone, as in the embedded trainer.
+only). Each batch record is split per sample into one packed buffer each (`records.pack_split`);
+each sample's records (turns merged, earliest row wins) are `ray.put` into the object store; their
+handles (ObjectRefs, never the bytes) ride in the response's `mm_train_inputs` = {"trace_record":
+ref, "trace_diag": ref} (a key only where that record exists); the trainer fetches them per
+micro-batch. Recording time and bytes count the guidance record alone, as in the embedded trainer.
 
 Weight sync, both of OpenRLHF's protocols: `init_process_group` + `update_weight` (a broadcast from
 trainer rank 0 over vLLM's stateless group, or its stand-in on torch c10d: NCCL on a GPU, gloo on the
@@ -59,7 +59,7 @@ from trace.episode import build_task  # noqa: E402
 from trace.guidance import arm_recorders  # noqa: E402
 from trace.guidance.record import Tee  # noqa: E402
 from trace.integrations.openrlhf.plugin import run_config  # noqa: E402
-from trace.integrations.openrlhf.records import merge_turns, pack, split_record  # noqa: E402
+from trace.integrations.openrlhf.records import merge_turns, pack, pack_split, unpack  # noqa: E402
 from trace.rollout import RolloutEngine  # noqa: E402
 
 RECORD_KEY = "trace_record"  # the arm's guidance record
@@ -68,7 +68,7 @@ _SLOT: contextvars.ContextVar = contextvars.ContextVar("trace_sample_slot", defa
 # OpenRLHF submits one generate_responses per prompt; Ray hands them to the event loop one by one
 # over a few milliseconds. A flush waits until none has arrived for this long, so that the whole wave
 # runs as one engine call rather than the first prompt alone and then the rest.
-SETTLE_S = 0.02
+SETTLE_S = 0.05
 
 
 def _load_agent(path: str):
@@ -81,9 +81,12 @@ def _load_agent(path: str):
 
 
 def _merged(recs: list):
-    """One sample's records of one kind over its turns (None where none was taken)."""
+    """One sample's packed records of one kind over its turns -> one packed record (None where none
+    was taken)."""
     recs = [r for r in recs if r is not None]
-    return merge_turns(recs) if recs else None
+    if len(recs) > 1:
+        return pack(merge_turns([unpack(r) for r in recs]))
+    return recs[0] if recs else None
 
 
 class TraceRolloutEngine:
@@ -187,10 +190,10 @@ class TraceRolloutEngine:
         diagnostic record, generated tokens, its share of the generation seconds, its share of the
         recording seconds). Requests with the same prompt (OpenRLHF sends each sample of a prompt
         alone) run as the n samples of that prompt, prefilled and recorded once, when every prompt
-        has the same number of them; `split_record` copies the shared prompt rows into each
-        sample's record. Generation time excludes all recording (`RolloutBatch.generate_s`); the
+        has the same number of them; `pack_split` copies the shared prompt rows into each
+        sample's (packed) record. Generation time excludes all recording (`RolloutBatch.generate_s`); the
         recording seconds are the guidance record's own (`Recorder.seconds`, the final feed, its finish
-        and split), as the embedded trainer counts them: the diagnostic record's time never counts."""
+        and split into packed per-sample records), as the embedded trainer counts them: the diagnostic record's time never counts."""
         same: dict[tuple, list[int]] = {}
         for i, ids in enumerate(prompts):
             same.setdefault(tuple(ids), []).append(i)
@@ -207,9 +210,9 @@ class TraceRolloutEngine:
                                    stop_strings=self.stop_strings, tokenizer=self.tok, recorder=both)
         B = len(prompts)
         t_fin = time.perf_counter()
-        records = split_record(guide.finish(), B) if guide is not None else [None] * B
+        records = pack_split(guide.finish(), B) if guide is not None else [None] * B
         t_fin2 = time.perf_counter()
-        diags = split_record(diag.finish(), B) if diag is not None else [None] * B
+        diags = pack_split(diag.finish(), B) if diag is not None else [None] * B
         rec_s = guide.seconds + out.record_feed_s + (t_fin2 - t_fin) if guide is not None else 0.0
         res = [None] * B
         for b, i in enumerate(order):  # engine sample b answers request i
@@ -258,15 +261,15 @@ class TraceRolloutEngine:
             # trainer's figure, where a prompt's samples share its rows
             extra = dict(resp.get("extra_logs") or {})
             extra["guidance_bytes_per_gen_token"] = (
-                record.bytes_per_generated_token(n_gen, compact_only=not self.arm.full_codes)
+                unpack(record).bytes_per_generated_token(n_gen, compact_only=not self.arm.full_codes)
                 if record is not None else 0.0)
             extra["rollout_tokens"] = float(entry["tokens"])
             extra["rollout_gen_tokens_per_s"] = entry["tokens"] / max(entry["gen_s"], 1e-9)
             extra["record_overhead"] = entry["rec_s"] / max(entry["gen_s"], 1e-9)
             resp["extra_logs"] = extra
-            # handles in the object store (each record packed into one buffer), fetched by the trainer
-            # per micro-batch; in-process use (no Ray) keeps the records themselves
-            mm = {key: ray.put(pack(r)) if ray.is_initialized() else r
+            # handles in the object store, fetched by the trainer per micro-batch; in-process use
+            # (no Ray) keeps the records themselves
+            mm = {key: ray.put(r) if ray.is_initialized() else unpack(r)
                   for key, r in ((RECORD_KEY, record), (DIAG_KEY, diag)) if r is not None}
             resp["mm_train_inputs"] = mm or None
         return responses
