@@ -103,6 +103,9 @@ def test_pack_round_trip_is_exact():
             if a is not None:
                 assert a.dtype == b.dtype and torch.equal(a, b), (k1, f1)
         assert all(got.sites[k].fmt == rec.sites[k].fmt for k in rec.sites)
+        for compact in (True, False):  # the bytes column, from the layout alone
+            assert packed.total_bytes(compact) == rec.total_bytes(compact)
+            assert packed.bytes_per_generated_token(3, compact) == rec.bytes_per_generated_token(3, compact)
         assert as_record(rec) is rec
         # the trainer batches unpacked records like any other
         both = batch_records([got, unpack(pack(rec))])

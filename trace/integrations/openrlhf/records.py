@@ -147,8 +147,24 @@ class PackedRecord:
     layout: tuple  # (full_codes, ((kind, key, fmt, rows, row_bytes, offset, field specs), ...))
     buf: np.ndarray  # [nbytes] uint8
 
-    def record(self) -> GuidanceRecord:
-        return unpack(self)
+    def total_bytes(self, compact_only: bool = False) -> int:
+        """`GuidanceRecord.total_bytes` of the unpacked record (SiteRows.nbytes per site, routing
+        ids), from the layout alone."""
+        total = 0
+        for kind, _, _, rows, _, _, specs in self.layout[1]:
+            n = [rows * math.prod(sp[1]) if sp is not None else None for sp in specs]
+            if kind == "routing":
+                total += n[1] * getattr(torch, specs[1][0]).itemsize
+                continue
+            _, mantissa, scales, outer, codes = n
+            total += scales + 4 * outer + (codes if codes is not None and not compact_only else mantissa)
+        return total
+
+    def bytes_per_generated_token(self, n_generated: int, compact_only: bool = False) -> float:
+        """`GuidanceRecord.bytes_per_generated_token` of the unpacked record."""
+        if n_generated <= 0:
+            raise ValueError(f"n_generated must be positive, got {n_generated}")
+        return self.total_bytes(compact_only) / n_generated
 
 
 _ALIGN = 8  # row bytes and block offsets are multiples of the widest element (int64 keys)

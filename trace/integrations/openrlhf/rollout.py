@@ -261,7 +261,7 @@ class TraceRolloutEngine:
             # trainer's figure, where a prompt's samples share its rows
             extra = dict(resp.get("extra_logs") or {})
             extra["guidance_bytes_per_gen_token"] = (
-                unpack(record).bytes_per_generated_token(n_gen, compact_only=not self.arm.full_codes)
+                record.bytes_per_generated_token(n_gen, compact_only=not self.arm.full_codes)
                 if record is not None else 0.0)
             extra["rollout_tokens"] = float(entry["tokens"])
             extra["rollout_gen_tokens_per_s"] = entry["tokens"] / max(entry["gen_s"], 1e-9)
