@@ -115,7 +115,8 @@ def main():
 
     # ---- OpenRLHF: the actor in Ray, one generate_responses per prompt, all in flight
     ray.init(num_cpus=2, include_dashboard=False)
-    actor = ray.remote(Probe).options(num_cpus=0).remote(d, cfg, seed=1, remote_rm_url=[str(REWARD_FILE)])
+    actor = ray.remote(Probe).options(num_cpus=0).remote(d, cfg, seed=1, remote_rm_url=[str(REWARD_FILE)],
+                                                         wave_prompts=args.prompts)  # as create_engines, one engine
     sp = SamplingParams(max_tokens=16, logprobs=1)
     tok = build_tokenizer()
     for _ in range(2):

@@ -5,8 +5,8 @@ hf_tokenizer, num_samples)` on each engine; that runs OpenRLHF's own executor (s
 `--reward.remote_url` reward function, or the `--train.agent_func_path` AgentExecutor), which calls
 back `generate(prompt_token_ids, sampling_params)` once per sample and turn and reads a vLLM-shaped
 RequestOutput. The requests of all executor tasks in flight (every sample of every prompt this actor
-is serving) are queued until each task has asked or finished and no new prompt has arrived for
-SETTLE_S, then run as one batched `RolloutEngine.generate` call (the samples of a prompt as its n
+is serving) are queued until each task has asked or finished and the wave of prompts has arrived
+(SETTLE_S), then run as one batched `RolloutEngine.generate` call (the samples of a prompt as its n
 samples, prefilled once; BF16, or W4A4 + FP4 KV for the FP4 arms) recording through the
 embedded trainer's recorders (`trace.guidance.arm_recorders`, both fed by one forward through `Tee`):
 the arm's guidance record (trace*: the deepest rho of the layers) and the diagnostic record (every arm
@@ -65,10 +65,12 @@ from trace.rollout import RolloutEngine  # noqa: E402
 RECORD_KEY = "trace_record"  # the arm's guidance record
 DIAG_KEY = "trace_diag"  # the diagnostic full-codes record of all layers (flip statistics only)
 _SLOT: contextvars.ContextVar = contextvars.ContextVar("trace_sample_slot", default=None)
-# OpenRLHF submits one generate_responses per prompt; Ray hands them to the event loop one by one
-# over a few milliseconds. A flush waits until none has arrived for this long, so that the whole wave
-# runs as one engine call rather than the first prompt alone and then the rest.
-SETTLE_S = 0.05
+# OpenRLHF submits one generate_responses per prompt; Ray hands them to the event loop one by one,
+# milliseconds apart (more on a busy host). A flush of newly arrived prompts waits until none has
+# arrived for SETTLE_S and, until SETTLE_MAX_S has passed without one, until the wave is complete
+# (`wave_prompts`: the rollout batch's share of this engine), so that the wave runs as one engine
+# call rather than its first prompts alone and then the rest.
+SETTLE_S, SETTLE_MAX_S = 0.02, 0.5
 
 
 def _load_agent(path: str):
@@ -93,7 +95,8 @@ class TraceRolloutEngine:
     """The actor body (also usable in-process, which the tests do)."""
 
     def __init__(self, model_path: str, cfg: dict, *, seed: int = 0, agent_func_path: str | None = None,
-                 remote_rm_url=None, device: str | None = None, stop_strings=None, **_ignored):
+                 remote_rm_url=None, device: str | None = None, stop_strings=None, wave_prompts: int | None = None,
+                 **_ignored):
         self.cfg, self.rl = cfg, cfg["rl"]
         self.arm = ARMS[self.rl["method"]]
         if device is None:
@@ -120,6 +123,8 @@ class TraceRolloutEngine:
         self._active = 0  # executor tasks in flight
         self._flush_pending = False
         self._last_arrival = float("-inf")
+        self._fresh = 0  # prompts arrived since the last flush
+        self.wave_prompts = wave_prompts
         self._slots: dict[int, list] = {}
         self._next_slot = 0
         self._pending: dict[str, torch.Tensor] = {}
@@ -159,11 +164,14 @@ class TraceRolloutEngine:
         self._flush_pending = False
         if not self._queue or len(self._queue) < self._active:
             return
-        wait = self._last_arrival + SETTLE_S - time.perf_counter()
-        if wait > 0:  # more prompts of this wave may be on their way
-            self._flush_pending = True
-            asyncio.get_running_loop().call_later(wait, self._flush)
-            return
+        if self._fresh:  # more prompts of this wave may be on their way
+            quiet = time.perf_counter() - self._last_arrival
+            settle = SETTLE_S if self._fresh >= (self.wave_prompts or 0) else SETTLE_MAX_S
+            if quiet < settle:
+                self._flush_pending = True
+                asyncio.get_running_loop().call_later(settle - quiet, self._flush)
+                return
+        self._fresh = 0
         queue, self._queue = self._queue, []
         groups: dict[tuple, list] = {}
         for item in queue:
@@ -235,6 +243,7 @@ class TraceRolloutEngine:
                                  num_samples: int = 1, images=None):
         """N samples of one prompt through OpenRLHF's executor; each response carries its record handle."""
         self._last_arrival = time.perf_counter()
+        self._fresh += 1
         tasks, slots = [], []
         for _ in range(num_samples):
             slot = self._next_slot
@@ -351,6 +360,8 @@ def create_engines(num_engines: int, tensor_parallel_size: int, pretrain: str, s
     if num_gpus is None:
         num_gpus = 0.2 if torch.cuda.is_available() else 0
     actor = ray.remote(TraceRolloutEngine)
+    # OpenRLHF's rollout batch (--rollout.batch_size = rl.prompts_per_step) spread evenly over the engines
+    wave = max(1, cfg["rl"]["prompts_per_step"] // num_engines)
     engines = []
     for i in range(num_engines):
         opts = {"num_cpus": 0, "num_gpus": num_gpus}
@@ -358,7 +369,8 @@ def create_engines(num_engines: int, tensor_parallel_size: int, pretrain: str, s
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=shared_pg, placement_group_capture_child_tasks=True, placement_group_bundle_index=i)
         engines.append(actor.options(**opts).remote(str(Path(pretrain)), cfg, seed=seed + i,
-                                                    agent_func_path=agent_func_path, remote_rm_url=remote_rm_url))
+                                                    agent_func_path=agent_func_path, remote_rm_url=remote_rm_url,
+                                                    wave_prompts=wave))
     return engines
 
 
