@@ -6,8 +6,13 @@ split / shuffle of experiences. The trainer rebuilds one record per micro-batch 
 are the batch rows:
 
     recs = split_record(rec, n)                        # one engine call for n samples -> n records
+    packed = pack_split(rec, n)                        # the same, each packed for the object store
     rec = merge_turns([turn1, turn2])                 # one sample, several engine calls (multi-turn)
-    batch_rec = batch_records([rec_a, rec_b], device)  # rows 0, 1 of the micro-batch
+    batch_rec = batch_records([rec_a, rec_b], device)  # rows 0, 1 of the micro-batch (records or packed)
+
+Records travel between Ray processes packed (`PackedRecord`: one byte buffer per sample and kind):
+pickled as they are, their many small tensors each go through torch.save / torch.load, which cost
+more than the rollout itself.
 
 A multi-turn sample is prefilled again at every turn, so later turns re-record earlier positions;
 the first turn's rows are the ones whose rounding produced the sampled tokens, and they win.
