@@ -74,6 +74,24 @@ def test_single_turn_reward_and_records(model_dir):
     assert eng.executor.reward_func([ex.prompt + good], [ex.prompt], [ex.label])["rewards"].item() == 1.0
 
 
+def test_a_wave_of_prompts_runs_as_one_engine_call(model_dir):
+    """OpenRLHF sends one generate_responses per prompt; prompts that arrive apart (a busy host) still
+    run as one engine call once the engine's share of the rollout batch has arrived."""
+    eng = TraceRolloutEngine(model_dir, _cfg("reasoning", "bf16"), seed=1, remote_rm_url=[str(REWARD_FILE)],
+                             wave_prompts=2)
+    exs = get_task("reasoning", difficulty="easy").make_split("train", 2, 0)
+    sp = SamplingParams(max_tokens=6, logprobs=1)
+
+    async def wave():
+        first = asyncio.ensure_future(eng.generate_responses(exs[0].prompt, exs[0].label, sp, 64, eng.tok, 2))
+        await asyncio.sleep(0.1)  # longer than the quiet time alone would wait
+        second = await eng.generate_responses(exs[1].prompt, exs[1].label, sp, 64, eng.tok, 2)
+        return await first + second
+
+    out = asyncio.run(wave())
+    assert len(out) == 4 and eng._calls == 1
+
+
 @pytest.mark.parametrize("method,extra,keys", [
     ("bf16", (), ()),
     ("qat-independent", (), (DIAG_KEY,)),

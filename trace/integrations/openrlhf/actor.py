@@ -44,7 +44,7 @@ from trace import rundir  # noqa: E402
 from trace.arms import ARMS  # noqa: E402
 from trace.guidance import arm_records  # noqa: E402
 from trace.guidance.mismatch import mismatch_metrics  # noqa: E402
-from trace.integrations.openrlhf.records import batch_records, coverage  # noqa: E402
+from trace.integrations.openrlhf.records import batch_records, coverages  # noqa: E402
 from trace.integrations.openrlhf.rollout import DIAG_KEY, RECORD_KEY  # noqa: E402
 from trace.qat import patch_model, replay  # noqa: E402
 
@@ -126,8 +126,9 @@ class TraceReplay:
         self.keys = tuple(k for k, t in zip((RECORD_KEY, DIAG_KEY), takes, strict=True) if t)
 
     def records(self, mm_train_inputs) -> dict[str, list] | None:
-        """{key: the micro-batch's records of that kind, in row order}, all handles fetched in one
-        ray.get; None where the arm's rollout records nothing."""
+        """{key: the micro-batch's records of that kind, in row order (as shipped: packed, or
+        GuidanceRecords in process)}, all handles fetched in one ray.get; None where the arm's
+        rollout records nothing."""
         if not self.keys or not mm_train_inputs:
             return None
         if any(not m or any(k not in m for k in self.keys) for m in mm_train_inputs):
@@ -144,13 +145,14 @@ class TraceReplay:
         if recs is None:
             return contextlib.nullcontext(None)
         dev = attention_mask.device
-        seq = torch.arange(attention_mask.shape[0], device=dev)
+        B = attention_mask.shape[0]
+        seq = torch.arange(B, device=dev)
         pos = positions(attention_mask)
+        rec, diag = (batch_records(recs[k], dev) if k in recs else None for k in (RECORD_KEY, DIAG_KEY))
         # tokens after a sample's records (final env feedback) stay RTN; both records of a sample come
         # from the same forwards and cover the same positions, unless one holds no rows at all (rho 0)
-        cov = torch.tensor([max(coverage(r) for r in rs) for rs in zip(*recs.values(), strict=True)], device=dev)
+        cov = torch.stack([coverages(r, B).to(dev) for r in (rec, diag) if r is not None]).amax(0)
         pos = pos.masked_fill(pos >= cov[:, None], -1)
-        rec, diag = (batch_records(recs[k], dev) if k in recs else None for k in (RECORD_KEY, DIAG_KEY))
         arm = self.arm
         return replay(model, rec, seq, pos, routing=arm.routing, align=arm.align, full_codes=arm.full_codes,
                       diag=diag)

@@ -5,16 +5,17 @@ hf_tokenizer, num_samples)` on each engine; that runs OpenRLHF's own executor (s
 `--reward.remote_url` reward function, or the `--train.agent_func_path` AgentExecutor), which calls
 back `generate(prompt_token_ids, sampling_params)` once per sample and turn and reads a vLLM-shaped
 RequestOutput. The requests of all executor tasks in flight (every sample of every prompt this actor
-is serving) are queued until each task has asked or finished, then run as one batched
-`RolloutEngine.generate` call (BF16, or W4A4 + FP4 KV for the FP4 arms) recording through the
+is serving) are queued until each task has asked or finished and the wave of prompts has arrived
+(SETTLE_S), then run as one batched `RolloutEngine.generate` call (the samples of a prompt as its n
+samples, prefilled once; BF16, or W4A4 + FP4 KV for the FP4 arms) recording through the
 embedded trainer's recorders (`trace.guidance.arm_recorders`, both fed by one forward through `Tee`):
 the arm's guidance record (trace*: the deepest rho of the layers) and the diagnostic record (every arm
 whose trainer quantizes activations, with `rl.diag_flips`: all layers, full codes, for flip statistics
-only). Each batch record is split per sample; each sample's records (turns merged, earliest row wins)
-are `ray.put` into the object store and their handles (ObjectRefs, never the bytes) ride in the
-response's `mm_train_inputs` = {"trace_record": ref, "trace_diag": ref} (a key only where that record
-exists); the trainer fetches them per micro-batch. Recording time and bytes count the guidance record
-alone, as in the embedded trainer.
+only). Each batch record is split per sample into one packed buffer each (`records.pack_split`);
+each sample's records (turns merged, earliest row wins) are `ray.put` into the object store; their
+handles (ObjectRefs, never the bytes) ride in the response's `mm_train_inputs` = {"trace_record":
+ref, "trace_diag": ref} (a key only where that record exists); the trainer fetches them per
+micro-batch. Recording time and bytes count the guidance record alone, as in the embedded trainer.
 
 Weight sync, both of OpenRLHF's protocols: `init_process_group` + `update_weight` (a broadcast from
 trainer rank 0 over vLLM's stateless group, or its stand-in on torch c10d: NCCL on a GPU, gloo on the
@@ -58,12 +59,18 @@ from trace.episode import build_task  # noqa: E402
 from trace.guidance import arm_recorders  # noqa: E402
 from trace.guidance.record import Tee  # noqa: E402
 from trace.integrations.openrlhf.plugin import run_config  # noqa: E402
-from trace.integrations.openrlhf.records import merge_turns, split_record  # noqa: E402
+from trace.integrations.openrlhf.records import merge_turns, pack, pack_split, unpack  # noqa: E402
 from trace.rollout import RolloutEngine  # noqa: E402
 
 RECORD_KEY = "trace_record"  # the arm's guidance record
 DIAG_KEY = "trace_diag"  # the diagnostic full-codes record of all layers (flip statistics only)
 _SLOT: contextvars.ContextVar = contextvars.ContextVar("trace_sample_slot", default=None)
+# OpenRLHF submits one generate_responses per prompt; Ray hands them to the event loop one by one,
+# milliseconds apart (more on a busy host). A flush of newly arrived prompts waits until none has
+# arrived for SETTLE_S and, until SETTLE_MAX_S has passed without one, until the wave is complete
+# (`wave_prompts`: the rollout batch's share of this engine), so that the wave runs as one engine
+# call rather than its first prompts alone and then the rest.
+SETTLE_S, SETTLE_MAX_S = 0.02, 0.5
 
 
 def _load_agent(path: str):
@@ -76,16 +83,20 @@ def _load_agent(path: str):
 
 
 def _merged(recs: list):
-    """One sample's records of one kind over its turns (None where none was taken)."""
+    """One sample's packed records of one kind over its turns -> one packed record (None where none
+    was taken)."""
     recs = [r for r in recs if r is not None]
-    return merge_turns(recs) if recs else None
+    if len(recs) > 1:
+        return pack(merge_turns([unpack(r) for r in recs]))
+    return recs[0] if recs else None
 
 
 class TraceRolloutEngine:
     """The actor body (also usable in-process, which the tests do)."""
 
     def __init__(self, model_path: str, cfg: dict, *, seed: int = 0, agent_func_path: str | None = None,
-                 remote_rm_url=None, device: str | None = None, stop_strings=None, **_ignored):
+                 remote_rm_url=None, device: str | None = None, stop_strings=None, wave_prompts: int | None = None,
+                 **_ignored):
         self.cfg, self.rl = cfg, cfg["rl"]
         self.arm = ARMS[self.rl["method"]]
         if device is None:
@@ -111,6 +122,9 @@ class TraceRolloutEngine:
         self._queue: list = []  # pending generate requests: (sampling key, ids, slot, future)
         self._active = 0  # executor tasks in flight
         self._flush_pending = False
+        self._last_arrival = float("-inf")
+        self._fresh = 0  # prompts arrived since the last flush
+        self.wave_prompts = wave_prompts
         self._slots: dict[int, list] = {}
         self._next_slot = 0
         self._pending: dict[str, torch.Tensor] = {}
@@ -150,6 +164,14 @@ class TraceRolloutEngine:
         self._flush_pending = False
         if not self._queue or len(self._queue) < self._active:
             return
+        if self._fresh:  # more prompts of this wave may be on their way
+            quiet = time.perf_counter() - self._last_arrival
+            settle = SETTLE_S if self._fresh >= (self.wave_prompts or 0) else SETTLE_MAX_S
+            if quiet < settle:
+                self._flush_pending = True
+                asyncio.get_running_loop().call_later(settle - quiet, self._flush)
+                return
+        self._fresh = 0
         queue, self._queue = self._queue, []
         groups: dict[tuple, list] = {}
         for item in queue:
@@ -172,34 +194,45 @@ class TraceRolloutEngine:
                 it[3].set_result(request_output)
 
     def _run_batch(self, prompts, max_new, temperature, top_p, stop_ids):
-        """One engine call for several samples (n=1 each): per sample (RequestOutput, guidance record,
+        """One engine call for several samples: per sample (RequestOutput, guidance record,
         diagnostic record, generated tokens, its share of the generation seconds, its share of the
-        recording seconds). Generation time excludes all recording (`RolloutBatch.generate_s`); the
+        recording seconds). Requests with the same prompt (OpenRLHF sends each sample of a prompt
+        alone) run as the n samples of that prompt, prefilled and recorded once, when every prompt
+        has the same number of them; `pack_split` copies the shared prompt rows into each
+        sample's (packed) record. Generation time excludes all recording (`RolloutBatch.generate_s`); the
         recording seconds are the guidance record's own (`Recorder.seconds`, the final feed, its finish
-        and split), as the embedded trainer counts them: the diagnostic record's time never counts."""
+        and split into packed per-sample records), as the embedded trainer counts them: the diagnostic record's time never counts."""
+        same: dict[tuple, list[int]] = {}
+        for i, ids in enumerate(prompts):
+            same.setdefault(tuple(ids), []).append(i)
+        n = len(next(iter(same.values())))
+        if n > 1 and all(len(v) == n for v in same.values()):
+            uniq, order = [list(k) for k in same], [i for v in same.values() for i in v]
+        else:
+            n, uniq, order = 1, prompts, list(range(len(prompts)))
         guide, diag = arm_recorders(self.arm, self.num_layers, self.rl["rho"], self.rl["diag_flips"])
         both = Tee(guide, diag) if guide is not None or diag is not None else None
         self._calls += 1
-        out = self.engine.generate(prompts, n=1, max_new_tokens=max_new, temperature=temperature, top_p=top_p,
+        out = self.engine.generate(uniq, n=n, max_new_tokens=max_new, temperature=temperature, top_p=top_p,
                                    seed=self.seed * 1_000_003 + self._calls, stop_token_ids=stop_ids,
                                    stop_strings=self.stop_strings, tokenizer=self.tok, recorder=both)
-        n = len(prompts)
+        B = len(prompts)
         t_fin = time.perf_counter()
-        records = split_record(guide.finish(), n) if guide is not None else [None] * n
+        records = pack_split(guide.finish(), B) if guide is not None else [None] * B
         t_fin2 = time.perf_counter()
-        diags = split_record(diag.finish(), n) if diag is not None else [None] * n
+        diags = pack_split(diag.finish(), B) if diag is not None else [None] * B
         rec_s = guide.seconds + out.record_feed_s + (t_fin2 - t_fin) if guide is not None else 0.0
-        res = []
-        for i, ids in enumerate(prompts):
-            resp, lps = out.response_tokens(i), out.logprobs[i]
-            n_tok = sum(out.trainable[i])
-            finish = "length" if out.stop_reason[i] in ("length", "context") else "stop"
+        res = [None] * B
+        for b, i in enumerate(order):  # engine sample b answers request i
+            resp, lps = out.response_tokens(b), out.logprobs[b]
+            n_tok = sum(out.trainable[b])
+            finish = "length" if out.stop_reason[b] in ("length", "context") else "stop"
             logprobs = [{t: SimpleNamespace(logprob=float(lp))} for t, lp in zip(resp, lps, strict=True)]
-            ro = SimpleNamespace(prompt_token_ids=ids, outputs=[SimpleNamespace(
+            ro = SimpleNamespace(prompt_token_ids=prompts[i], outputs=[SimpleNamespace(
                 token_ids=list(resp), text=self.tok.decode(resp, skip_special_tokens=False), finish_reason=finish,
                 logprobs=logprobs)])
             share = n_tok / max(out.num_generated_tokens, 1)
-            res.append((ro, records[i], diags[i], n_tok, out.generate_s * share, rec_s * share))
+            res[i] = (ro, records[b], diags[b], n_tok, out.generate_s * share, rec_s * share)
         return res
 
     def _task_done(self, _task):
@@ -209,6 +242,8 @@ class TraceRolloutEngine:
     async def generate_responses(self, prompt: str, label: str, sampling_params, max_length: int, hf_tokenizer,
                                  num_samples: int = 1, images=None):
         """N samples of one prompt through OpenRLHF's executor; each response carries its record handle."""
+        self._last_arrival = time.perf_counter()
+        self._fresh += 1
         tasks, slots = [], []
         for _ in range(num_samples):
             slot = self._next_slot
@@ -242,8 +277,8 @@ class TraceRolloutEngine:
             extra["record_overhead"] = entry["rec_s"] / max(entry["gen_s"], 1e-9)
             resp["extra_logs"] = extra
             # handles in the object store, fetched by the trainer per micro-batch; in-process use
-            # (no Ray) keeps the objects themselves
-            mm = {key: ray.put(r) if ray.is_initialized() else r
+            # (no Ray) keeps the records themselves
+            mm = {key: ray.put(r) if ray.is_initialized() else unpack(r)
                   for key, r in ((RECORD_KEY, record), (DIAG_KEY, diag)) if r is not None}
             resp["mm_train_inputs"] = mm or None
         return responses
@@ -325,6 +360,8 @@ def create_engines(num_engines: int, tensor_parallel_size: int, pretrain: str, s
     if num_gpus is None:
         num_gpus = 0.2 if torch.cuda.is_available() else 0
     actor = ray.remote(TraceRolloutEngine)
+    # OpenRLHF's rollout batch (--rollout.batch_size = rl.prompts_per_step) spread evenly over the engines
+    wave = max(1, cfg["rl"]["prompts_per_step"] // num_engines)
     engines = []
     for i in range(num_engines):
         opts = {"num_cpus": 0, "num_gpus": num_gpus}
@@ -332,7 +369,8 @@ def create_engines(num_engines: int, tensor_parallel_size: int, pretrain: str, s
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=shared_pg, placement_group_capture_child_tasks=True, placement_group_bundle_index=i)
         engines.append(actor.options(**opts).remote(str(Path(pretrain)), cfg, seed=seed + i,
-                                                    agent_func_path=agent_func_path, remote_rm_url=remote_rm_url))
+                                                    agent_func_path=agent_func_path, remote_rm_url=remote_rm_url,
+                                                    wave_prompts=wave))
     return engines
 
 
