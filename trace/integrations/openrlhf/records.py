@@ -91,7 +91,7 @@ def batch_records(recs: list, device=None) -> GuidanceRecord:
     out = _batch_packed(recs) if recs and all(isinstance(r, PackedRecord) for r in recs) else None
     if out is None:
         out = _combine([as_record(r) for r in recs], list(range(len(recs))), first_wins=False)
-    return to_device(out, device) if device is not None else out
+    return out.on(device) if device is not None else out
 
 
 def split_record(rec: GuidanceRecord, n: int) -> list[GuidanceRecord]:
@@ -119,23 +119,23 @@ def split_record(rec: GuidanceRecord, n: int) -> list[GuidanceRecord]:
     def take(t: torch.Tensor, parts) -> torch.Tensor:
         return t[parts[0][0]:parts[0][1]] if len(parts) == 1 else torch.cat([t[a:e] for a, e in parts])
 
-    out = [GuidanceRecord(full_codes=rec.full_codes) for _ in range(n)]
-    for key, s in rec.sites.items():
-        pos = s.keys & _POS_MASK
-        for r, parts in zip(out, blocks(s.keys), strict=True):
+    def split(keys: torch.Tensor, fields: list[torch.Tensor | None]):
+        """Per sample: (positions, its rows of each field), in position order."""
+        pos = keys & _POS_MASK
+        for parts in blocks(keys):
             p = take(pos, parts)
-            rows = [take(t, parts) if t is not None else None for t in (s.mantissa, s.scales, s.outer, s.codes)]
+            rows = [take(t, parts) if t is not None else None for t in fields]
             if len(parts) > 1 and len(p) > 1 and not bool((p[1:] > p[:-1]).all()):
                 order = torch.argsort(p)  # an aliased sample that also recorded prompt positions itself
                 p, rows = p[order], [t[order] if t is not None else None for t in rows]
+            yield p, rows
+
+    out = [GuidanceRecord(full_codes=rec.full_codes) for _ in range(n)]
+    for key, s in rec.sites.items():
+        for r, (p, rows) in zip(out, split(s.keys, [s.mantissa, s.scales, s.outer, s.codes]), strict=True):
             r.sites[key] = SiteRows(p, *rows, s.fmt)
     for layer, (k, v) in rec.routing.items():
-        pos = k & _POS_MASK
-        for r, parts in zip(out, blocks(k), strict=True):
-            p, ids = take(pos, parts), take(v, parts)
-            if len(parts) > 1 and len(p) > 1 and not bool((p[1:] > p[:-1]).all()):
-                order = torch.argsort(p)
-                p, ids = p[order], ids[order]
+        for r, (p, (ids,)) in zip(out, split(k, [v]), strict=True):
             r.routing[layer] = (p, ids)
     return out
 
@@ -337,16 +337,5 @@ def coverage(rec: GuidanceRecord) -> int:
     return max((int((k & _POS_MASK).max()) + 1 for k in keys if k.numel()), default=0)
 
 
-def to_device(rec: GuidanceRecord, device) -> GuidanceRecord:
-    """Keys and rows on `device`, so lookups with positions on that device stay there."""
-    dev = torch.device(device)
-    out = GuidanceRecord(aliases=dict(rec.aliases), full_codes=rec.full_codes)
-    for key, s in rec.sites.items():
-        out.sites[key] = SiteRows(s.keys.to(dev), s.mantissa.to(dev), s.scales.to(dev), s.outer.to(dev),
-                                  s.codes.to(dev) if s.codes is not None else None, s.fmt)
-    out.routing = {layer: (k.to(dev), v.to(dev)) for layer, (k, v) in rec.routing.items()}
-    return out
-
-
 __all__ = ["PackedRecord", "as_record", "batch_records", "coverage", "coverages", "merge_turns", "pack", "pack_split", "split_record",
-           "to_device", "unpack"]
+           "unpack"]
