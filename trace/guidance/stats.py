@@ -65,25 +65,27 @@ class ReplayStats:
 
     def totals(self) -> ReplayStats:
         """A copy with every count an int: one host sync for all layers (the device counts are stacked)."""
-        cells = [(s, name) for s in self.layers.values() for name in _COUNTS]
-        cells += [(acc, j) for s in self.layers.values() for acc in s.site_codes.values() for j in (0, 1)]
-        vals = [getattr(o, k) if isinstance(k, str) else o[k] for o, k in cells]
-        dev = [v for v in vals if isinstance(v, torch.Tensor)]
-        if dev:
-            host = torch.stack([v.detach().to(dev[0].device, torch.int64) for v in dev]).tolist()
-            it = iter(host)
-            vals = [next(it) if isinstance(v, torch.Tensor) else v for v in vals]
-        out = ReplayStats({i: LayerStats(site_codes={k: [0, 0] for k in s.site_codes})
-                           for i, s in self.layers.items()})
-        copies = [(out.layers[i], name) for i, s in self.layers.items() for name in _COUNTS]
-        copies += [(out.layers[i].site_codes[k], j) for i, s in self.layers.items() for k in s.site_codes
-                   for j in (0, 1)]
-        for (o, k), v in zip(copies, vals, strict=True):
-            if isinstance(k, str):
-                setattr(o, k, v)
-            else:
-                o[k] = v
-        out.align_sum, out.align_count = self.align_sum, self.align_count
+        out = ReplayStats(align_sum=self.align_sum, align_count=self.align_count)
+        pending = []  # (container, field name or index, device count)
+        for i, s in self.layers.items():
+            o = out.layer(i)
+            cells = [(o, name, getattr(s, name)) for name in _COUNTS]
+            for site, acc in s.site_codes.items():
+                o.site_codes[site] = list(acc)
+                cells += [(o.site_codes[site], j, v) for j, v in enumerate(acc)]
+            for where, k, v in cells:
+                if isinstance(v, torch.Tensor):
+                    pending.append((where, k, v))
+                elif isinstance(k, str):
+                    setattr(where, k, v)
+        if pending:
+            dev = pending[0][2].device
+            host = torch.stack([v.detach().to(dev, torch.int64) for _, _, v in pending]).tolist()
+            for (where, k, _), v in zip(pending, host, strict=True):
+                if isinstance(k, str):
+                    setattr(where, k, v)
+                else:
+                    where[k] = v
         return out
 
     def summary(self) -> dict[str, dict[int, float]]:
