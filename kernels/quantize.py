@@ -204,7 +204,10 @@ def _config(M: int, K: int, block: int, interpret: bool = INTERPRET):
     nw = max(4, ch // 1024) if single else 4
     if not single:
         ch = 2048
-    bm = max(1, min(16, 4096 // ch)) if not interpret else max(1, min(8, 1024 // ch))
+    # one row per program on a GPU: with several rows per program and 32 elements per thread, Triton 3.6
+    # miscompiled the bf16-input kernel on an H200 (every nonzero code saturated; fp32 input, one row, or
+    # 16 elements per thread were exact; kernels/NOTES.md)
+    bm = 1 if not interpret else max(1, min(8, 1024 // ch))
     bm = min(bm, triton.next_power_of_2(max(M, 1)))
     return bm, ch // block, single, nw
 
