@@ -33,6 +33,10 @@ localrules: all, figures, run_config, sft_config, manifest, tables, plot
 
 
 rule all:
+    # the runs are targets themselves: with committed tables of a partly run profile, Snakemake would
+    # otherwise call the tables up to date and never produce their missing inputs
     input:
+        RUN_EVAL,
+        BASE_EVAL,
         TABLE_FILES,
         FIGURE_FILES,

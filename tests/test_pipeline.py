@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -66,6 +67,36 @@ def test_dry_run_builds_full_dag(profile, tmp_path):
     assert n_runs == (len(plan.model_tasks()) * len(cfg["methods"]) * len(cfg["seeds"])
                       + len(cfg["ablation"]["models"]) * len(cfg["ablation"]["tasks"])
                       * len(cfg["ablation"]["arms"]) * len(cfg["ablation"].get("seeds", cfg["seeds"])))
+
+
+def test_committed_tables_of_a_partly_run_profile_do_not_hide_its_missing_runs(tmp_path):
+    # one run of the profile done and its tables and figures committed after it: `all` must still
+    # schedule every other run (Snakemake calls an existing output that is newer than its existing inputs
+    # up to date, without rebuilding its missing ones)
+    plan = Plan(_load("small"))
+    prof = plan.config["profile"]
+    done = plan.runs[0]
+    runs = ([f"{plan.run_dir(done.model, done.task, done.arm, done.seed)}/{f}" for f in ("done", "eval.json")]
+            + [plan.run_config_path(done.model, done.task, done.arm, done.seed),
+               plan.sft_config_path(done.model, done.task), f"{plan.sft_dir(done.model, done.task)}/done"])
+    made = ([f"results/tables/{prof}/{n}.{e}" for n in ("main", "ablation", "learning") for e in ("csv", "md")]
+            + [f"results/tables/{prof}/runs.csv"]
+            + [f"figures/{prof}/{n}.{e}" for n in ("curves_reward", "curves_mismatch", "flip_rates",
+                                                   "mismatch_vs_bytes", "final_accuracy", "speedups")
+               for e in ("png", "pdf")])
+    later = time.time() + 60
+    for rel in runs + made:
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+        if rel in made:
+            os.utime(path, (later, later))
+    r = _snakemake("-n", "all", "--configfile", os.path.join(PROFILES, "small.yaml"),
+                   "--directory", str(tmp_path), "--quiet", "rules")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Nothing to be done" not in r.stdout + r.stderr
+    counts = _job_counts(r.stdout + r.stderr)
+    assert counts["rl"] == len(plan.runs) - 1 and counts["tables"] == 1, counts
 
 
 def test_paper_training_rules_call_the_openrlhf_launcher(tmp_path):
