@@ -12,6 +12,8 @@ seed, device, wandb{mode}. One such YAML file is a complete single experiment:
 ``python -m trace.rl --config results/runs/smoke/configs/<model>/<task>/<arm>-seed<k>.yaml --out DIR``.
 
     python workflow/scripts/runplan.py experiments/profiles/smoke.yaml     # print the run list
+    python workflow/scripts/runplan.py experiments/profiles/small.yaml --targets mixtral-small reasoning
+        # the files that finish one model's (and task's) part of the profile: Snakemake targets
 """
 from __future__ import annotations
 
@@ -177,9 +179,32 @@ class Plan:
         }
 
 
+    def targets(self, model: str, task: str | None = None) -> list[str]:
+        """Every file that completes `model`'s runs (of `task`, else of every task): each run's eval.json
+        and, with the learning check on, its SFT base's evaluation. A stretch of GPU time that must
+        finish what it starts (checkpoints stay on the machine) runs these as Snakemake targets."""
+        runs = [r for r in self.runs if r.model == model and task in (None, r.task)]
+        if not runs:
+            raise ValueError(f"no runs of {model!r}" + (f" on {task!r}" if task else "") + " in this profile")
+        out = [f"{self.run_dir(r.model, r.task, r.arm, r.seed)}/eval.json" for r in runs]
+        if self.sft_enabled and (self.config.get("checks") or {}).get("learning"):
+            out += [f"{self.sft_dir(m, t)}/eval.json" for m, t in dict.fromkeys((r.model, r.task) for r in runs)]
+        return out
+
+
 if __name__ == "__main__":
+    import argparse
+
     import yaml
 
-    with open(sys.argv[1]) as f:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("profile")
+    ap.add_argument("--targets", nargs="+", metavar=("MODEL", "TASK"),
+                    help="print one model's (and task's) target files, one per line, instead of the manifest")
+    args = ap.parse_args()
+    with open(args.profile) as f:
         plan = Plan(yaml.safe_load(f))
-    print(json.dumps(plan.manifest(), indent=1))
+    if args.targets:
+        print("\n".join(plan.targets(*args.targets[:2])))
+    else:
+        print(json.dumps(plan.manifest(), indent=1))

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One stretch of a GPU profile that has to finish on the machine it starts on (checkpoints stay there, a
+# leased machine goes back with them): the runs of one model (and task) through the pipeline, in a copy
+# of the repository and in a process session of its own, so it outlives the command that started it;
+# then a later command waits for it and packs the run dirs without checkpoints.
+#   bash scripts/gpu/profile_chunk.sh start PROFILE MODEL [TASK]   # returns at once
+#   bash scripts/gpu/profile_chunk.sh wait SECONDS OUT.tgz         # waits up to SECONDS, packs what is done
+# e.g. `start experiments/profiles/small.yaml qwen3_moe-small reasoning` on two H200s runs its SFT base, the
+# 12 runs and 13 evaluations with 8 at a time (gpu = GPUs x the profile's gpu_slots_per_device). Unpack
+# OUT.tgz in the repository root, then `snakemake figures --configfile PROFILE`. WORK (default
+# /tmp/trace-chunk) holds the copy and snakemake.log. Snakemake runs with the greedy scheduler, so
+# PuLP's solver binaries are not needed (scripts/gpu/offline_wheels.sh SET all leaves them out).
+set -euo pipefail
+work=${WORK:-/tmp/trace-chunk}
+py=${PYTHON:-python3}
+case ${1:-} in
+start)
+  profile=${2:?usage: profile_chunk.sh start PROFILE MODEL [TASK]}; model=${3:?model}; task=${4:-}
+  targets=$(PYTHONPATH=$PWD "$py" workflow/scripts/runplan.py "$profile" --targets "$model" $task)
+  slots=$("$py" -c "import yaml, sys; print(yaml.safe_load(open(sys.argv[1])).get('gpu_slots_per_device', 1))" "$profile")
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  [ "$gpus" -gt 0 ] || { echo "no GPU visible" >&2; exit 1; }
+  rm -rf "$work" && mkdir -p "$work"
+  tar cf - --exclude='./.whl*' --exclude='./.venv' . | tar xf - -C "$work"   # .git travels: meta.json records the commit
+  cd "$work"
+  setsid nohup snakemake --cores "$(nproc)" --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going \
+    $targets --configfile "$profile" > "$work/snakemake.log" 2>&1 < /dev/null &
+  echo $! > "$work/pid"
+  "$py" -c "import yaml, sys; print(yaml.safe_load(open(sys.argv[1]))['profile'])" "$profile" > "$work/profile_name"
+  echo "started $(echo $targets | wc -w) targets on $gpus GPU(s) x $slots slots; log $work/snakemake.log";;
+wait)
+  secs=${2:?usage: profile_chunk.sh wait SECONDS OUT.tgz}; out=${3:?OUT.tgz}
+  pid=$(cat "$work/pid"); t0=$(date +%s)
+  while kill -0 "$pid" 2>/dev/null && [ $(( $(date +%s) - t0 )) -lt "$secs" ]; do sleep 5; done
+  cd "$work"
+  if kill -0 "$pid" 2>/dev/null; then echo "still running after ${secs} s"; else echo "finished"; fi
+  grep -E "Finished jobid|Error in rule" snakemake.log | sed 's/ jobid: [0-9]*//' | sort | uniq -c || true
+  name=$(cat profile_name)
+  tar czf "$out" --exclude=ckpt "results/runs/$name" "logs/$name" snakemake.log 2>/dev/null || true
+  echo "packed $(tar tzf "$out" | grep -c -E '/(done|eval.json)$') done/eval.json files into $out";;
+*) sed -n 2,12p "$0"; exit 2;;
+esac
