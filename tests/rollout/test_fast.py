@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from rollout_helpers import random_seqs, tiny
+from rollout_helpers import FAMILIES, random_seqs, tiny
 
 from trace.rollout import RolloutEngine
 
@@ -38,3 +38,44 @@ def test_triton_path_matches_torch_path(monkeypatch):
     b = ref.generate(prompts, max_new_tokens=2, temperature=0.0)
     assert a.tokens == b.tokens
     assert max(abs(x - y) for la, lb in zip(a.logprobs, b.logprobs, strict=False) for x, y in zip(la, lb, strict=False)) < 1e-4
+
+
+def _fast_engine(monkeypatch, family="qwen3_moe"):
+    from trace.rollout import fast as fast_mod
+
+    if os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available():
+        pytest.skip("the interpreter's float32 self-test; the GPU runs it at every sync (tests/rollout/test_gpu.py)")
+    monkeypatch.setenv("TRACE_ROLLOUT_BACKEND", "triton")
+    if not fast_mod.available("cpu", torch.float32):
+        pytest.skip("kernels/ (gemm, moe, attention) do not import right now")
+    m = tiny(family)
+    eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True)
+    eng.sync_weights(m)
+    assert eng.fwd.fast is not None
+    return eng
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_self_test_passes_at_the_models_shapes(monkeypatch, family):
+    eng = _fast_engine(monkeypatch, family)
+    eng.fwd.fast.self_test(eng.weights, torch.float32, "cpu", rows=(1, 20))  # GEMV and MMA kernels
+
+
+def test_self_test_names_a_quantize_that_saturates_codes(monkeypatch):
+    """What the H200 miscompile did (kernels/NOTES.md v2d): every nonzero code at +-6, scales exact."""
+    import kernels.quantize as kq
+
+    eng = _fast_engine(monkeypatch)
+    real = kq.quantize_rows
+
+    def saturating(x, *a, **kw):
+        q = real(x, *a, **kw)
+        c = q.codes()
+        c = torch.where((c & 7) > 0, (c & 8) | 7, c)
+        q.packed.copy_(kq.ref.pack_fp4(c))
+        return q
+
+    monkeypatch.setattr(kq, "quantize_rows", saturating)
+    with pytest.raises(RuntimeError, match="activation quantize at"):
+        eng.fwd.fast.self_test(eng.weights, torch.float32, "cpu", rows=(3,))

@@ -90,3 +90,16 @@ def test_bf16_engine_matches_transformers_on_gpu(family):
         ref = torch.log_softmax(logits, -1)[0, :-1].gather(-1, torch.tensor(s[1:], device="cuda")[:, None]).squeeze(-1)
         worst = max(worst, float((torch.tensor(lp) - ref.cpu()).abs().max()))
     assert worst < 0.06, f"{family}: bf16 engine vs transformers max |dlp| {worst:.3e}"  # same bound as the CPU test
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fast_path_self_test_at_the_small_flavors_shapes(family):
+    """The Triton path's self-test (fast.TritonPath.self_test, run by every sync on a GPU) at the shapes
+    of the profile's small models: mixtral-small's expert width 1792 took the quantize tile that Triton 3.6
+    miscompiled on an H200 (kernels/NOTES.md v2d) while no kernel test used it."""
+    from trace.models import build_model
+
+    m = build_model(f"{family}-small", 0, dtype=torch.bfloat16)
+    eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, dtype=torch.bfloat16, device="cuda")
+    eng.sync_weights(m)  # raises RuntimeError where a kernel disagrees with kernels.reference
+    assert eng.fwd.fast is not None and eng._fast_checked

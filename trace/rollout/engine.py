@@ -170,6 +170,7 @@ class RolloutEngine:
         # float32 forward on CUDA cannot be captured (its grouped GEMM loops over host-side offsets)
         self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda" and self.dtype == torch.bfloat16
         self._kept = None  # ((batch, cap), KVCache, DecodeGraphs) reused across calls with graphs on
+        self._fast_checked = False  # the Triton path's self-test at this model's shapes (fast.TritonPath)
 
     # ------------------------------------------------------------------------------ weights
     def sync_weights(self, model_or_state_dict) -> None:
@@ -179,7 +180,11 @@ class RolloutEngine:
                                           self.device)
         self.fwd = EngineForward(self.weights, mode=self.mode, fmt=self.fmt, dtype=self.dtype)
         if self.mode == "w4a4" and self.fmt == "nvfp4" and fast.available(self.device, self.dtype, self.fp4_backend):
-            self.fwd.fast = fast.TritonPath.build(self.weights)
+            path = fast.TritonPath.build(self.weights)
+            if self.device.type == "cuda" and not self._fast_checked:  # once per engine: shapes do not change
+                path.self_test(self.weights, self.dtype, self.device)
+                self._fast_checked = True
+            self.fwd.fast = path
 
     def _check_ready(self):
         if self.fwd is None:

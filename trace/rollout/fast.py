@@ -15,6 +15,10 @@ for one-token decode steps: prefill is compute-bound, and there the MMA kernels 
 GEMMs on the dequantized weights (same codes). `RolloutEngine(fp4_backend="torch")` or
 TRACE_ROLLOUT_BACKEND=torch disables it (=triton forces it on a CPU under TRITON_INTERPRET=1).
 
+On a GPU the engine runs `TritonPath.self_test` at its first weight sync: the kernels against
+`kernels.reference` at the model's own widths and row counts, so a kernel that is wrong at a shape no
+test used stops the run instead of skewing it.
+
 Compared against: the engine's torch path (tests/rollout/test_fast.py runs it under TRITON_INTERPRET=1).
 """
 from __future__ import annotations
@@ -61,27 +65,77 @@ class TritonPath:
 
         dense, moe = [], []
         for i in range(weights.arch.num_layers):
-            pre = f"model.layers.{i}."
-            d = {}
-            for key, suffix in (("q", "self_attn.q_proj.weight"), ("k", "self_attn.k_proj.weight"),
-                                ("v", "self_attn.v_proj.weight"), ("o", "self_attn.o_proj.weight"),
-                                ("sg", "mlp.shared_expert.gate_proj.weight"), ("su", "mlp.shared_expert.up_proj.weight"),
-                                ("sd", "mlp.shared_expert.down_proj.weight"), ("mg", "mlp.gate_proj.weight"),
-                                ("mu", "mlp.up_proj.weight"), ("md", "mlp.down_proj.weight")):
-                t = weights.fp4.get(pre + suffix)
-                if t is not None:
-                    d[key] = prepare_weight(t.codes, t.scales, t.outer)
-            dense.append(d)
-            gu = weights.fp4.get(pre + "mlp.experts.gate_up_proj")
-            if gu is None:
-                moe.append(None)
-                continue
-            dn = weights.fp4[pre + "mlp.experts.down_proj"]
-            inter = gu.codes.shape[1] // 2
-            gate = fp4.FP4Tensor(gu.codes[:, :inter].contiguous(), gu.scales[:, :inter].contiguous(), gu.outer)
-            up = fp4.FP4Tensor(gu.codes[:, inter:].contiguous(), gu.scales[:, inter:].contiguous(), gu.outer)
-            moe.append(prepare_moe_weights(gate, up, dn))  # gate and up share the per-expert outer scale
+            dense.append({key: prepare_weight(t.codes, t.scales, t.outer) for key, t in _dense_fp4(weights, i).items()})
+            experts = _expert_fp4(weights, i)
+            moe.append(None if experts is None else prepare_moe_weights(*experts))
         return TritonPath(dense, moe)
+
+    def self_test(self, weights, dtype: torch.dtype, device, rows=(1, 5, 64, 300), seed: int = 0) -> None:
+        """Check the kernels against `kernels.reference` at this model's own shapes before a run uses
+        them, and raise RuntimeError naming the kernel and shape where they disagree: activation codes,
+        scale bytes and S_enc bit-exact at every width the path quantizes (both variants: codes only, and
+        with the dequantized copy the decode GEMV reads), every dense weight of the first layer that has
+        one and the first MoE layer's experts within the kernel tests' output tolerance. rows: activation
+        rows per call (<= 16 takes the GEMV kernels, more the MMA ones). A Triton miscompile at one
+        quantize tile saturated every code on an H200 at a width no kernel test used (kernels/NOTES.md
+        v2d); this is what catches the next one. Costs a few seconds of compiles on a GPU."""
+        from kernels import reference as ref
+        from kernels.gemm import fp4_linear
+        from kernels.moe import fused_moe
+        from kernels.quantize import quantize_rows
+
+        dev = torch.device(device)
+        g = torch.Generator().manual_seed(seed)
+
+        def rand(m, k):  # rows of different magnitude, so the per-row outer scales differ
+            x = torch.randn(m, k, generator=g) * torch.exp(torch.randn(m, 1, generator=g))
+            return x.to(dtype)
+
+        def fail(what, shape, detail):
+            raise RuntimeError(f"FP4 fast path self-test: {what} at {shape} disagrees with kernels.reference "
+                               f"({detail}); run with fp4_backend='torch' (TRACE_ROLLOUT_BACKEND=torch) and "
+                               f"report the GPU, Triton version and shape")
+
+        widths = sorted({w.K for d in self.dense for w in d.values()}
+                        | {k for m in self.moe if m is not None for k in (m.H, m.I)})
+        for K in widths:
+            for M in rows:
+                x = rand(M, K)
+                c, s, o = ref.nvfp4_quantize(x.float(), outer="row")
+                for fake in (None, dtype):
+                    q = quantize_rows(x.to(dev), "nvfp4", fake_dtype=fake, check_finite=False)
+                    ok = {"codes": torch.equal(q.codes().cpu(), c), "scales": torch.equal(q.scales.cpu(), s),
+                          "outer": torch.equal(q.outer.cpu().reshape(-1), o.reshape(-1))}
+                    if fake is not None:  # a multiply by 1/S_enc instead of a division: within an ulp of dtype
+                        deq = ref.nvfp4_dequantize(c, s, o)
+                        ok["dequantized"] = torch.allclose(q.fake.cpu().float(), deq, rtol=2 * torch.finfo(dtype).eps,
+                                                           atol=0.0)
+                    if not all(ok.values()):
+                        fail("activation quantize" + (" (+dequantized)" if fake else ""), (M, K), ok)
+        layer = next((i for i, d in enumerate(self.dense) if d), None)
+        for key, t in ({} if layer is None else _dense_fp4(weights, layer)).items():
+            w = self.dense[layer][key]
+            for M in rows:
+                x = rand(M, w.K)
+                y = fp4_linear(x.to(dev), w, act_quant=True, out_dtype=torch.float32, check_finite=False).cpu()
+                r = ref.fp4_linear(x.float(), t.codes.cpu(), t.scales.cpu(), t.outer.cpu(), act_quant=True)
+                err = float((y - r).norm() / r.norm().clamp_min(1e-30))
+                if not err < 1e-2:
+                    fail(f"W4A4 linear {key} of layer {layer}", (M, w.N, w.K), f"rel. error {err:.3g}, tol 1e-2")
+        layer = next((i for i, m in enumerate(self.moe) if m is not None), None)
+        if layer is not None:
+            m = self.moe[layer]
+            gate, up, down = (tuple(x.cpu() for x in (t.codes, t.scales, t.outer)) for t in _expert_fp4(weights, layer))
+            k = min(weights.arch.top_k, m.E)
+            for T in rows:
+                x = rand(T, m.H)
+                ids = torch.stack([torch.randperm(m.E, generator=g)[:k] for _ in range(T)])
+                wts = torch.rand(T, k, generator=g)
+                y = fused_moe(x.to(dev), m, ids.to(dev), wts.to(dev), act_quant=True, check_finite=False).float().cpu()
+                r = ref.moe_fp4_reference(x.float(), gate, up, down, ids, wts, act_quant=True)
+                err = float((y - r).norm() / r.norm().clamp_min(1e-30))
+                if not err < 6e-2:
+                    fail(f"W4A4 experts of layer {layer}", (T, m.E, m.H, m.I), f"rel. error {err:.3g}, tol 6e-2")
 
     def linear(self, i: int, key: str, x: torch.Tensor, bias=None) -> torch.Tensor:
         """x [N, K] (unquantized) -> W4A4 x @ W^T [N, out] (+ bias)."""
@@ -112,3 +166,27 @@ class TritonPath:
         flat_slots = r * per + slots[:, 0]  # [R]
         kv_store(view, k[:, 0], v[:, 0], flat_slots, check_finite=False)
         return decode_attention(q[:, 0], view, r * per, start + 1, max_len, check_finite=False).view(R, *q.shape[2:])
+
+
+_DENSE = (("q", "self_attn.q_proj.weight"), ("k", "self_attn.k_proj.weight"), ("v", "self_attn.v_proj.weight"),
+          ("o", "self_attn.o_proj.weight"), ("sg", "mlp.shared_expert.gate_proj.weight"),
+          ("su", "mlp.shared_expert.up_proj.weight"), ("sd", "mlp.shared_expert.down_proj.weight"),
+          ("mg", "mlp.gate_proj.weight"), ("mu", "mlp.up_proj.weight"), ("md", "mlp.down_proj.weight"))
+
+
+def _dense_fp4(weights, i: int) -> dict:
+    """Layer i's dense FP4 weights (attention projections, shared-expert and dense MLPs) by path key."""
+    pre = f"model.layers.{i}."
+    return {key: weights.fp4[pre + sfx] for key, sfx in _DENSE if pre + sfx in weights.fp4}
+
+
+def _expert_fp4(weights, i: int):
+    """Layer i's routed experts as (gate, up, down) FP4Tensors, or None (no MoE in that layer)."""
+    pre = f"model.layers.{i}."
+    gu = weights.fp4.get(pre + "mlp.experts.gate_up_proj")
+    if gu is None:
+        return None
+    inter = gu.codes.shape[1] // 2
+    gate = fp4.FP4Tensor(gu.codes[:, :inter].contiguous(), gu.scales[:, :inter].contiguous(), gu.outer)
+    up = fp4.FP4Tensor(gu.codes[:, inter:].contiguous(), gu.scales[:, inter:].contiguous(), gu.outer)
+    return gate, up, weights.fp4[pre + "mlp.experts.down_proj"]  # gate and up share the per-expert outer scale
