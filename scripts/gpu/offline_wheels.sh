@@ -3,7 +3,8 @@
 # transformers preinstalled, Python 3.12): download here, carry the folder, install there into a target
 # directory that goes on PYTHONPATH.
 #   bash scripts/gpu/offline_wheels.sh download DIR [SET]   # on a machine with pip access (any OS/arch)
-#   bash scripts/gpu/offline_wheels.sh install DIR          # on the GPU machine, into $SITE (default /tmp/site)
+#   bash scripts/gpu/offline_wheels.sh install DIR          # on the GPU machine, into $SITE (default /tmp/site);
+#                                                           # a second install of the same DIR there is a no-op
 #   export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH   # then run as usual
 # SET is `openrlhf` (default: scripts/gpu/openrlhf_small.sh), `pipeline` (Snakemake 9.27.1 and its
 # dependencies, 28 MB, for `snakemake --configfile experiments/profiles/small.yaml` there) or `all` (both,
@@ -64,10 +65,16 @@ PY
   du -sh "$dir";;
 install)
   site=${SITE:-/tmp/site}
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$dir"/*.whl
-  for sdist in "$dir"/*.tar.gz; do  # deepspeed (openrlhf set), connection-pool (pipeline set)
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target "$site" "$sdist"
-  done
+  # a machine kept warm between calls keeps $site: the same set installed once (~60 s) is not installed again
+  stamp="$site/.installed-$(ls "$dir" | sha256sum | cut -c1-16)"
+  if [ ! -e "$stamp" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$dir"/*.whl
+    for sdist in "$dir"/*.tar.gz; do  # deepspeed (openrlhf set), connection-pool (pipeline set)
+      [ -e "$sdist" ] || continue
+      python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target "$site" "$sdist"
+    done
+    touch "$stamp"
+  fi
   if [ -e "$dir"/snakemake-*.whl ]; then
     PYTHONPATH=$PWD:$site${PYTHONPATH:+:$PYTHONPATH} python3 -c "import snakemake, jsonschema; print('snakemake', snakemake.__version__)"
   fi
