@@ -80,6 +80,7 @@ class TritonPath:
         quantize tile saturated every code on an H200 at a width no kernel test used (kernels/NOTES.md
         v2d); this is what catches the next one. Costs a few seconds of compiles on a GPU."""
         from kernels import reference as ref
+        from kernels.attention import FP4KVCache, decode_attention, kv_store
         from kernels.gemm import fp4_linear
         from kernels.moe import fused_moe
         from kernels.quantize import quantize_rows
@@ -122,6 +123,24 @@ class TritonPath:
                 err = float((y - r).norm() / r.norm().clamp_min(1e-30))
                 if not err < 1e-2:
                     fail(f"W4A4 linear {key} of layer {layer}", (M, w.N, w.K), f"rel. error {err:.3g}, tol 1e-2")
+        a = weights.arch  # FP4-KV store and decode attention at the model's heads: 3 sequences, lengths 40, 0, 17
+        B, L, lens = 3, 40, torch.tensor([40, 0, 17])
+        kv = FP4KVCache.allocate(B * L, a.num_kv_heads, a.head_dim, dev)
+        k, v = rand(B * L * a.num_kv_heads, a.head_dim), rand(B * L * a.num_kv_heads, a.head_dim)
+        k, v = (t.view(B * L, a.num_kv_heads, a.head_dim) for t in (k, v))
+        q = rand(B * a.num_heads, a.head_dim).view(B, a.num_heads, a.head_dim)
+        kv_store(kv, k.to(dev), v.to(dev), torch.arange(B * L, device=dev), check_finite=False)
+        c, s, o = ref.nvfp4_quantize(k.float(), outer="row")
+        if not (torch.equal(kv.k_packed.cpu(), ref.pack_fp4(c)) and torch.equal(kv.k_scales.cpu(), s)):
+            fail("FP4 KV store", (B * L, a.num_kv_heads, a.head_dim), "codes or scales")
+        y = decode_attention(q.to(dev), kv, torch.arange(B, device=dev) * L, lens.to(dev), L,
+                             check_finite=False).float().cpu()
+        kh, vh = (ref.kv_dequantize(p.cpu(), sc.cpu(), ou.cpu()).view(B, L, a.num_kv_heads, a.head_dim)
+                  for p, sc, ou in ((kv.k_packed, kv.k_scales, kv.k_outer), (kv.v_packed, kv.v_scales, kv.v_outer)))
+        r = ref.decode_attention_reference(q.float(), kh, vh, lens)
+        err = float((y - r).norm() / r.norm().clamp_min(1e-30))
+        if not err < 5e-3:
+            fail("FP4-KV decode attention", (B, a.num_heads, a.num_kv_heads, a.head_dim), f"rel. error {err:.3g}, tol 5e-3")
         layer = next((i for i, m in enumerate(self.moe) if m is not None), None)
         if layer is not None:
             m = self.moe[layer]
