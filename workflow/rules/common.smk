@@ -38,12 +38,12 @@ wildcard_constraints:
     seed=r"\d+",
 
 RUN_DONE = [f"{PLAN.run_dir(r.model, r.task, r.arm, r.seed)}/done" for r in PLAN.runs]
-RUN_EVAL = [f"{PLAN.run_dir(r.model, r.task, r.arm, r.seed)}/eval.json" for r in PLAN.runs]
+RUN_EVAL = PLAN.run_evals()
 MANIFEST = f"{RUNS}/manifest.json"
 # The learning check (analysis/learning.py): the arm's final policies against their SFT base, evaluated
 # with the arm's first-seed run config (same prompts, samples and sampling seed as every final eval).
-LEARNING = (config.get("checks") or {}).get("learning") if PLAN.sft_enabled else None
-BASE_EVAL = [f"{PLAN.sft_dir(m, t)}/eval.json" for m, t in PLAN.model_tasks()] if LEARNING else []
+LEARNING = PLAN.learning
+BASE_EVAL = PLAN.base_evals()
 TABLE_FILES = [f"{TABLES}/{name}.{ext}" for name in ("main", "ablation") for ext in ("csv", "md")] + [
     f"{TABLES}/runs.csv"
 ] + ([f"{TABLES}/learning.{ext}" for ext in ("csv", "md")] if LEARNING else [])

@@ -179,17 +179,29 @@ class Plan:
         }
 
 
+    @property
+    def learning(self) -> dict | None:
+        """The profile's learning check (checks.learning), or None (none asked for, or no SFT base)."""
+        return (self.config.get("checks") or {}).get("learning") if self.sft_enabled else None
+
+    def run_evals(self, model: str | None = None, task: str | None = None) -> list[str]:
+        """Each run's eval.json (of `model` and `task` where given)."""
+        return [f"{self.run_dir(r.model, r.task, r.arm, r.seed)}/eval.json" for r in self.runs
+                if model in (None, r.model) and task in (None, r.task)]
+
+    def base_evals(self, model: str | None = None, task: str | None = None) -> list[str]:
+        """The SFT bases' evaluations that the learning check reads ([] without the check)."""
+        return [f"{self.sft_dir(m, t)}/eval.json" for m, t in self.model_tasks()
+                if model in (None, m) and task in (None, t)] if self.learning else []
+
     def targets(self, model: str, task: str | None = None) -> list[str]:
         """Every file that completes `model`'s runs (of `task`, else of every task): each run's eval.json
         and, with the learning check on, its SFT base's evaluation. A stretch of GPU time that must
         finish what it starts (checkpoints stay on the machine) runs these as Snakemake targets."""
-        runs = [r for r in self.runs if r.model == model and task in (None, r.task)]
+        runs = self.run_evals(model, task)
         if not runs:
             raise ValueError(f"no runs of {model!r}" + (f" on {task!r}" if task else "") + " in this profile")
-        out = [f"{self.run_dir(r.model, r.task, r.arm, r.seed)}/eval.json" for r in runs]
-        if self.sft_enabled and (self.config.get("checks") or {}).get("learning"):
-            out += [f"{self.sft_dir(m, t)}/eval.json" for m, t in dict.fromkeys((r.model, r.task) for r in runs)]
-        return out
+        return runs + self.base_evals(model, task)
 
 
 if __name__ == "__main__":
