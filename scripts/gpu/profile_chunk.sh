@@ -17,7 +17,8 @@ case ${1:-} in
 start)
   profile=${2:?usage: profile_chunk.sh start PROFILE MODEL [TASK]}; model=${3:?model}; task=${4:-}
   targets=$(PYTHONPATH=$PWD "$py" workflow/scripts/runplan.py "$profile" --targets "$model" $task)
-  slots=$("$py" -c "import yaml, sys; print(yaml.safe_load(open(sys.argv[1])).get('gpu_slots_per_device', 1))" "$profile")
+  read -r name slots < <("$py" -c "import yaml, sys; c = yaml.safe_load(open(sys.argv[1]))
+print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   [ "$gpus" -gt 0 ] || { echo "no GPU visible" >&2; exit 1; }
   rm -rf "$work" && mkdir -p "$work"
@@ -26,7 +27,7 @@ start)
   setsid nohup snakemake --cores "$(nproc)" --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going \
     $targets --configfile "$profile" > "$work/snakemake.log" 2>&1 < /dev/null &
   echo $! > "$work/pid"
-  "$py" -c "import yaml, sys; print(yaml.safe_load(open(sys.argv[1]))['profile'])" "$profile" > "$work/profile_name"
+  echo "$name" > "$work/profile_name"
   echo "started $(echo $targets | wc -w) targets on $gpus GPU(s) x $slots slots; log $work/snakemake.log";;
 wait)
   secs=${2:?usage: profile_chunk.sh wait SECONDS OUT.tgz}; out=${3:?OUT.tgz}

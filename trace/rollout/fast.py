@@ -92,6 +92,9 @@ class TritonPath:
             x = torch.randn(m, k, generator=g) * torch.exp(torch.randn(m, 1, generator=g))
             return x.to(dtype)
 
+        def rel(y, r):  # relative L2 error of a kernel output against the oracle's
+            return float((y - r).norm() / r.norm().clamp_min(1e-30))
+
         def fail(what, shape, detail):
             raise RuntimeError(f"FP4 fast path self-test: {what} at {shape} disagrees with kernels.reference "
                                f"({detail}); run with fp4_backend='torch' (TRACE_ROLLOUT_BACKEND=torch) and "
@@ -120,7 +123,7 @@ class TritonPath:
                 x = rand(M, w.K)
                 y = fp4_linear(x.to(dev), w, act_quant=True, out_dtype=torch.float32, check_finite=False).cpu()
                 r = ref.fp4_linear(x.float(), t.codes.cpu(), t.scales.cpu(), t.outer.cpu(), act_quant=True)
-                err = float((y - r).norm() / r.norm().clamp_min(1e-30))
+                err = rel(y, r)
                 if not err < 1e-2:
                     fail(f"W4A4 linear {key} of layer {layer}", (M, w.N, w.K), f"rel. error {err:.3g}, tol 1e-2")
         a = weights.arch  # FP4-KV store and decode attention at the model's heads: 3 sequences, lengths 40, 0, 17
@@ -138,7 +141,7 @@ class TritonPath:
         kh, vh = (ref.kv_dequantize(p.cpu(), sc.cpu(), ou.cpu()).view(B, L, a.num_kv_heads, a.head_dim)
                   for p, sc, ou in ((kv.k_packed, kv.k_scales, kv.k_outer), (kv.v_packed, kv.v_scales, kv.v_outer)))
         r = ref.decode_attention_reference(q.float(), kh, vh, lens)
-        err = float((y - r).norm() / r.norm().clamp_min(1e-30))
+        err = rel(y, r)
         if not err < 5e-3:
             fail("FP4-KV decode attention", (B, a.num_heads, a.num_kv_heads, a.head_dim), f"rel. error {err:.3g}, tol 5e-3")
         layer = next((i for i, m in enumerate(self.moe) if m is not None), None)
@@ -152,7 +155,7 @@ class TritonPath:
                 wts = torch.rand(T, k, generator=g)
                 y = fused_moe(x.to(dev), m, ids.to(dev), wts.to(dev), act_quant=True, check_finite=False).float().cpu()
                 r = ref.moe_fp4_reference(x.float(), gate, up, down, ids, wts, act_quant=True)
-                err = float((y - r).norm() / r.norm().clamp_min(1e-30))
+                err = rel(y, r)
                 if not err < 6e-2:
                     fail(f"W4A4 experts of layer {layer}", (T, m.E, m.H, m.I), f"rel. error {err:.3g}, tol 6e-2")
 
