@@ -307,12 +307,15 @@ def fake_quantize_rows(x: torch.Tensor, fmt: str = "nvfp4") -> torch.Tensor:
 # Oracles for the grouped MoE and FP4-KV attention kernels (added with the Triton kernels)
 # ----------------------------------------------------------------------------------------------
 def moe_fp4_reference(x: torch.Tensor, gate, up, down, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                      act_quant: bool = False) -> torch.Tensor:
+                      act_quant: bool = False, h_dtype: torch.dtype | None = None) -> torch.Tensor:
     """FP32 oracle of the SiLU-gated MoE expert MLP over NVFP4 weights. gate/up/down are
     (codes, scale bytes, S_enc) with codes [E, I, H] / [E, I, H] / [E, H, I] (1x16 blocks).
     out[t] = sum_j w[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t, j].
     act_quant: per-row NVFP4 fake quantization of the gate/up input (per token) and of the down
-    input (per token and slot), DESIGN.md §2."""
+    input (per token and slot), DESIGN.md §2. h_dtype: round h to it before the down projection (and
+    before its quantization), as a kernel that keeps h in the activation dtype does (kernels.moe with a
+    BF16 x); without it, an FP4 code of h that sits at a rounding boundary can differ from such a kernel's,
+    and at a narrow expert (I = 64) one such code moves the output by ~10%."""
     wg, wu, wd = (nvfp4_dequantize(*t) for t in (gate, up, down))  # [E, I, H], [E, I, H], [E, H, I]
     x = x.float()
     if act_quant:
@@ -324,6 +327,8 @@ def moe_fp4_reference(x: torch.Tensor, gate, up, down, topk_ids: torch.Tensor, t
         g = torch.einsum("th,tih->ti", x, wg[e])
         u = torch.einsum("th,tih->ti", x, wu[e])
         h = torch.nn.functional.silu(g) * u
+        if h_dtype is not None:
+            h = h.to(h_dtype).float()
         if act_quant:
             h = fake_quantize_rows(h)
         out += topk_weights[:, j, None].float() * torch.einsum("ti,thi->th", h, wd[e])

@@ -68,11 +68,11 @@ install)
   # a machine kept warm between calls keeps $site: the same set installed once (~60 s) is not installed again
   stamp="$site/.installed-$(ls "$dir" | sha256sum | cut -c1-16)"
   if [ ! -e "$stamp" ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$dir"/*.whl
-    for sdist in "$dir"/*.tar.gz; do  # deepspeed (openrlhf set), connection-pool (pipeline set)
-      [ -e "$sdist" ] || continue
-      python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target "$site" "$sdist"
-    done
+    # one pip call for wheels and sdists (deepspeed, connection-pool): a second `--target --upgrade` call
+    # replaces the target's bin/ with its own, which took the snakemake script away
+    shopt -s nullglob
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
+      --target "$site" "$dir"/*.whl "$dir"/*.tar.gz
     touch "$stamp"
   fi
   if [ -e "$dir"/snakemake-*.whl ]; then

@@ -24,7 +24,7 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   rm -rf "$work" && mkdir -p "$work"
   tar cf - --exclude='./.whl*' --exclude='./.venv' . | tar xf - -C "$work"   # .git travels: meta.json records the commit
   cd "$work"
-  setsid nohup snakemake --cores "$(nproc)" --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going \
+  setsid nohup "$py" -m snakemake --cores "$(nproc)" --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going \
     $targets --configfile "$profile" > "$work/snakemake.log" 2>&1 < /dev/null &
   echo $! > "$work/pid"
   echo "$name" > "$work/profile_name"

@@ -13,6 +13,7 @@ fake-quant used by QAT. Compared against torchao 0.18 `nvfp4_quantize` in tests/
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +54,10 @@ class FP4Tensor:
         else:
             x = ref.mxfp4_dequantize(self.codes, self.scales)
         return x.to(dtype or self.dtype)
+
+    def to(self, device) -> "FP4Tensor":
+        return dataclasses.replace(self, codes=self.codes.to(device), scales=self.scales.to(device),
+                                   outer=self.outer.to(device))
 
     def mantissa(self) -> torch.Tensor:
         """The mantissa bit of every code (uint8 0/1), what TRACE records."""

@@ -75,14 +75,15 @@ class TritonPath:
         them, and raise RuntimeError naming the kernel and shape where they disagree: activation codes,
         scale bytes and S_enc bit-exact at every width the path quantizes (both variants: codes only, and
         with the dequantized copy the decode GEMV reads), every dense weight of the first layer that has
-        one and the first MoE layer's experts within the kernel tests' output tolerance. rows: activation
+        one and the first MoE layer's experts within 1e-2 of the oracle (W4A4 on the MMA kernels, W4A16 on
+        the GEMV ones, see below). rows: activation
         rows per call (<= 16 takes the GEMV kernels, more the MMA ones). A Triton miscompile at one
         quantize tile saturated every code on an H200 at a width no kernel test used (kernels/NOTES.md
         v2d); this is what catches the next one. Costs a few seconds of compiles on a GPU."""
         from kernels import reference as ref
         from kernels.attention import FP4KVCache, decode_attention, kv_store
         from kernels.gemm import fp4_linear
-        from kernels.moe import fused_moe
+        from kernels.moe import default_moe_config, fused_moe
         from kernels.quantize import quantize_rows
 
         dev = torch.device(device)
@@ -153,11 +154,18 @@ class TritonPath:
                 x = rand(T, m.H)
                 ids = torch.stack([torch.randperm(m.E, generator=g)[:k] for _ in range(T)])
                 wts = torch.rand(T, k, generator=g)
-                y = fused_moe(x.to(dev), m, ids.to(dev), wts.to(dev), act_quant=True, check_finite=False).float().cpu()
-                r = ref.moe_fp4_reference(x.float(), gate, up, down, ids, wts, act_quant=True)
+                # The MMA kernels read the activation codes and keep h in x's dtype, which the oracle
+                # reproduces (h_dtype), so W4A4 is compared there. The GEMV kernels read the dequantized
+                # activations rounded to x's dtype (a multiply by 1/S_enc, within an ulp), which moves h by
+                # about an ulp and can flip its FP4 codes; one flip at I = 64 is a ~10% output error, so
+                # they are compared in W4A16 (their activation quantize is the one checked bit-exact above).
+                aq = default_moe_config(T, k, m.E).kind == "mma"
+                y = fused_moe(x.to(dev), m, ids.to(dev), wts.to(dev), act_quant=aq, check_finite=False).float().cpu()
+                r = ref.moe_fp4_reference(x.float(), gate, up, down, ids, wts, act_quant=aq, h_dtype=dtype)
                 err = rel(y, r)
-                if not err < 6e-2:
-                    fail(f"W4A4 experts of layer {layer}", (T, m.E, m.H, m.I), f"rel. error {err:.3g}, tol 6e-2")
+                if not err < 1e-2:
+                    fail(f"W4{'A4' if aq else 'A16'} experts of layer {layer}", (T, m.E, m.H, m.I),
+                         f"rel. error {err:.3g}, tol 1e-2")
 
     def linear(self, i: int, key: str, x: torch.Tensor, bias=None) -> torch.Tensor:
         """x [N, K] (unquantized) -> W4A4 x @ W^T [N, out] (+ bias)."""

@@ -111,7 +111,9 @@ class EngineWeights:
                 if t is None:
                     continue
                 if mode == "w4a4" and key in QUANTIZED:
-                    q = quantize_weight(t.detach(), fmt)  # the trainer's function, on the master tensor
+                    # the trainer's function, on the master tensor where it lives; the codes then go where the
+                    # engine's kernels read them
+                    q = quantize_weight(t.detach(), fmt).to(device)
                     fp4w[name] = q
                     lw[key] = q.dequantize(dtype).to(device).contiguous()
                 else:
