@@ -16,7 +16,7 @@ def test_run_dir_and_metrics_truncation(tmp_path):
     cfg = C.load_config(None, [])
     d = rundir.prepare_run_dir(tmp_path / "run", cfg, kind="rl")
     meta = json.loads((d / "meta.json").read_text())
-    for k in ("git_commit", "torch", "transformers", "triton", "hostname", "cpu", "gpu", "python", "start_time"):
+    for k in ("git_commit", "git_tree", "torch", "transformers", "triton", "hostname", "cpu", "gpu", "python", "start_time"):
         assert k in meta
     assert yaml.safe_load((d / "config.yaml").read_text()) == cfg
     # a restart with the same config is accepted and recorded; a different config is refused
@@ -84,3 +84,20 @@ def test_bad_inputs_create_no_run_dir(tmp_path):
     with pytest.raises(C.ConfigError, match="config key 'model': unknown model 'qwen9_moe-tiny'"):
         rundir.prepare_run_dir(tmp_path / "run", cfg, kind="sft")
     assert not (tmp_path / "run").exists()
+
+
+def test_meta_git_tree_names_the_files_on_disk():
+    """meta.json's git_tree is the tree of the tracked files as they are, also when they differ from HEAD
+    (a GPU lease once carried a newer commit's files beside an older .git: git_commit named the old one)."""
+    import subprocess
+
+    tree = rundir._git_tree()
+    if tree is None:
+        pytest.skip("not a git checkout")
+    path = "trace/rundir.py"
+    blob = subprocess.run(["git", "-C", rundir._ROOT, "ls-tree", tree, path], capture_output=True, text=True,
+                          check=True).stdout.split()[2]
+    on_disk = subprocess.run(["git", "-C", rundir._ROOT, "hash-object", path], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    assert blob == on_disk
+    assert json.loads(json.dumps(rundir.collect_meta()))["git_tree"] == tree

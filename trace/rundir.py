@@ -36,10 +36,12 @@ import yaml
 
 from trace.config import ConfigError, diff_keys, dump_config
 
+_ROOT = str(Path(__file__).resolve().parent.parent)
+
 
 def _git_commit() -> str | None:
     try:
-        root = Path(__file__).resolve().parent.parent
+        root = _ROOT
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=10)
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
@@ -47,6 +49,25 @@ def _git_commit() -> str | None:
         if out.returncode != 0:
             return None
         return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except Exception:  # noqa: BLE001 - meta data is best effort, never fatal
+        return None
+
+
+def _git_tree() -> str | None:
+    """The git tree id of the tracked files as they are on disk (the commit's tree when clean). A copy of the
+    repository whose .git lags its files (a GPU lease can carry the files of a newer commit beside the .git
+    of an older one) still names its code: `git log --format='%H %T' | grep TREE` finds the commit."""
+    import tempfile
+    try:
+        root = _ROOT
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, GIT_INDEX_FILE=os.path.join(tmp, "index"))
+            for cmd in (["read-tree", "HEAD"], ["add", "-u"]):
+                if subprocess.run(["git", "-C", root, *cmd], env=env, capture_output=True, timeout=60).returncode:
+                    return None
+            out = subprocess.run(["git", "-C", root, "write-tree"], env=env, capture_output=True, text=True,
+                                 timeout=60)
+            return out.stdout.strip() if out.returncode == 0 else None
     except Exception:  # noqa: BLE001 - meta data is best effort, never fatal
         return None
 
@@ -75,6 +96,7 @@ def collect_meta() -> dict:
         pass
     return {
         "git_commit": _git_commit(),
+        "git_tree": _git_tree(),
         "torch": torch.__version__,
         "transformers": _version("transformers"),
         "triton": _version("triton"),
