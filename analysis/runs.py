@@ -233,7 +233,11 @@ def summarize(r: RunData) -> dict:
         rho = 0.0
     row["rho"] = float(rho) if isinstance(rho, (int, float)) and not isinstance(rho, bool) else math.nan
     row["guidance"] = arm.guidance
+    # the alignment loss's weight: 0 for arms without it, NaN where the run's config does not say
     align_coef = rl.get("align_coef")
-    row["align_loss"] = bool(arm.align and not (isinstance(align_coef, (int, float)) and align_coef == 0))
+    if not arm.align:
+        align_coef = 0.0
+    row["align_coef"] = (float(align_coef) if isinstance(align_coef, (int, float)) and not isinstance(align_coef, bool)
+                         else math.nan)
     row["routing_replay"] = bool(arm.routing)
     return row

@@ -57,7 +57,7 @@ ABLATION_COLUMNS = [
     ("guidance_bytes_per_gen_token", "Guidance B / generated token"),
     ("guidance_bits_per_element", "Bits / guided element"),
 ]
-FACTOR_COLUMNS = ["rho", "guidance", "align_loss", "routing_replay"]
+FACTOR_COLUMNS = ["rho", "guidance", "align_coef", "routing_replay"]
 ACC_COLUMNS = ("acc_bf16", "acc_fp4")
 # columns shown with the range over seeds beside the mean
 RANGE_COLUMNS = ("k3_mean", "k3_final", "dlp_abs_max", "code_flip_rate")
@@ -184,7 +184,7 @@ def _fmt(v, col: str) -> str:
     if isinstance(v, str):
         return v
     if _isnan(v):
-        return "default" if col == "rho" else "n/a"
+        return "default" if col in ("rho", "align_coef") else "n/a"
     return _num(v, col)
 
 
@@ -232,7 +232,8 @@ MAIN_NOTES = COMMON_NOTES + (
 )
 ABLATION_NOTES = COMMON_NOTES + (
     " TRACE variants: rho = fraction of the deepest layers guided; guidance = compact (mantissa bit + "
-    "block scales) or full 4-bit codes; align loss and routing replay on/off. qat-independent = FP4 "
+    "block scales) or full 4-bit codes; align coef = weight of the alignment loss (0: off); routing replay "
+    "on/off. qat-independent = FP4 "
     "trainer with its own rounding, no guidance. Code flip rate: per layer, the fraction of FP4 activation "
     "codes of the trainer *before guidance* that differ from the rollout's codes (rollout's routing), mean "
     "over all layers and steps (a diagnostic record, the same layers for every arm). Bits / guided "

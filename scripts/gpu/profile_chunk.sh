@@ -7,7 +7,8 @@
 #   bash scripts/gpu/profile_chunk.sh wait SECONDS OUT.tgz         # waits up to SECONDS, packs what is done
 # e.g. `start experiments/profiles/small.yaml qwen3_moe-small reasoning` on two H200s runs its SFT base, the
 # 12 runs and 13 evaluations with 8 at a time (gpu = GPUs x the profile's gpu_slots_per_device). Unpack
-# OUT.tgz in the repository root, then `snakemake figures --configfile PROFILE`. WORK (default
+# OUT.tgz in the repository root, then `snakemake figures --configfile PROFILE`. An SFT base committed
+# without its checkpoint is trained again first and checked against its logged losses. WORK (default
 # /tmp/trace-chunk) holds the copy and snakemake.log. Snakemake runs with the greedy scheduler, so
 # PuLP's solver binaries are not needed (scripts/gpu/offline_wheels.sh SET all leaves them out).
 set -euo pipefail
@@ -24,8 +25,25 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   rm -rf "$work" && mkdir -p "$work"
   tar cf - --exclude='./.whl*' --exclude='./.venv' . | tar xf - -C "$work"   # .git travels: meta.json records the commit
   cd "$work"
-  setsid nohup "$py" -m snakemake --cores "$(nproc)" --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going \
-    $targets --configfile "$profile" > "$work/snakemake.log" 2>&1 < /dev/null &
+  # An SFT base that came back from an earlier lease without its checkpoint (done, no ckpt) is trained again
+  # first, into a side dir; its logged losses must equal the committed ones bit for bit (the SFT is
+  # deterministic on one GPU model), then the checkpoint goes in place and snakemake, whose runs depend on
+  # ancient(sft/done), starts only what is missing.
+  cat > run.sh <<EOS
+set -e
+for d in results/runs/$name/$model/${task:-*}/sft; do
+  [ -e "\$d/done" ] && [ ! -e "\$d/ckpt" ] || continue
+  echo "rebuilding the SFT checkpoint of \$d"
+  CUDA_VISIBLE_DEVICES=0 $py -m trace.sft --config "\$d/config.yaml" --out "rebuild/\$d"
+  $py -c "import json, sys
+loss = lambda p: [json.loads(x).get('loss') for x in open(p)]
+a, b = loss(sys.argv[1] + '/metrics.jsonl'), loss(sys.argv[2] + '/metrics.jsonl')
+sys.exit(0 if a == b else 'SFT rebuild of %s: logged losses differ from the committed run; not starting' % sys.argv[1])" "\$d" "rebuild/\$d"
+  mv "rebuild/\$d/ckpt" "\$d/ckpt"
+done
+exec $py -m snakemake --cores $(nproc) --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going $targets --configfile $profile
+EOS
+  PYTHONPATH=$work${PYTHONPATH:+:$PYTHONPATH} setsid nohup bash run.sh > "$work/snakemake.log" 2>&1 < /dev/null &
   echo $! > "$work/pid"
   echo "$name" > "$work/profile_name"
   echo "started $(echo $targets | wc -w) targets on $gpus GPU(s) x $slots slots; log $work/snakemake.log";;

@@ -21,6 +21,7 @@ ABLATIONS = {
     "trace-fullcodes": ("trace-fullcodes", {}),
     "trace-noalign": ("trace-noalign", {}),
     "trace-noroutingreplay": ("trace-noroutingreplay", {}),
+    "trace-align0.01": ("trace", {"align_coef": 0.01}),
 }
 # (k3 level, guidance bytes/token, fp4 accuracy drop, rollout speedup)
 LEVEL = {
@@ -41,7 +42,7 @@ def write_run(run_dir: str, model: str, task: str, arm: str, method: str, seed: 
     rng = random.Random(hash((model, task, arm, seed)) & 0xFFFF)
     rho = (rl_extra or {}).get("rho", 0.34)
     cfg = {"model": model, "task": {"name": task, "difficulty": "easy", "n_train": 64, "n_test": 16, "seed": 0},
-           "rl": {"method": method, "rho": rho, "steps": steps, **(rl_extra or {})}, "seed": seed, "device": "cpu"}
+           "rl": {"method": method, "rho": rho, "align_coef": 0.1, "steps": steps, **(rl_extra or {})}, "seed": seed, "device": "cpu"}
     with open(os.path.join(run_dir, "config.yaml"), "w") as f:
         yaml.safe_dump(cfg, f)
     with open(os.path.join(run_dir, "meta.json"), "w") as f:

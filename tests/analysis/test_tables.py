@@ -123,7 +123,8 @@ def test_ablation_table_factors(profile):
     assert abl.loc["trace-rho0.5", "rho"] == 0.5 and abl.loc["trace-rho1", "rho"] == 1.0
     assert abl.loc["trace-fullcodes", "guidance"] == "full codes"
     assert abl.loc["trace", "guidance"] == "mantissa+scale"
-    assert not abl.loc["trace-noalign", "align_loss"] and abl.loc["trace", "align_loss"]
+    assert abl.loc["trace-noalign", "align_coef"] == 0 and abl.loc["trace", "align_coef"] == 0.1
+    assert abl.loc["trace-align0.01", "align_coef"] == 0.01
     assert not abl.loc["trace-noroutingreplay", "routing_replay"] and abl.loc["trace", "routing_replay"]
     assert abl.loc["trace-rho1", "k3_mean"] < abl.loc["trace", "k3_mean"] < abl.loc["qat-independent", "k3_mean"]
     for c in ("acc_fp4", "k3_mean", "k3_final", "code_flip_rate", "guidance_bytes_per_gen_token"):
