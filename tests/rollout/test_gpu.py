@@ -103,3 +103,41 @@ def test_fast_path_self_test_at_the_small_flavors_shapes(family):
     eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, dtype=torch.bfloat16, device="cuda")
     eng.sync_weights(m)  # raises RuntimeError where a kernel disagrees with kernels.reference
     assert eng.fwd.fast is not None and eng._fast_checked
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_captured_recording_steps_store_what_eager_steps_store(family):
+    """Recording inside the captured decode graphs (graphs.StepRecording): with one graph per attention
+    length (graph_bucket 1) and every row fed at every step, a captured step runs the eager step's shapes
+    and kernels, so tokens and records agree bit for bit; then with the default buckets and rows that stop
+    early, every fed (seq, pos) is in the record and nothing else."""
+    from trace.guidance.record import Recorder
+
+    m = tiny(family, dtype=torch.bfloat16).cuda()
+    prompts = random_seqs([6, 6, 6], seed=4)
+    outs = {}
+    for graphs in (False, True):
+        eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, dtype=torch.bfloat16, device="cuda",
+                            cuda_graphs=graphs)
+        eng.sync_weights(m)
+        eng.graph_bucket = 1
+        rec = Recorder(layers=None, full_codes=True, routing=True)
+        out = eng.generate(prompts, n=2, max_new_tokens=10, temperature=1.0, seed=2, recorder=rec)
+        outs[graphs] = (out, rec.finish())
+        if graphs:
+            assert eng._kept[2].recording is not None and eng._kept[2].capture
+    (oe, re_), (og, rg) = outs[False], outs[True]
+    assert og.tokens == oe.tokens and og.logprobs == oe.logprobs
+    assert sorted(rg.sites) == sorted(re_.sites)
+    for key, rows in rg.sites.items():
+        for f in ("keys", "mantissa", "scales", "outer", "codes"):
+            assert torch.equal(getattr(rows, f), getattr(re_.sites[key], f)), (key, f)
+    eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, dtype=torch.bfloat16, device="cuda")
+    eng.sync_weights(m)
+    rec = Recorder(layers=None, routing=True)
+    out = eng.generate(PROMPTS, n=2, max_new_tokens=40, temperature=1.0, seed=7, stop_token_ids=(3,), recorder=rec)
+    got = rec.finish()
+    want = {(b << 24) | p for b, t in enumerate(out.tokens) for p in range(len(t))
+            if not (b % 2 and p < out.prompt_lens[b])}  # the second sample's prompt rows are aliases
+    for key, rows in got.sites.items():
+        assert set(rows.keys.tolist()) == want, key

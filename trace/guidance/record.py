@@ -324,15 +324,29 @@ class Recorder:
         if outer.dim() == 0 or outer.shape[0] != t.codes.shape[0]:
             raise RecordMismatch(f"{site}: record rows need a per-row outer scale, got shape {tuple(outer.shape)}")
         t0 = self._clock(t.codes)
-        self._sites.setdefault((layer, site), []).append((
-            _keys(seq, pos).cpu(),
-            ref.pack_bits(t.codes & 1).cpu(),
-            t.scales.cpu(),
-            outer.expand(*t.codes.shape[:-1], 1).contiguous().cpu(),
-            ref.pack_fp4(t.codes).cpu() if self.full_codes else None,
-            t.fmt,
-        ))
+        self._store(layer, site, _keys(seq, pos), ref.pack_bits(t.codes & 1), t.scales,
+                    outer.expand(*t.codes.shape[:-1], 1), ref.pack_fp4(t.codes) if self.full_codes else None, t.fmt)
         self.seconds += time.perf_counter() - t0
+
+    def add_rows(self, layer: int, site: str, keys: torch.Tensor, mantissa: torch.Tensor, scales: torch.Tensor,
+                 outer: torch.Tensor, codes: torch.Tensor | None, fmt: str) -> None:
+        """Store rows already in record form: keys [N] (seq << 24 | pos), mantissa bits packed [N, *inner,
+        K/8], scale bytes, outer [N, *inner, 1] float32, packed codes [N, *inner, K/2] (needed only by a
+        full-codes recorder). What `add` stores, for callers that packed the rows themselves (the engine's
+        graph decode steps, trace/rollout/graphs.py)."""
+        if not self.wants(layer):
+            return
+        if self.full_codes and codes is None:
+            raise ValueError("a full-codes recorder needs the packed codes")
+        t0 = self._clock(mantissa)
+        self._store(layer, site, keys, mantissa, scales, outer, codes, fmt)
+        self.seconds += time.perf_counter() - t0
+
+    def _store(self, layer, site, keys, mantissa, scales, outer, codes, fmt) -> None:
+        self._sites.setdefault((layer, site), []).append((
+            keys.cpu(), mantissa.cpu(), scales.cpu(), outer.float().contiguous().cpu(),
+            codes.cpu() if self.full_codes else None, fmt,
+        ))
 
     def add_routing(self, layer: int, expert_ids: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor) -> None:
         if not self.routing or (self.routing == "guided" and not self.wants(layer)):
@@ -391,6 +405,10 @@ class Tee:
     def add_routing(self, layer, expert_ids, seq, pos) -> None:
         for r in self.recorders:
             r.add_routing(layer, expert_ids, seq, pos)
+
+    def add_rows(self, layer, site, keys, mantissa, scales, outer, codes, fmt) -> None:
+        for r in self.recorders:
+            r.add_rows(layer, site, keys, mantissa, scales, outer, codes, fmt)
 
     def alias(self, seq: int, src_seq: int, upto_pos: int) -> None:
         for r in self.recorders:

@@ -31,7 +31,9 @@ activation quant + BF16 GEMMs (the same codes on BF16 tensor cores), FP4 KV deco
 weights and FP4 KV codes read from memory), the torch path for prefill. Measured on an H200
 (results/rollout/, docs/LOG.md): BF16 engine 17.5-18.8x transformers generate; FP4 modes 0.5-0.7x the
 engine's BF16 (the FP4 kernels lose to cuBLAS/grouped_mm at batch >= 16; see kernels/NOTES.md).
-Recording (a `recorder`) always runs the eager torch path, which produces the same codes.
+Recording (a `recorder`) always runs the torch path, which produces the same codes; on a GPU its
+one-token decode steps record inside their CUDA graphs (graphs.StepRecording: device buffers written at
+the step index, handed to the recorder after the call), prefill and multi-turn calls record eagerly.
 
 Stops: `stop_token_ids` finish a sample (e.g. pass `(EOS_ID,)`; nothing is implicit); a stop string
 (needs `tokenizer`) ends the turn and is kept in the output; `max_new_tokens` caps the policy tokens
@@ -42,8 +44,8 @@ every (seq, pos) of every sample is in the record (the trainer's forward sees ev
 
 Timing: `elapsed_s` is the whole call; `record_s` the part of it spent recording (the recorder's calls,
 with device work awaited on both sides on CUDA, and the final feed that exists only for the record),
-so `elapsed_s - record_s` is generation alone. With a recorder the decode steps run eagerly (no CUDA
-graphs); on a GPU that slows generation itself, which `record_s` does not see.
+so `elapsed_s - record_s` is generation alone. Inside recording graphs, the buffer writes are part of the
+step and so of generation; `record_s` counts handing the rows over after the call.
 
 Compared against: transformers forward / patched QAT model (tests/rollout/test_engine.py); batch vs
 alone and seeds in tests/rollout/test_generate.py. Run: `.venv/bin/python -m pytest tests/rollout -q`.
@@ -60,7 +62,7 @@ from trace.guidance import Recording, Rows
 from trace.rollout import fast
 from trace.rollout.cache import KVCache
 from trace.rollout.forward import EngineForward
-from trace.rollout.graphs import DecodeGraphs
+from trace.rollout.graphs import DecodeGraphs, StepRecording, record_spec
 from trace.rollout.weights import Arch, EngineWeights
 
 MODES = ("bf16", "w4a4")
@@ -169,7 +171,8 @@ class RolloutEngine:
         # decode steps replay CUDA graphs (trace/rollout/graphs.py) on a GPU when nothing is recorded; a
         # float32 forward on CUDA cannot be captured (its grouped GEMM loops over host-side offsets)
         self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda" and self.dtype == torch.bfloat16
-        self._kept = None  # ((batch, cap), KVCache, DecodeGraphs) reused across calls with graphs on
+        self._kept = None  # (key, KVCache, DecodeGraphs) reused across calls with graphs on
+        self.graph_bucket = 256  # attention slots per decode graph (graphs.DecodeGraphs); 1 = one per length
         self._fast_checked = False  # the Triton path's self-test at this model's shapes (fast.TritonPath)
 
     # ------------------------------------------------------------------------------ weights
@@ -198,16 +201,20 @@ class RolloutEngine:
         return KVCache(a.num_layers, batch, cap, a.num_kv_heads, a.head_dim, dtype=self.dtype, device=self.device,
                        fp4_kv=self.kv_fp4, fmt=self.fmt, fp4_store=store)
 
-    def _cache_and_graphs(self, batch: int, cap: int, recorder=None):
-        """The KV cache (and decode graphs, on a GPU with nothing recorded) for a generate call. With graphs,
-        the pair is kept for the next call of the same (batch, cap): every slot a step attends to is written
-        earlier in the same call, so stale contents are never read."""
-        if not self.cuda_graphs or recorder is not None:
+    def _cache_and_graphs(self, batch: int, cap: int, recorder=None, record_steps: int = 0):
+        """The KV cache (and decode graphs, on a GPU) for a generate call. With graphs, the pair is kept for
+        the next call of the same (batch, cap, what is recorded): every slot a step attends to is written
+        earlier in the same call, so stale contents are never read. A recorder gets graphs that record
+        (graphs.StepRecording, buffers for `record_steps` decode steps) when record_steps > 0, else none."""
+        if not self.cuda_graphs or (recorder is not None and record_steps <= 0):
             return self._new_cache(batch, cap), None
-        if self._kept is None or self._kept[0] != (batch, cap):
+        spec = None if recorder is None else record_spec(recorder, self.arch.num_layers)
+        key = (batch, cap, spec, record_steps if spec is not None else 0)
+        if self._kept is None or self._kept[0] != key:
             self._kept = None  # free the old pair first
             cache = self._new_cache(batch, cap)
-            self._kept = ((batch, cap), cache, DecodeGraphs(self.fwd, cache))
+            rec = None if spec is None else StepRecording(spec, batch, record_steps, self.device)
+            self._kept = (key, cache, DecodeGraphs(self.fwd, cache, self.graph_bucket, recording=rec))
         return self._kept[1], self._kept[2]
 
     def prepare(self, batch: int, max_prompt_len: int, max_new_tokens: int) -> None:
@@ -250,16 +257,19 @@ class RolloutEngine:
         causal = all(st == 0 for st in starts)  # a fresh prefill: then max_len == T
         return self.fwd(ids.to(dev), start, lens, rows_t, cache, rec, all_logits, max_len, causal)
 
-    def _decode_all(self, graphs: DecodeGraphs, pending: dict[int, list[int]], fed: list[int]) -> torch.Tensor:
+    def _decode_all(self, graphs: DecodeGraphs, pending: dict[int, list[int]], fed: list[int],
+                    step: int = 0) -> torch.Tensor:
         """One-token step for every cache row through the CUDA graphs; rows not in `pending` feed nothing
-        (lens 0). Returns logits [B, V] (row b = sample b), valid until the next call."""
+        (lens 0). step: the decode step's index (recording graphs store its rows there). Returns logits
+        [B, V] (row b = sample b), valid until the next call."""
         B, cap = graphs.cache.batch, graphs.cache.cap
         ids, lens = [0] * B, [0] * B
         for b, feed in pending.items():
             ids[b], lens[b] = feed[0], 1
-        host = torch.tensor([ids, [min(f, cap - 1) for f in fed], lens], dtype=torch.long)  # one H2D copy
-        step = host.pin_memory().to(self.device, non_blocking=True)  # [3, B]: token, position, fed or not
-        return graphs(step[0, :, None], step[1], step[2], max(fed[b] + 1 for b in pending))
+        host = torch.tensor([*ids, *[min(f, cap - 1) for f in fed], *lens, step], dtype=torch.long)  # one H2D copy
+        dev = host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else host
+        # [3B + 1]: tokens, positions, fed or not, step index
+        return graphs(dev[:B, None], dev[B:2 * B], dev[2 * B:3 * B], max(fed[b] + 1 for b in pending), dev[3 * B:])
 
     # ------------------------------------------------------------------------------ scoring
     def score(self, sequences: list[list[int]], *, recorder=None, seq_ids=None,
@@ -337,7 +347,10 @@ class RolloutEngine:
         tokens = [list(map(int, prompts[b // n])) for b in range(B)]
         plens = [len(t) for t in tokens]
         cap = self.max_seq_len if env is not None else min(self.max_seq_len, max(plens) + max_new_tokens)
-        cache, graphs = self._cache_and_graphs(B, cap, recorder)
+        # recording graphs for single-turn calls, whose decode steps are at most max_new_tokens; a multi-turn
+        # call (env) records eagerly
+        cache, graphs = self._cache_and_graphs(B, cap, recorder, max_new_tokens if env is None else 0)
+        steps: list[dict[int, int]] = []  # rows fed by recording graph steps: {sample: position} per step
         if recorder is not None:
             recorder = _TimedRecorder(recorder, torch.device(self.device).type == "cuda")
         gen = torch.Generator(device=self.device)
@@ -417,7 +430,9 @@ class RolloutEngine:
             if not pending:
                 break
             if graphs is not None and all(len(f) == 1 for f in pending.values()):
-                logits = self._decode_all(graphs, pending, fed)
+                if graphs.recording is not None:
+                    steps.append({b: fed[b] for b in sorted(pending)})
+                logits = self._decode_all(graphs, pending, fed, len(steps) - 1 if steps else 0)
                 for b in pending:
                     fed[b] += 1
                 row_of = list(range(B))
@@ -429,6 +444,8 @@ class RolloutEngine:
                 row_of[b] = r
             logits = out
 
+        if steps:
+            recorder.timed(graphs.recording.flush, recorder._recorder, steps)
         feed_s = 0.0
         if tail:
             rows = sorted(tail)

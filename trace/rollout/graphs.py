@@ -20,30 +20,111 @@ and every shape in it depends only on (B, S).
 The logits tensor returned is the graph's static output: it is overwritten by the next replay, so it
 must be consumed (sampled) before the next call, which is what RolloutEngine.generate does.
 
-Compared against: the eager forward of the same steps (tests/rollout/test_gpu.py on a GPU; the engine
-falls back to eager on a CPU, with a recorder, or when `cuda_graphs=False`).
+Recording: with a `StepRecording`, the captured step also writes every recorded site's rows (all B rows,
+record form) into device buffers at the step index, which `flush` hands to the recorder after the call.
+
+Compared against: the eager forward of the same steps (tests/rollout/test_gpu.py on a GPU, records bit for
+bit at one graph per attention length; tests/rollout/test_graph_record.py runs the uncaptured all-row
+steps on the CPU). The engine falls back to eager steps on a CPU, for multi-turn recording, or when
+`cuda_graphs=False`.
 """
 from __future__ import annotations
 
 import torch
 
+from kernels import reference as ref
+
+
+def record_spec(recorder, num_layers: int) -> tuple:
+    """What a recorder (or a record.Tee of several) keeps of a forward: (layers whose sites it stores,
+    layers whose expert ids it stores, whether it needs full codes). Graphs recorded for one spec serve
+    every later recorder of the same spec."""
+    recs = getattr(recorder, "recorders", [recorder])
+    sites = frozenset(i for i in range(num_layers) if any(r.wants(i) for r in recs))
+    routing = frozenset(i for i in range(num_layers)
+                        if any(r.routing is True or (r.routing == "guided" and r.wants(i)) for r in recs))
+    return sites, routing, any(r.full_codes for r in recs)
+
+
+class StepRecording:
+    """The recording side of the one-token decode steps: each site's rows of ALL B cache rows go to device
+    buffers [max_steps, B, ...] at the step index (`step`, a device tensor set before each step) in record
+    form (mantissa bits packed, scale bytes, outer scales, packed codes if a recorder wants them, expert
+    ids), with no host work, so a step records inside its CUDA graph. `flush` then hands the rows that were
+    real (the fed rows of each step, at their positions) to the recorder through `add_rows` /
+    `add_routing`, one call per (layer, site) for the whole generate call. Buffers are allocated by the
+    first (eager warm-up) step."""
+
+    def __init__(self, spec: tuple, batch: int, max_steps: int, device):
+        self.sites, self.routing_layers, self.full_codes = spec
+        self.batch, self.max_steps = batch, max_steps
+        self.step = torch.zeros(1, dtype=torch.long, device=device)
+        self.bufs: dict[tuple[int, str], tuple[list[torch.Tensor], str]] = {}
+        self.route: dict[int, torch.Tensor] = {}
+
+    def wants(self, layer: int) -> bool:
+        return layer in self.sites
+
+    def _put(self, buf: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+        if buf is None:
+            buf = torch.zeros(self.max_steps, *x.shape, dtype=x.dtype, device=x.device)
+        buf.index_copy_(0, self.step, x.unsqueeze(0))  # row `step` of [max_steps, B, ...]
+        return buf
+
+    def add(self, layer: int, site: str, t) -> None:
+        """t: an FP4Tensor of all B rows, codes [B, *inner, K]."""
+        if layer not in self.sites:
+            return
+        parts = [ref.pack_bits(t.codes & 1), t.scales, t.outer.float().expand(*t.codes.shape[:-1], 1)]
+        if self.full_codes:
+            parts.append(ref.pack_fp4(t.codes))
+        old = self.bufs.get((layer, site), ([None] * len(parts), t.fmt))[0]
+        self.bufs[(layer, site)] = ([self._put(b, p) for b, p in zip(old, parts, strict=True)], t.fmt)
+
+    def add_routing(self, layer: int, expert_ids: torch.Tensor) -> None:
+        """expert_ids [B, k] of all B rows."""
+        if layer in self.routing_layers:
+            self.route[layer] = self._put(self.route.get(layer), expert_ids)
+
+    def flush(self, recorder, steps: list[dict[int, int]]) -> None:
+        """steps[t]: {cache row b: position} of the rows fed at step t (sample b = record sequence b)."""
+        from trace.guidance.record import _keys
+
+        if len(steps) > self.max_steps:
+            raise ValueError(f"{len(steps)} steps recorded into buffers of {self.max_steps}")
+        flat = [t * self.batch + b for t, fed in enumerate(steps) for b in fed]
+        if not flat:
+            return
+        seq = torch.tensor([b for fed in steps for b in fed])
+        pos = torch.tensor([p for fed in steps for p in fed.values()])
+        dev = self.step.device
+        idx = torch.tensor(flat, device=dev)
+        rows = lambda buf: buf.flatten(0, 1).index_select(0, idx)  # noqa: E731  [n, ...] of [max_steps*B, ...]
+        for (layer, site), (parts, fmt) in self.bufs.items():
+            mant, scales, outer, *codes = (rows(p) for p in parts)
+            recorder.add_rows(layer, site, _keys(seq, pos), mant, scales, outer, codes[0] if codes else None, fmt)
+        for layer, buf in self.route.items():
+            recorder.add_routing(layer, rows(buf), seq, pos)
+
 
 class DecodeGraphs:
-    def __init__(self, forward, cache, bucket: int = 256):
-        self.fwd, self.cache, self.bucket = forward, cache, bucket
+    def __init__(self, forward, cache, bucket: int = 256, recording: StepRecording | None = None):
+        self.fwd, self.cache, self.bucket, self.recording = forward, cache, bucket, recording
         B, dev = cache.batch, forward.w.embed.device
         self.ids = torch.zeros(B, 1, dtype=torch.long, device=dev)
         self.start = torch.zeros(B, dtype=torch.long, device=dev)
         self.lens = torch.zeros(B, dtype=torch.long, device=dev)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.pool = torch.cuda.graph_pool_handle()
+        # off a GPU the same all-row steps run eagerly (what the CPU tests of recorded steps use)
+        self.capture = dev.type == "cuda"
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
 
     def span(self, max_len: int) -> int:
         """Attention length of the bucket that holds positions < max_len (at most the cache capacity)."""
         return min(-(-max_len // self.bucket) * self.bucket, self.cache.cap)
 
     def _run(self, S: int) -> torch.Tensor:
-        return self.fwd(self.ids, self.start, self.lens, None, self.cache, None, False, S)
+        return self.fwd(self.ids, self.start, self.lens, None, self.cache, self.recording, False, S)
 
     def _capture(self, S: int) -> None:
         side = torch.cuda.Stream()
@@ -67,12 +148,18 @@ class DecodeGraphs:
                 self._capture(S)
         torch.cuda.synchronize()
 
-    def __call__(self, ids: torch.Tensor, start: torch.Tensor, lens: torch.Tensor, max_len: int) -> torch.Tensor:
-        """ids [B, 1], start [B], lens [B] (0 or 1) on the device -> logits [B, V] (static buffer)."""
+    def __call__(self, ids: torch.Tensor, start: torch.Tensor, lens: torch.Tensor, max_len: int,
+                 step: torch.Tensor | None = None) -> torch.Tensor:
+        """ids [B, 1], start [B], lens [B] (0 or 1) on the device -> logits [B, V] (static buffer).
+        step [1]: the decode step's index into the recording's buffers (with a recording)."""
         self.ids.copy_(ids, non_blocking=True)
         self.start.copy_(start, non_blocking=True)
         self.lens.copy_(lens, non_blocking=True)
+        if self.recording is not None:
+            self.recording.step.copy_(step, non_blocking=True)
         S = self.span(max_len)
+        if not self.capture:
+            return self._run(S)
         if S not in self.graphs:
             self._capture(S)
         g, out = self.graphs[S]
