@@ -149,3 +149,21 @@ def test_full_codes_replay_reproduces_the_rollout_exactly_and_zero_scales_keep_g
         with torch.no_grad(), replay(m, rec2.finish(), seq, pos, full_codes=True):
             m(ids)
     del lp_roll
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe-tiny", "qwen2_moe-tiny"])
+def test_fake_quant_sites_do_not_read_values_on_the_host(monkeypatch, name):
+    """The QAT forward's FP4 sites (weights, activations, KV) never run the library's finiteness check, a
+    wait for the device per call on a GPU; the trainers check their logits and loss instead."""
+    import trace.fp4.tensor as T
+
+    calls = []
+    check = T.check_finite
+    monkeypatch.setattr(T, "check_finite", lambda x, name="input": (calls.append(name), check(x, name)))
+    m = build_model(name, seed=0)
+    patch_model(m, "w4a4kv4")
+    ids, _, _ = _batch()
+    m(ids).logits.sum().backward()
+    assert calls == []
+    T.quantize(torch.ones(2, 16))  # the library's own entry still checks
+    assert calls == ["input"]

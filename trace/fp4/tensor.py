@@ -159,6 +159,7 @@ def quantize(
     mx_rule: str = "floor",
     seed: int | None = None,
     generator: torch.Generator | None = None,
+    check_values: bool = True,
 ) -> FP4Tensor:
     """Quantize `x` [..., K] along its last dimension.
 
@@ -167,10 +168,12 @@ def quantize(
     float32 tensor holding a given S_enc (broadcastable to x), e.g. a calibrated or recorded scale.
     rounding: 'rtn' or 'stochastic' (seeded by `seed` or `generator`). For 'guided' use
     `guided_quantize`. block_2d: 16x16 weight tiles (NVFP4). mx_rule: 'floor' (OCP) or 'noclip'.
+    check_values=False skips the finiteness check of x (a wait for the device on a GPU) for a hot-path
+    caller that checks its outputs instead (the QAT trainer checks its logits and loss every step).
     """
     if rounding not in ("rtn", "stochastic"):
         raise ValueError(f"rounding must be 'rtn' or 'stochastic' here (guided: use guided_quantize), got {rounding!r}")
-    _check_input(x, fmt, block_2d, outer)
+    _check_input(x, fmt, block_2d, outer, values=check_values)
     gen = _make_generator(generator, seed, x.device)
     xf = x.float()
     if fmt == "nvfp4":
@@ -266,16 +269,16 @@ def straight_through(x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
     return _STE.apply(x, xq)
 
 
-def quantize_weight(w: torch.Tensor, fmt: str = "nvfp4") -> FP4Tensor:
+def quantize_weight(w: torch.Tensor, fmt: str = "nvfp4", check_values: bool = True) -> FP4Tensor:
     """FP4 weight in [out, in] (or [E, out, in]) orientation, blocks along `in`; outer scale per
     tensor, per expert for 3-D expert weights (DESIGN.md §2). The trainer's fake quant and the
     rollout engine's weights both come from this function, so their codes are identical."""
-    return quantize(w.detach(), fmt, "expert" if w.dim() == 3 else "tensor")
+    return quantize(w.detach(), fmt, "expert" if w.dim() == 3 else "tensor", check_values=check_values)
 
 
-def fake_quant_weight(w: torch.Tensor, fmt: str = "nvfp4") -> torch.Tensor:
+def fake_quant_weight(w: torch.Tensor, fmt: str = "nvfp4", check_values: bool = True) -> torch.Tensor:
     """`quantize_weight` dequantized in w's dtype, with a straight-through gradient to w."""
-    return _STE.apply(w, quantize_weight(w, fmt).dequantize(w.dtype))
+    return _STE.apply(w, quantize_weight(w, fmt, check_values).dequantize(w.dtype))
 
 
 @dataclass(frozen=True)
@@ -299,16 +302,18 @@ def fake_quant(
     guide: Guide | None = None,
     seed: int | None = None,
     generator: torch.Generator | None = None,
+    check_values: bool = True,
 ) -> torch.Tensor:
     """Quantize-dequantize `x` in its own dtype with a straight-through gradient. rounding='guided'
-    requires `guide`. Default outer='row' (activations: batch-invariant)."""
+    requires `guide`. Default outer='row' (activations: batch-invariant). check_values: as in quantize."""
     if rounding == "guided":
         if guide is None:
             raise ValueError("rounding='guided' needs guide=Guide(mantissa, scales, outer)")
-        q = guided_quantize(x.detach(), guide.mantissa, guide.scales, guide.outer, fmt, block_2d=block_2d).tensor
+        q = guided_quantize(x.detach(), guide.mantissa, guide.scales, guide.outer, fmt, block_2d=block_2d,
+                            check_values=check_values).tensor
     else:
         q = quantize(x.detach(), fmt, outer, rounding, block_2d=block_2d, mx_rule=mx_rule, seed=seed,
-                     generator=generator)
+                     generator=generator, check_values=check_values)
     return _STE.apply(x, q.dequantize(x.dtype))
 
 

@@ -59,7 +59,8 @@ class QATRuntime(Runtime):
         return self.mode == "w4a4kv4"
 
     def weight(self, w: torch.Tensor) -> torch.Tensor:
-        return fp4.fake_quant_weight(w, self.fmt) if self.weights else w
+        # unchecked for finiteness (a device wait per weight per forward): the trainers check logits and loss
+        return fp4.fake_quant_weight(w, self.fmt, check_values=False) if self.weights else w
 
 
 def _rt(module) -> QATRuntime | None:
@@ -174,7 +175,7 @@ def _kv_quant(rt: QATRuntime, layer: int, site: str, x: torch.Tensor, t_new: int
     rows = x.transpose(1, 2)  # [B, T_kv, H_kv, D]
     new = rt.act(layer, site, rows[:, t - t_new:].reshape(b * t_new, h, d)).reshape(b, t_new, h, d)
     if t > t_new:
-        new = torch.cat([fp4.fake_quant(rows[:, : t - t_new], rt.fmt, "row"), new], dim=1)
+        new = torch.cat([fp4.fake_quant(rows[:, : t - t_new], rt.fmt, "row", check_values=False), new], dim=1)
     return new.transpose(1, 2)
 
 
