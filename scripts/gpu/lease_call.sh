@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One call of a GPU lease (the device tool's `run`, at most 600 s) that goes on with a profile chunk,
+# whatever state the machine is in: installs the carried wheel files when the machine is fresh (a no-op
+# on a warm one), checks the kernels the runs will use, starts the chunk if none is running, and waits
+# for it until the call's time is nearly spent, then packs what is done.
+#   bash scripts/gpu/lease_call.sh WHEELS PROFILE MODEL [TASK]   # e.g. .whl-all experiments/profiles/small.yaml qwen3_moe-small reasoning
+# carry WHEELS (scripts/gpu/offline_wheels.sh download WHEELS all). OUT/chunk.tgz holds the run dirs
+# without checkpoints (unpack in the repository root); call again until it prints "finished".
+# LIMIT (default 575) is the call's own budget in seconds, counted from its start.
+set -uo pipefail
+t0=$(date +%s)
+wheels=${1:?usage: lease_call.sh WHEELS PROFILE MODEL [TASK]}; profile=${2:?profile}; model=${3:?model}; task=${4:-}
+limit=${LIMIT:-575}
+out=${OUT:?the device tool sets OUT}
+work=${WORK:-/tmp/trace-chunk}
+bash scripts/gpu/offline_wheels.sh install "$wheels" > "$out/install.log" 2>&1 || { tail -30 "$out/install.log"; exit 1; }
+export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+echo "install/check $(( $(date +%s) - t0 )) s"
+if [ -e "$work/pid" ] && kill -0 "$(cat "$work/pid")" 2>/dev/null; then
+  echo "chunk already running"
+elif [ -e "$work/pid" ]; then
+  echo "a chunk ran on this machine and ended; packing it"
+  bash scripts/gpu/profile_chunk.sh wait 0 "$out/chunk.tgz"; exit 0
+else
+  # the kernels and the recording graphs at the families' shapes before any training (tests/rollout/test_gpu.py)
+  timeout 200 python3 -m pytest tests/rollout/test_gpu.py -q -p no:cacheprovider -k "self_test or recording" \
+    > "$out/gpu_tests.log" 2>&1 || { tail -40 "$out/gpu_tests.log"; echo "GPU tests failed: not starting"; exit 1; }
+  tail -1 "$out/gpu_tests.log"
+  bash scripts/gpu/profile_chunk.sh start "$profile" "$model" $task || exit 1
+fi
+bash scripts/gpu/profile_chunk.sh wait $(( limit - ($(date +%s) - t0) )) "$out/chunk.tgz"
+echo "call $(( $(date +%s) - t0 )) s"
