@@ -37,8 +37,12 @@ def _same_record(a, b):
     assert a.aliases == b.aliases
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
-def test_recorded_steps_store_what_eager_steps_store(family):
+@pytest.mark.parametrize("family,window", [("qwen3_moe", 64), ("mixtral", 64), ("qwen3_moe", 2)])
+def test_recorded_steps_store_what_eager_steps_store(family, window, monkeypatch):
+    """window: decode steps kept on the device before they are handed over (2: five windows here)."""
+    import trace.rollout.engine as E
+
+    monkeypatch.setattr(E, "RECORD_WINDOW", window)
     eager, steps = _engines(family)
     recs = {}
     for name, eng in (("eager", eager), ("steps", steps)):
@@ -50,6 +54,7 @@ def test_recorded_steps_store_what_eager_steps_store(family):
     _same_record(ag, ae)
     _same_record(dg, de)
     assert steps._kept is not None and steps._kept[2].recording is not None  # the steps really recorded
+    assert steps._kept[2].recording.max_steps == min(window, 4 + 6)  # capacity: prompt 4 + 6 new tokens
     n_rows = sum(len(t) for t in og.tokens)  # every (seq, pos), shared prompts as aliases
     assert ag.sites[(1, "attn_in")].keys.numel() == n_rows - (len(og.tokens) - len(PROMPTS)) * len(PROMPTS[0])
 

@@ -33,7 +33,8 @@ weights and FP4 KV codes read from memory), the torch path for prefill. Measured
 engine's BF16 (the FP4 kernels lose to cuBLAS/grouped_mm at batch >= 16; see kernels/NOTES.md).
 Recording (a `recorder`) always runs the torch path, which produces the same codes; on a GPU its
 one-token decode steps record inside their CUDA graphs (graphs.StepRecording: device buffers written at
-the step index, handed to the recorder after the call), prefill and multi-turn calls record eagerly.
+the step index, handed to the recorder every RECORD_WINDOW steps and after the call); prefill and
+multi-token chunks (observations of a multi-turn call) record eagerly.
 
 Stops: `stop_token_ids` finish a sample (e.g. pass `(EOS_ID,)`; nothing is implicit); a stop string
 (needs `tokenizer`) ends the turn and is kept in the output; `max_new_tokens` caps the policy tokens
@@ -66,6 +67,9 @@ from trace.rollout.graphs import DecodeGraphs, StepRecording, record_spec
 from trace.rollout.weights import Arch, EngineWeights
 
 MODES = ("bf16", "w4a4")
+# decode steps a recording graph keeps on the device before handing them to the recorder: bounds its
+# buffers (64 x batch x the record's bytes per token) whatever the generation length
+RECORD_WINDOW = 64
 
 
 class _TimedRecorder:
@@ -201,19 +205,19 @@ class RolloutEngine:
         return KVCache(a.num_layers, batch, cap, a.num_kv_heads, a.head_dim, dtype=self.dtype, device=self.device,
                        fp4_kv=self.kv_fp4, fmt=self.fmt, fp4_store=store)
 
-    def _cache_and_graphs(self, batch: int, cap: int, recorder=None, record_steps: int = 0):
+    def _cache_and_graphs(self, batch: int, cap: int, recorder=None):
         """The KV cache (and decode graphs, on a GPU) for a generate call. With graphs, the pair is kept for
         the next call of the same (batch, cap, what is recorded): every slot a step attends to is written
         earlier in the same call, so stale contents are never read. A recorder gets graphs that record
-        (graphs.StepRecording, buffers for `record_steps` decode steps) when record_steps > 0, else none."""
-        if not self.cuda_graphs or (recorder is not None and record_steps <= 0):
+        (graphs.StepRecording, buffers for a window of RECORD_WINDOW decode steps, flushed when full)."""
+        if not self.cuda_graphs:
             return self._new_cache(batch, cap), None
         spec = None if recorder is None else record_spec(recorder, self.arch.num_layers)
-        key = (batch, cap, spec, record_steps if spec is not None else 0)
+        key = (batch, cap, spec)
         if self._kept is None or self._kept[0] != key:
             self._kept = None  # free the old pair first
             cache = self._new_cache(batch, cap)
-            rec = None if spec is None else StepRecording(spec, batch, record_steps, self.device)
+            rec = None if spec is None else StepRecording(spec, batch, min(RECORD_WINDOW, cap), self.device)
             self._kept = (key, cache, DecodeGraphs(self.fwd, cache, self.graph_bucket, recording=rec))
         return self._kept[1], self._kept[2]
 
@@ -347,10 +351,8 @@ class RolloutEngine:
         tokens = [list(map(int, prompts[b // n])) for b in range(B)]
         plens = [len(t) for t in tokens]
         cap = self.max_seq_len if env is not None else min(self.max_seq_len, max(plens) + max_new_tokens)
-        # recording graphs for single-turn calls, whose decode steps are at most max_new_tokens; a multi-turn
-        # call (env) records eagerly
-        cache, graphs = self._cache_and_graphs(B, cap, recorder, max_new_tokens if env is None else 0)
-        steps: list[dict[int, int]] = []  # rows fed by recording graph steps: {sample: position} per step
+        cache, graphs = self._cache_and_graphs(B, cap, recorder)
+        steps: list[dict[int, int]] = []  # rows fed by recording graph steps not yet flushed: {sample: position}
         if recorder is not None:
             recorder = _TimedRecorder(recorder, torch.device(self.device).type == "cuda")
         gen = torch.Generator(device=self.device)
@@ -431,6 +433,9 @@ class RolloutEngine:
                 break
             if graphs is not None and all(len(f) == 1 for f in pending.values()):
                 if graphs.recording is not None:
+                    if len(steps) == graphs.recording.max_steps:  # the window is full: hand it over
+                        recorder.timed(graphs.recording.flush, recorder._recorder, steps)
+                        steps = []
                     steps.append({b: fed[b] for b in sorted(pending)})
                 logits = self._decode_all(graphs, pending, fed, len(steps) - 1 if steps else 0)
                 for b in pending:

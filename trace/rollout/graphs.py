@@ -52,8 +52,9 @@ class StepRecording:
     form (mantissa bits packed, scale bytes, outer scales, packed codes if a recorder wants them, expert
     ids), with no host work, so a step records inside its CUDA graph. `flush` then hands the rows that were
     real (the fed rows of each step, at their positions) to the recorder through `add_rows` /
-    `add_routing`, one call per (layer, site) for the whole generate call. Buffers are allocated by the
-    first (eager warm-up) step."""
+    `add_routing`, one call per (layer, site) for up to max_steps steps (the engine flushes when the window
+    is full and after the call, and starts the next window at step 0). Buffers are allocated by the first
+    (eager warm-up) step."""
 
     def __init__(self, spec: tuple, batch: int, max_steps: int, device):
         self.sites, self.routing_layers, self.full_codes = spec
