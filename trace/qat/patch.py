@@ -133,9 +133,11 @@ def trace_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     layer = self._trace_layer
     n, k = top_k_index.shape
     x = rt.act(layer, "moe_in", hidden_states) if rt.acts else hidden_states  # [N, H] per token
-    w_gu = rt.weight(self.gate_up_proj)  # [E, 2I, H]
-    w_d = rt.weight(self.down_proj)  # [E, H, I]
-    inter = w_d.shape[-1]
+    # per-expert views through one unbind: its backward stacks the experts' gradients once, where indexing
+    # w[e] would build a zero gradient of the whole [E, ...] weight for every expert the batch hit
+    w_gu = rt.weight(self.gate_up_proj).unbind(0)  # E x [2I, H]
+    w_d = rt.weight(self.down_proj).unbind(0)  # E x [H, I]
+    inter = w_d[0].shape[-1]
     mask = F.one_hot(top_k_index, self.num_experts).permute(2, 1, 0)  # [E, k, N]
     hit = (mask.sum(dim=(1, 2)) > 0).nonzero().flatten().tolist()
     pairs, h_all = {}, None
