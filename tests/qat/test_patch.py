@@ -47,6 +47,13 @@ def test_patch_keeps_names_and_bf16_is_bit_identical(name):
     ids, _, _ = _batch()
     with torch.no_grad():
         assert torch.equal(m(ids).logits, ref_model(ids).logits)
+    # the expert loop is ours in bf16 mode too (per-expert views through unbind): gradients bit-identical
+    for model in (m, ref_model):
+        model(ids).logits.float().pow(2).mean().backward()
+    grads = dict(m.named_parameters())
+    for k, p in ref_model.named_parameters():
+        assert (p.grad is None) == (grads[k].grad is None) and (p.grad is None or torch.equal(p.grad, grads[k].grad)), k
+    m.zero_grad(set_to_none=True)
     # and w4a4kv4 really changes the forward
     patch_model(m, "w4a4kv4")
     with torch.no_grad():
