@@ -227,7 +227,9 @@ MAIN_NOTES = COMMON_NOTES + (
     " Generation tok/s: generated tokens over generation time with recording excluded, median over steps "
     "on the profile's device; speedup relative to the bf16 arm of the same model/task/seed. Recording "
     "overhead: time spent recording the arm's own guidance record over generation time (diagnostic "
-    "records are never counted). posthoc-fp4: the bf16 arm's policy quantized to FP4 after training, an "
+    "records are never counted); where decode steps record inside CUDA graphs (GPU runs after commit "
+    "a4c25f8), packing the rows there counts as generation, so compare the arm's tok/s with fp4-naive's. "
+    "posthoc-fp4: the bf16 arm's policy quantized to FP4 after training, an "
     "evaluation only (its training columns are n/a)."
 )
 ABLATION_NOTES = COMMON_NOTES + (
