@@ -17,18 +17,24 @@ def _plan(name):
 
 def test_one_model_and_task():
     plan = _plan("small")
-    t = plan.targets("mixtral-small", "reasoning")
-    runs = [r for r in plan.runs if r.model == "mixtral-small" and r.task == "reasoning"]
+    model = next(m for m in plan.config["models"] if m not in plan.config["ablation"]["models"])
+    t = plan.targets(model, "reasoning")
+    runs = [r for r in plan.runs if r.model == model and r.task == "reasoning"]
     assert len(runs) == len(plan.config["methods"]) * len(plan.config["seeds"])
     assert t[:-1] == [f"{plan.run_dir(r.model, r.task, r.arm, r.seed)}/eval.json" for r in runs]
-    assert t[-1] == f"{plan.sft_dir('mixtral-small', 'reasoning')}/eval.json"
+    assert t[-1] == f"{plan.sft_dir(model, 'reasoning')}/eval.json"
 
 
 def test_every_task_of_a_model_and_its_ablations():
     plan = _plan("small")
-    t = plan.targets("qwen3_moe-small")
-    assert len([p for p in t if p.endswith("sft/eval.json")]) == len(plan.config["tasks"])
-    assert any("/trace-rho1/" in p for p in t) and len(t) == len(set(t))
+    model = plan.config["ablation"]["models"][0]
+    t = plan.targets(model)
+    tasks = [k for k, v in plan.config["tasks"].items() if model in v.get("models", plan.config["models"])]
+    assert len([p for p in t if p.endswith("sft/eval.json")]) == len(tasks)
+    n_abl = len(plan.config["ablation"]["arms"]) * len(plan.config["seeds"])
+    assert len([p for p in t if "/trace-rho1/" in p]) == len(plan.config["seeds"]) and len(t) == len(set(t))
+    assert len([p for p in t if p.endswith("/eval.json") and "/sft/" not in p]) == (
+        len(tasks) * len(plan.config["methods"]) * len(plan.config["seeds"]) + n_abl)
 
 
 def test_unknown_model_is_an_error():
