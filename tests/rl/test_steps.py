@@ -55,6 +55,12 @@ def test_one_step_each_arm(tmp_path, method, sft_ckpt):
         assert rec["record_overhead"] == 0.0  # a diagnostic record is never timed as the arm's own
     if method == "trace-fullcodes":
         assert any(v >= 0 for v in rec["unrecoverable_rate"].values())
+    if ARMS[method].align and ARMS[method].record == "guide":
+        # step 1 splits the gradient: the norm of the sum lies between the difference and the sum of the parts
+        a, r, g = rec["grad_norm_align"], rec["grad_norm_rest"], rec["grad_norm"]
+        assert a > 0 and r > 0 and abs(a - r) * (1 - 1e-4) <= g <= (a + r) * (1 + 1e-4), (a, r, g)
+    else:
+        assert "grad_norm_align" not in rec
     assert (tmp_path / method / "done").exists()
     assert rundir.latest_checkpoint(tmp_path / method) is not None
     assert len(recs) == 1

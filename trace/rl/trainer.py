@@ -239,7 +239,11 @@ class RLTrainer:
         mm = mismatch_metrics(lp_train.detach(), tb.lp_roll, tb.mask)
 
         loss, parts = self._loss(lp_train, tb, adv, stats)
-        gn = self._optimize(loss)
+        # where the alignment term is in the loss, its share of the gradient at step 1 and at evaluation steps
+        # (one more backward of that term alone): the clipped update is the sum of both parts
+        every = rl["eval_every"]
+        split = self._align_term if (step == 1 or (every and step % every == 0)) else None
+        gn, gparts = self._optimize(loss, split)
         self.engine.sync_weights(self.model)
         t2 = time.perf_counter()
 
@@ -274,6 +278,7 @@ class RLTrainer:
             "loss": float(loss.detach()),
             **parts,
             "grad_norm": float(gn),
+            **gparts,
             "n_tokens": int(tb.mask.sum()),
         }
 
@@ -297,25 +302,36 @@ class RLTrainer:
             kl = masked_mean(kl_k3(lp_train, lp_ref), tb.mask)
             loss = loss + rl["kl_coef"] * kl
             parts["kl_ref"] = float(kl.detach())
+        self._align_term = None
         if stats is not None and arm.align and arm.record == "guide":
             al = stats.alignment_loss()
             parts["align_loss"] = float(al.detach())
             if rl["align_coef"] > 0 and al.requires_grad:
-                loss = loss + rl["align_coef"] * al
+                self._align_term = rl["align_coef"] * al
+                loss = loss + self._align_term
         if not bool(torch.isfinite(loss)):
             raise NonFiniteError(f"non-finite loss ({float(loss)})")
         return loss, parts
 
-    def _optimize(self, loss: torch.Tensor) -> torch.Tensor:
-        """Backward, gradient clipping, AdamW step; returns the gradient norm before clipping."""
+    def _optimize(self, loss: torch.Tensor, part: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+        """Backward, gradient clipping, AdamW step; returns the gradient norm before clipping and, with
+        `part` (a term of `loss`), the norms of that term's gradient and of the rest's, before clipping."""
         self.opt.zero_grad(set_to_none=True)
+        norms = {}
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        g_part = torch.autograd.grad(part, params, retain_graph=True, allow_unused=True) if part is not None else None
         loss.backward()
+        if g_part is not None:
+            sq = lambda ts: float(sum((t.float() ** 2).sum() for t in ts if t is not None) ** 0.5)  # noqa: E731
+            norms = {"grad_norm_align": sq(g_part),
+                     "grad_norm_rest": sq([p.grad - g if g is not None else p.grad
+                                           for p, g in zip(params, g_part, strict=True) if p.grad is not None])}
         gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.rl["grad_clip"])
         if not bool(torch.isfinite(gn)):
             self.opt.zero_grad(set_to_none=True)
             raise NonFiniteError(f"non-finite gradient norm ({float(gn)})")
         self.opt.step()
-        return gn
+        return gn, norms
 
     # ------------------------------------------------------------------------------ evaluation
     def evaluate(self, mode: str | None = None) -> dict:
