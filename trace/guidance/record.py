@@ -211,8 +211,8 @@ class RecordView:
             if src in aliases:
                 raise RecordMismatch(f"sequence {s} aliases {src}, itself an alias: chains are not supported")
         a_seq = sorted(aliases)
-        table = torch.tensor([[s, *aliases[s]] for s in a_seq], dtype=torch.long).to(seq.device)  # [A, 3]
-        a_keys, a_src, a_upto = table.unbind(1)  # sorted sequence ids, their source, alias extent
+        table = torch.tensor([[s, *aliases[s]] for s in a_seq], dtype=torch.long).T.contiguous()  # [3, A]
+        a_keys, a_src, a_upto = table.to(seq.device).unbind(0)  # sorted sequence ids, their source, alias extent
         i = torch.searchsorted(a_keys, seq).clamp(max=len(a_seq) - 1)  # [M]
         hit = (a_keys.index_select(0, i) == seq) & (pos < a_upto.index_select(0, i))
         return torch.where(hit, a_src.index_select(0, i), seq)
