@@ -328,18 +328,22 @@ class Recorder:
                     outer.expand(*t.codes.shape[:-1], 1), ref.pack_fp4(t.codes) if self.full_codes else None, t.fmt)
         self.seconds += time.perf_counter() - t0
 
-    def add_rows(self, layer: int, site: str, keys: torch.Tensor, mantissa: torch.Tensor, scales: torch.Tensor,
-                 outer: torch.Tensor, codes: torch.Tensor | None, fmt: str) -> None:
-        """Store rows already in record form: keys [N] (seq << 24 | pos), mantissa bits packed [N, *inner,
-        K/8], scale bytes, outer [N, *inner, 1] float32, packed codes [N, *inner, K/2] (needed only by a
-        full-codes recorder). What `add` stores, for callers that packed the rows themselves (the engine's
-        graph decode steps, trace/rollout/graphs.py)."""
+    def add_rows(self, layer: int, site: str, mantissa: torch.Tensor, scales: torch.Tensor, outer: torch.Tensor,
+                 codes: torch.Tensor | None, fmt: str, seq: torch.Tensor, pos: torch.Tensor) -> None:
+        """Store rows already in record form: mantissa bits packed [N, *inner, K/8], scale bytes, outer
+        [N, *inner, 1] float32, packed codes [N, *inner, K/2] (needed only by a full-codes recorder), at
+        sequences seq [N] and positions pos [N]. What `add` stores, for callers that packed the rows
+        themselves (the engine's graph decode steps, trace/rollout/graphs.py)."""
         if not self.wants(layer):
             return
+        if site not in SITES:
+            raise ValueError(f"unknown site {site!r}; sites are {SITES}")
+        if not mantissa.shape[0] == seq.numel() == pos.numel():
+            raise RecordMismatch(f"{site}: {mantissa.shape[0]} rows but {seq.numel()} seq ids / {pos.numel()} positions")
         if self.full_codes and codes is None:
             raise ValueError("a full-codes recorder needs the packed codes")
         t0 = self._clock(mantissa)
-        self._store(layer, site, keys, mantissa, scales, outer, codes, fmt)
+        self._store(layer, site, _keys(seq, pos), mantissa, scales, outer, codes, fmt)
         self.seconds += time.perf_counter() - t0
 
     def _store(self, layer, site, keys, mantissa, scales, outer, codes, fmt) -> None:
@@ -406,9 +410,9 @@ class Tee:
         for r in self.recorders:
             r.add_routing(layer, expert_ids, seq, pos)
 
-    def add_rows(self, layer, site, keys, mantissa, scales, outer, codes, fmt) -> None:
+    def add_rows(self, layer, site, mantissa, scales, outer, codes, fmt, seq, pos) -> None:
         for r in self.recorders:
-            r.add_rows(layer, site, keys, mantissa, scales, outer, codes, fmt)
+            r.add_rows(layer, site, mantissa, scales, outer, codes, fmt, seq, pos)
 
     def alias(self, seq: int, src_seq: int, upto_pos: int) -> None:
         for r in self.recorders:

@@ -25,8 +25,8 @@ record form) into device buffers at the step index, which `flush` hands to the r
 
 Compared against: the eager forward of the same steps (tests/rollout/test_gpu.py on a GPU, records bit for
 bit at one graph per attention length; tests/rollout/test_graph_record.py runs the uncaptured all-row
-steps on the CPU). The engine falls back to eager steps on a CPU, for multi-turn recording, or when
-`cuda_graphs=False`.
+steps on the CPU). The engine runs eager steps instead on a CPU, for multi-token chunks (a multi-turn
+call's observations), or when `cuda_graphs=False`.
 """
 from __future__ import annotations
 
@@ -89,8 +89,6 @@ class StepRecording:
 
     def flush(self, recorder, steps: list[dict[int, int]]) -> None:
         """steps[t]: {cache row b: position} of the rows fed at step t (sample b = record sequence b)."""
-        from trace.guidance.record import _keys
-
         if len(steps) > self.max_steps:
             raise ValueError(f"{len(steps)} steps recorded into buffers of {self.max_steps}")
         flat = [t * self.batch + b for t, fed in enumerate(steps) for b in fed]
@@ -103,7 +101,7 @@ class StepRecording:
         rows = lambda buf: buf.flatten(0, 1).index_select(0, idx)  # noqa: E731  [n, ...] of [max_steps*B, ...]
         for (layer, site), (parts, fmt) in self.bufs.items():
             mant, scales, outer, *codes = (rows(p) for p in parts)
-            recorder.add_rows(layer, site, _keys(seq, pos), mant, scales, outer, codes[0] if codes else None, fmt)
+            recorder.add_rows(layer, site, mant, scales, outer, codes[0] if codes else None, fmt, seq, pos)
         for layer, buf in self.route.items():
             recorder.add_routing(layer, rows(buf), seq, pos)
 
