@@ -5,7 +5,10 @@ prompt (greedy, no stop), and report generated tokens per second (prefill includ
 one short warm-up). Providers (trace.rollout.RolloutEngine unless hf): `engine-bf16`; `engine-w4a4` and `engine-w4a4-kv4`
 (FP4 codes, computed with BF16 GEMMs on the dequantized FP4 weights: fp4_backend="torch");
 `engine-w4a4-triton`, `engine-w4a4-kv4-triton` (the FP4 kernels of kernels/: FP4 weights in memory);
-`engine-bf16-eager` (no CUDA graphs, to show what they are worth); `hf-bf16` (transformers
+`engine-bf16-eager` (no CUDA graphs, to show what they are worth); `engine-w4a4-kv4-record` (what a TRACE
+rollout costs: the Triton engine of the FP4 arms, but every call records trace's guidance record, the
+deepest half of the layers and every MoE layer's routing, and `finish()`es it inside the clock; on a GPU
+its decode steps record inside their CUDA graphs); `hf-bf16` (transformers
 `model.generate`, BF16, `experts_implementation` as given by --hf-experts). Engine caches are allocated
 and decode graphs captured before the clock starts (`RolloutEngine.prepare`, as a server does at start-up).
 Shapes: the tiny flavors (`qwen3_moe-tiny`, ...) and `qwen3_30b_a3b` = Qwen3-30B-A3B layer shape
@@ -39,11 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.results_table import ROLLOUT_FIELDS, append, git_commit, today  # noqa: E402
+from trace.guidance import Recorder, guided_layer_indices  # noqa: E402
 from trace.models import build_config, get_spec  # noqa: E402
 from trace.rollout import RolloutEngine  # noqa: E402
 
 PROVIDERS = ("engine-bf16", "engine-w4a4", "engine-w4a4-kv4", "engine-w4a4-triton", "engine-w4a4-kv4-triton",
-             "engine-bf16-eager", "hf-bf16")
+             "engine-w4a4-kv4-record", "engine-bf16-eager", "hf-bf16")
 def build(name: str, layers: int, device, dtype, hf_experts: str, max_len: int):
     if name == "qwen3_30b_a3b":
         cfg = build_config("qwen3_moe-paper", num_hidden_layers=layers, max_position_embeddings=max(max_len, 4096),
@@ -73,17 +77,37 @@ def engine_kwargs(prov: str) -> dict:
     weights dequantized to BF16 at sync + per-row FP4 activation quant + BF16 GEMMs, i.e. the same codes
     on BF16 tensor cores; triton = the FP4 kernels of kernels/), CUDA graphs (off for -eager)."""
     return dict(mode="bf16" if prov.startswith("engine-bf16") else "w4a4", kv_fp4="-kv4" in prov,
-                fp4_backend="triton" if prov.endswith("-triton") else "torch", cuda_graphs=not prov.endswith("-eager"))
+                fp4_backend="triton" if prov.endswith(("-triton", "-record")) else "torch",
+                cuda_graphs=not prov.endswith("-eager"))
+
+
+def recorder_for(prov: str, model):
+    """A fresh recorder of trace's guidance record for `-record` providers (rho 0.5, routing), else None."""
+    if not prov.endswith("-record"):
+        return None
+    n = model.config.num_hidden_layers
+    return Recorder(layers=guided_layer_indices(n, 0.5), routing=True)
 
 
 def make_engine(model, prov, prompts, gen, device, dtype):
     eng = RolloutEngine(model.config, dtype=dtype, device=device, max_seq_len=len(prompts[0]) + gen + 1,
                         **engine_kwargs(prov))
     eng.sync_weights(model)
-    eng.prepare(len(prompts), len(prompts[0]), gen)  # allocate the cache, capture the decode graphs
-    eng.generate(prompts, max_new_tokens=2, temperature=0.0)  # warm-up at full size (prefill kernels, lazy init)
+    # allocate the cache, capture the decode graphs (the recording ones for a -record provider)
+    eng.prepare(len(prompts), len(prompts[0]), gen, recorder=recorder_for(prov, model))
+    # warm-up at full size (prefill kernels, lazy init)
+    eng.generate(prompts, max_new_tokens=2, temperature=0.0, recorder=recorder_for(prov, model))
     sync(device)
     return eng
+
+
+def _generate(eng, prov, model, prompts, gen):
+    """One timed call; a -record provider's record is finished inside it (as the RL step does)."""
+    rec = recorder_for(prov, model)
+    out = eng.generate(prompts, max_new_tokens=gen, temperature=0.0, recorder=rec)
+    if rec is not None:
+        rec.finish()
+    return out
 
 
 def _timed(fn, device):
@@ -100,8 +124,8 @@ def run_engine(model, prov, prompts, gen, device, dtype):
     t0 = time.perf_counter()
     eng = make_engine(model, prov, prompts, gen, device, dtype)
     setup = time.perf_counter() - t0
-    out, dt = _timed(lambda: eng.generate(prompts, max_new_tokens=gen, temperature=0.0), device)
-    _, pre = _timed(lambda: eng.generate(prompts, max_new_tokens=1, temperature=0.0), device)
+    out, dt = _timed(lambda: _generate(eng, prov, model, prompts, gen), device)
+    _, pre = _timed(lambda: _generate(eng, prov, model, prompts, 1), device)
     return out.num_generated_tokens, dt, pre, setup, eng
 
 
@@ -236,7 +260,7 @@ def main(argv=None):
                 row["ratio_vs_bf16"] = round(row["tokens_per_s"] / b, 3) if (b and ntok) else ""
                 append(out, [row], ROLLOUT_FIELDS)
                 print(row, flush=True)
-                if a.breakdown and eng is not None and not prov.endswith("-eager") and ntok:
+                if a.breakdown and eng is not None and not prov.endswith(("-eager", "-record")) and ntok:
                     try:
                         parts = breakdown(eng, prompts, min(a.gen, 64), a.device)
                     except Exception as e:  # noqa: BLE001

@@ -1,5 +1,5 @@
-"""The rollout benchmark's step-time breakdown (attention / moe / other) on the CPU: every component
-is measured, non-negative, and they add up to the total."""
+"""The rollout benchmark on the CPU: its step-time breakdown (attention / moe / other: every component is
+measured, non-negative, and they add up to the total) and its recording provider."""
 import importlib.util
 from pathlib import Path
 
@@ -21,3 +21,17 @@ def test_breakdown_components_add_up(prov):
     assert set(parts) == {"attention", "moe", "other", "total"}
     assert parts["attention"] > 0 and parts["moe"] > 0 and parts["other"] >= 0
     assert parts["attention"] + parts["moe"] + parts["other"] == pytest.approx(parts["total"], rel=1e-6)
+
+
+def test_record_provider_times_a_recorded_generate(tmp_path):
+    """engine-w4a4-kv4-record: the same generate with trace's guidance record made and finished in the clock."""
+    import csv
+
+    out = tmp_path / "r.csv"
+    bench.main(["--models", "qwen3_moe-tiny", "--batch", "2", "--prompt", "8", "--gen", "6", "--device", "cpu",
+                "--providers", "engine-w4a4-kv4", "engine-w4a4-kv4-record", "--out", str(out)])
+    rows = {r["provider"]: r for r in csv.DictReader(out.open())}
+    assert set(rows) == {"engine-w4a4-kv4", "engine-w4a4-kv4-record"}
+    assert all(float(r["tokens_per_s"]) > 0 and r["note"] == "" for r in rows.values())
+    assert bench.recorder_for("engine-w4a4-kv4-record", bench.build("qwen3_moe-tiny", 4, "cpu", torch.float32,
+                                                                     "eager", 64)).layers == {2, 3}

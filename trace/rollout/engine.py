@@ -221,12 +221,14 @@ class RolloutEngine:
             self._kept = (key, cache, DecodeGraphs(self.fwd, cache, self.graph_bucket, recording=rec))
         return self._kept[1], self._kept[2]
 
-    def prepare(self, batch: int, max_prompt_len: int, max_new_tokens: int) -> None:
+    def prepare(self, batch: int, max_prompt_len: int, max_new_tokens: int, recorder=None) -> None:
         """Allocate the cache of a generate call of `batch` samples (prompts * n) and capture its decode
-        graphs now rather than during the first call (no-op without CUDA graphs)."""
+        graphs now rather than during the first call (no-op without CUDA graphs); with `recorder`, the
+        recording graphs of calls that pass a recorder of the same kind (graphs.record_spec)."""
         self._check_ready()
         if self.cuda_graphs:
-            self._cache_and_graphs(batch, min(self.max_seq_len, max_prompt_len + max_new_tokens))[1].capture_all()
+            cap = min(self.max_seq_len, max_prompt_len + max_new_tokens)
+            self._cache_and_graphs(batch, cap, recorder)[1].capture_all()
 
     def _check_prompts(self, prompts, what="prompt"):
         if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
