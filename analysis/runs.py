@@ -217,6 +217,13 @@ def summarize(r: RunData) -> dict:
     row["guidance_bytes_per_gen_token"] = _mean(gb)
     _, bits = r.series("guidance_bits_per_element")
     row["guidance_bits_per_element"] = _mean(bits)  # NaN for arms that guide nothing
+    # the alignment term's gradient norm over the rest of the loss's (before clipping), logged by the trainer
+    # at step 1 and at evaluation steps where the term is in the loss; NaN elsewhere
+    sa, ga = r.series("grad_norm_align")
+    sr, gr = r.series("grad_norm_rest")
+    ok = np.isin(sa, sr)
+    ratio = ga[ok] / np.maximum(gr[np.isin(sr, sa)], 1e-30)
+    row["align_grad_ratio"] = float(np.median(ratio)) if ratio.size else math.nan
     for name in ("rollout_gen_tokens_per_s", "record_overhead"):
         _, y = r.series(name)
         if y.size >= 3:

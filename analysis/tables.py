@@ -52,6 +52,7 @@ ABLATION_COLUMNS = [
     ("k3_mean", "k3 mean"),
     ("k3_final", "k3 final (last third)"),
     ("dlp_abs_max", "max \\|dlp\\|"),
+    ("align_grad_ratio", "Align / rest grad norm"),
     ("code_flip_rate", "Code flip rate"),
     ("unrecoverable_rate", "Unrecoverable rate"),
     ("guidance_bytes_per_gen_token", "Guidance B / generated token"),
@@ -60,7 +61,9 @@ ABLATION_COLUMNS = [
 FACTOR_COLUMNS = ["rho", "guidance", "align_coef", "routing_replay"]
 ACC_COLUMNS = ("acc_bf16", "acc_fp4")
 # columns shown with the range over seeds beside the mean
-RANGE_COLUMNS = ("k3_mean", "k3_final", "dlp_abs_max", "code_flip_rate")
+RANGE_COLUMNS = ("k3_mean", "k3_final", "dlp_abs_max", "align_grad_ratio", "code_flip_rate")
+# logged by the trainer only since a later commit: n/a in older runs, so never required
+DIAGNOSTIC_COLUMNS = ("align_grad_ratio",)
 # posthoc-fp4 is an evaluation of the bf16 policy, not a training run: only its FP4 accuracy applies
 POSTHOC_COLUMNS = ("acc_fp4",)
 
@@ -74,6 +77,8 @@ def applies(arm: str, method: str, col: str) -> bool:
         return a is not None and a.record == "guide"
     if col == "unrecoverable_rate":  # one mantissa bit cannot tell a wrong pick from a right one
         return a is not None and a.record == "guide" and a.full_codes
+    if col == "align_grad_ratio":
+        return a is not None and a.record == "guide" and a.align
     return True
 
 
@@ -236,7 +241,10 @@ ABLATION_NOTES = COMMON_NOTES + (
     " TRACE variants: rho = fraction of the deepest layers guided; guidance = compact (mantissa bit + "
     "block scales) or full 4-bit codes; align coef = weight of the alignment loss (0: off); routing replay "
     "on/off. qat-independent = FP4 "
-    "trainer with its own rounding, no guidance. Code flip rate: per layer, the fraction of FP4 activation "
+    "trainer with its own rounding, no guidance. Align / rest grad norm: median over the steps the trainer "
+    "logs it (step 1 and evaluation steps) of the alignment term's gradient norm over that of the rest of "
+    "the loss, both before clipping (`rl.grad_clip` clips their sum); n/a without the term and for runs "
+    "made before it was logged. Code flip rate: per layer, the fraction of FP4 activation "
     "codes of the trainer *before guidance* that differ from the rollout's codes (rollout's routing), mean "
     "over all layers and steps (a diagnostic record, the same layers for every arm). Bits / guided "
     "element: record bits of the activation sites over the elements they guide. Unrecoverable: guided "
@@ -245,10 +253,11 @@ ABLATION_NOTES = COMMON_NOTES + (
 
 
 def check(t: pd.DataFrame, columns: list[tuple[str, str]], what: str) -> list[str]:
-    """Every cell that applies to its arm must be a finite number."""
+    """Every cell that applies to its arm must be a finite number (diagnostics that older runs did not log
+    excepted: they show n/a)."""
     errs = []
     for _, row in t.iterrows():
-        bad = [c for c, _ in columns if applies(row["arm"], row["method"], c)
+        bad = [c for c, _ in columns if c not in DIAGNOSTIC_COLUMNS and applies(row["arm"], row["method"], c)
                and not (isinstance(row[c], (int, float)) and math.isfinite(row[c]))]
         if bad:
             errs.append(f"{what}: {row['model']}/{row['task']}/{row['arm']}: non-finite {', '.join(bad)}")

@@ -71,6 +71,10 @@ def write_run(run_dir: str, model: str, task: str, arm: str, method: str, seed: 
             }
             if s % 4 == 3:
                 rec["eval_accuracy"] = acc
+                # the trainer's gradient split where the alignment term is in the loss (align / rest = 2 * coef)
+                coef = (rl_extra or {}).get("align_coef", 0.1)
+                if method in ("trace", "trace-fullcodes", "trace-noroutingreplay") and coef > 0:
+                    rec["grad_norm_align"], rec["grad_norm_rest"] = 2 * coef * (1 + s), 1.0 + s
             f.write(json.dumps(rec) + "\n")
     final = 0.2 + 0.05 * steps
     with open(os.path.join(run_dir, "eval.json"), "w") as f:
