@@ -53,6 +53,13 @@ def _keys(seq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return (seq.long() << _POS_BITS) | pos.long()
 
 
+def _check_rows(site: str, n: int, seq: torch.Tensor, pos: torch.Tensor) -> None:
+    if site not in SITES:
+        raise ValueError(f"unknown site {site!r}; sites are {SITES}")
+    if not n == seq.numel() == pos.numel():
+        raise RecordMismatch(f"{site}: {n} rows but {seq.numel()} seq ids / {pos.numel()} positions")
+
+
 @dataclass
 class SiteRows:
     """Stored rows of one (layer, site), sorted by key."""
@@ -305,6 +312,10 @@ class Recorder:
     def wants(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
 
+    def keeps_routing(self, layer: int) -> bool:
+        """Whether this recorder stores the expert ids of MoE layer `layer`."""
+        return self.routing is True or (self.routing == "guided" and self.wants(layer))
+
     def _clock(self, t: torch.Tensor) -> float:
         if t.is_cuda:  # the host copy below waits for queued work; that is not recording time
             torch.cuda.synchronize(t.device)
@@ -314,10 +325,7 @@ class Recorder:
         """Store rows of an FP4Tensor whose first dim is the token dim: codes [N, *inner, K]."""
         if not self.wants(layer):
             return
-        if site not in SITES:
-            raise ValueError(f"unknown site {site!r}; sites are {SITES}")
-        if t.codes.shape[0] != seq.numel() or seq.numel() != pos.numel():
-            raise RecordMismatch(f"{site}: {t.codes.shape[0]} rows but {seq.numel()} seq ids / {pos.numel()} positions")
+        _check_rows(site, t.codes.shape[0], seq, pos)
         if t.block_2d:
             raise ValueError("activation records use 1x16 / 1x32 blocks")
         outer = t.outer.float()
@@ -336,10 +344,7 @@ class Recorder:
         themselves (the engine's graph decode steps, trace/rollout/graphs.py)."""
         if not self.wants(layer):
             return
-        if site not in SITES:
-            raise ValueError(f"unknown site {site!r}; sites are {SITES}")
-        if not mantissa.shape[0] == seq.numel() == pos.numel():
-            raise RecordMismatch(f"{site}: {mantissa.shape[0]} rows but {seq.numel()} seq ids / {pos.numel()} positions")
+        _check_rows(site, mantissa.shape[0], seq, pos)
         if self.full_codes and codes is None:
             raise ValueError("a full-codes recorder needs the packed codes")
         t0 = self._clock(mantissa)
@@ -353,7 +358,7 @@ class Recorder:
         ))
 
     def add_routing(self, layer: int, expert_ids: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor) -> None:
-        if not self.routing or (self.routing == "guided" and not self.wants(layer)):
+        if not self.keeps_routing(layer):
             return
         if expert_ids.shape[0] != seq.numel():
             raise RecordMismatch(f"routing: {expert_ids.shape[0]} rows but {seq.numel()} seq ids")

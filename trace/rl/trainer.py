@@ -238,11 +238,11 @@ class RLTrainer:
         lp_train, stats = self._replayed_logprobs(tb, record, diag)
         mm = mismatch_metrics(lp_train.detach(), tb.lp_roll, tb.mask)
 
-        loss, parts = self._loss(lp_train, tb, adv, stats)
+        loss, parts, align = self._loss(lp_train, tb, adv, stats)
         # where the alignment term is in the loss, its share of the gradient at step 1 and at evaluation steps
         # (one more backward of that term alone): the clipped update is the sum of both parts
         every = rl["eval_every"]
-        split = self._align_term if (step == 1 or (every and step % every == 0)) else None
+        split = align if (step == 1 or (every and step % every == 0)) else None
         gn, gparts = self._optimize(loss, split)
         self.engine.sync_weights(self.model)
         t2 = time.perf_counter()
@@ -284,7 +284,8 @@ class RLTrainer:
 
     def _loss(self, lp_train: torch.Tensor, tb: TrainBatch, adv: torch.Tensor, stats):
         """PPO-clip policy loss with TIS / ICEPOP (+ kl_coef * KL to the reference, + align_coef *
-        alignment term for arms that align). Returns (loss, its logged parts)."""
+        alignment term for arms that align). Returns (loss, its logged parts, the weighted alignment term
+        in it or None)."""
         rl, arm = self.rl, self.arm
         if rl["ppo_ratio"] == "rollout":
             old, is_old = tb.lp_roll, lp_train.detach()
@@ -302,26 +303,27 @@ class RLTrainer:
             kl = masked_mean(kl_k3(lp_train, lp_ref), tb.mask)
             loss = loss + rl["kl_coef"] * kl
             parts["kl_ref"] = float(kl.detach())
-        self._align_term = None
+        align = None
         if stats is not None and arm.align and arm.record == "guide":
             al = stats.alignment_loss()
             parts["align_loss"] = float(al.detach())
             if rl["align_coef"] > 0 and al.requires_grad:
-                self._align_term = rl["align_coef"] * al
-                loss = loss + self._align_term
+                align = rl["align_coef"] * al
+                loss = loss + align
         if not bool(torch.isfinite(loss)):
             raise NonFiniteError(f"non-finite loss ({float(loss)})")
-        return loss, parts
+        return loss, parts, align
 
     def _optimize(self, loss: torch.Tensor, part: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         """Backward, gradient clipping, AdamW step; returns the gradient norm before clipping and, with
         `part` (a term of `loss`), the norms of that term's gradient and of the rest's, before clipping."""
         self.opt.zero_grad(set_to_none=True)
         norms = {}
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        g_part = torch.autograd.grad(part, params, retain_graph=True, allow_unused=True) if part is not None else None
+        if part is not None:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            g_part = torch.autograd.grad(part, params, retain_graph=True, allow_unused=True)
         loss.backward()
-        if g_part is not None:
+        if part is not None:
             sq = lambda ts: float(sum((t.float() ** 2).sum() for t in ts if t is not None) ** 0.5)  # noqa: E731
             norms = {"grad_norm_align": sq(g_part),
                      "grad_norm_rest": sq([p.grad - g if g is not None else p.grad

@@ -41,8 +41,7 @@ def record_spec(recorder, num_layers: int) -> tuple:
     every later recorder of the same spec."""
     recs = getattr(recorder, "recorders", [recorder])
     sites = frozenset(i for i in range(num_layers) if any(r.wants(i) for r in recs))
-    routing = frozenset(i for i in range(num_layers)
-                        if any(r.routing is True or (r.routing == "guided" and r.wants(i)) for r in recs))
+    routing = frozenset(i for i in range(num_layers) if any(r.keeps_routing(i) for r in recs))
     return sites, routing, any(r.full_codes for r in recs)
 
 
