@@ -3,23 +3,25 @@
 # leased machine goes back with them): the runs of one model (and task) through the pipeline, in a copy
 # of the repository and in a process session of its own, so it outlives the command that started it;
 # then a later command waits for it and packs the run dirs without checkpoints.
-#   bash scripts/gpu/profile_chunk.sh start PROFILE MODEL [TASK]   # returns at once
+#   bash scripts/gpu/profile_chunk.sh start PROFILE MODEL[,MODEL...] [TASK]   # returns at once
 #   bash scripts/gpu/profile_chunk.sh wait SECONDS OUT.tgz         # waits up to SECONDS, packs what is done
 # e.g. `start experiments/profiles/small.yaml qwen3_moe-small reasoning` on two H200s runs its SFT base, the
 # 12 runs and 13 evaluations with 8 at a time (gpu = GPUs x the profile's gpu_slots_per_device). Unpack
 # OUT.tgz in the repository root, then `snakemake figures --configfile PROFILE`. An SFT base committed
 # without its checkpoint is trained again first and checked against its logged losses. WORK (default
-# /tmp/trace-chunk) holds the copy and snakemake.log. Snakemake runs with the greedy scheduler, so
+# /tmp/trace-chunk) holds the copy and snakemake.log; SLOTS overrides the profile's gpu_slots_per_device
+# (runs per GPU; the tables' speed columns are ratios within one run, so they hold either way). Snakemake runs with the greedy scheduler, so
 # PuLP's solver binaries are not needed (scripts/gpu/offline_wheels.sh SET all leaves them out).
 set -euo pipefail
 work=${WORK:-/tmp/trace-chunk}
 py=${PYTHON:-python3}
 case ${1:-} in
 start)
-  profile=${2:?usage: profile_chunk.sh start PROFILE MODEL [TASK]}; model=${3:?model}; task=${4:-}
-  targets=$(PYTHONPATH=$PWD "$py" workflow/scripts/runplan.py "$profile" --targets "$model" $task)
+  profile=${2:?usage: profile_chunk.sh start PROFILE MODEL[,MODEL...] [TASK]}; models=${3:?model}; task=${4:-}
+  targets=$(for m in ${models//,/ }; do PYTHONPATH=$PWD "$py" workflow/scripts/runplan.py "$profile" --targets "$m" $task; done)
   read -r name slots < <("$py" -c "import yaml, sys; c = yaml.safe_load(open(sys.argv[1]))
 print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
+  slots=${SLOTS:-$slots}
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   [ "$gpus" -gt 0 ] || { echo "no GPU visible" >&2; exit 1; }
   rm -rf "$work" && mkdir -p "$work"
@@ -31,7 +33,7 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   # ancient(sft/done), starts only what is missing.
   cat > run.sh <<EOS
 set -e
-for d in results/runs/$name/$model/${task:-*}/sft; do
+for d in $(for m in ${models//,/ }; do echo results/runs/$name/$m/${task:-*}/sft; done); do
   [ -e "\$d/done" ] && [ ! -e "\$d/ckpt" ] || continue
   echo "rebuilding the SFT checkpoint of \$d"
   CUDA_VISIBLE_DEVICES=0 $py -m trace.sft --config "\$d/config.yaml" --out "rebuild/\$d"
@@ -41,7 +43,7 @@ a, b = loss(sys.argv[1] + '/metrics.jsonl'), loss(sys.argv[2] + '/metrics.jsonl'
 sys.exit(0 if a == b else 'SFT rebuild of %s: logged losses differ from the committed run; not starting' % sys.argv[1])" "\$d" "rebuild/\$d"
   mv "rebuild/\$d/ckpt" "\$d/ckpt"
 done
-exec $py -m snakemake --cores $(nproc) --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going $targets --configfile $profile
+exec $py -m snakemake --cores $(nproc) --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going $targets --configfile $profile --config gpu_slots_per_device=$slots
 EOS
   PYTHONPATH=$work${PYTHONPATH:+:$PYTHONPATH} setsid nohup bash run.sh > "$work/snakemake.log" 2>&1 < /dev/null &
   echo $! > "$work/pid"
