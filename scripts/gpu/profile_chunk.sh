@@ -22,6 +22,7 @@ start)
   read -r name slots < <("$py" -c "import yaml, sys; c = yaml.safe_load(open(sys.argv[1]))
 print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   slots=${SLOTS:-$slots}
+  sfts=$(for m in ${models//,/ }; do printf 'results/runs/%s/%s/%s/sft ' "$name" "$m" "${task:-*}"; done)
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   [ "$gpus" -gt 0 ] || { echo "no GPU visible" >&2; exit 1; }
   rm -rf "$work" && mkdir -p "$work"
@@ -33,7 +34,7 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   # ancient(sft/done), starts only what is missing.
   cat > run.sh <<EOS
 set -e
-for d in $(for m in ${models//,/ }; do echo results/runs/$name/$m/${task:-*}/sft; done); do
+for d in $sfts; do
   [ -e "\$d/done" ] && [ ! -e "\$d/ckpt" ] || continue
   echo "rebuilding the SFT checkpoint of \$d"
   CUDA_VISIBLE_DEVICES=0 $py -m trace.sft --config "\$d/config.yaml" --out "rebuild/\$d"
