@@ -20,7 +20,9 @@ Summary conventions (documented once, used by every table and figure):
 * rollout speed = generated tokens / generation time (recording excluded), median over steps, leaving
   out the first step (warm-up) when there are >= 3; record overhead = time spent recording the arm's
   own guidance record / generation time, median over the same steps (0 for arms without a record;
-  diagnostic records are never timed in either);
+  diagnostic records are never timed in either); seconds per RL step ``step_s`` = the trainer's
+  ``time_step_s`` (rollout, recording, training and the periodic evaluation of the steps that have one),
+  median over the same steps (``time_step_s`` in runs.csv stays the mean over all steps);
 * accuracy = ``eval.json``'s fraction of correct samples on unique held-out prompts, with its
   prompt-clustered standard error ``acc_<deploy>_se`` (``se_clustered``).
 """
@@ -224,11 +226,12 @@ def summarize(r: RunData) -> dict:
     ok = np.isin(sa, sr)
     ratio = ga[ok] / np.maximum(gr[np.isin(sr, sa)], 1e-30)
     row["align_grad_ratio"] = float(np.median(ratio)) if ratio.size else math.nan
-    for name in ("rollout_gen_tokens_per_s", "record_overhead"):
+    for name, col in (("rollout_gen_tokens_per_s", "rollout_gen_tokens_per_s"), ("record_overhead", "record_overhead"),
+                      ("time_step_s", "step_s")):
         _, y = r.series(name)
         if y.size >= 3:
             y = y[1:]
-        row[name] = float(np.median(y)) if y.size else math.nan
+        row[col] = float(np.median(y)) if y.size else math.nan
     for name in ("time_rollout_s", "time_train_s", "time_step_s"):
         _, y = r.series(name)
         row[name] = _mean(y)

@@ -7,13 +7,16 @@ Writes into --out:
   posthoc-fp4): final accuracy under BF16 and FP4 deployment (``eval.json``) with its standard error,
   mean and final mismatch k3 between trainer and rollout log-probs, guidance bytes per generated token,
   rollout tokens/s of generation alone and its speedup over the ``bf16`` arm of the same model, task and
-  seed, and the overhead of recording the arm's own guidance record. ``posthoc-fp4`` is the ``bf16``
-  arm's policy quantized to FP4 after training: only its FP4 accuracy applies, the rest is n/a.
+  seed, the overhead of recording the arm's own guidance record, seconds per RL step and, for arms that
+  guide the rollout, the step time's overhead over the ``qat-independent`` run of the same model, task
+  and seed. ``posthoc-fp4`` is the ``bf16`` arm's policy quantized to FP4 after training: only its FP4
+  accuracy applies, the rest is n/a.
   Values are means over seeds (``n_seeds``), with ``<col>_min`` / ``<col>_max`` over seeds and
   ``acc_*_se`` (see `_aggregate`).
 * ``ablation.csv`` / ``ablation.md``: TRACE variants (``rho``, full codes vs compact mantissa+scale
   guidance, alignment loss on/off, routing replay on/off) next to ``qat-independent`` (no guidance),
-  for every model/task that has ablation arms.
+  for every model/task that has ablation arms, with the same step-time overhead over the main runs'
+  ``qat-independent`` run.
 * ``runs.csv``: one row per run and seed, every summary scalar (see analysis/runs.py for conventions).
 
 Compared against: the paper's claims (TRACE's FP4 accuracy close to the bf16 arm, above posthoc-fp4
@@ -45,6 +48,8 @@ MAIN_COLUMNS = [
     ("rollout_gen_tokens_per_s", "Generation tok/s"),
     ("rollout_speedup", "Speedup vs bf16"),
     ("record_overhead", "Recording overhead"),
+    ("step_s", "s/step"),
+    ("step_overhead_vs_qat", "Step overhead vs qat-independent"),
 ]
 ABLATION_COLUMNS = [
     ("acc_bf16", "Acc BF16 deploy"),
@@ -57,13 +62,18 @@ ABLATION_COLUMNS = [
     ("unrecoverable_rate", "Unrecoverable rate"),
     ("guidance_bytes_per_gen_token", "Guidance B / generated token"),
     ("guidance_bits_per_element", "Bits / guided element"),
+    ("step_overhead_vs_qat", "Step overhead vs qat-independent"),
 ]
 FACTOR_COLUMNS = ["rho", "guidance", "align_coef", "routing_replay"]
 ACC_COLUMNS = ("acc_bf16", "acc_fp4")
 # columns shown with the range over seeds beside the mean
-RANGE_COLUMNS = ("k3_mean", "k3_final", "dlp_abs_max", "align_grad_ratio", "code_flip_rate")
+RANGE_COLUMNS = ("k3_mean", "k3_final", "dlp_abs_max", "align_grad_ratio", "code_flip_rate", "step_s",
+                 "step_overhead_vs_qat")
 # logged by the trainer only since a later commit: n/a in older runs, so never required
 DIAGNOSTIC_COLUMNS = ("align_grad_ratio",)
+# relative to another run of the profile that may not exist (a profile without qat-independent, seeds
+# that do not overlap): n/a then, so never required; its inputs (`step_s` of both rows) are
+REFERENCE_COLUMNS = ("step_overhead_vs_qat",)
 # posthoc-fp4 is an evaluation of the bf16 policy, not a training run: only its FP4 accuracy applies
 POSTHOC_COLUMNS = ("acc_fp4",)
 
@@ -79,6 +89,8 @@ def applies(arm: str, method: str, col: str) -> bool:
         return a is not None and a.record == "guide" and a.full_codes
     if col == "align_grad_ratio":
         return a is not None and a.record == "guide" and a.align
+    if col == "step_overhead_vs_qat":
+        return a is not None and a.record == "guide"
     return True
 
 
@@ -93,6 +105,15 @@ def runs_frame(runs) -> pd.DataFrame:
     df["rollout_speedup"] = [
         (row_tps / base.get(k, math.nan)) if base.get(k, math.nan) else math.nan
         for row_tps, k in zip(df["rollout_gen_tokens_per_s"], keys, strict=False)
+    ]
+    # step time over the (main) qat-independent run's, same model/task/seed: the same FP4 rollout and
+    # QAT trainer without guidance, so the difference is what guiding costs
+    qat = df[(df["arm"] == "qat-independent") & ~df["ablation"].astype(bool)]
+    qbase = qat.set_index(["model", "task", "seed"])["step_s"]
+    df["step_overhead_vs_qat"] = [
+        (s / qbase[k] - 1.0) if applies(arm, method, "step_overhead_vs_qat") and k in qbase.index and qbase[k] > 0
+        else math.nan
+        for s, k, arm, method in zip(df["step_s"], keys, df["arm"], df["method"], strict=False)
     ]
     return df
 
@@ -174,6 +195,10 @@ def _num(v, col: str) -> str:
         return f"{v:.0f}"
     if col == "record_overhead":
         return f"{100 * v:.0f}%"
+    if col == "step_overhead_vs_qat":
+        return f"{100 * v:+.0f}%"
+    if col == "step_s":
+        return f"{v:.2f}" if abs(v) < 100 else f"{v:.0f}"
     if col in ("guidance_bytes_per_gen_token", "guidance_bits_per_element"):
         return f"{v:.0f}" if abs(v) >= 10 or v == 0 else f"{v:.2f}"
     if col == "rho":
@@ -194,7 +219,7 @@ def _fmt(v, col: str) -> str:
 
 
 def cell(row, col: str) -> str:
-    """Mean, then `± SE` for accuracies, `[min, max]` over seeds for the mismatch columns."""
+    """Mean, then `± SE` for accuracies, `[min, max]` over seeds for the mismatch and step-time columns."""
     s = _fmt(row[col], col)
     if s == "n/a":
         return s
@@ -235,7 +260,14 @@ MAIN_NOTES = COMMON_NOTES + (
     "records are never counted); where decode steps record inside CUDA graphs (GPU runs after commit "
     "a4c25f8), packing the rows there counts as generation, so compare the arm's tok/s with fp4-naive's. "
     "posthoc-fp4: the bf16 arm's policy quantized to FP4 after training, an "
-    "evaluation only (its training columns are n/a)."
+    "evaluation only (its training columns are n/a). s/step: wall time of an RL step (rollout, "
+    "recording, training, and the periodic held-out evaluation in the few steps that have one), median over "
+    "a run's steps leaving out the first (warm-up); mean [min, max] over seeds. Runs shared their device "
+    "with other runs of the profile (gpu_slots_per_device runs per GPU; on the CPU, as many runs as the "
+    "pipeline ran at once), so s/step includes that sharing. Step overhead vs qat-independent: a run's "
+    "s/step over that of the qat-independent run of the same model/task/seed, minus 1, for arms that guide "
+    "the rollout; it compares runs of the same profile run, which shared the device alike; mean [min, max] "
+    "over seeds; n/a for arms without guidance and where that qat-independent run does not exist."
 )
 ABLATION_NOTES = COMMON_NOTES + (
     " TRACE variants: rho = fraction of the deepest layers guided; guidance = compact (mantissa bit + "
@@ -248,16 +280,21 @@ ABLATION_NOTES = COMMON_NOTES + (
     "codes of the trainer *before guidance* that differ from the rollout's codes (rollout's routing), mean "
     "over all layers and steps (a diagnostic record, the same layers for every arm). Bits / guided "
     "element: record bits of the activation sites over the elements they guide. Unrecoverable: guided "
-    "elements more than one grid step away, measurable only with full codes."
+    "elements more than one grid step away, measurable only with full codes. Step overhead vs "
+    "qat-independent: the run's median s/step (RL step wall time, the first step left out) over that of "
+    "the main table's qat-independent run of the same model/task/seed, minus 1; runs of the same profile "
+    "run shared their device with each other (gpu_slots_per_device runs per GPU), so both include that "
+    "sharing; mean [min, max] over seeds; n/a for qat-independent and where that run does not exist."
 )
 
 
 def check(t: pd.DataFrame, columns: list[tuple[str, str]], what: str) -> list[str]:
     """Every cell that applies to its arm must be a finite number (diagnostics that older runs did not log
-    excepted: they show n/a)."""
+    and cells relative to a run the profile may lack excepted: they show n/a)."""
     errs = []
     for _, row in t.iterrows():
-        bad = [c for c, _ in columns if c not in DIAGNOSTIC_COLUMNS and applies(row["arm"], row["method"], c)
+        bad = [c for c, _ in columns if c not in DIAGNOSTIC_COLUMNS + REFERENCE_COLUMNS
+               and applies(row["arm"], row["method"], c)
                and not (isinstance(row[c], (int, float)) and math.isfinite(row[c]))]
         if bad:
             errs.append(f"{what}: {row['model']}/{row['task']}/{row['arm']}: non-finite {', '.join(bad)}")

@@ -209,7 +209,7 @@ def test_reduced_smoke_pipeline_end_to_end(tmp_path):
     main = pd.read_csv(work / "results" / "tables" / "ci" / "main.csv")
     assert set(main.arm) == {"bf16", "fp4-naive", "qat-independent", "qat-weight-only", "trace", "posthoc-fp4"}
     num = ["acc_bf16", "acc_fp4", "k3_mean", "k3_final", "guidance_bytes_per_gen_token", "rollout_gen_tokens_per_s",
-           "rollout_speedup", "record_overhead"]
+           "rollout_speedup", "record_overhead", "step_s"]
     trained = main[main.arm != "posthoc-fp4"]
     assert all(math.isfinite(v) for v in trained[num].to_numpy(dtype=float).ravel()), trained[num]
     learning = pd.read_csv(work / "results" / "tables" / "ci" / "learning.csv")

@@ -35,6 +35,18 @@ LEVEL = {
     "trace-noroutingreplay": (6e-4, 280, 0.02, 1.7),
 }
 
+# median seconds per RL step; each seed's runs are slower by the same factor (1 + 0.5 * seed), as if that
+# seed's runs had shared a busier device, so only a same-seed comparison gives trace's +60% back
+STEP_S = {"bf16": 0.5, "fp4-naive": 0.9, "qat-independent": 1.0, "qat-weight-only": 0.9, "trace": 1.6,
+          "trace-fullcodes": 1.8, "trace-noalign": 1.5, "trace-noroutingreplay": 1.55}
+
+
+def step_times(method: str, seed: int, steps: int) -> list[float]:
+    """A warm-up first step 5x the rest, then the arm's step time +-10% (its median exactly, for odd
+    counts of the remaining steps)."""
+    t = STEP_S[method] * (1 + 0.5 * seed)
+    return [5 * t] + [t * (1 + 0.1 * ((-1) ** i) * (i % 3 != 0)) for i in range(1, steps)]
+
 
 def write_run(run_dir: str, model: str, task: str, arm: str, method: str, seed: int, steps: int = 8,
               n_layers: int = 4, rl_extra: dict | None = None) -> None:
@@ -51,6 +63,7 @@ def write_run(run_dir: str, model: str, task: str, arm: str, method: str, seed: 
     if method.startswith("trace"):
         k3 = k3 * (1.5 - rho)
         gb = gb * rho / 0.34
+    times = step_times(method, seed, steps)
     with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
         for s in range(steps):
             acc = min(1.0, 0.2 + 0.05 * s + 0.02 * rng.random())
@@ -67,7 +80,7 @@ def write_run(run_dir: str, model: str, task: str, arm: str, method: str, seed: 
                 "guidance_bits_per_element": 1.6 if method.startswith("trace") else None,
                 "rollout_gen_tokens_per_s": 100.0 * speed * (1 + 0.01 * rng.random()),
                 "record_overhead": 0.2 if method.startswith("trace") else 0.0,
-                "time_rollout_s": 1.0, "time_train_s": 0.5, "time_step_s": 1.6, "loss": 0.1, "grad_norm": 1.0,
+                "time_rollout_s": 1.0, "time_train_s": 0.5, "time_step_s": times[s], "loss": 0.1, "grad_norm": 1.0,
             }
             if s % 4 == 3:
                 rec["eval_accuracy"] = acc

@@ -1,7 +1,8 @@
 """analysis.tables on synthetic run dirs (tests/analysis/synthetic.py): every arm present, finite numbers,
 posthoc-fp4 derived from the bf16 run with its training columns n/a, ablation factors read from the run
 configs, strict mode, the k3 "final" window, standard errors beside accuracies, generation speed
-without recording."""
+without recording, seconds per step and trace's step-time overhead over the same seed's qat-independent
+run."""
 import json
 import math
 import os
@@ -11,12 +12,12 @@ import pytest
 
 from analysis.runs import se_clustered
 from analysis.tables import build
-from tests.analysis.synthetic import ABLATIONS, METHODS, write_profile
+from tests.analysis.synthetic import ABLATIONS, METHODS, STEP_S, write_profile
 from trace.rundir import read_metrics
 
 MAIN_NUM = ["acc_bf16", "acc_fp4", "k3_mean", "k3_final", "guidance_bytes_per_gen_token",
-            "rollout_gen_tokens_per_s", "rollout_speedup", "record_overhead"]
-TRAINING = [c for c in MAIN_NUM if c != "acc_fp4"]
+            "rollout_gen_tokens_per_s", "rollout_speedup", "record_overhead", "step_s"]
+TRAINING = [c for c in MAIN_NUM if c != "acc_fp4"] + ["step_overhead_vs_qat"]
 
 
 @pytest.fixture()
@@ -108,6 +109,88 @@ def test_speed_is_generation_alone_and_overhead_is_separate(tmp_path):
     assert main.loc["trace", "rollout_gen_tokens_per_s"] == pytest.approx(1228.0)
     assert main.loc["trace", "record_overhead"] == pytest.approx(0.46)
     assert "| 1228 |" in (tmp_path / "t" / "main.md").read_text()
+
+
+def _md_row(path, model: str, arm: str) -> list[str]:
+    line = next(line for line in path.read_text().splitlines() if line.startswith(f"| {model} |")
+                and f"| {arm} |" in line)
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_step_time_is_the_median_per_run_and_overhead_pairs_seeds(profile):
+    """s/step = median of time_step_s over a run's steps after the warm-up (synthetic: 5x warm-up, then
+    the arm's time +-10%; the mean over all 8 steps would be 1.49x the median), mean [min, max] over
+    seeds. Seed 1's runs are all 1.5x seed 0's, so trace's overhead is +60% in both seeds only when each
+    is divided by its own seed's qat-independent run: against the other seed it would be +7% / +140%,
+    against the seed mean +28% / +92%."""
+    runs, out, _ = profile
+    build(str(runs), str(out), strict=True)
+    df = pd.read_csv(out / "runs.csv").set_index(["model", "arm", "seed"]).loc["qwen3_moe-tiny"]
+    for seed in (0, 1):
+        t = STEP_S["trace"] * (1 + 0.5 * seed)
+        assert df.loc[("trace", seed), "step_s"] == pytest.approx(t)
+        assert df.loc[("trace", seed), "time_step_s"] == pytest.approx((5 * t + 6.9 * t) / 8)  # runs.csv's mean
+        assert df.loc[("qat-independent", seed), "step_s"] == pytest.approx(STEP_S["qat-independent"] * (1 + 0.5 * seed))
+        assert df.loc[("trace", seed), "step_overhead_vs_qat"] == pytest.approx(0.6)
+        assert df.loc[("trace-fullcodes", seed), "step_overhead_vs_qat"] == pytest.approx(0.8)
+    main = pd.read_csv(out / "main.csv").set_index(["model", "arm"]).loc["qwen3_moe-tiny"]
+    assert main.loc["trace", ["step_s", "step_s_min", "step_s_max"]].tolist() == pytest.approx([2.0, 1.6, 2.4])
+    assert main.loc["trace", "step_overhead_vs_qat"] == pytest.approx(0.6)
+    cells = _md_row(out / "main.md", "qwen3_moe-tiny", "trace")
+    assert cells[-3:] == ["2.00 [1.60, 2.40]", "+60% [+60%, +60%]", "2"]
+    abl = pd.read_csv(out / "ablation.csv").set_index("arm")
+    assert abl.loc["trace-noalign", "step_overhead_vs_qat"] == pytest.approx(0.5)
+    assert "+80% [+80%, +80%]" in _md_row(out / "ablation.md", "qwen3_moe-tiny", "trace-fullcodes")
+
+
+def test_step_overhead_is_na_where_it_does_not_apply(profile):
+    """Only arms that guide the rollout get an overhead; posthoc-fp4 has no step time at all."""
+    runs, out, _ = profile
+    build(str(runs), str(out), strict=True)
+    main = pd.read_csv(out / "main.csv").set_index(["model", "arm"])
+    for model in ("qwen3_moe-tiny", "mixtral-tiny"):
+        for arm in ("bf16", "fp4-naive", "qat-independent", "qat-weight-only", "posthoc-fp4"):
+            assert math.isnan(main.loc[(model, arm), "step_overhead_vs_qat"]), (model, arm)
+            assert _md_row(out / "main.md", model, arm)[-2] == "n/a", (model, arm)
+        assert math.isnan(main.loc[(model, "posthoc-fp4"), "step_s"])
+        assert _md_row(out / "main.md", model, "posthoc-fp4")[-3] == "n/a"
+        assert main.loc[(model, "bf16"), "step_s"] == pytest.approx((0.5 + 0.75) / 2)
+    abl = pd.read_csv(out / "ablation.csv").set_index("arm")
+    assert math.isnan(abl.loc["qat-independent", "step_overhead_vs_qat"])
+    assert abl.drop(index="qat-independent")["step_overhead_vs_qat"].map(math.isfinite).all()
+
+
+def test_step_overhead_is_na_without_the_same_seeds_qat_run(profile, capsys):
+    """No qat-independent run of that model/task/seed: n/a, and strict mode still passes (mixtral has
+    none; qwen3 lacks seed 1's, so its trace row averages seed 0 alone). A run without time_step_s is
+    still an error."""
+    import shutil
+
+    runs, out, _ = profile
+    gone = {("mixtral-tiny", 0), ("mixtral-tiny", 1), ("qwen3_moe-tiny", 1)}
+    for model, seed in gone:
+        shutil.rmtree(runs / model / "reasoning" / "qat-independent" / f"seed{seed}")
+    man = json.loads((runs / "manifest.json").read_text())
+    man["runs"] = [e for e in man["runs"] if not (e["arm"] == "qat-independent" and (e["model"], e["seed"]) in gone)]
+    (runs / "manifest.json").write_text(json.dumps(man))
+    build(str(runs), str(out), strict=True)
+    df = pd.read_csv(out / "runs.csv").set_index(["model", "arm", "seed"])
+    assert df.loc[("qwen3_moe-tiny", "trace", 0), "step_overhead_vs_qat"] == pytest.approx(0.6)
+    assert math.isnan(df.loc[("qwen3_moe-tiny", "trace", 1), "step_overhead_vs_qat"])
+    assert math.isnan(df.loc[("mixtral-tiny", "trace", 0), "step_overhead_vs_qat"])
+    assert _md_row(out / "main.md", "mixtral-tiny", "trace")[-2] == "n/a"
+    assert _md_row(out / "main.md", "mixtral-tiny", "trace")[-3] == "2.00 [1.60, 2.40]"
+    assert _md_row(out / "main.md", "qwen3_moe-tiny", "trace")[-2] == "+60% [+60%, +60%]"
+    assert pd.read_csv(out / "ablation.csv").set_index("arm").loc["trace-noalign", "step_overhead_vs_qat"] == \
+        pytest.approx(0.5)
+
+    for seed in (0, 1):
+        p = runs / "mixtral-tiny" / "reasoning" / "trace" / f"seed{seed}" / "metrics.jsonl"
+        p.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "time_step_s"}) + "\n"
+                             for r in read_metrics(str(p))))
+    with pytest.raises(SystemExit, match="problem"):
+        build(str(runs), str(out), strict=True)
+    assert "mixtral-tiny/reasoning/trace: non-finite step_s" in capsys.readouterr().err
 
 
 def test_clustered_se_of_prompt_accuracies():
