@@ -452,20 +452,24 @@ def default_config(M: int, N: int, K: int, device) -> GemmConfig:
     return GemmConfig(BN=bn, BM=bm, BKW=bkw, split=split, num_warps=4, num_stages=4)
 
 
-def quantize_act_for_gemm(x: torch.Tensor, check_finite: bool = True):
+def quantize_act_for_gemm(x: torch.Tensor, check_finite: bool = True, on_quant=None):
     """Per-row NVFP4 quantize of x [M, K] for the W4A4 path -> (words int32 [M, K/8], scales [M, K/16],
-    factor fp32 [M] = 2^7 / S_enc)."""
+    factor fp32 [M] = 2^7 / S_enc). on_quant(QuantizedRows), if given, sees the quantized rows."""
     from kernels.quantize import quantize_rows
 
     q = quantize_rows(x, "nvfp4", check_finite=check_finite)
+    if on_quant is not None:
+        on_quant(q)
     return q.packed.view(torch.int32), q.scales, (EPI_POW / q.outer.reshape(-1))
 
 
 def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False, out_dtype: torch.dtype | None = None,
-               config: GemmConfig | None = None, check_finite: bool = True) -> torch.Tensor:
+               config: GemmConfig | None = None, check_finite: bool = True, on_quant=None) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(W)^T. x: bf16/fp16/fp32 (fp32 under the interpreter).
     act_quant: W4A4 emulation (per-row NVFP4 activations; on the decode GEMV path the activation is
-    quantized and dequantized in one pass and the W4A16 kernel runs on it). out_dtype defaults to x.dtype."""
+    quantized and dequantized in one pass and the W4A16 kernel runs on it). out_dtype defaults to x.dtype.
+    on_quant(QuantizedRows [M, ...]): with act_quant, called once with the activation's codes, scales and
+    outer scales as the kernel uses them (a rollout recorder keeps them: no second quantization)."""
     check_tensor(x, "x", (torch.bfloat16, torch.float16, torch.float32), dim=2, finite=check_finite)
     if not isinstance(w, PreparedFP4Weight) or w.E is not None:
         raise TypeError("w must be a dense PreparedFP4Weight from prepare_weight(codes [N, K], ...)")
@@ -490,10 +494,12 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
         # quantize kernel); the kernel reads their dequantized values (one rounding to x.dtype)
         from kernels.quantize import quantize_rows
 
-        x = quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False).fake
-        act_quant = False
-    if act_quant:
-        xa, xs, xf = quantize_act_for_gemm(x, check_finite=False)
+        q = quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False)
+        if on_quant is not None:
+            on_quant(q)
+        x, act_quant = q.fake, False
+    elif act_quant:
+        xa, xs, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=on_quant)
         stride_xm = K // 8
     else:
         xa, xs, xf, stride_xm = x, x, x, x.stride(0)

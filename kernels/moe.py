@@ -353,12 +353,24 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
     return out
 
 
+def _quant_fake(x: torch.Tensor, which: str, on_quant) -> torch.Tensor:
+    """NVFP4 per-row codes of x and their dequantized values in x.dtype (what the GEMV kernels read)."""
+    from kernels.quantize import quantize_rows
+
+    q = quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False)
+    if on_quant is not None:
+        on_quant(which, q)
+    return q.fake
+
+
 def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
               act_quant: bool = False, config: MoEConfig | None = None, align=None,
-              check_finite: bool = True) -> torch.Tensor:
+              check_finite: bool = True, on_quant=None) -> torch.Tensor:
     """Expert MLP of a MoE layer: out [T, H] = sum_j topk_weights[t, j] * MLP_{topk_ids[t, j]}(x[t]).
     x bf16/fp16/fp32 [T, H]; topk_ids int [T, k] in [0, E); topk_weights float [T, k].
-    align: optional precomputed moe_align(topk_ids, E, config.BM) result (shared across layers)."""
+    align: optional precomputed moe_align(topk_ids, E, config.BM) result (shared across layers).
+    on_quant(which, QuantizedRows): with act_quant, sees each activation as the kernels use it:
+    "gate_up" the per-token input [T, H], "down" the per-(token, slot) input [T*k, I] (row t*k + j)."""
     check_tensor(x, "x", (torch.bfloat16, torch.float16, torch.float32), dim=2, finite=check_finite)
     check_tensor(topk_ids, "topk_ids", (torch.int32, torch.int64), dim=2)
     check_tensor(topk_weights, "topk_weights", (torch.float32, torch.bfloat16, torch.float16), dim=2,
@@ -386,13 +398,11 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
     if cfg.kind == "gemv":
         # W4A4 on the W4A16 GEMV kernels: gate/up input quantized per token, down input per (token, slot),
         # codes and scales the trainer's; the kernels read the dequantized values (one rounding to x.dtype)
-        from kernels.quantize import quantize_rows
-
         kw = dict(BM=cfg.BM, U=cfg.U, num_warps=cfg.num_warps)
-        a = quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False).fake if act_quant else x
+        a = _quant_fake(x, "gate_up", on_quant) if act_quant else x
         h = moe_gemv(a, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, BN=cfg.BN, **kw)
         if act_quant:
-            h = quantize_rows(h, "nvfp4", fake_dtype=h.dtype, check_finite=False).fake
+            h = _quant_fake(h, "down", on_quant)
         y = moe_gemv(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, BN=cfg.BN_down, **kw)
         return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)
     kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -400,9 +410,13 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
         from kernels.quantize import quantize_rows
 
         qx = quantize_rows(x, "nvfp4", check_finite=False)
+        if on_quant is not None:
+            on_quant("gate_up", qx)
         a_fp4 = (qx.packed.view(torch.int32), qx.scales, EPI_POW / qx.outer.reshape(-1))
         h = moe_gemm(x, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, a_fp4=a_fp4, BN=cfg.BN, **kw)
         qh = quantize_rows(h, "nvfp4", check_finite=False)
+        if on_quant is not None:
+            on_quant("down", qh)
         h_fp4 = (qh.packed.view(torch.int32), qh.scales, EPI_POW / qh.outer.reshape(-1))
         y = moe_gemm(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, a_fp4=h_fp4,
                      BN=cfg.BN_down, **kw)

@@ -120,6 +120,7 @@ def test_captured_recording_steps_store_what_eager_steps_store(family):
         eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, dtype=torch.bfloat16, device="cuda",
                             cuda_graphs=graphs)
         eng.sync_weights(m)
+        assert eng.fwd.fast is not None  # recording decodes on the Triton path, its kernels' codes recorded
         eng.graph_bucket = 1
         rec = Recorder(layers=None, full_codes=True, routing=True)
         out = eng.generate(prompts, n=2, max_new_tokens=10, temperature=1.0, seed=2, recorder=rec)

@@ -31,8 +31,9 @@ activation quant + BF16 GEMMs (the same codes on BF16 tensor cores), FP4 KV deco
 weights and FP4 KV codes read from memory), the torch path for prefill. Measured on an H200
 (results/rollout/, docs/LOG.md): BF16 engine 17.5-18.8x transformers generate; FP4 modes 0.5-0.7x the
 engine's BF16 (the FP4 kernels lose to cuBLAS/grouped_mm at batch >= 16; see kernels/NOTES.md).
-Recording (a `recorder`) always runs the torch path, which produces the same codes; on a GPU its
-one-token decode steps record inside their CUDA graphs (graphs.StepRecording: device buffers written at
+Recording (a `recorder`) runs the path that generates: decode steps on the Triton path record the codes
+its kernels quantized (trace/rollout/fast.py), so a TRACE rollout samples from the same kernels as the
+other FP4 arms' rollouts; on a GPU its one-token decode steps record inside their CUDA graphs (graphs.StepRecording: device buffers written at
 the step index, handed to the recorder every RECORD_WINDOW steps and after the call); prefill and
 multi-token chunks (observations of a multi-turn call) record eagerly.
 

@@ -9,9 +9,10 @@ and `kernels.moe.prepare_moe_weights`; the engine forward then calls
     (per-token gate/up input, per-(token, slot) down input),
   - `kernels.attention.kv_store` + `decode_attention` for one-token decode steps with the FP4 KV cache
     (a zero-copy view of the engine's cache buffers).
-It is used only when the device is CUDA (or forced for interpreter tests), mode is w4a4, fmt nvfp4, NO
-recorder is attached (recording runs the torch reference path, which produces the same codes) and only
-for one-token decode steps: prefill is compute-bound, and there the MMA kernels measured slower than BF16
+It is used only when the device is CUDA (or forced for interpreter tests), mode is w4a4, fmt nvfp4, and
+only for one-token decode steps. A recorder gets the activations' codes from the kernels' own quantize
+(`keep` callbacks: no second quantization) and the K/V codes from `quant_rows`, which the self-test
+checks bit-exact against what kv_store writes. Prefill is compute-bound, and there the MMA kernels measured slower than BF16
 GEMMs on the dequantized weights (same codes). `RolloutEngine(fp4_backend="torch")` or
 TRACE_ROLLOUT_BACKEND=torch disables it (=triton forces it on a CPU under TRITON_INTERPRET=1).
 
@@ -167,17 +168,29 @@ class TritonPath:
                     fail(f"W4{'A4' if aq else 'A16'} experts of layer {layer}", (T, m.E, m.H, m.I),
                          f"rel. error {err:.3g}, tol 1e-2")
 
-    def linear(self, i: int, key: str, x: torch.Tensor, bias=None) -> torch.Tensor:
-        """x [N, K] (unquantized) -> W4A4 x @ W^T [N, out] (+ bias)."""
+    def linear(self, i: int, key: str, x: torch.Tensor, bias=None, keep=None) -> torch.Tensor:
+        """x [N, K] (unquantized) -> W4A4 x @ W^T [N, out] (+ bias). keep(FP4Tensor [N, K]), if given,
+        gets the activation's quantization as the kernel used it (a recorder's site)."""
         from kernels.gemm import fp4_linear
 
-        y = fp4_linear(x, self.dense[i][key], act_quant=True, check_finite=False)
+        seen = None if keep is None else (lambda q: keep(as_fp4(q, x.dtype)))
+        y = fp4_linear(x, self.dense[i][key], act_quant=True, check_finite=False, on_quant=seen)
         return y if bias is None else y + bias
 
-    def experts(self, i: int, x, topi, topv) -> torch.Tensor:
+    def experts(self, i: int, x, topi, topv, keep_in=None, keep_down=None) -> torch.Tensor:
+        """x [N, H] -> [N, H]. keep_in(FP4Tensor [N, H]) / keep_down(FP4Tensor [N, k, I]), if given, get
+        the gate/up input's and the down input's quantization as the kernels used them."""
         from kernels.moe import fused_moe
 
-        return fused_moe(x, self.moe[i], topi, topv, act_quant=True, check_finite=False)
+        N, k = topi.shape
+        keeps = {"gate_up": keep_in, "down": keep_down}
+
+        def seen(which, q):
+            if keeps[which] is not None:
+                keeps[which](as_fp4(q, x.dtype, (N, k) if which == "down" else (N,)))
+
+        return fused_moe(x, self.moe[i], topi, topv, act_quant=True, check_finite=False,
+                         on_quant=None if keep_in is None and keep_down is None else seen)
 
     @staticmethod
     def decode_attention(cache, layer: int, rows, slots, start, q, k, v, max_len: int) -> torch.Tensor:
@@ -196,6 +209,16 @@ class TritonPath:
         flat_slots = r * per + slots[:, 0]  # [R]
         kv_store(view, k[:, 0], v[:, 0], flat_slots, check_finite=False)
         return decode_attention(q[:, 0], view, r * per, start + 1, max_len, check_finite=False).view(R, *q.shape[2:])
+
+
+def as_fp4(q, dtype: torch.dtype, lead: tuple | None = None) -> fp4.FP4Tensor:
+    """A quantize kernel's rows (kernels.quantize.QuantizedRows, [M, ...]) as the FP4Tensor that
+    `trace.rollout.cache.quant_rows` makes of the same rows: codes unpacked, leading dims `lead` (default
+    the rows' own)."""
+    lead = tuple(q.packed.shape[:-1]) if lead is None else tuple(lead)
+    codes = q.codes()
+    return fp4.FP4Tensor(codes.reshape(*lead, codes.shape[-1]), q.scales.reshape(*lead, q.scales.shape[-1]),
+                         q.outer.reshape(*lead, 1), q.fmt, False, dtype)
 
 
 _DENSE = (("q", "self_attn.q_proj.weight"), ("k", "self_attn.k_proj.weight"), ("v", "self_attn.v_proj.weight"),

@@ -19,8 +19,9 @@ Decode order differs from the trainer on purpose (incremental, chunked, own MoE 
 
 Recording: with `rec` (a `trace.guidance.Recording`: recorder + row addressing) given, each quantized
 site calls `rec.add(layer, site, FP4Tensor of the chunk's rows)` and MoE layers `rec.add_routing`, the
-same calls and site names as the trainer's adapter (trace/guidance/replay.py). Without `rec` nothing
-extra is computed.
+same calls and site names as the trainer's adapter (trace/guidance/replay.py). On the Triton path (decode
+steps) the kernels hand their own activation codes to `rec` (TritonPath `keep` callbacks), for the
+layers the recorder wants only. Without `rec` nothing extra is computed.
 
 Compared against: the transformers forward (bf16 mode) and `trace.qat.patch_model(model, "w4a4")`
 (w4a4 mode) in tests/rollout/test_engine.py.
@@ -78,6 +79,14 @@ class EngineForward:
             rec.add(layer, site, t)
         return t.dequantize(self.dtype)
 
+    @staticmethod
+    def _keep(rec: Recording | None, layer: int, site: str):
+        """The fast path's callback that stores an activation's FP4Tensor at (layer, site), or None when
+        nothing records that layer (the kernels then skip handing the codes out)."""
+        if rec is None or not rec.wants(layer):
+            return None
+        return lambda t: rec.add(layer, site, t)
+
     def _rope(self, pos: torch.Tensor):
         """cos, sin [R, T, D] for absolute positions pos [R, T] (float32 like transformers, then dtype)."""
         freqs = pos.float()[..., None] * self.w.inv_freq  # [R, T, D/2]
@@ -90,9 +99,10 @@ class EngineForward:
         a = self.a
         R, T, _ = x.shape
         nh, nkv, D = a.num_heads, a.num_kv_heads, a.head_dim
-        if fast is not None:  # W4A4 Triton GEMMs (activation quantized inside, same codes)
+        if fast is not None:  # W4A4 Triton GEMMs (activation quantized inside, same codes; q's is recorded)
             x2 = x.reshape(R * T, -1)
-            q, k, v = (fast.linear(i, n, x2, lw.get(n + "_b")) for n in ("q", "k", "v"))
+            q = fast.linear(i, "q", x2, lw.get("q_b"), keep=self._keep(rec, i, "attn_in"))
+            k, v = (fast.linear(i, n, x2, lw.get(n + "_b")) for n in ("k", "v"))
         else:
             xq = self._act(x.reshape(R * T, -1), i, "attn_in", rec)  # [R*T, H], one quantization for q/k/v
             q = F.linear(xq, lw["q"], lw.get("q_b"))  # [R*T, nh*D]
@@ -113,8 +123,11 @@ class EngineForward:
         q = q * c + rotate_half(q) * s
         k = k * c + rotate_half(k) * s
         if fast is not None and cache.codes_stored and T == 1 and cache.fmt == "nvfp4":  # FP4-KV decode kernel
+            if rec is not None and rec.wants(i):  # the codes kv_store writes (TritonPath.self_test: bit-exact)
+                for site, t in zip(("k", "v"), (k, v), strict=True):
+                    rec.add(i, site, quant_rows(t.reshape(-1, *t.shape[2:]), cache.fmt))  # [R, H_kv, D]
             o = fast.decode_attention(cache, i, rows, slots, start, q, k, v, S).reshape(R * T, nh * D)
-            return fast.linear(i, "o", o, lw.get("o_b")).view(R, T, -1)
+            return fast.linear(i, "o", o, lw.get("o_b"), keep=self._keep(rec, i, "o_in")).view(R, T, -1)
         kv4 = cache.write(i, rows, slots, k, v)  # K after norm+RoPE, V
         if kv4 is not None and rec is not None:
             for site, t in zip(("k", "v"), kv4, strict=True):
@@ -134,7 +147,7 @@ class EngineForward:
             o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc, attn_mask=mask[:, None], enable_gqa=True)
         o = o.transpose(1, 2).reshape(R * T, nh * D) if T > 1 else o.reshape(R, nh * D)
         if fast is not None:
-            return fast.linear(i, "o", o, lw.get("o_b")).view(R, T, -1)
+            return fast.linear(i, "o", o, lw.get("o_b"), keep=self._keep(rec, i, "o_in")).view(R, T, -1)
         o = self._act(o, i, "o_in", rec)
         return F.linear(o, lw["o"], lw.get("o_b")).view(R, T, -1)
 
@@ -153,10 +166,12 @@ class EngineForward:
         if rec is not None:
             rec.add_routing(i, topi)
         if fast is not None:
-            out = fast.experts(i, x, topi, topv)  # [N, H] W4A4 grouped expert GEMMs
+            out = fast.experts(i, x, topi, topv, keep_in=self._keep(rec, i, "moe_in"),
+                               keep_down=self._keep(rec, i, "moe_down_in"))  # [N, H] W4A4 grouped expert GEMMs
             if "sg" in lw:
-                hs = F.silu(fast.linear(i, "sg", x)) * fast.linear(i, "su", x)
-                out = out + torch.sigmoid(F.linear(x, lw["shared_gate"])) * fast.linear(i, "sd", hs)
+                hs = F.silu(fast.linear(i, "sg", x, keep=self._keep(rec, i, "shared_in"))) * fast.linear(i, "su", x)
+                sd = fast.linear(i, "sd", hs, keep=self._keep(rec, i, "shared_down_in"))
+                out = out + torch.sigmoid(F.linear(x, lw["shared_gate"])) * sd
             return out
         xq = self._act(x, i, "moe_in", rec)  # per token, shared by its k experts
         wgu, wd = lw["gate_up"], lw["down"]  # [E, 2I, H], [E, H, I]
@@ -183,8 +198,8 @@ class EngineForward:
 
     def _dense_mlp(self, i, lw, x, rec, fast):
         if fast is not None:
-            hs = F.silu(fast.linear(i, "mg", x)) * fast.linear(i, "mu", x)
-            return fast.linear(i, "md", hs)
+            hs = F.silu(fast.linear(i, "mg", x, keep=self._keep(rec, i, "mlp_in"))) * fast.linear(i, "mu", x)
+            return fast.linear(i, "md", hs, keep=self._keep(rec, i, "mlp_down_in"))
         xs = self._act(x, i, "mlp_in", rec)
         hs = F.silu(F.linear(xs, lw["mg"])) * F.linear(xs, lw["mu"])
         return F.linear(self._act(hs, i, "mlp_down_in", rec), lw["md"])
@@ -209,7 +224,7 @@ class EngineForward:
         # FP4 kernels (kernels/) for decode steps only: they stream FP4 weights, which pays when a step is
         # memory-bound; prefill and multi-token chunks are compute-bound and run the same codes on BF16
         # tensor cores (dequantized weights), where the MMA kernels measured slower (kernels/NOTES.md)
-        fast = self.fast if (rec is None and T == 1) else None
+        fast = self.fast if T == 1 else None
         x = F.embedding(ids, w.embed)  # [R, T, H]
         for i, lw in enumerate(w.layers):
             h = rms_norm(x, lw["ln1"], a.eps)
