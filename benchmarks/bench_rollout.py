@@ -6,7 +6,8 @@ one short warm-up). Providers (trace.rollout.RolloutEngine unless hf): `engine-b
 (FP4 codes, computed with BF16 GEMMs on the dequantized FP4 weights: fp4_backend="torch");
 `engine-w4a4-triton`, `engine-w4a4-kv4-triton` (the FP4 kernels of kernels/: FP4 weights in memory);
 `engine-bf16-eager` (no CUDA graphs, to show what they are worth); `engine-w4a4-kv4-record` (what a TRACE
-rollout costs: the Triton engine of the FP4 arms, but every call records trace's guidance record, the
+rollout costs: the engine the RL trainer builds (on a GPU the Triton kernels of the FP4 arms, recording
+the codes they quantize; on a CPU the torch path), every call recording trace's guidance record, the
 deepest half of the layers and every MoE layer's routing, and `finish()`es it inside the clock; on a GPU
 its decode steps record inside their CUDA graphs); `hf-bf16` (transformers
 `model.generate`, BF16, `experts_implementation` as given by --hf-experts). Engine caches are allocated

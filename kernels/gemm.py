@@ -492,12 +492,9 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
     if act_quant and cfg.kind == "gemv2":
         # W4A4 on the W4A16 kernel: the activation's NVFP4 codes and scales are the trainer's (same
         # quantize kernel); the kernel reads their dequantized values (one rounding to x.dtype)
-        from kernels.quantize import quantize_rows
+        from kernels.quantize import fake_rows
 
-        q = quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False)
-        if on_quant is not None:
-            on_quant(q)
-        x, act_quant = q.fake, False
+        x, act_quant = fake_rows(x, on_quant), False
     elif act_quant:
         xa, xs, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=on_quant)
         stride_xm = K // 8

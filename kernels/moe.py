@@ -26,8 +26,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import EPI_POW, INTERPRET, check_tensor
-from kernels.gemm import GV_GK, PreparedFP4Weight, _fp4_tile_dot, _gv_group, prepare_weight
+from kernels._common import INTERPRET, check_tensor
+from kernels.gemm import (
+    GV_GK,
+    PreparedFP4Weight,
+    _fp4_tile_dot,
+    _gv_group,
+    prepare_weight,
+    quantize_act_for_gemm,
+)
 
 
 @dataclass
@@ -353,14 +360,9 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
     return out
 
 
-def _quant_fake(x: torch.Tensor, which: str, on_quant) -> torch.Tensor:
-    """NVFP4 per-row codes of x and their dequantized values in x.dtype (what the GEMV kernels read)."""
-    from kernels.quantize import quantize_rows
-
-    q = quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False)
-    if on_quant is not None:
-        on_quant(which, q)
-    return q.fake
+def _tagged(on_quant, which: str):
+    """on_quant(which, q) as a one-argument observer, or None."""
+    return None if on_quant is None else (lambda q: on_quant(which, q))
 
 
 def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
@@ -398,26 +400,20 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
     if cfg.kind == "gemv":
         # W4A4 on the W4A16 GEMV kernels: gate/up input quantized per token, down input per (token, slot),
         # codes and scales the trainer's; the kernels read the dequantized values (one rounding to x.dtype)
+        from kernels.quantize import fake_rows
+
         kw = dict(BM=cfg.BM, U=cfg.U, num_warps=cfg.num_warps)
-        a = _quant_fake(x, "gate_up", on_quant) if act_quant else x
+        a = fake_rows(x, _tagged(on_quant, "gate_up")) if act_quant else x
         h = moe_gemv(a, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, BN=cfg.BN, **kw)
         if act_quant:
-            h = _quant_fake(h, "down", on_quant)
+            h = fake_rows(h, _tagged(on_quant, "down"))
         y = moe_gemv(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, BN=cfg.BN_down, **kw)
         return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)
     kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if act_quant:
-        from kernels.quantize import quantize_rows
-
-        qx = quantize_rows(x, "nvfp4", check_finite=False)
-        if on_quant is not None:
-            on_quant("gate_up", qx)
-        a_fp4 = (qx.packed.view(torch.int32), qx.scales, EPI_POW / qx.outer.reshape(-1))
+        a_fp4 = quantize_act_for_gemm(x, check_finite=False, on_quant=_tagged(on_quant, "gate_up"))
         h = moe_gemm(x, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, a_fp4=a_fp4, BN=cfg.BN, **kw)
-        qh = quantize_rows(h, "nvfp4", check_finite=False)
-        if on_quant is not None:
-            on_quant("down", qh)
-        h_fp4 = (qh.packed.view(torch.int32), qh.scales, EPI_POW / qh.outer.reshape(-1))
+        h_fp4 = quantize_act_for_gemm(h, check_finite=False, on_quant=_tagged(on_quant, "down"))
         y = moe_gemm(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, a_fp4=h_fp4,
                      BN=cfg.BN_down, **kw)
     else:

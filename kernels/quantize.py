@@ -287,3 +287,13 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
     return QuantizedRows(packed.reshape(*lead, K // 2), scales.reshape(*lead, K // block),
                          outer.reshape(*lead, 1), None if mant is None else mant.reshape(*lead, K // 8), fmt,
                          None if fq is None else fq.reshape(*lead, K))
+
+
+def fake_rows(x: torch.Tensor, on_quant=None) -> torch.Tensor:
+    """NVFP4 per-row RTN of x [M, K] dequantized in x.dtype, in one pass: what the W4A16 decode kernels
+    read to run W4A4 (their codes and scales are the trainer's). on_quant(QuantizedRows), if given, sees
+    the codes."""
+    q = quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False)
+    if on_quant is not None:
+        on_quant(q)
+    return q.fake

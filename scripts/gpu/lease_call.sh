@@ -9,7 +9,7 @@
 # LIMIT (default 575) is the call's own budget in seconds, counted from its start.
 set -uo pipefail
 t0=$(date +%s)
-wheels=${1:?usage: lease_call.sh WHEELS PROFILE MODEL [TASK]}; profile=${2:?profile}; model=${3:?model}; task=${4:-}
+wheels=${1:?usage: lease_call.sh WHEELS PROFILE MODEL[,MODEL...] [TASK]}; profile=${2:?profile}; model=${3:?model}; task=${4:-}
 limit=${LIMIT:-575}
 out=${OUT:?the device tool sets OUT}
 work=${WORK:-/tmp/trace-chunk}

@@ -18,7 +18,11 @@ py=${PYTHON:-python3}
 case ${1:-} in
 start)
   profile=${2:?usage: profile_chunk.sh start PROFILE MODEL[,MODEL...] [TASK]}; models=${3:?model}; task=${4:-}
-  targets=$(echo $(for m in ${models//,/ }; do PYTHONPATH=$PWD "$py" workflow/scripts/runplan.py "$profile" --targets "$m" $task; done))   # one line: it goes into run.sh
+  targets=""
+  for m in ${models//,/ }; do   # a model or task the profile lacks stops the start (runplan.py exits non-zero)
+    t=$(PYTHONPATH=$PWD "$py" workflow/scripts/runplan.py "$profile" --targets "$m" $task) || exit 1
+    targets="$targets $(echo $t)"   # one line: it goes into run.sh
+  done
   read -r name slots < <("$py" -c "import yaml, sys; c = yaml.safe_load(open(sys.argv[1]))
 print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   slots=${SLOTS:-$slots}

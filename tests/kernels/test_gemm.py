@@ -144,3 +144,17 @@ def test_errors():
     with pytest.raises(ValueError):
         prepare_weight(c[:, :24], s, o)
     assert fp4_linear(torch.ones(0, 32, device=DEV), pw).shape == (0, 16)
+
+
+@pytest.mark.parametrize("M,config", [(1, None), (17, None), (5, "mma")])
+def test_on_quant_sees_the_codes_the_kernel_multiplies(M, config):
+    """W4A4: the observer gets the activation's codes, scale bytes and S_enc once, bit-identical to the
+    reference quantization (what a rollout recorder keeps), on the GEMV (M 1) and MMA paths."""
+    (c, s, o), x = _mma_case(M, 40, 96)
+    cfg = GemmConfig(BN=16, BM=16, split=1, num_stages=1, **MMA_KW) if config == "mma" else None
+    seen = []
+    fp4_linear(dev(x), prepare_weight(*dev(c, s, o)), act_quant=True, config=cfg, on_quant=seen.append)
+    assert len(seen) == 1
+    rc, rs, ro = ref.nvfp4_quantize(x.float(), outer="row")
+    q = seen[0]
+    assert torch.equal(host(q.codes()), rc) and torch.equal(host(q.scales), rs) and torch.equal(host(q.outer), ro)

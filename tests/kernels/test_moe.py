@@ -143,3 +143,25 @@ def test_errors():
         fused_moe(torch.full((2, 32), float("inf"), device=DEV), mw, ids, tw)
     with pytest.raises(ValueError):
         prepare_moe_weights(g, u, g)
+
+
+@pytest.mark.parametrize("T,E,H,I,k,mma", [(7, 5, 64, 48, 2, False), (19, 6, 48, 32, 3, True)])
+def test_on_quant_sees_both_activations_in_slot_order(T, E, H, I, k, mma):
+    """W4A4: the observer gets the gate/up input [T, H] (bit-identical to the reference quantization) and
+    the down input [T*k, I] with row t*k + j = slot j of token t: its codes are the reference h's of that
+    slot, up to codes at a rounding point (h rounds to x's dtype in the kernel, not in the oracle)."""
+    g, u, d, x, ids, tw = _case(T, E, H, I, k)
+    mw = prepare_moe_weights(*dev(g, u, d))
+    cfg = MoEConfig(BM=16, BN=16, num_stages=1, BN_down=16, **MMA_KW) if mma else None
+    seen = []
+    xd, idsd, twd = dev(x, ids, tw)
+    fused_moe(xd, mw, idsd, twd, act_quant=True, config=cfg, on_quant=lambda w, q: seen.append((w, q)))
+    assert [w for w, _ in seen] == ["gate_up", "down"]
+    (_, qx), (_, qh) = seen
+    rc, rs, ro = ref.nvfp4_quantize(x.float(), outer="row")
+    assert torch.equal(host(qx.codes()), rc) and torch.equal(host(qx.scales), rs) and torch.equal(host(qx.outer), ro)
+    hs = []
+    _moe_oracle(x, g, u, d, ids, tw, act_quant=True, h_map=lambda h: hs.append(h) or h)  # hs[j]: [T, I]
+    want = ref.nvfp4_quantize(torch.stack(hs, 1).reshape(T * k, I), outer="row")[0]  # [T*k, I], row t*k + j
+    assert qh.packed.shape[0] == T * k
+    assert (host(qh.codes()) == want).float().mean() > 0.95

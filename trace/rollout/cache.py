@@ -80,6 +80,16 @@ class KVCache:
             self.outer[layer][j][idx] = t.outer.expand(*t.codes.shape[:-1], 1).reshape(*x.shape[:-1], 1)
         return out
 
+    def stored(self, layer: int, rows, slots: torch.Tensor) -> list[fp4.FP4Tensor]:
+        """The FP4 K and V held at (rows [R], slots [R, T]) of a codes-storing cache, as the FP4Tensors
+        `write` returns ([R*T, H_kv, D]): what a recorder keeps of K/V written by another path (the
+        Triton kv_store), read back rather than quantized again."""
+        r = torch.arange(self.batch, device=slots.device) if rows is None else rows
+        idx = (r[:, None].expand_as(slots), slots)
+        return [fp4.FP4Tensor(ref.unpack_fp4(self.codes[layer][j][idx].flatten(0, 1)),
+                              self.scales[layer][j][idx].flatten(0, 1), self.outer[layer][j][idx].flatten(0, 1),
+                              self.fmt, False, self.dtype) for j in range(2)]
+
     def read(self, layer: int, rows, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of slots [0, length) for rows (None = all): [R, H_kv, length, D] in the engine dtype
         (a view of the cache for BF16 and all rows)."""

@@ -11,8 +11,8 @@ and `kernels.moe.prepare_moe_weights`; the engine forward then calls
     (a zero-copy view of the engine's cache buffers).
 It is used only when the device is CUDA (or forced for interpreter tests), mode is w4a4, fmt nvfp4, and
 only for one-token decode steps. A recorder gets the activations' codes from the kernels' own quantize
-(`keep` callbacks: no second quantization) and the K/V codes from `quant_rows`, which the self-test
-checks bit-exact against what kv_store writes. Prefill is compute-bound, and there the MMA kernels measured slower than BF16
+(`keep` callbacks: no second quantization) and the K/V codes read back from the cache kv_store wrote
+(KVCache.stored). Prefill is compute-bound, and there the MMA kernels measured slower than BF16
 GEMMs on the dequantized weights (same codes). `RolloutEngine(fp4_backend="torch")` or
 TRACE_ROLLOUT_BACKEND=torch disables it (=triton forces it on a CPU under TRITON_INTERPRET=1).
 

@@ -87,6 +87,12 @@ class EngineForward:
             return None
         return lambda t: rec.add(layer, site, t)
 
+    @staticmethod
+    def _record_kv(rec: Recording, layer: int, kv4) -> None:
+        """kv4: the FP4Tensors of K and V, [R*T, H_kv, D] each."""
+        for site, t in zip(("k", "v"), kv4, strict=True):
+            rec.add(layer, site, t)
+
     def _rope(self, pos: torch.Tensor):
         """cos, sin [R, T, D] for absolute positions pos [R, T] (float32 like transformers, then dtype)."""
         freqs = pos.float()[..., None] * self.w.inv_freq  # [R, T, D/2]
@@ -123,15 +129,13 @@ class EngineForward:
         q = q * c + rotate_half(q) * s
         k = k * c + rotate_half(k) * s
         if fast is not None and cache.codes_stored and T == 1 and cache.fmt == "nvfp4":  # FP4-KV decode kernel
-            if rec is not None and rec.wants(i):  # the codes kv_store writes (TritonPath.self_test: bit-exact)
-                for site, t in zip(("k", "v"), (k, v), strict=True):
-                    rec.add(i, site, quant_rows(t.reshape(-1, *t.shape[2:]), cache.fmt))  # [R, H_kv, D]
             o = fast.decode_attention(cache, i, rows, slots, start, q, k, v, S).reshape(R * T, nh * D)
+            if rec is not None and rec.wants(i):  # the K/V codes the kernel stored, read back
+                self._record_kv(rec, i, cache.stored(i, rows, slots))
             return fast.linear(i, "o", o, lw.get("o_b"), keep=self._keep(rec, i, "o_in")).view(R, T, -1)
         kv4 = cache.write(i, rows, slots, k, v)  # K after norm+RoPE, V
         if kv4 is not None and rec is not None:
-            for site, t in zip(("k", "v"), kv4, strict=True):
-                rec.add(i, site, t)
+            self._record_kv(rec, i, kv4)
         kc, vc = cache.read(i, rows, S)  # [R, nkv, S, D]
         if T == 1:  # decode: grouped-query matmuls, K/V read once per KV head (no repeat_interleave copy)
             qg = q.view(R, nkv, nh // nkv, D)  # query heads of KV head j are j*rep .. j*rep+rep-1
