@@ -267,7 +267,7 @@ MAIN_NOTES = COMMON_NOTES + (
     "pipeline ran at once), so s/step includes that sharing. Step overhead vs qat-independent: a run's "
     "s/step over that of the qat-independent run of the same model/task/seed, minus 1, for arms that guide "
     "the rollout; it compares runs of the same profile run, which shared the device alike; mean [min, max] "
-    "over seeds; n/a for arms without guidance and where that qat-independent run does not exist."
+    "over the seeds that have that qat-independent run; n/a for arms without guidance and where no seed has it."
 )
 ABLATION_NOTES = COMMON_NOTES + (
     " TRACE variants: rho = fraction of the deepest layers guided; guidance = compact (mantissa bit + "
@@ -284,7 +284,7 @@ ABLATION_NOTES = COMMON_NOTES + (
     "qat-independent: the run's median s/step (RL step wall time, the first step left out) over that of "
     "the main table's qat-independent run of the same model/task/seed, minus 1; runs of the same profile "
     "run shared their device with each other (gpu_slots_per_device runs per GPU), so both include that "
-    "sharing; mean [min, max] over seeds; n/a for qat-independent and where that run does not exist."
+    "sharing; mean [min, max] over the seeds that have that run; n/a for qat-independent and where no seed has it."
 )
 
 
