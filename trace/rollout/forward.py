@@ -132,28 +132,35 @@ class EngineForward:
             o = fast.decode_attention(cache, i, rows, slots, start, q, k, v, S).reshape(R * T, nh * D)
             if rec is not None and rec.wants(i):  # the K/V codes the kernel stored, read back
                 self._record_kv(rec, i, cache.stored(i, rows, slots))
+        else:
+            o = self._cached_attention(i, q, k, v, slots, start, rows, cache, rec, S, causal)
+        if fast is not None:
             return fast.linear(i, "o", o, lw.get("o_b"), keep=self._keep(rec, i, "o_in")).view(R, T, -1)
-        kv4 = cache.write(i, rows, slots, k, v)  # K after norm+RoPE, V
+        o = self._act(o, i, "o_in", rec)
+        return F.linear(o, lw["o"], lw.get("o_b")).view(R, T, -1)
+
+    def _cached_attention(self, i, q, k, v, slots, start, rows, cache: KVCache, rec, S: int, causal: bool):
+        """q [R, T, nh, D], k/v [R, T, nkv, D] (after norm + RoPE): store k/v in the cache (recording their
+        FP4 codes), attend over the row's slots <= its positions -> o [R*T, nh*D]."""
+        R, T, nh, D = q.shape
+        nkv = k.shape[2]
+        kv4 = cache.write(i, rows, slots, k, v)
         if kv4 is not None and rec is not None:
             self._record_kv(rec, i, kv4)
         kc, vc = cache.read(i, rows, S)  # [R, nkv, S, D]
         if T == 1:  # decode: grouped-query matmuls, K/V read once per KV head (no repeat_interleave copy)
             qg = q.view(R, nkv, nh // nkv, D)  # query heads of KV head j are j*rep .. j*rep+rep-1
             sc = torch.matmul(qg, kc.transpose(-1, -2)).float() * D ** -0.5  # [R, nkv, rep, S]
-            keep = torch.arange(S, device=x.device)[None, :] <= start[:, None]  # [R, S]
+            keep = torch.arange(S, device=q.device)[None, :] <= start[:, None]  # [R, S]
             sc = sc.masked_fill(~keep[:, None, None, :], float("-inf"))
             o = torch.matmul(torch.softmax(sc, dim=-1).to(vc.dtype), vc)  # [R, nkv, rep, D]
         elif causal:  # fresh prefill: every row starts at 0 and S == T, so the causal mask is the whole mask
             o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc, is_causal=True, enable_gqa=True)
         else:  # chunk appended at per-row offsets (environment observations)
-            qpos = start[:, None] + torch.arange(T, device=x.device)  # [R, T]
-            mask = torch.arange(S, device=x.device)[None, None, :] <= qpos[:, :, None]  # [R, T, S]
+            qpos = start[:, None] + torch.arange(T, device=q.device)  # [R, T]
+            mask = torch.arange(S, device=q.device)[None, None, :] <= qpos[:, :, None]  # [R, T, S]
             o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc, attn_mask=mask[:, None], enable_gqa=True)
-        o = o.transpose(1, 2).reshape(R * T, nh * D) if T > 1 else o.reshape(R, nh * D)
-        if fast is not None:
-            return fast.linear(i, "o", o, lw.get("o_b"), keep=self._keep(rec, i, "o_in")).view(R, T, -1)
-        o = self._act(o, i, "o_in", rec)
-        return F.linear(o, lw["o"], lw.get("o_b")).view(R, T, -1)
+        return o.transpose(1, 2).reshape(R * T, nh * D) if T > 1 else o.reshape(R, nh * D)
 
     def _moe(self, i, lw, x, rec, fast):
         """x [N, H] (normed) -> [N, H]."""
@@ -173,8 +180,7 @@ class EngineForward:
             out = fast.experts(i, x, topi, topv, keep_in=self._keep(rec, i, "moe_in"),
                                keep_down=self._keep(rec, i, "moe_down_in"))  # [N, H] W4A4 grouped expert GEMMs
             if "sg" in lw:
-                hs = F.silu(fast.linear(i, "sg", x, keep=self._keep(rec, i, "shared_in"))) * fast.linear(i, "su", x)
-                sd = fast.linear(i, "sd", hs, keep=self._keep(rec, i, "shared_down_in"))
+                sd = self._fast_mlp(i, x, rec, fast, ("sg", "su", "sd"), ("shared_in", "shared_down_in"))
                 out = out + torch.sigmoid(F.linear(x, lw["shared_gate"])) * sd
             return out
         xq = self._act(x, i, "moe_in", rec)  # per token, shared by its k experts
@@ -200,10 +206,16 @@ class EngineForward:
             out = out + torch.sigmoid(F.linear(x, lw["shared_gate"])) * F.linear(hs, lw["sd"])
         return out
 
+    def _fast_mlp(self, i, x, rec, fast, keys, sites):
+        """Gated MLP on the Triton path: down(silu(gate(x)) * up(x)) with the weights `keys` (gate, up,
+        down); the input's and the down input's codes recorded at `sites`."""
+        g, u, d = keys
+        hs = F.silu(fast.linear(i, g, x, keep=self._keep(rec, i, sites[0]))) * fast.linear(i, u, x)
+        return fast.linear(i, d, hs, keep=self._keep(rec, i, sites[1]))
+
     def _dense_mlp(self, i, lw, x, rec, fast):
         if fast is not None:
-            hs = F.silu(fast.linear(i, "mg", x, keep=self._keep(rec, i, "mlp_in"))) * fast.linear(i, "mu", x)
-            return fast.linear(i, "md", hs, keep=self._keep(rec, i, "mlp_down_in"))
+            return self._fast_mlp(i, x, rec, fast, ("mg", "mu", "md"), ("mlp_in", "mlp_down_in"))
         xs = self._act(x, i, "mlp_in", rec)
         hs = F.silu(F.linear(xs, lw["mg"])) * F.linear(xs, lw["mu"])
         return F.linear(self._act(hs, i, "mlp_down_in", rec), lw["md"])
