@@ -101,3 +101,11 @@ def test_meta_git_tree_names_the_files_on_disk():
                              check=True).stdout.strip()
     assert blob == on_disk
     assert json.loads(json.dumps(rundir.collect_meta()))["git_tree"] == tree
+
+
+def test_meta_git_commit_from_the_launcher(monkeypatch):
+    """A lease names the launching commit (TRACE_GIT_COMMIT) where its copy's .git is older than its files."""
+    monkeypatch.setenv("TRACE_GIT_COMMIT", "0123abc")
+    assert rundir.collect_meta()["git_commit"] == "0123abc"
+    monkeypatch.delenv("TRACE_GIT_COMMIT")
+    assert rundir.collect_meta()["git_commit"] != "0123abc"

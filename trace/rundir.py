@@ -40,6 +40,11 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 def _git_commit() -> str | None:
+    """HEAD (with -dirty when tracked files differ). TRACE_GIT_COMMIT overrides it where the copy's .git is not
+    the repository's (a GPU lease carries the files of the launching commit beside an older .git; git_tree
+    below still checks that the files are that commit's)."""
+    if os.environ.get("TRACE_GIT_COMMIT"):
+        return os.environ["TRACE_GIT_COMMIT"]
     try:
         root = _ROOT
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,

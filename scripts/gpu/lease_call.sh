@@ -6,7 +6,9 @@
 #   bash scripts/gpu/lease_call.sh WHEELS PROFILE MODEL[,MODEL...] [TASK]   # e.g. .whl-all experiments/profiles/small.yaml qwen3_moe-small reasoning
 # carry WHEELS (scripts/gpu/offline_wheels.sh download WHEELS all). OUT/chunk.tgz holds the run dirs
 # without checkpoints (unpack in the repository root); call again until it prints "finished".
-# LIMIT (default 575) is the call's own budget in seconds, counted from its start.
+# LIMIT (default 575) is the call's own budget in seconds, counted from its start. TRACE_GIT_COMMIT (the
+# launching commit, `git rev-parse HEAD` with a clean tree) goes into every run's meta.json: the lease's .git
+# is older than the files it carries.
 set -uo pipefail
 t0=$(date +%s)
 wheels=${1:?usage: lease_call.sh WHEELS PROFILE MODEL[,MODEL...] [TASK]}; profile=${2:?profile}; model=${3:?model}; task=${4:-}
