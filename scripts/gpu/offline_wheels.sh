@@ -75,10 +75,11 @@ install)
       --target "$site" "$dir"/*.whl "$dir"/*.tar.gz
     touch "$stamp"
   fi
-  if [ -e "$dir"/snakemake-*.whl ]; then
+  # compgen, not [ -e glob ]: under nullglob an empty glob leaves `[ -e ]`, which is true
+  if compgen -G "$dir/snakemake-*.whl" > /dev/null; then
     PYTHONPATH=$PWD:$site${PYTHONPATH:+:$PYTHONPATH} python3 -c "import snakemake, jsonschema; print('snakemake', snakemake.__version__)"
   fi
-  if [ -e "$dir"/openrlhf-*.whl ]; then
+  if compgen -G "$dir/openrlhf-*.whl" > /dev/null; then
     PYTHONPATH=$PWD:$site${PYTHONPATH:+:$PYTHONPATH} python3 -c "import datasets, deepspeed, openrlhf, ray, jsonschema; print('ray', ray.__version__, 'deepspeed', deepspeed.__version__)"
   fi;;
 *) echo "usage: offline_wheels.sh download|install DIR" >&2; exit 2;;
