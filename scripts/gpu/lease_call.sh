@@ -26,7 +26,8 @@ elif [ -e "$work/pid" ]; then
   bash scripts/gpu/profile_chunk.sh wait 0 "$out/chunk.tgz"; exit 0
 else
   # the kernels and the recording graphs at the families' shapes before any training (tests/rollout/test_gpu.py)
-  timeout 200 python3 -m pytest tests/rollout/test_gpu.py -q -p no:cacheprovider -k "self_test or recording" \
+  # GPU_TESTS narrows them (a -k expression; ~135 s for the default on two H200s, most of it the recording graphs)
+  timeout 200 python3 -m pytest tests/rollout/test_gpu.py -q -p no:cacheprovider -k "${GPU_TESTS:-self_test or recording}" \
     > "$out/gpu_tests.log" 2>&1 || { tail -40 "$out/gpu_tests.log"; echo "GPU tests failed: not starting"; exit 1; }
   tail -1 "$out/gpu_tests.log"
   bash scripts/gpu/profile_chunk.sh start "$profile" "$model" $task || exit 1

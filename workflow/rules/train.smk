@@ -42,6 +42,9 @@ rule sft:
     params:
         cmd=config["launcher"]["sft"],
         out=lambda wc, output: os.path.dirname(output[0]),
+    # first whenever a slot frees: an SFT base unblocks all of its model's runs, and the greedy scheduler
+    # otherwise prefers jobs with larger inputs (RL runs), which starved olmoe-small's SFT for 25 min
+    priority: 100
     threads: RES["sft"].get("threads", 1)
     resources:
         gpu=RES["sft"].get("gpu", 0),
