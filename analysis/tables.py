@@ -266,8 +266,10 @@ MAIN_NOTES = COMMON_NOTES + (
     "with other runs of the profile (gpu_slots_per_device runs per GPU; on the CPU, as many runs as the "
     "pipeline ran at once), so s/step includes that sharing. Step overhead vs qat-independent: a run's "
     "s/step over that of the qat-independent run of the same model/task/seed, minus 1, for arms that guide "
-    "the rollout; it compares runs of the same profile run, which shared the device alike; mean [min, max] "
-    "over the seeds that have that qat-independent run; n/a for arms without guidance and where no seed has it."
+    "the rollout; mean [min, max] over the seeds that have that qat-independent run; n/a for arms without "
+    "guidance and where no seed has it. Both ratios (speedup, step overhead) compare runs that may have run "
+    "in different stretches of the profile, next to different jobs (meta.json's start_time says when each "
+    "ran), so they carry that difference in load too."
 )
 ABLATION_NOTES = COMMON_NOTES + (
     " TRACE variants: rho = fraction of the deepest layers guided; guidance = compact (mantissa bit + "
@@ -282,9 +284,10 @@ ABLATION_NOTES = COMMON_NOTES + (
     "element: record bits of the activation sites over the elements they guide. Unrecoverable: guided "
     "elements more than one grid step away, measurable only with full codes. Step overhead vs "
     "qat-independent: the run's median s/step (RL step wall time, the first step left out) over that of "
-    "the main table's qat-independent run of the same model/task/seed, minus 1; runs of the same profile "
-    "run shared their device with each other (gpu_slots_per_device runs per GPU), so both include that "
-    "sharing; mean [min, max] over the seeds that have that run; n/a for qat-independent and where no seed has it."
+    "the main table's qat-independent run of the same model/task/seed, minus 1; runs shared their device "
+    "with other runs (gpu_slots_per_device runs per GPU), possibly in different stretches of the profile "
+    "next to different jobs (meta.json's start_time), so both times include that sharing; mean [min, max] "
+    "over the seeds that have that run; n/a for qat-independent and where no seed has it."
 )
 
 
