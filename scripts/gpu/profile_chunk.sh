@@ -36,18 +36,28 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   # first, into a side dir; its logged losses must equal the committed ones bit for bit (the SFT is
   # deterministic on one GPU model), then the checkpoint goes in place and snakemake, whose runs depend on
   # ancient(sft/done), starts only what is missing.
+  # The rebuilds run side by side, round-robin over the GPUs (one after another they took ~200 s each).
   cat > run.sh <<EOS
 set -e
-for d in $sfts; do
-  [ -e "\$d/done" ] && [ ! -e "\$d/ckpt" ] || continue
-  echo "rebuilding the SFT checkpoint of \$d"
-  CUDA_VISIBLE_DEVICES=0 $py -m trace.sft --config "\$d/config.yaml" --out "rebuild/\$d"
+rebuild() {
+  local log="rebuild/\$1.log"
+  mkdir -p "\$(dirname "\$log")"
+  echo "rebuilding the SFT checkpoint of \$1 on GPU \$2"
+  CUDA_VISIBLE_DEVICES=\$2 $py -m trace.sft --config "\$1/config.yaml" --out "rebuild/\$1" > "\$log" 2>&1 \\
+    || { tail -20 "\$log"; return 1; }
   $py -c "import json, sys
 loss = lambda p: [json.loads(x).get('loss') for x in open(p)]
 a, b = loss(sys.argv[1] + '/metrics.jsonl'), loss(sys.argv[2] + '/metrics.jsonl')
-sys.exit(0 if a == b else 'SFT rebuild of %s: logged losses differ from the committed run; not starting' % sys.argv[1])" "\$d" "rebuild/\$d"
-  mv "rebuild/\$d/ckpt" "\$d/ckpt"
+sys.exit(0 if a == b else 'SFT rebuild of %s: logged losses differ from the committed run; not starting' % sys.argv[1])" "\$1" "rebuild/\$1"
+  mv "rebuild/\$1/ckpt" "\$1/ckpt"
+  echo "rebuilt \$1"
+}
+i=0; pids=""
+for d in $sfts; do
+  [ -e "\$d/done" ] && [ ! -e "\$d/ckpt" ] || continue
+  rebuild "\$d" \$((i % $gpus)) & pids="\$pids \$!"; i=\$((i + 1))
 done
+for p in \$pids; do wait \$p; done   # set -e: a rebuild that fails or differs stops the chunk here
 exec $py -m snakemake --cores $(nproc) --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going $targets --configfile $profile --config gpu_slots_per_device=$slots
 EOS
   PYTHONPATH=$work${PYTHONPATH:+:$PYTHONPATH} setsid nohup bash run.sh > "$work/snakemake.log" 2>&1 < /dev/null &
