@@ -18,15 +18,20 @@ py=${PYTHON:-python3}
 case ${1:-} in
 start)
   profile=${2:?usage: profile_chunk.sh start PROFILE MODEL[,MODEL...] [TASK]}; models=${3:?model}; task=${4:-}
-  targets=""
-  for m in ${models//,/ }; do   # a model or task the profile lacks stops the start (runplan.py exits non-zero)
-    t=$(PYTHONPATH=$PWD "$py" workflow/scripts/runplan.py "$profile" --targets "$m" $task) || exit 1
-    targets="$targets $(echo $t)"   # one line: it goes into run.sh
-  done
   read -r name slots < <("$py" -c "import yaml, sys; c = yaml.safe_load(open(sys.argv[1]))
 print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   slots=${SLOTS:-$slots}
-  sfts=$(for m in ${models//,/ }; do printf 'results/runs/%s/%s/%s/sft ' "$name" "$m" "${task:-*}"; done)
+  # models whose committed SFT base lacks its checkpoint (rebuilt first) and the others (started at once)
+  now=""; later=""; sfts=""; n=0
+  for m in ${models//,/ }; do   # a model or task the profile lacks stops the start (runplan.py exits non-zero)
+    t=$(PYTHONPATH=$PWD "$py" workflow/scripts/runplan.py "$profile" --targets "$m" $task) || exit 1
+    n=$((n + $(echo $t | wc -w)))
+    need=""
+    for d in results/runs/$name/$m/${task:-*}/sft; do
+      [ -e "$d/done" ] && [ ! -e "$d/ckpt" ] && { need=1; sfts="$sfts $d"; }
+    done
+    if [ -n "$need" ]; then later="$later $(echo $t)"; else now="$now $(echo $t)"; fi   # one line each
+  done
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   [ "$gpus" -gt 0 ] || { echo "no GPU visible" >&2; exit 1; }
   rm -rf "$work" && mkdir -p "$work"
@@ -36,9 +41,11 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   # first, into a side dir; its logged losses must equal the committed ones bit for bit (the SFT is
   # deterministic on one GPU model), then the checkpoint goes in place and snakemake, whose runs depend on
   # ancient(sft/done), starts only what is missing.
-  # The rebuilds run side by side, round-robin over the GPUs (one after another they took ~200 s each).
+  # The rebuilds run side by side, round-robin over the GPUs (one after another they took ~200 s each), while
+  # the models that need none already run; the rebuilt models' snakemake joins them (--nolock: its targets
+  # are its own). GPU slots are flocks (workflow/scripts/launch.py), so both share the GPUs' slots.
+  sm="$py -m snakemake --cores $(nproc) --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going --configfile $profile --config gpu_slots_per_device=$slots"
   cat > run.sh <<EOS
-set -e
 rebuild() {
   local log="rebuild/\$1.log"
   mkdir -p "\$(dirname "\$log")"
@@ -48,22 +55,31 @@ rebuild() {
   $py -c "import json, sys
 loss = lambda p: [json.loads(x).get('loss') for x in open(p)]
 a, b = loss(sys.argv[1] + '/metrics.jsonl'), loss(sys.argv[2] + '/metrics.jsonl')
-sys.exit(0 if a == b else 'SFT rebuild of %s: logged losses differ from the committed run; not starting' % sys.argv[1])" "\$1" "rebuild/\$1"
+sys.exit(0 if a == b else 'SFT rebuild of %s: logged losses differ from the committed run; not starting' % sys.argv[1])" "\$1" "rebuild/\$1" \\
+    || return 1
   mv "rebuild/\$1/ckpt" "\$1/ckpt"
   echo "rebuilt \$1"
 }
+status=0; first=""
+if [ -n "$now" ]; then $sm $now & first=\$!; fi
 i=0; pids=""
 for d in $sfts; do
-  [ -e "\$d/done" ] && [ ! -e "\$d/ckpt" ] || continue
   rebuild "\$d" \$((i % $gpus)) & pids="\$pids \$!"; i=\$((i + 1))
 done
-for p in \$pids; do wait \$p; done   # set -e: a rebuild that fails or differs stops the chunk here
-exec $py -m snakemake --cores $(nproc) --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going $targets --configfile $profile --config gpu_slots_per_device=$slots
+failed=""
+for p in \$pids; do wait \$p || failed=1; done
+if [ -n "\$failed" ]; then
+  echo "an SFT rebuild failed: not starting$later"; status=1
+elif [ -n "$later" ]; then
+  $sm --nolock $later || status=1
+fi
+if [ -n "\$first" ]; then wait \$first || status=1; fi
+exit \$status
 EOS
   PYTHONPATH=$work${PYTHONPATH:+:$PYTHONPATH} setsid nohup bash run.sh > "$work/snakemake.log" 2>&1 < /dev/null &
   echo $! > "$work/pid"
   echo "$name" > "$work/profile_name"
-  echo "started $(echo $targets | wc -w) targets on $gpus GPU(s) x $slots slots; log $work/snakemake.log";;
+  echo "started $n targets on $gpus GPU(s) x $slots slots ($(echo $sfts | wc -w) SFT checkpoints to rebuild first); log $work/snakemake.log";;
 wait)
   secs=${2:?usage: profile_chunk.sh wait SECONDS OUT.tgz}; out=${3:?OUT.tgz}
   pid=$(cat "$work/pid"); t0=$(date +%s)

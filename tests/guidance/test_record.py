@@ -197,3 +197,20 @@ def test_replay_with_wrong_batch_shape_raises():
         with torch.no_grad(), replay(m, record, seq + 7, pos):
             m(ids)
     assert isinstance(record, GuidanceRecord)
+
+
+def test_routing_ids_stored_as_bytes_where_they_fit():
+    """Expert ids are kept as int16 while recording (reading their largest value would wait for the device)
+    and narrowed to bytes at finish where every id of the layer fits, which the byte accounting counts."""
+    rec = Recorder()
+    seq, pos = torch.zeros(3, dtype=torch.long), torch.arange(3)
+    rec.add_routing(0, torch.tensor([[1, 255], [0, 3], [7, 8]]), seq, pos)
+    rec.add_routing(1, torch.tensor([[1, 300], [0, 3], [7, 8]]), seq, pos)
+    rec.add_routing(2, torch.tensor([[4, 5]]), seq[:1] + 1, pos[:1])  # a second sequence, then the first
+    rec.add_routing(2, torch.tensor([[2, 3]]), seq[:1], pos[:1])
+    record = rec.finish()
+    assert record.routing[0][1].dtype == torch.uint8 and record.routing[1][1].dtype == torch.int16
+    assert record.routing[1][1].tolist() == [[1, 300], [0, 3], [7, 8]]
+    assert record.routing[2][1].tolist() == [[2, 3], [4, 5]]  # sorted by (seq, pos)
+    ids = record.lookup_routing(1, torch.tensor([0, 0]), torch.tensor([2, 0]))
+    assert ids.dtype == torch.int64 and ids.tolist() == [[7, 8], [1, 300]]

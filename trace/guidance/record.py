@@ -10,8 +10,10 @@ Rows are addressed by (sequence id, position). The n samples of one prompt share
 the engine records the prompt once and registers the other samples as aliases
 (`Recorder.alias(seq, src_seq, upto_pos)`). A lookup that misses a row, or a record whose layers,
 sites or row shapes do not match the batch, raises `RecordMismatch`; nothing is silently misaligned.
-Records are built on the CPU. `record.view(seq, pos)` resolves a forward's rows once on the forward's
-device (a copy of the record is made there once and kept): every lookup through the view is then a
+Records stay on the device their rows come from (the engine's: no host copies while it generates, and a
+trainer on the same device looks them up in place); `record.on("cpu")` is the copy that travels between
+processes. `record.view(seq, pos)` resolves a forward's rows once on the forward's
+device (a copy of the record is made there once, where it is not there already, and kept): every lookup through the view is then a
 device-side search and gather with no host sync, and whether every row was found is checked once per
 view (`verify`), which the replay context does when its block ends. The `lookup*` methods are the same
 with the check at each call.
@@ -295,8 +297,9 @@ class Recorder:
     those of the guided layers (what lines up guided expert-slot rows when routing is not
     replayed); False none. Recording off costs
     nothing: callers check `wants(layer)` before quantizing anything extra. `seconds` accumulates
-    the time spent storing (packing and copying to the host), after the device has finished the
-    forward's work queued so far, so it is this record's overhead alone."""
+    the time spent storing (packing, and the device work of it), after the device has finished the
+    forward's work queued so far, so it is this record's overhead alone. Rows are kept on their own
+    device until `finish`, which sorts them there."""
 
     def __init__(self, layers=None, full_codes: bool = False, routing: bool | str = True):
         if routing not in (True, False, "guided"):
@@ -317,9 +320,12 @@ class Recorder:
         return self.routing is True or (self.routing == "guided" and self.wants(layer))
 
     def _clock(self, t: torch.Tensor) -> float:
-        if t.is_cuda:  # the host copy below waits for queued work; that is not recording time
+        if t.is_cuda:  # the forward's queued work is not recording time; the store's own work is (below)
             torch.cuda.synchronize(t.device)
         return time.perf_counter()
+
+    def _tick(self, t: torch.Tensor, t0: float) -> None:
+        self.seconds += self._clock(t) - t0
 
     def add(self, layer: int, site: str, t: fp4.FP4Tensor, seq: torch.Tensor, pos: torch.Tensor) -> None:
         """Store rows of an FP4Tensor whose first dim is the token dim: codes [N, *inner, K]."""
@@ -334,7 +340,7 @@ class Recorder:
         t0 = self._clock(t.codes)
         self._store(layer, site, _keys(seq, pos), ref.pack_bits(t.codes & 1), t.scales,
                     outer.expand(*t.codes.shape[:-1], 1), ref.pack_fp4(t.codes) if self.full_codes else None, t.fmt)
-        self.seconds += time.perf_counter() - t0
+        self._tick(t.codes, t0)
 
     def add_rows(self, layer: int, site: str, mantissa: torch.Tensor, scales: torch.Tensor, outer: torch.Tensor,
                  codes: torch.Tensor | None, fmt: str, seq: torch.Tensor, pos: torch.Tensor) -> None:
@@ -349,12 +355,14 @@ class Recorder:
             raise ValueError("a full-codes recorder needs the packed codes")
         t0 = self._clock(mantissa)
         self._store(layer, site, _keys(seq, pos), mantissa, scales, outer, codes, fmt)
-        self.seconds += time.perf_counter() - t0
+        self._tick(mantissa, t0)
 
     def _store(self, layer, site, keys, mantissa, scales, outer, codes, fmt) -> None:
+        # the rows are the caller's own tensors (fresh results of its packing or of a gather from its
+        # buffers), kept where they are
         self._sites.setdefault((layer, site), []).append((
-            keys.cpu(), mantissa.cpu(), scales.cpu(), outer.float().contiguous().cpu(),
-            codes.cpu() if self.full_codes else None, fmt,
+            keys.to(mantissa.device, non_blocking=True), mantissa, scales, outer.float().contiguous(),
+            codes if self.full_codes else None, fmt,
         ))
 
     def add_routing(self, layer: int, expert_ids: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor) -> None:
@@ -363,9 +371,10 @@ class Recorder:
         if expert_ids.shape[0] != seq.numel():
             raise RecordMismatch(f"routing: {expert_ids.shape[0]} rows but {seq.numel()} seq ids")
         t0 = self._clock(expert_ids)
-        dt = torch.uint8 if expert_ids.numel() == 0 or int(expert_ids.max()) < 256 else torch.int16
-        self._routing.setdefault(layer, []).append((_keys(seq, pos).cpu(), expert_ids.to(dt).cpu()))
-        self.seconds += time.perf_counter() - t0
+        # int16 here, uint8 at `finish` where every id fits (reading the largest id now would wait for the device)
+        self._routing.setdefault(layer, []).append((_keys(seq, pos).to(expert_ids.device, non_blocking=True),
+                                                    expert_ids.to(torch.int16)))
+        self._tick(expert_ids, t0)
 
     def alias(self, seq: int, src_seq: int, upto_pos: int) -> None:
         """Positions < upto_pos of `seq` are the rows recorded for `src_seq` (shared prompt)."""
@@ -373,19 +382,33 @@ class Recorder:
 
     def finish(self) -> GuidanceRecord:
         rec = GuidanceRecord(aliases=dict(self._aliases), full_codes=self.full_codes)
+        twice = []  # per site, whether a (seq, pos) row came twice: read once for all sites (one device sync)
         for key, chunks in self._sites.items():
             keys = torch.cat([c[0] for c in chunks])
             order = torch.argsort(keys)
             keys = keys[order]
-            if len(keys) > 1 and bool((keys[1:] == keys[:-1]).any()):
-                raise RecordMismatch(f"layer {key[0]} site {key[1]}: a (seq, pos) row was recorded twice")
+            twice.append((keys[1:] == keys[:-1]).any() if len(keys) > 1 else torch.zeros((), dtype=torch.bool))
             cat = lambda i: torch.cat([c[i] for c in chunks])[order]  # noqa: E731
             rec.sites[key] = SiteRows(keys, cat(1), cat(2), cat(3), cat(4) if self.full_codes else None,
                                       chunks[0][5])
+        top = []
         for layer, chunks in self._routing.items():
             keys = torch.cat([c[0] for c in chunks])
             order = torch.argsort(keys)
-            rec.routing[layer] = (keys[order], torch.cat([c[1] for c in chunks])[order])
+            ids = torch.cat([c[1] for c in chunks])[order]
+            rec.routing[layer] = (keys[order], ids)
+            top.append(ids.max() if ids.numel() else torch.zeros((), dtype=ids.dtype, device=ids.device))
+        if twice:
+            flags = torch.stack([t.to(twice[0].device) for t in twice]).tolist()
+            for key, bad in zip(self._sites, flags, strict=True):
+                if bad:
+                    raise RecordMismatch(f"layer {key[0]} site {key[1]}: a (seq, pos) row was recorded twice")
+        if top:
+            tops = torch.stack([t.to(top[0].device) for t in top]).tolist()
+            for layer, m in zip(self._routing, tops, strict=True):
+                if m < 256:  # expert ids as bytes where they fit (what the byte accounting counts)
+                    keys, ids = rec.routing[layer]
+                    rec.routing[layer] = (keys, ids.to(torch.uint8))
         return rec
 
 

@@ -93,9 +93,9 @@ class StepRecording:
         flat = [t * self.batch + b for t, fed in enumerate(steps) for b in fed]
         if not flat:
             return
-        seq = torch.tensor([b for fed in steps for b in fed])
-        pos = torch.tensor([p for fed in steps for p in fed.values()])
-        dev = self.step.device
+        dev = self.step.device  # the record's keys are made where its rows are (no host copies)
+        seq = torch.tensor([b for fed in steps for b in fed], device=dev)
+        pos = torch.tensor([p for fed in steps for p in fed.values()], device=dev)
         idx = torch.tensor(flat, device=dev)
         rows = lambda buf: buf.flatten(0, 1).index_select(0, idx)  # noqa: E731  [n, ...] of [max_steps*B, ...]
         for (layer, site), (parts, fmt) in self.bufs.items():

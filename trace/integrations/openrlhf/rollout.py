@@ -218,9 +218,10 @@ class TraceRolloutEngine:
                                    stop_strings=self.stop_strings, tokenizer=self.tok, recorder=both)
         B = len(prompts)
         t_fin = time.perf_counter()
-        records = pack_split(guide.finish(), B) if guide is not None else [None] * B
+        # records travel to the trainer through Ray as host bytes
+        records = pack_split(guide.finish().on("cpu"), B) if guide is not None else [None] * B
         t_fin2 = time.perf_counter()
-        diags = pack_split(diag.finish(), B) if diag is not None else [None] * B
+        diags = pack_split(diag.finish().on("cpu"), B) if diag is not None else [None] * B
         rec_s = guide.seconds + out.record_feed_s + (t_fin2 - t_fin) if guide is not None else 0.0
         res = [None] * B
         for b, i in enumerate(order):  # engine sample b answers request i
