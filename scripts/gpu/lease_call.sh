@@ -25,12 +25,17 @@ elif [ -e "$work/pid" ]; then
   echo "a chunk ran on this machine and ended; packing it"
   bash scripts/gpu/profile_chunk.sh wait 0 "$out/chunk.tgz"; exit 0
 else
-  # the kernels and the recording graphs at the families' shapes before any training (tests/rollout/test_gpu.py)
-  # GPU_TESTS narrows them (a -k expression; ~135 s for the default on two H200s, most of it the recording graphs)
-  timeout 200 python3 -m pytest tests/rollout/test_gpu.py -q -p no:cacheprovider -k "${GPU_TESTS:-self_test or recording}" \
-    > "$out/gpu_tests.log" 2>&1 || { tail -40 "$out/gpu_tests.log"; echo "GPU tests failed: not starting"; exit 1; }
-  tail -1 "$out/gpu_tests.log"
   bash scripts/gpu/profile_chunk.sh start "$profile" "$model" $task || exit 1
+  # the kernels and the recording graphs at the families' shapes (tests/rollout/test_gpu.py), beside the chunk's
+  # first minutes (SFT); a failure stops the chunk, whose jobs are one process group (setsid). GPU_TESTS
+  # narrows them (a -k expression; ~135 s for the default on two H200s, most of it the recording graphs).
+  if ! timeout 300 python3 -m pytest tests/rollout/test_gpu.py -q -p no:cacheprovider \
+      -k "${GPU_TESTS:-self_test or recording}" > "$out/gpu_tests.log" 2>&1; then
+    tail -40 "$out/gpu_tests.log"
+    kill -- -"$(cat "$work/pid")" 2>/dev/null; rm -f "$work/pid"
+    echo "GPU tests failed: the chunk is stopped"; exit 1
+  fi
+  tail -1 "$out/gpu_tests.log"
 fi
 bash scripts/gpu/profile_chunk.sh wait $(( limit - ($(date +%s) - t0) )) "$out/chunk.tgz"
 echo "call $(( $(date +%s) - t0 )) s"

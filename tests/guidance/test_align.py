@@ -146,3 +146,23 @@ def test_alignment_makes_own_rounding_agree_with_the_rollout(monkeypatch):
     assert base[0] == hinge[0] == old[0] > 40
     assert last(hinge) * 6 <= last(base), (last(hinge), last(base))
     assert last(hinge) * 2 <= last(old), (last(hinge), last(old))
+
+
+def test_alignment_parts_add_up_to_the_term():
+    """The replay's alignment term split into its element and block-scale parts (what the trainer logs as
+    align_codes_* / align_scales_*): each part's mean hinge over its own flipped items, the shares summing
+    to one, and (sum over parts) / (count over parts) the term itself."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 64, generator=g)
+    rec = Recorder()
+    seq, pos = torch.zeros(1, dtype=torch.long), torch.arange(16)[None]
+    rec.add(0, "o_in", fp4.quantize(x, "nvfp4", "row"), seq.expand(16), pos[0])
+    rt = Runtime()
+    with replay(rt, rec.finish(), seq, pos, align=True) as st:
+        rt.act(0, "o_in", x * 1.07 + 0.05 * torch.randn(x.shape, generator=g))
+    p = st.alignment_parts()
+    n = {k: int(v[1]) for k, v in st.align_parts.items()}
+    assert set(n) == {"codes", "scales"} and n["codes"] > 0 and n["scales"] > 0
+    assert abs(p["align_codes_share"] + p["align_scales_share"] - 1) < 1e-9
+    combined = (p["align_codes_hinge"] * n["codes"] + p["align_scales_hinge"] * n["scales"]) / (n["codes"] + n["scales"])
+    assert abs(combined - float(st.alignment_loss())) < 1e-5 * max(1.0, combined)

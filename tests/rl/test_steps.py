@@ -59,6 +59,9 @@ def test_one_step_each_arm(tmp_path, method, sft_ckpt):
         # step 1 splits the gradient: the norm of the sum lies between the difference and the sum of the parts
         a, r, g = rec["grad_norm_align"], rec["grad_norm_rest"], rec["grad_norm"]
         assert a > 0 and r > 0 and abs(a - r) * (1 - 1e-4) <= g <= (a + r) * (1 + 1e-4), (a, r, g)
+        # the term's element and block-scale parts (NVFP4): shares of its sum
+        assert abs(rec["align_codes_share"] + rec["align_scales_share"] - 1) < 1e-6
+        assert rec["align_codes_hinge"] >= 0 and rec["align_scales_hinge"] >= 0
     else:
         assert "grad_norm_align" not in rec
     assert (tmp_path / method / "done").exists()

@@ -209,11 +209,10 @@ class Runtime:
         if res is None:
             return rtn
         if rp.align:
-            terms = [alignment_terms(scaled, own_enc, target, margin=rp.align_margin)]
+            rp.stats.add_alignment(*alignment_terms(scaled, own_enc, target, margin=rp.align_margin), part="codes")
             if self.fmt == "nvfp4":
-                terms.append(scale_terms(xv, own.scales, target_scales, margin=rp.align_margin))
-            for total, n in terms:
-                rp.stats.add_alignment(total, n)
+                rp.stats.add_alignment(*scale_terms(xv, own.scales, target_scales, margin=rp.align_margin),
+                                       part="scales")
         guided_vals = fp4.straight_through(xv, vals)
         if rows.all_valid:
             return guided_vals

@@ -307,6 +307,7 @@ class RLTrainer:
         if stats is not None and arm.align and arm.record == "guide":
             al = stats.alignment_loss()
             parts["align_loss"] = float(al.detach())
+            parts.update(stats.alignment_parts())  # element vs block-scale part of the term
             if rl["align_coef"] > 0 and al.requires_grad:
                 align = rl["align_coef"] * al
                 loss = loss + align
