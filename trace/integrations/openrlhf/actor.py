@@ -195,6 +195,8 @@ class TraceActorPPOTrainer(_pa.ActorPPOTrainer):
                 al = tr.alignment(stats)
                 if al is not None:
                     experience.info["align_loss"] = al.detach().to(loss.device)
+                    # the term's element and block-scale parts, as the embedded trainer logs them
+                    experience.info.update({k: torch.tensor(v) for k, v in stats.alignment_parts().items()})
                     if tr.rl["align_coef"] > 0 and al.requires_grad:
                         loss = loss + tr.rl["align_coef"] * al.to(loss.device)
                 return (loss, *out[1:])
@@ -204,6 +206,9 @@ class TraceActorPPOTrainer(_pa.ActorPPOTrainer):
                 return super().training_step(experience, kl_ctl, step, loss_batch_info)
             finally:
                 self.actor_loss_fn = orig
+
+
+ALIGN_PARTS = ("align_codes_hinge", "align_codes_share", "align_scales_hinge", "align_scales_share")
 
 
 def metrics_line(step: int, method: str, status: dict, kl_on: bool) -> dict:
@@ -221,6 +226,7 @@ def metrics_line(step: int, method: str, status: dict, kl_on: bool) -> dict:
         "record_overhead": g("record_overhead"),
         "loss": g("policy_loss"), "policy_loss": g("ppo_loss", g("policy_loss")),
         "kl_ref": g("kl") if kl_on else None, "align_loss": g("align_loss"),
+        **{k: g(k) for k in ALIGN_PARTS if k in status},
         "grad_norm": g("actor_grad_norm"), "clip_frac": g("ppo_clip_ratio"), "is_filter_frac": g("is_filter_ratio"),
     })
     return rec
