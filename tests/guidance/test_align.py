@@ -161,8 +161,9 @@ def test_alignment_parts_add_up_to_the_term():
     with replay(rt, rec.finish(), seq, pos, align=True) as st:
         rt.act(0, "o_in", x * 1.07 + 0.05 * torch.randn(x.shape, generator=g))
     p = st.alignment_parts()
-    n = {k: int(v[1]) for k, v in st.align_parts.items()}
+    n = {part: int(v[1]) for (part, layer), v in st.align_parts.items()}
     assert set(n) == {"codes", "scales"} and n["codes"] > 0 and n["scales"] > 0
+    assert p["align_codes_hinge_layer"] == {0: p["align_codes_hinge"]}  # one guided layer: the same mean
     assert abs(p["align_codes_share"] + p["align_scales_share"] - 1) < 1e-9
     combined = (p["align_codes_hinge"] * n["codes"] + p["align_scales_hinge"] * n["scales"]) / (n["codes"] + n["scales"])
     assert abs(combined - float(st.alignment_loss())) < 1e-5 * max(1.0, combined)

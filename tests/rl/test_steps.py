@@ -62,6 +62,7 @@ def test_one_step_each_arm(tmp_path, method, sft_ckpt):
         # the term's element and block-scale parts (NVFP4): shares of its sum
         assert abs(rec["align_codes_share"] + rec["align_scales_share"] - 1) < 1e-6
         assert rec["align_codes_hinge"] >= 0 and rec["align_scales_hinge"] >= 0
+        assert set(rec["align_scales_hinge_layer"]) <= {"0", "1", "2", "3"}  # per guided layer
     else:
         assert "grad_norm_align" not in rec
     assert (tmp_path / method / "done").exists()

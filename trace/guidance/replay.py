@@ -209,10 +209,11 @@ class Runtime:
         if res is None:
             return rtn
         if rp.align:
-            rp.stats.add_alignment(*alignment_terms(scaled, own_enc, target, margin=rp.align_margin), part="codes")
+            rp.stats.add_alignment(*alignment_terms(scaled, own_enc, target, margin=rp.align_margin),
+                                   part="codes", layer=layer)
             if self.fmt == "nvfp4":
                 rp.stats.add_alignment(*scale_terms(xv, own.scales, target_scales, margin=rp.align_margin),
-                                       part="scales")
+                                       part="scales", layer=layer)
         guided_vals = fp4.straight_through(xv, vals)
         if rows.all_valid:
             return guided_vals

@@ -49,40 +49,46 @@ class ReplayStats:
     layers: dict[int, LayerStats] = field(default_factory=dict)
     align_sum: torch.Tensor | None = None
     align_count: int | torch.Tensor = 0
-    # the term's two parts ("codes": flipped elements, "scales": flipped NVFP4 block scales): [sum, count]
-    align_parts: dict[str, list] = field(default_factory=dict)
+    # the term's two parts ("codes": flipped elements, "scales": flipped NVFP4 block scales) per layer:
+    # (part, layer) -> [sum, count]
+    align_parts: dict[tuple[str, int], list] = field(default_factory=dict)
 
     def layer(self, i: int) -> LayerStats:
         return self.layers.setdefault(i, LayerStats())
 
-    def add_alignment(self, total: torch.Tensor | None, count, part: str = "codes") -> None:
+    def add_alignment(self, total: torch.Tensor | None, count, part: str = "codes", layer: int = -1) -> None:
         if total is None:
             return
         self.align_sum = total if self.align_sum is None else self.align_sum + total
         self.align_count = self.align_count + count
-        acc = self.align_parts.setdefault(part, [0, 0])
+        acc = self.align_parts.setdefault((part, layer), [0, 0])
         acc[0], acc[1] = acc[0] + total.detach(), acc[1] + count
 
     def alignment_loss(self) -> torch.Tensor:
         """The alignment term over every guided site of the forward (a scalar; 0 without flips)."""
         return align.alignment_loss(self.align_sum, self.align_count)
 
-    def alignment_parts(self) -> dict[str, float]:
+    def alignment_parts(self) -> dict:
         """Where the term comes from, read with one host sync: per part ("codes", "scales") the mean hinge
-        over its flipped items (`align_<part>_hinge`) and the part's share of the term's sum
-        (`align_<part>_share`); absent for a part with nothing recorded."""
-        names = sorted(self.align_parts)
-        if not names:
+        over its flipped items (`align_<part>_hinge`), the part's share of the term's sum
+        (`align_<part>_share`) and its mean hinge per layer (`align_<part>_hinge_layer`: {layer: hinge});
+        absent for a part with nothing recorded."""
+        keys = sorted(self.align_parts)
+        if not keys:
             return {}
-        cells = [torch.as_tensor(v).detach().double().reshape(()) for n in names for v in self.align_parts[n]]
+        cells = [torch.as_tensor(v).detach().double().reshape(()) for k in keys for v in self.align_parts[k]]
         dev = next((c.device for c in cells if c.device.type != "cpu"), cells[0].device)
         vals = torch.stack([c.to(dev) for c in cells]).tolist()
-        sums, counts = vals[0::2], vals[1::2]
-        total = sum(sums)
-        out = {}
-        for n, sm, c in zip(names, sums, counts, strict=True):
-            out[f"align_{n}_hinge"] = sm / c if c else 0.0
-            out[f"align_{n}_share"] = sm / total if total > 0 else 0.0
+        total = sum(vals[0::2])
+        per: dict[str, list] = {}
+        out: dict = {}
+        for (part, layer), sm, c in zip(keys, vals[0::2], vals[1::2], strict=True):
+            acc = per.setdefault(part, [0.0, 0.0])
+            acc[0], acc[1] = acc[0] + sm, acc[1] + c
+            out.setdefault(f"align_{part}_hinge_layer", {})[layer] = sm / c if c else 0.0
+        for part, (sm, c) in per.items():
+            out[f"align_{part}_hinge"] = sm / c if c else 0.0
+            out[f"align_{part}_share"] = sm / total if total > 0 else 0.0
         return out
 
     def totals(self) -> ReplayStats:

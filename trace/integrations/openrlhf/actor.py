@@ -195,8 +195,9 @@ class TraceActorPPOTrainer(_pa.ActorPPOTrainer):
                 al = tr.alignment(stats)
                 if al is not None:
                     experience.info["align_loss"] = al.detach().to(loss.device)
-                    # the term's element and block-scale parts, as the embedded trainer logs them
-                    experience.info.update({k: torch.tensor(v) for k, v in stats.alignment_parts().items()})
+                    # the term's element and block-scale parts, as the embedded trainer logs them (not per layer)
+                    experience.info.update({k: torch.tensor(v) for k, v in stats.alignment_parts().items()
+                                            if k in ALIGN_PARTS})
                     if tr.rl["align_coef"] > 0 and al.requires_grad:
                         loss = loss + tr.rl["align_coef"] * al.to(loss.device)
                 return (loss, *out[1:])
