@@ -226,6 +226,10 @@ def summarize(r: RunData) -> dict:
     ok = np.isin(sa, sr)
     ratio = ga[ok] / np.maximum(gr[np.isin(sr, sa)], 1e-30)
     row["align_grad_ratio"] = float(np.median(ratio)) if ratio.size else math.nan
+    # the block-scale part's share of the alignment term's sum (the rest is the element part), logged every
+    # step the term is computed; NaN elsewhere and in runs made before it was logged
+    _, share = r.series("align_scales_share")
+    row["align_scale_share"] = float(np.median(share)) if share.size else math.nan
     for name, col in (("rollout_gen_tokens_per_s", "rollout_gen_tokens_per_s"), ("record_overhead", "record_overhead"),
                       ("time_step_s", "step_s")):
         _, y = r.series(name)

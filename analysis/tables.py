@@ -58,6 +58,7 @@ ABLATION_COLUMNS = [
     ("k3_final", "k3 final (last third)"),
     ("dlp_abs_max", "max \\|dlp\\|"),
     ("align_grad_ratio", "Align / rest grad norm"),
+    ("align_scale_share", "Align scale share"),
     ("code_flip_rate", "Code flip rate"),
     ("unrecoverable_rate", "Unrecoverable rate"),
     ("guidance_bytes_per_gen_token", "Guidance B / generated token"),
@@ -67,10 +68,10 @@ ABLATION_COLUMNS = [
 FACTOR_COLUMNS = ["rho", "guidance", "align_coef", "routing_replay"]
 ACC_COLUMNS = ("acc_bf16", "acc_fp4")
 # columns shown with the range over seeds beside the mean
-RANGE_COLUMNS = ("k3_mean", "k3_final", "dlp_abs_max", "align_grad_ratio", "code_flip_rate", "step_s",
-                 "step_overhead_vs_qat")
+RANGE_COLUMNS = ("k3_mean", "k3_final", "dlp_abs_max", "align_grad_ratio", "align_scale_share", "code_flip_rate",
+                 "step_s", "step_overhead_vs_qat")
 # logged by the trainer only since a later commit: n/a in older runs, so never required
-DIAGNOSTIC_COLUMNS = ("align_grad_ratio",)
+DIAGNOSTIC_COLUMNS = ("align_grad_ratio", "align_scale_share")
 # relative to another run of the profile that may not exist (a profile without qat-independent, seeds
 # that do not overlap): n/a then, so never required; its inputs (`step_s` of both rows) are
 REFERENCE_COLUMNS = ("step_overhead_vs_qat",)
@@ -87,7 +88,7 @@ def applies(arm: str, method: str, col: str) -> bool:
         return a is not None and a.record == "guide"
     if col == "unrecoverable_rate":  # one mantissa bit cannot tell a wrong pick from a right one
         return a is not None and a.record == "guide" and a.full_codes
-    if col == "align_grad_ratio":
+    if col in ("align_grad_ratio", "align_scale_share"):
         return a is not None and a.record == "guide" and a.align
     if col == "step_overhead_vs_qat":
         return a is not None and a.record == "guide"
@@ -278,7 +279,9 @@ ABLATION_NOTES = COMMON_NOTES + (
     "trainer with its own rounding, no guidance. Align / rest grad norm: median over the steps the trainer "
     "logs it (step 1 and evaluation steps) of the alignment term's gradient norm over that of the rest of "
     "the loss, both before clipping (`rl.grad_clip` clips their sum); n/a without the term and for runs "
-    "made before it was logged. Code flip rate: per layer, the fraction of FP4 activation "
+    "made before it was logged. Align scale share: median over steps of the block-scale part's share of "
+    "the alignment term's sum (the rest is its element part; DESIGN.md §3), n/a as the column before. "
+    "Code flip rate: per layer, the fraction of FP4 activation "
     "codes of the trainer *before guidance* that differ from the rollout's codes (rollout's routing), mean "
     "over all layers and steps (a diagnostic record, the same layers for every arm). Bits / guided "
     "element: record bits of the activation sites over the elements they guide. Unrecoverable: guided "

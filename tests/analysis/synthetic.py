@@ -82,10 +82,13 @@ def write_run(run_dir: str, model: str, task: str, arm: str, method: str, seed: 
                 "record_overhead": 0.2 if method.startswith("trace") else 0.0,
                 "time_rollout_s": 1.0, "time_train_s": 0.5, "time_step_s": times[s], "loss": 0.1, "grad_norm": 1.0,
             }
+            coef = (rl_extra or {}).get("align_coef", 0.1)
+            if method in ("trace", "trace-fullcodes", "trace-noroutingreplay") and coef > 0:
+                # the alignment term's parts, logged every step it is computed
+                rec["align_scales_share"] = 0.1 if method == "trace-fullcodes" else 0.5
             if s % 4 == 3:
                 rec["eval_accuracy"] = acc
                 # the trainer's gradient split where the alignment term is in the loss (align / rest = 2 * coef)
-                coef = (rl_extra or {}).get("align_coef", 0.1)
                 if method in ("trace", "trace-fullcodes", "trace-noroutingreplay") and coef > 0:
                     rec["grad_norm_align"], rec["grad_norm_rest"] = 2 * coef * (1 + s), 1.0 + s
             f.write(json.dumps(rec) + "\n")
