@@ -12,9 +12,9 @@ the engine records the prompt once and registers the other samples as aliases
 sites or row shapes do not match the batch, raises `RecordMismatch`; nothing is silently misaligned.
 Records stay on the device their rows come from (the engine's: no host copies while it generates, and a
 trainer on the same device looks them up in place); `record.on("cpu")` is the copy that travels between
-processes. `record.view(seq, pos)` resolves a forward's rows once on the forward's
-device (a copy of the record is made there once, where it is not there already, and kept): every lookup through the view is then a
-device-side search and gather with no host sync, and whether every row was found is checked once per
+processes. `record.view(seq, pos)` resolves a forward's rows once on the forward's device (a copy of the
+record is made there once, where it is not there already, and kept): every lookup through the view is
+then a device-side search and gather with no host sync, and whether every row was found is checked once per
 view (`verify`), which the replay context does when its block ends. The `lookup*` methods are the same
 with the check at each call.
 
@@ -387,7 +387,8 @@ class Recorder:
             keys = torch.cat([c[0] for c in chunks])
             order = torch.argsort(keys)
             keys = keys[order]
-            twice.append((keys[1:] == keys[:-1]).any() if len(keys) > 1 else torch.zeros((), dtype=torch.bool))
+            twice.append((keys[1:] == keys[:-1]).any() if len(keys) > 1
+                         else torch.zeros((), dtype=torch.bool, device=keys.device))
             cat = lambda i: torch.cat([c[i] for c in chunks])[order]  # noqa: E731
             rec.sites[key] = SiteRows(keys, cat(1), cat(2), cat(3), cat(4) if self.full_codes else None,
                                       chunks[0][5])
@@ -399,12 +400,12 @@ class Recorder:
             rec.routing[layer] = (keys[order], ids)
             top.append(ids.max() if ids.numel() else torch.zeros((), dtype=ids.dtype, device=ids.device))
         if twice:
-            flags = torch.stack([t.to(twice[0].device) for t in twice]).tolist()
+            flags = torch.stack(twice).tolist()
             for key, bad in zip(self._sites, flags, strict=True):
                 if bad:
                     raise RecordMismatch(f"layer {key[0]} site {key[1]}: a (seq, pos) row was recorded twice")
         if top:
-            tops = torch.stack([t.to(top[0].device) for t in top]).tolist()
+            tops = torch.stack(top).tolist()
             for layer, m in zip(self._routing, tops, strict=True):
                 if m < 256:  # expert ids as bytes where they fit (what the byte accounting counts)
                     keys, ids = rec.routing[layer]

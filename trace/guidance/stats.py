@@ -56,7 +56,7 @@ class ReplayStats:
     def layer(self, i: int) -> LayerStats:
         return self.layers.setdefault(i, LayerStats())
 
-    def add_alignment(self, total: torch.Tensor | None, count, part: str = "codes", layer: int = -1) -> None:
+    def add_alignment(self, total: torch.Tensor | None, count, part: str, layer: int) -> None:
         if total is None:
             return
         self.align_sum = total if self.align_sum is None else self.align_sum + total

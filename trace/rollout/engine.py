@@ -33,9 +33,10 @@ weights and FP4 KV codes read from memory), the torch path for prefill. Measured
 engine's BF16 (the FP4 kernels lose to cuBLAS/grouped_mm at batch >= 16; see kernels/NOTES.md).
 Recording (a `recorder`) runs the path that generates: decode steps on the Triton path record the codes
 its kernels quantized (trace/rollout/fast.py), so a TRACE rollout samples from the same kernels as the
-other FP4 arms' rollouts; on a GPU its one-token decode steps record inside their CUDA graphs (graphs.StepRecording: device buffers written at
-the step index, handed to the recorder every RECORD_WINDOW steps and after the call); prefill and
-multi-token chunks (observations of a multi-turn call) record eagerly.
+other FP4 arms' rollouts; on a GPU its one-token decode steps record inside their CUDA graphs
+(graphs.StepRecording: device buffers written at the step index, handed to the recorder every
+RECORD_WINDOW steps and after the call); prefill and multi-token chunks (observations of a multi-turn
+call) record eagerly.
 
 Stops: `stop_token_ids` finish a sample (e.g. pass `(EOS_ID,)`; nothing is implicit); a stop string
 (needs `tokenizer`) ends the turn and is kept in the output; `max_new_tokens` caps the policy tokens
