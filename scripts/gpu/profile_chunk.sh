@@ -10,7 +10,8 @@
 # OUT.tgz in the repository root, then `snakemake figures --configfile PROFILE`. An SFT base committed
 # without its checkpoint is trained again first and checked against its logged losses. WORK (default
 # /tmp/trace-chunk) holds the copy and snakemake.log; SLOTS overrides the profile's gpu_slots_per_device
-# (runs per GPU; the tables' speed columns are ratios within one run, so they hold either way). Snakemake runs with the greedy scheduler, so
+# (runs per GPU; the tables' speed columns are ratios within one run, so they hold either way); CORES (default nproc)
+# overrides snakemake's cores, which with the profile's 4 threads per run also cap the runs at a time (16 cores: 4). Snakemake runs with the greedy scheduler, so
 # PuLP's solver binaries are not needed (scripts/gpu/offline_wheels.sh SET all leaves them out).
 set -euo pipefail
 work=${WORK:-/tmp/trace-chunk}
@@ -44,7 +45,7 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   # The rebuilds run side by side, round-robin over the GPUs (one after another they took ~200 s each), while
   # the models that need none already run; the rebuilt models' snakemake joins them (--nolock: its targets
   # are its own). GPU slots are flocks (workflow/scripts/launch.py), so both share the GPUs' slots.
-  sm="$py -m snakemake --cores $(nproc) --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going --configfile $profile --config gpu_slots_per_device=$slots"
+  sm="$py -m snakemake --cores ${CORES:-$(nproc)} --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going --configfile $profile --config gpu_slots_per_device=$slots"
   cat > run.sh <<EOS
 rebuild() {
   local log="rebuild/\$1.log"
