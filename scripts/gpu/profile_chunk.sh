@@ -45,7 +45,8 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   # The rebuilds run side by side, round-robin over the GPUs (one after another they took ~200 s each), while
   # the models that need none already run; the rebuilt models' snakemake joins them (--nolock: its targets
   # are its own). GPU slots are flocks (workflow/scripts/launch.py), so both share the GPUs' slots.
-  sm="$py -m snakemake --cores ${CORES:-$(nproc)} --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going --configfile $profile --config gpu_slots_per_device=$slots"
+  # targets go before the options: --config takes every word after it
+  sm="$py -m snakemake"; smo="--cores ${CORES:-$(nproc)} --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going --configfile $profile --config gpu_slots_per_device=$slots"
   cat > run.sh <<EOS
 rebuild() {
   local log="rebuild/\$1.log"
@@ -62,7 +63,7 @@ sys.exit(0 if a == b else 'SFT rebuild of %s: logged losses differ from the comm
   echo "rebuilt \$1"
 }
 status=0; first=""
-if [ -n "$now" ]; then $sm $now & first=\$!; fi
+if [ -n "$now" ]; then $sm $now $smo & first=\$!; fi
 i=0; pids=""
 for d in $sfts; do
   rebuild "\$d" \$((i % $gpus)) & pids="\$pids \$!"; i=\$((i + 1))
@@ -72,7 +73,7 @@ for p in \$pids; do wait \$p || failed=1; done
 if [ -n "\$failed" ]; then
   echo "an SFT rebuild failed: not starting$later"; status=1
 elif [ -n "$later" ]; then
-  $sm --nolock $later || status=1
+  $sm $later --nolock $smo || status=1
 fi
 if [ -n "\$first" ]; then wait \$first || status=1; fi
 exit \$status
