@@ -253,5 +253,8 @@ def summarize(r: RunData) -> dict:
         align_coef = 0.0
     row["align_coef"] = (float(align_coef) if isinstance(align_coef, (int, float)) and not isinstance(align_coef, bool)
                          else math.nan)
+    # what the alignment term acts on: the elements' codes, and NVFP4's block scales unless rl.align_scales is off
+    scales = rl.get("align_scales", True) is not False and rl.get("fmt", "nvfp4") == "nvfp4"
+    row["align_parts"] = ("none" if not arm.align else "codes+scales" if scales else "codes")
     row["routing_replay"] = bool(arm.routing)
     return row

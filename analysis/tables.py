@@ -65,7 +65,7 @@ ABLATION_COLUMNS = [
     ("guidance_bits_per_element", "Bits / guided element"),
     ("step_overhead_vs_qat", "Step overhead vs qat-independent"),
 ]
-FACTOR_COLUMNS = ["rho", "guidance", "align_coef", "routing_replay"]
+FACTOR_COLUMNS = ["rho", "guidance", "align_coef", "align_parts", "routing_replay"]
 ACC_COLUMNS = ("acc_bf16", "acc_fp4")
 # columns shown with the range over seeds beside the mean
 RANGE_COLUMNS = ("k3_mean", "k3_final", "dlp_abs_max", "align_grad_ratio", "align_scale_share", "code_flip_rate",

@@ -22,6 +22,7 @@ ABLATIONS = {
     "trace-noalign": ("trace-noalign", {}),
     "trace-noroutingreplay": ("trace-noroutingreplay", {}),
     "trace-align0.01": ("trace", {"align_coef": 0.01}),
+    "trace-alignelements": ("trace", {"align_scales": False}),
 }
 # (k3 level, guidance bytes/token, fp4 accuracy drop, rollout speedup)
 LEVEL = {
@@ -85,7 +86,8 @@ def write_run(run_dir: str, model: str, task: str, arm: str, method: str, seed: 
             coef = (rl_extra or {}).get("align_coef", 0.1)
             if method in ("trace", "trace-fullcodes", "trace-noroutingreplay") and coef > 0:
                 # the alignment term's parts, logged every step it is computed
-                rec["align_scales_share"] = 0.1 if method == "trace-fullcodes" else 0.5
+                rec["align_scales_share"] = (0.0 if (rl_extra or {}).get("align_scales") is False
+                                             else 0.1 if method == "trace-fullcodes" else 0.5)
             if s % 4 == 3:
                 rec["eval_accuracy"] = acc
                 # the trainer's gradient split where the alignment term is in the loss (align / rest = 2 * coef)

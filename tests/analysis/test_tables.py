@@ -216,6 +216,8 @@ def test_ablation_table_factors(profile):
     assert abl.loc["trace-fullcodes", "align_scale_share"] == pytest.approx(0.1)
     assert all(math.isnan(abl.loc[a, "align_scale_share"]) for a in ("qat-independent", "trace-noalign"))
     assert not abl.loc["trace-noroutingreplay", "routing_replay"] and abl.loc["trace", "routing_replay"]
+    assert abl.loc["trace", "align_parts"] == "codes+scales" and abl.loc["trace-alignelements", "align_parts"] == "codes"
+    assert abl.loc["trace-noalign", "align_parts"] == "none" and abl.loc["trace-alignelements", "align_scale_share"] == 0
     assert abl.loc["trace-rho1", "k3_mean"] < abl.loc["trace", "k3_mean"] < abl.loc["qat-independent", "k3_mean"]
     for c in ("acc_fp4", "k3_mean", "k3_final", "code_flip_rate", "guidance_bytes_per_gen_token"):
         assert abl[c].map(math.isfinite).all(), c

@@ -167,3 +167,24 @@ def test_alignment_parts_add_up_to_the_term():
     assert abs(p["align_codes_share"] + p["align_scales_share"] - 1) < 1e-9
     combined = (p["align_codes_hinge"] * n["codes"] + p["align_scales_hinge"] * n["scales"]) / (n["codes"] + n["scales"])
     assert abs(combined - float(st.alignment_loss())) < 1e-5 * max(1.0, combined)
+
+
+def test_align_scales_off_leaves_elements_only():
+    """rl.align_scales=false (the elements-only ablation): the same forward yields no block-scale part, and
+    the term is the element part alone, equal to the element part of the full term."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 64, generator=g)
+    y = x * 1.07 + 0.05 * torch.randn(x.shape, generator=g)
+    rec = Recorder()
+    seq, pos = torch.zeros(1, dtype=torch.long), torch.arange(16)[None]
+    rec.add(0, "o_in", fp4.quantize(x, "nvfp4", "row"), seq.expand(16), pos[0])
+    record = rec.finish()
+    parts = {}
+    for scales in (True, False):
+        rt = Runtime()
+        with replay(rt, record, seq, pos, align=True, align_scales=scales) as st:
+            rt.act(0, "o_in", y)
+        parts[scales] = (st.alignment_parts(), {part for part, _ in st.align_parts}, float(st.alignment_loss()))
+    assert parts[True][1] == {"codes", "scales"} and parts[False][1] == {"codes"}
+    assert parts[False][0]["align_codes_hinge"] == parts[True][0]["align_codes_hinge"]
+    assert abs(parts[False][2] - parts[True][0]["align_codes_hinge"]) < 1e-6

@@ -124,6 +124,7 @@ class Replay:
     stats: ReplayStats
     diag: GuidanceRecord | None = None  # the statistics' reference record (default: `record`)
     align_margin: float = MARGIN
+    align_scales: bool = True  # the NVFP4 block-scale part of the alignment term (off: elements only)
     ids: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> expert ids [N, k] this forward used
     views: dict[int, RecordView] = field(default_factory=dict)  # id(record) -> its rows for this forward
 
@@ -211,7 +212,7 @@ class Runtime:
         if rp.align:
             rp.stats.add_alignment(*alignment_terms(scaled, own_enc, target, margin=rp.align_margin),
                                    part="codes", layer=layer)
-            if self.fmt == "nvfp4":
+            if self.fmt == "nvfp4" and rp.align_scales:
                 rp.stats.add_alignment(*scale_terms(xv, own.scales, target_scales, margin=rp.align_margin),
                                        part="scales", layer=layer)
         guided_vals = fp4.straight_through(xv, vals)
@@ -333,12 +334,14 @@ def recording(rt: Runtime, recorder: Recorder, seq: torch.Tensor, pos: torch.Ten
 @contextlib.contextmanager
 def replay(rt: Runtime, record: GuidanceRecord | None, seq: torch.Tensor, pos: torch.Tensor, *,
            guide: bool = True, guide_layers=None, routing: bool = True, align: bool = False,
-           full_codes: bool = False, diag: GuidanceRecord | None = None, align_margin: float | None = None):
+           full_codes: bool = False, diag: GuidanceRecord | None = None, align_margin: float | None = None,
+           align_scales: bool = True):
     """Within the block, forwards through `rt` use guided rounding at the record's layers (or
     `guide_layers`), routing replay, and collect flip statistics and the alignment term into the
     yielded ReplayStats. guide=False measures flips against the record without guiding.
     full_codes=True guides with the recorded 4-bit codes themselves (the full-codes ablation; the
-    record must hold them). diag: a full-codes record of all layers that the statistics use
+    record must hold them). align_scales=False leaves the block-scale part out of the alignment term
+    (elements only). diag: a full-codes record of all layers that the statistics use
     instead of `record` and that guides nothing; record=None with diag: statistics only."""
     if record is None and diag is None:
         raise ValueError("replay needs a guidance record, a diagnostic record, or both")
@@ -346,7 +349,7 @@ def replay(rt: Runtime, record: GuidanceRecord | None, seq: torch.Tensor, pos: t
     layers = set() if not guide else (None if guide_layers is None else set(guide_layers))
     stats = ReplayStats()
     rt.replaying = Replay(record, Rows.of_batch(seq, pos), layers, routing, full_codes, align, stats, diag,
-                          MARGIN if align_margin is None else align_margin)
+                          MARGIN if align_margin is None else align_margin, align_scales=align_scales)
     try:
         yield stats
         rt.replaying.verify()  # every lookup of the block found its row (one host sync)

@@ -199,7 +199,7 @@ class RLTrainer:
             ctx = contextlib.nullcontext(None)
         else:
             ctx = replay(self.model, record, tb.seq, tb.pos, routing=arm.routing, align=arm.align,
-                         full_codes=arm.full_codes, diag=diag)
+                         full_codes=arm.full_codes, diag=diag, align_scales=self.rl["align_scales"])
         with ctx as stats:
             lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16", self.rl["temperature"])
         return lp, stats

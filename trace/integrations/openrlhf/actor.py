@@ -155,7 +155,7 @@ class TraceReplay:
         pos = pos.masked_fill(pos >= cov[:, None], -1)
         arm = self.arm
         return replay(model, rec, seq, pos, routing=arm.routing, align=arm.align, full_codes=arm.full_codes,
-                      diag=diag)
+                      diag=diag, align_scales=self.rl["align_scales"])
 
     def step_info(self, log_probs, rollout_log_probs, action_mask, stats) -> dict:
         """0-d tensors for experience.info (OpenRLHF weights them by action tokens)."""
