@@ -274,7 +274,8 @@ MAIN_NOTES = COMMON_NOTES + (
 )
 ABLATION_NOTES = COMMON_NOTES + (
     " TRACE variants: rho = fraction of the deepest layers guided; guidance = compact (mantissa bit + "
-    "block scales) or full 4-bit codes; align coef = weight of the alignment loss (0: off); routing replay "
+    "block scales) or full 4-bit codes; align coef = weight of the alignment loss (0: off); align parts = what the "
+    "term acts on (the elements' codes, and NVFP4's block scales unless `rl.align_scales` is off); routing replay "
     "on/off. qat-independent = FP4 "
     "trainer with its own rounding, no guidance. Align / rest grad norm: median over the steps the trainer "
     "logs it (step 1 and evaluation steps) of the alignment term's gradient norm over that of the rest of "

@@ -3,6 +3,17 @@
 # and depends on no training job.
 
 
+def write_manifest(path: str) -> None:
+    """The profile's model x task x arm x seed list, rewritten only when it changed (a profile that
+    gains an arm must not be tabulated from the old list)."""
+    text = json.dumps(PLAN.manifest(), sort_keys=True, indent=1) + "\n"
+    if os.path.exists(path) and open(path).read() == text:
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
 rule manifest:
     """The list of runs the tables must cover (the profile's model x task x arm x seed)."""
     output:
@@ -10,10 +21,7 @@ rule manifest:
     params:
         m=lambda wc: json.dumps(PLAN.manifest(), sort_keys=True),
     run:
-        os.makedirs(os.path.dirname(output[0]), exist_ok=True)
-        with open(output[0], "w") as f:
-            json.dump(json.loads(params.m), f, indent=1)
-            f.write("\n")
+        write_manifest(output[0])
 
 
 def _learning_cmd(strict: bool) -> str:
@@ -59,9 +67,11 @@ rule plot:
 
 
 rule figures:
-    """Rebuild tables and figures of the loaded profile from results/ (no training, no GPU)."""
+    """Rebuild tables and figures of the loaded profile from results/ (no training, no GPU); the
+    manifest first, from the profile as it is now."""
     threads: 1
-    shell:
-        ENV + " python -m analysis.tables --runs {RUNS} --out {TABLES}" + _learning_cmd(strict=False) +
+    run:
+        write_manifest(MANIFEST)
+        shell(ENV + " python -m analysis.tables --runs {RUNS} --out {TABLES}" + _learning_cmd(strict=False) +
         " && python -m figures.plot_all --runs {RUNS} --tables {TABLES}"
-        " --kernels results/kernels --rollout results/rollout --out {FIGS}"
+        " --kernels results/kernels --rollout results/rollout --out {FIGS}")
