@@ -4,7 +4,9 @@ What: for each model shape, batch size and provider, generate `--gen` tokens aft
 prompt (greedy, no stop), and report generated tokens per second (prefill included, wall clock, after
 one short warm-up). Providers (trace.rollout.RolloutEngine unless hf): `engine-bf16`; `engine-w4a4` and `engine-w4a4-kv4`
 (FP4 codes, computed with BF16 GEMMs on the dequantized FP4 weights: fp4_backend="torch");
-`engine-w4a4-triton`, `engine-w4a4-kv4-triton` (the FP4 kernels of kernels/: FP4 weights in memory);
+`engine-w4a4-triton`, `engine-w4a4-kv4-triton` (the Triton path: the FP4 kernels of kernels/ for decode
+projections up to their crossover sizes, the same codes on BF16 GEMMs above, trace/rollout/fast.py);
+`engine-w4a4-kv4-kernels` (the Triton path with the FP4 kernels at every size: TRACE_FP4_CROSSOVER=inf,inf);
 `engine-bf16-eager` (no CUDA graphs, to show what they are worth); `engine-w4a4-kv4-record` (what a TRACE
 rollout costs: the engine the RL trainer builds (on a GPU the Triton kernels of the FP4 arms, recording
 the codes they quantize; on a CPU the torch path), every call recording trace's guidance record, the
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -48,7 +51,7 @@ from trace.models import build_config, get_spec  # noqa: E402
 from trace.rollout import RolloutEngine  # noqa: E402
 
 PROVIDERS = ("engine-bf16", "engine-w4a4", "engine-w4a4-kv4", "engine-w4a4-triton", "engine-w4a4-kv4-triton",
-             "engine-w4a4-kv4-record", "engine-bf16-eager", "hf-bf16")
+             "engine-w4a4-kv4-kernels", "engine-w4a4-kv4-record", "engine-bf16-eager", "hf-bf16")
 def build(name: str, layers: int, device, dtype, hf_experts: str, max_len: int):
     if name == "qwen3_30b_a3b":
         cfg = build_config("qwen3_moe-paper", num_hidden_layers=layers, max_position_embeddings=max(max_len, 4096),
@@ -79,7 +82,8 @@ def engine_kwargs(prov: str) -> dict:
     codes on BF16 tensor cores; triton = the FP4 kernels of kernels/; -record = the engine's default, the
     kernels on a GPU and the torch path on a CPU, as the RL trainer builds it), CUDA graphs (off for -eager)."""
     return dict(mode="bf16" if prov.startswith("engine-bf16") else "w4a4", kv_fp4="-kv4" in prov,
-                fp4_backend="triton" if prov.endswith("-triton") else "auto" if prov.endswith("-record") else "torch",
+                fp4_backend="triton" if prov.endswith(("-triton", "-kernels")) else "auto" if prov.endswith("-record")
+                else "torch",
                 cuda_graphs=not prov.endswith("-eager"))
 
 
@@ -91,7 +95,16 @@ def recorder_for(prov: str, model):
     return Recorder(layers=guided_layer_indices(n, 0.5), routing=True)
 
 
+_CROSSOVER = os.environ.get("TRACE_FP4_CROSSOVER")
+
+
 def make_engine(model, prov, prompts, gen, device, dtype):
+    # read when the engine builds its Triton path (every weight sync); the caller's own setting otherwise
+    crossover = "inf,inf" if prov.endswith("-kernels") else _CROSSOVER
+    if crossover is None:
+        os.environ.pop("TRACE_FP4_CROSSOVER", None)
+    else:
+        os.environ["TRACE_FP4_CROSSOVER"] = crossover
     eng = RolloutEngine(model.config, dtype=dtype, device=device, max_seq_len=len(prompts[0]) + gen + 1,
                         **engine_kwargs(prov))
     eng.sync_weights(model)

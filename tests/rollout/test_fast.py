@@ -81,6 +81,40 @@ def test_self_test_names_a_quantize_that_saturates_codes(monkeypatch):
         eng.fwd.fast.self_test(eng.weights, torch.float32, "cpu", rows=(3,))
 
 
+@pytest.mark.slow
+def test_bf16_gemms_above_the_crossover_match_the_torch_path(monkeypatch):
+    """Above the kernels' sizes (forced here: TRACE_FP4_CROSSOVER=0,0) a decode step quantizes with the
+    kernel and multiplies on BF16 GEMMs with the dequantized weights: the torch path's arithmetic on the
+    same codes. qwen2_moe-tiny (attention, routed and shared experts, FP4 KV), greedy: same tokens, log-probs
+    within 1e-4, and the same record (sites, rows, codes, scales, routing) as the torch path's."""
+    from trace.models import build_model
+
+    m = build_model("qwen2_moe-tiny", 0, initializer_range=INIT, num_hidden_layers=2)
+    monkeypatch.setenv("TRACE_FP4_CROSSOVER", "0,0")
+    eng = _fast_engine(monkeypatch, model=m)
+    assert not eng.fwd.fast.dense_kernels(1) and not eng.fwd.fast.moe_kernels(0, 1, 1)
+    monkeypatch.setenv("TRACE_ROLLOUT_BACKEND", "torch")
+    ref = RolloutEngine(m.config, mode="w4a4", kv_fp4=True)
+    ref.sync_weights(m)
+    prompts = random_seqs([5, 7], seed=4)
+    (a, ra), (b, rb) = _records(eng, prompts, temperature=0.0), _records(ref, prompts, temperature=0.0)
+    assert a.tokens == b.tokens
+    assert max(abs(x - y) for la, lb in zip(a.logprobs, b.logprobs, strict=True) for x, y in zip(la, lb, strict=True)) < 1e-4
+    assert sorted(ra.sites) == sorted(rb.sites) and sorted(ra.routing) == sorted(rb.routing)
+    for key, x in ra.sites.items():
+        y = rb.sites[key]
+        assert torch.equal(x.keys, y.keys) and torch.equal(x.codes, y.codes) and torch.equal(x.scales, y.scales), key
+
+
+def test_crossover_reads_the_environment(monkeypatch):
+    from trace.rollout import fast as fast_mod
+
+    monkeypatch.delenv("TRACE_FP4_CROSSOVER", raising=False)
+    assert fast_mod.crossover() == (fast_mod.DENSE_KERNEL_ROWS, fast_mod.MOE_KERNEL_LOAD)
+    monkeypatch.setenv("TRACE_FP4_CROSSOVER", "inf,4")
+    assert fast_mod.crossover() == (float("inf"), 4.0)
+
+
 def _records(eng, prompts, **kw):
     from trace.guidance.record import Recorder
 

@@ -10,7 +10,9 @@ and `kernels.moe.prepare_moe_weights`; the engine forward then calls
   - `kernels.attention.kv_store` + `decode_attention` for one-token decode steps with the FP4 KV cache
     (a zero-copy view of the engine's cache buffers).
 It is used only when the device is CUDA (or forced for interpreter tests), mode is w4a4, fmt nvfp4, and
-only for one-token decode steps. A recorder gets the activations' codes from the kernels' own quantize
+only for one-token decode steps; there the kernels run the projections up to the sizes where they beat BF16
+tensor cores (`crossover`, measured), and larger ones take the quantize kernel's codes (and dequantized copy)
+into BF16 GEMMs on the dequantized weights. A recorder gets the activations' codes from the kernels' own quantize
 (`keep` callbacks: no second quantization) and the K/V codes read back from the cache kv_store wrote
 (KVCache.stored). Prefill is compute-bound, and there the MMA kernels measured slower than BF16
 GEMMs on the dequantized weights (same codes). `RolloutEngine(fp4_backend="torch")` or
@@ -31,6 +33,26 @@ import torch
 from trace import fp4
 
 BACKENDS = ("auto", "torch", "triton")
+
+# Which code runs a decode step's projection, by size. The W4A4 decode kernels (GEMV over FP4 weights) beat
+# BF16 tensor cores at few rows and fall behind above (kernels/NOTES.md v2b, same-run medians at the four
+# families' paper shapes, activation quantize included): dense W4A4 1.09-1.23x cuBLAS at M=1, W4A16
+# 1.21-1.24x at M=2 and 0.89-0.95x at M=4; routed experts 1.09-2.23x torch._grouped_mm at up to ~2
+# (token, slot) rows per expert (T*k/E) and 0.48-0.96x from 4. Above these sizes the step quantizes the
+# activation with the same kernel (same codes, one launch, its dequantized copy) and multiplies on BF16
+# tensor cores with the dequantized weights, as prefill does. TRACE_FP4_CROSSOVER="ROWS,LOAD" overrides
+# both (e.g. "inf,inf": kernels at every size; "0,0": never), for benchmarks and tests.
+DENSE_KERNEL_ROWS = 2
+MOE_KERNEL_LOAD = 2.0
+
+
+def crossover() -> tuple[float, float]:
+    """(largest row count for the dense kernels, largest rows per expert for the MoE kernels)."""
+    env = os.environ.get("TRACE_FP4_CROSSOVER")
+    if not env:
+        return float(DENSE_KERNEL_ROWS), MOE_KERNEL_LOAD
+    rows, load = (float(v) for v in env.split(","))
+    return rows, load
 
 
 def available(device, dtype=torch.bfloat16, backend: str = "auto") -> bool:
@@ -58,6 +80,24 @@ def available(device, dtype=torch.bfloat16, backend: str = "auto") -> bool:
 class TritonPath:
     def __init__(self, dense: list[dict], moe: list):
         self.dense, self.moe = dense, moe
+        self.dense_rows, self.moe_load = crossover()
+
+    def dense_kernels(self, rows: int) -> bool:
+        """Whether a projection of `rows` activation rows runs on the W4A4 kernels (else BF16 GEMMs)."""
+        return rows <= self.dense_rows
+
+    def moe_kernels(self, i: int, tokens: int, k: int) -> bool:
+        """Whether layer i's routed experts for `tokens` tokens of top-k run on the W4A4 MoE kernels."""
+        return tokens * k / self.moe[i].E <= self.moe_load
+
+    @staticmethod
+    def quantize(x: torch.Tensor):
+        """x [M, K] -> QuantizedRows with its dequantized copy in x.dtype (`fake`): codes and scales
+        bit-identical to trace.fp4.quantize(x, "nvfp4", "row"), the copy within an ulp of its dequantize
+        (a multiply by 1/S_enc; kernels/quantize.py)."""
+        from kernels.quantize import quantize_rows
+
+        return quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False)
 
     @staticmethod
     def build(weights) -> "TritonPath":

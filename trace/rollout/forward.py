@@ -34,6 +34,7 @@ from torch.profiler import record_function
 
 from trace.guidance import Recording
 from trace.rollout.cache import KVCache, quant_rows
+from trace.rollout.fast import as_fp4
 from trace.rollout.weights import EngineWeights
 
 
@@ -79,6 +80,21 @@ class EngineForward:
             rec.add(layer, site, t)
         return t.dequantize(self.dtype)
 
+    def _act_fast(self, fast, x: torch.Tensor, layer: int, site: str, rec: Recording | None) -> torch.Tensor:
+        """`_act` on the Triton path above its kernels' sizes: the quantize kernel's codes (the same as
+        `_act`'s, recorded as the kernels' are) and its dequantized copy, for a BF16 GEMM."""
+        q = fast.quantize(x.reshape(-1, x.shape[-1]))
+        keep = self._keep(rec, layer, site)
+        if keep is not None:
+            keep(as_fp4(q, self.dtype, tuple(x.shape[:-1])))
+        return q.fake.view(x.shape)
+
+    def _acts(self, fast):
+        """The activation quantizer of a chunk: `_act`, or on the Triton path `_act_fast`."""
+        if fast is None:
+            return self._act
+        return lambda x, layer, site, rec: self._act_fast(fast, x, layer, site, rec)
+
     @staticmethod
     def _keep(rec: Recording | None, layer: int, site: str):
         """The fast path's callback that stores an activation's FP4Tensor at (layer, site), or None when
@@ -105,12 +121,14 @@ class EngineForward:
         a = self.a
         R, T, _ = x.shape
         nh, nkv, D = a.num_heads, a.num_kv_heads, a.head_dim
-        if fast is not None:  # W4A4 Triton GEMMs (activation quantized inside, same codes; q's is recorded)
+        kern = fast is not None and fast.dense_kernels(R * T)
+        act = self._acts(fast)
+        if kern:  # W4A4 Triton GEMMs (activation quantized inside, same codes; q's is recorded)
             x2 = x.reshape(R * T, -1)
             q = fast.linear(i, "q", x2, lw.get("q_b"), keep=self._keep(rec, i, "attn_in"))
             k, v = (fast.linear(i, n, x2, lw.get(n + "_b")) for n in ("k", "v"))
         else:
-            xq = self._act(x.reshape(R * T, -1), i, "attn_in", rec)  # [R*T, H], one quantization for q/k/v
+            xq = act(x.reshape(R * T, -1), i, "attn_in", rec)  # [R*T, H], one quantization for q/k/v
             q = F.linear(xq, lw["q"], lw.get("q_b"))  # [R*T, nh*D]
             k = F.linear(xq, lw["k"], lw.get("k_b"))  # [R*T, nkv*D]
             v = F.linear(xq, lw["v"], lw.get("v_b"))
@@ -134,9 +152,9 @@ class EngineForward:
                 self._record_kv(rec, i, cache.stored(i, rows, slots))
         else:
             o = self._cached_attention(i, q, k, v, slots, start, rows, cache, rec, S, causal)
-        if fast is not None:
+        if kern:
             return fast.linear(i, "o", o, lw.get("o_b"), keep=self._keep(rec, i, "o_in")).view(R, T, -1)
-        o = self._act(o, i, "o_in", rec)
+        o = act(o, i, "o_in", rec)
         return F.linear(o, lw["o"], lw.get("o_b")).view(R, T, -1)
 
     def _cached_attention(self, i, q, k, v, slots, start, rows, cache: KVCache, rec, S: int, causal: bool):
@@ -176,14 +194,15 @@ class EngineForward:
             topv = topv.to(x.dtype)
         if rec is not None:
             rec.add_routing(i, topi)
-        if fast is not None:
+        act = self._acts(fast)
+        if fast is not None and fast.moe_kernels(i, N, k):
             out = fast.experts(i, x, topi, topv, keep_in=self._keep(rec, i, "moe_in"),
                                keep_down=self._keep(rec, i, "moe_down_in"))  # [N, H] W4A4 grouped expert GEMMs
             if "sg" in lw:
-                sd = self._fast_mlp(i, x, rec, fast, ("sg", "su", "sd"), ("shared_in", "shared_down_in"))
+                sd = self._mlp(i, lw, x, rec, fast, ("sg", "su", "sd"), ("shared_in", "shared_down_in"))
                 out = out + torch.sigmoid(F.linear(x, lw["shared_gate"])) * sd
             return out
-        xq = self._act(x, i, "moe_in", rec)  # per token, shared by its k experts
+        xq = act(x, i, "moe_in", rec)  # per token, shared by its k experts
         wgu, wd = lw["gate_up"], lw["down"]  # [E, 2I, H], [E, H, I]
         I = wd.shape[-1]
         # (token, slot) pairs sorted by expert -> one grouped GEMM per projection, no host sync (so decode
@@ -195,30 +214,30 @@ class EngineForward:
         gate, up = grouped_mm(xq[order // k], wgu.transpose(1, 2), offs).chunk(2, dim=-1)  # [N*k, I] each, sorted
         h = torch.empty_like(gate)
         h[order] = F.silu(gate) * up  # back to (token, slot) order: the down input is quantized per pair
-        h = self._act(h.view(N, k, I), i, "moe_down_in", rec).reshape(N * k, I)
+        h = act(h.view(N, k, I), i, "moe_down_in", rec).reshape(N * k, I)
         y = torch.empty(N * k, H, dtype=h.dtype, device=x.device)
         y[order] = grouped_mm(h[order], wd.transpose(1, 2), offs)  # [N*k, H]
         out = (y.view(N, k, H) * topv[..., None]).to(x.dtype).sum(1)  # [N, H]
         if "sg" in lw:  # qwen2_moe shared expert, gated by a per-token sigmoid of the unquantized input
-            xs = self._act(x, i, "shared_in", rec)
-            hs = F.silu(F.linear(xs, lw["sg"])) * F.linear(xs, lw["su"])  # [N, Is]
-            hs = self._act(hs, i, "shared_down_in", rec)
-            out = out + torch.sigmoid(F.linear(x, lw["shared_gate"])) * F.linear(hs, lw["sd"])
+            sd = self._mlp(i, lw, x, rec, fast, ("sg", "su", "sd"), ("shared_in", "shared_down_in"))
+            out = out + torch.sigmoid(F.linear(x, lw["shared_gate"])) * sd
         return out
 
-    def _fast_mlp(self, i, x, rec, fast, keys, sites):
-        """Gated MLP on the Triton path: down(silu(gate(x)) * up(x)) with the weights `keys` (gate, up,
-        down); the input's and the down input's codes recorded at `sites`."""
+    def _mlp(self, i, lw, x, rec, fast, keys, sites):
+        """Gated MLP down(silu(gate(x)) * up(x)) with the weights `keys` (gate, up, down), x [N, H]; the
+        input's and the down input's codes recorded at `sites`. W4A4 kernels on the Triton path up to their
+        sizes, else BF16 GEMMs on the dequantized weights."""
         g, u, d = keys
-        hs = F.silu(fast.linear(i, g, x, keep=self._keep(rec, i, sites[0]))) * fast.linear(i, u, x)
-        return fast.linear(i, d, hs, keep=self._keep(rec, i, sites[1]))
+        if fast is not None and fast.dense_kernels(x.shape[0]):
+            hs = F.silu(fast.linear(i, g, x, keep=self._keep(rec, i, sites[0]))) * fast.linear(i, u, x)
+            return fast.linear(i, d, hs, keep=self._keep(rec, i, sites[1]))
+        act = self._acts(fast)
+        xs = act(x, i, sites[0], rec)
+        hs = F.silu(F.linear(xs, lw[g])) * F.linear(xs, lw[u])  # [N, I]
+        return F.linear(act(hs, i, sites[1], rec), lw[d])
 
     def _dense_mlp(self, i, lw, x, rec, fast):
-        if fast is not None:
-            return self._fast_mlp(i, x, rec, fast, ("mg", "mu", "md"), ("mlp_in", "mlp_down_in"))
-        xs = self._act(x, i, "mlp_in", rec)
-        hs = F.silu(F.linear(xs, lw["mg"])) * F.linear(xs, lw["mu"])
-        return F.linear(self._act(hs, i, "mlp_down_in", rec), lw["md"])
+        return self._mlp(i, lw, x, rec, fast, ("mg", "mu", "md"), ("mlp_in", "mlp_down_in"))
 
     # ------------------------------------------------------------------------------ chunk
     @torch.no_grad()
