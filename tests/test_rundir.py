@@ -109,3 +109,9 @@ def test_meta_git_commit_from_the_launcher(monkeypatch):
     assert rundir.collect_meta()["git_commit"] == "0123abc"
     monkeypatch.delenv("TRACE_GIT_COMMIT")
     assert rundir.collect_meta()["git_commit"] != "0123abc"
+
+
+def test_meta_records_the_rollout_settings_from_the_environment(monkeypatch):
+    monkeypatch.setenv("TRACE_FP4_CROSSOVER", "inf,inf")
+    monkeypatch.delenv("TRACE_ROLLOUT_BACKEND", raising=False)
+    assert rundir.collect_meta()["env"] == {"TRACE_FP4_CROSSOVER": "inf,inf"}

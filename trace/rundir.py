@@ -85,6 +85,9 @@ def _version(mod: str) -> str | None:
         return None
 
 
+ENV_KEYS = ("TRACE_ROLLOUT_BACKEND", "TRACE_FP4_CROSSOVER")
+
+
 def collect_meta() -> dict:
     import torch
     gpu = None
@@ -112,6 +115,9 @@ def collect_meta() -> dict:
         "torch_threads": torch.get_num_threads(),
         "gpu": gpu,
         "argv": sys.argv,
+        # settings read from the environment that change what a run computes (the rollout's FP4 backend and
+        # its kernels-vs-BF16 crossover, trace/rollout/fast.py)
+        "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
         "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
     }
 
