@@ -105,16 +105,21 @@ def test_fast_path_self_test_at_the_small_flavors_shapes(family):
     assert eng.fwd.fast is not None and eng._fast_checked
 
 
+@pytest.mark.parametrize("crossover", [None, "inf,inf"], ids=["crossover", "kernels"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_captured_recording_steps_store_what_eager_steps_store(family):
+def test_captured_recording_steps_store_what_eager_steps_store(family, crossover, monkeypatch):
     """Recording inside the captured decode graphs (graphs.StepRecording): with one graph per attention
     length (graph_bucket 1) and every row fed at every step, a captured step runs the eager step's shapes
     and kernels, so tokens and records agree bit for bit; then with the default buckets and rows that stop
-    early, every fed (seq, pos) is in the record and nothing else."""
+    early, every fed (seq, pos) is in the record and nothing else. 40 rows per step: above the engine's
+    crossover (the quantize kernel's codes into BF16 GEMMs), and with the kernels forced at every size
+    (TRACE_FP4_CROSSOVER=inf,inf) the MMA kernels (dense M > 8, MoE T*k/E > 8)."""
     from trace.guidance.record import Recorder
 
+    if crossover is not None:
+        monkeypatch.setenv("TRACE_FP4_CROSSOVER", crossover)
     m = tiny(family, dtype=torch.bfloat16).cuda()
-    prompts = random_seqs([6] * 20, seed=4)  # 40 rows: the MMA kernels (dense M > 8, MoE T*k/E > 8), not the GEMVs
+    prompts = random_seqs([6] * 20, seed=4)  # 40 rows
     outs = {}
     for graphs in (False, True):
         eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, dtype=torch.bfloat16, device="cuda",
