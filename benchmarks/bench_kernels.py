@@ -18,6 +18,9 @@ grouped_mm(gate_up) + silu*mul + grouped_mm(down) on expert-sorted rows, no gath
 uses its own routing structures from the same logits and does gather, SwiGLU and the scatter-sum inside
 its two kernels. Minimal bytes: weights of the experts actually hit read once (FP4: codes + scales),
 activations read once, outputs written once. Qwen1.5-MoE's shared expert is not part of the timed layer.
+Provider `w4a4-bf16gemm` is what the rollout engine runs above its kernels' crossover (trace/rollout/fast.py):
+the same activation codes through the quantize kernel's dequantized copy into BF16 GEMMs on the dequantized
+weights (MoE: with the engine's own routing sort inside), so `fp4-w4a4` against it is the crossover.
 
 Run (repo root, on a GPU): `PYTHONPATH=. python benchmarks/bench_kernels.py --version v1b`
 (`--quick` for a subset, `--only moe,dense`, `--sweep` to also time tile-config variants of ours).
@@ -295,6 +298,9 @@ def run_dense(dev, quick):
                    a_ms, "default")
             record("dense", shape, "fp4-w4a4", bench(lambda: fp4_linear(x, pw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+act-quant launch")
+            # the engine's path above its crossover: the same activation codes on cuBLAS BF16
+            record("dense", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_linear(x, wb)), N * K * 2 + io, base, a_ms,
+                   "+act-quant launch")
             record("dense-part", shape, "act-quantize+dequant",  # the W4A4 decode path's extra launch
                    bench(lambda: quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False)),
                    M * K * (2 + 2 + 0.5 + 1 / 16) + 4 * M)  # x in, dequantized x out, codes, scales, S_enc
@@ -326,6 +332,32 @@ def route(T, E, k, dev):
     return ids.to(torch.int32), (w / w.sum(-1, keepdim=True)).float()
 
 
+def w4a4_bf16_linear(x, wb):
+    """The rollout engine's dense projection above its kernels' crossover (trace/rollout/fast.py): the
+    quantize kernel's dequantized activation rows times the dequantized weight wb [N, K] on BF16 GEMMs."""
+    return F.linear(quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False).fake, wb)
+
+
+def w4a4_bf16_moe(x, ids, tw, w13t, w2t):
+    """The rollout engine's routed experts above its kernels' crossover (trace/rollout/forward.py `_moe` with
+    `_act_fast`): x [T, H], ids / tw [T, k] routing, w13t [E, H, 2I] (gate | up) and w2t [E, I, H] the
+    dequantized weights, K-major. The routing sort as the engine does it (no host sync), both activations
+    through the quantize kernel's dequantized copy, torch._grouped_mm for the GEMMs. -> [T, H]."""
+    T, k = ids.shape
+    flat = ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(w13t.shape[0], dtype=torch.long, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    offs = counts.cumsum(0).to(torch.int32)
+    xq = quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False).fake
+    gate, up = torch._grouped_mm(xq[order // k], w13t, offs=offs).chunk(2, dim=-1)  # [T*k, I] each, sorted
+    h = torch.empty_like(gate)
+    h[order] = F.silu(gate) * up  # (token, slot) order: the down input is quantized per pair
+    hq = quantize_rows(h, "nvfp4", fake_dtype=h.dtype, check_finite=False).fake
+    y = torch.empty(T * k, x.shape[1], dtype=x.dtype, device=x.device)
+    y[order] = torch._grouped_mm(hq[order], w2t, offs=offs)
+    return (y.view(T, k, -1) * tw[..., None]).to(x.dtype).sum(1)
+
+
 def run_moe(dev, quick):
     log("== grouped MoE FP4 (routed-expert MLP of one layer)")
     for fam, (H, I, E, k) in FAMILIES.items():  # correctness per family, odd T, some experts empty
@@ -338,7 +370,11 @@ def run_moe(dev, quick):
             e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
             tol = 6e-2 if aq else 2e-2  # w4a4: bf16 rounding of h flips a few FP4 codes of the down input
             check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'}", e < tol, f"rel err {e:.2e} (tol {tol:g}, bf16 h and output)")
-        del g, u, d, mw
+        w13t = torch.cat([ref.nvfp4_dequantize(*g), ref.nvfp4_dequantize(*u)], 1).to(torch.bfloat16).transpose(1, 2)
+        w2t = ref.nvfp4_dequantize(*d).to(torch.bfloat16).transpose(1, 2)
+        e = relerr(w4a4_bf16_moe(x, ids, tw, w13t, w2t), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=True))
+        check(f"moe {fam} T{T} w4a4 on bf16 gemms", e < 6e-2, f"rel err {e:.2e} (tol 6e-2, bf16 h and output)")
+        del g, u, d, mw, w13t, w2t
     tk = load_anchor()
     fams = ["qwen3-30b-a3b", "mixtral-8x7b"] if quick else list(FAMILIES)
     for fam in fams:
@@ -396,6 +432,10 @@ def run_moe(dev, quick):
                    fp4_bytes, base, a_ms, cfg_str(cfg), f"experts_hit={hit}")
             record("moe", shape, "fp4-w4a4", bench(lambda: fused_moe(x, mw, ids, tw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+2 act-quant launches;routing align inside", f"experts_hit={hit}")
+            # the engine's path above its crossover: the same activation codes on BF16 grouped GEMMs
+            record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13t, w2t)),
+                   hit * 3 * H * I * 2 + act_bytes, base, a_ms, "+2 act-quant launches;routing sort inside",
+                   f"experts_hit={hit}")
             # where W4A4 time goes beyond W4A16: the routing sort (inside the call above, precomputed for
             # the W4A16 row) and the two activation quantize launches
             record("moe-part", shape, "routing-align", bench(lambda: moe_align(ids, E, cfg.BM)))
