@@ -81,20 +81,26 @@ def kv_store(cache: FP4KVCache, k: torch.Tensor, v: torch.Tensor, slots: torch.T
 
 
 @triton.jit
-def _dequant_rows(wp, sp, fp, rows, rmask, D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Dequantize cache rows -> ([BLOCK_N, D] fp32 = q * s_b * 2^-7, [BLOCK_N] factor 2^7/S_enc)."""
-    offs_i = tl.arange(0, D // 8)
-    w = tl.load(wp + rows[:, None] * (D // 8) + offs_i[None, :], mask=rmask[:, None], other=0)  # [BN, D/8] int32
-    sc = e4m3_value(tl.load(sp + rows[:, None] * (D // 16) + (offs_i // 2)[None, :], mask=rmask[:, None], other=0))
-    sc = sc * 6.646139978924579e35
-    nib = w[:, :, None] >> (4 * tl.arange(0, 8))[None, None, :]  # [BN, D/8, 8]: element 8i+j
-    vals = nib_to_f32_scaled(nib) * sc[:, :, None]
+def _dequant_rows(pp, sp, fp, rows, rmask, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Dequantize cache rows -> ([BLOCK_N, D] fp32 = q * s_b * 2^-7, [BLOCK_N] factor 2^7/S_enc).
+    A thread decodes whole bytes: the two nibbles of each packed byte are decoded apart and joined back in
+    element order (element 2i is byte i's low nibble), and the block scales multiply [BN, D/16, 16] blocks,
+    so nothing crosses threads before the tile is stored for the MMA in D-contiguous runs. (A [BN, D/8, 8]
+    broadcast of int32 words over nibble shifts spread a word's 8 nibbles over 8 threads: offline SASS of
+    that version had 128 scalar 16-bit shared stores and 128 byte loads per thread and tile.)"""
+    offs_b = tl.arange(0, D // 2)
+    byte = tl.load(pp + rows[:, None] * (D // 2) + offs_b[None, :], mask=rmask[:, None], other=0).to(tl.int32)
+    vals = tl.join(nib_to_f32_scaled(byte), nib_to_f32_scaled(byte >> 4))  # [BN, D/2, 2]: element 2i + j
+    vals = tl.reshape(vals, [BLOCK_N, D // 16, 16])
+    offs_s = tl.arange(0, D // 16)
+    sc = e4m3_value(tl.load(sp + rows[:, None] * (D // 16) + offs_s[None, :], mask=rmask[:, None], other=0))
+    vals = vals * (sc * 6.646139978924579e35)[:, :, None]  # s_b * 2^119: exact (decode trick)
     f = tl.load(fp + rows, mask=rmask, other=1.0)
     return tl.reshape(vals, [BLOCK_N, D]), 128.0 / f
 
 
 @triton.jit
-def _decode_attn_kernel(q_ptr, kw_ptr, ks_ptr, kf_ptr, vw_ptr, vs_ptr, vf_ptr, starts_ptr, lens_ptr,
+def _decode_attn_kernel(q_ptr, kp_ptr, ks_ptr, kf_ptr, vp_ptr, vs_ptr, vf_ptr, starts_ptr, lens_ptr,
                         o_ptr, lse_ptr, qk_scale, Hq, Hkv, per_split, NSPLIT,
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                         NIT: tl.constexpr, INTERP: tl.constexpr):
@@ -119,7 +125,7 @@ def _decode_attn_kernel(q_ptr, kw_ptr, ks_ptr, kf_ptr, vw_ptr, vs_ptr, vf_ptr, s
         offs_n = n_lo + it * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = offs_n < L
         rows = (start + offs_n) * Hkv + h  # cache rows (slot, head)
-        kd, kf = _dequant_rows(kw_ptr, ks_ptr, kf_ptr, rows, nmask, D, BLOCK_N)
+        kd, kf = _dequant_rows(kp_ptr, ks_ptr, kf_ptr, rows, nmask, D, BLOCK_N)
         if INTERP:
             s = tl.dot(q, tl.trans(kd), input_precision="ieee")
         else:
@@ -131,7 +137,7 @@ def _decode_attn_kernel(q_ptr, kw_ptr, ks_ptr, kf_ptr, vw_ptr, vs_ptr, vf_ptr, s
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        vd, vf = _dequant_rows(vw_ptr, vs_ptr, vf_ptr, rows, nmask, D, BLOCK_N)
+        vd, vf = _dequant_rows(vp_ptr, vs_ptr, vf_ptr, rows, nmask, D, BLOCK_N)
         pv = p * vf[None, :]
         if INTERP:
             acc = acc * alpha[:, None] + tl.dot(pv, vd, input_precision="ieee")
@@ -197,9 +203,8 @@ def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tenso
     if B == 0:
         return out
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * math.log2(math.e)
-    kw, vw = cache.k_packed.view(torch.int32), cache.v_packed.view(torch.int32)
     _decode_attn_kernel[(B, Hkv, num_splits)](
-        q, kw, cache.k_scales, cache.k_outer, vw, cache.v_scales, cache.v_outer,
+        q, cache.k_packed, cache.k_scales, cache.k_outer, cache.v_packed, cache.v_scales, cache.v_outer,
         seq_starts.to(torch.int32), seq_lens.to(torch.int32), o_part, lse, scale, Hq, Hkv, per_split, num_splits,
         G=G, GP=GP, D=D, BLOCK_N=bn, NIT=per_split // bn, INTERP=INTERPRET, num_warps=num_warps)
     _combine_kernel[(B * Hq,)](o_part, lse, out, num_splits, SP=max(2, triton.next_power_of_2(num_splits)), D=D)
