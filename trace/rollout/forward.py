@@ -21,7 +21,8 @@ Recording: with `rec` (a `trace.guidance.Recording`: recorder + row addressing) 
 site calls `rec.add(layer, site, FP4Tensor of the chunk's rows)` and MoE layers `rec.add_routing`, the
 same calls and site names as the trainer's adapter (trace/guidance/replay.py). On the Triton path (decode
 steps) the kernels hand their own activation codes to `rec` (TritonPath `keep` callbacks), for the
-layers the recorder wants only. Without `rec` nothing extra is computed.
+layers the recorder wants only; above the kernels' crossover (`TritonPath.dense_kernels` / `moe_kernels`)
+the quantize kernel's codes feed BF16 GEMMs on the dequantized weights and are recorded the same way. Without `rec` nothing extra is computed.
 
 Compared against: the transformers forward (bf16 mode) and `trace.qat.patch_model(model, "w4a4")`
 (w4a4 mode) in tests/rollout/test_engine.py.
