@@ -58,8 +58,23 @@ def _fast_engine(monkeypatch, family="qwen3_moe", model=None):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_self_test_passes_at_the_models_shapes(monkeypatch, family):
+    monkeypatch.setenv("TRACE_FP4_CROSSOVER", "inf,inf")  # the kernels at every size: GEMV and MMA checked
     eng = _fast_engine(monkeypatch, family)
-    eng.fwd.fast.self_test(eng.weights, torch.float32, "cpu", rows=(1, 20))  # GEMV and MMA kernels
+    eng.fwd.fast.self_test(eng.weights, torch.float32, "cpu", rows=(1, 20))
+
+
+def test_self_test_checks_only_the_kernels_the_path_runs(monkeypatch):
+    """With the default crossover the GEMMs are checked at the sizes that run on the kernels only (the MMA
+    kernels are then neither used nor compiled); the quantize at every size."""
+    import kernels.gemm as kg
+
+    monkeypatch.delenv("TRACE_FP4_CROSSOVER", raising=False)
+    eng = _fast_engine(monkeypatch)
+    seen = []
+    real = kg.fp4_linear
+    monkeypatch.setattr(kg, "fp4_linear", lambda x, *a, **kw: (seen.append(x.shape[0]), real(x, *a, **kw))[1])
+    eng.fwd.fast.self_test(eng.weights, torch.float32, "cpu", rows=(1, 20))
+    assert seen and set(seen) == {1}
 
 
 def test_self_test_names_a_quantize_that_saturates_codes(monkeypatch):

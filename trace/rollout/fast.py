@@ -111,14 +111,16 @@ class TritonPath:
             moe.append(None if experts is None else prepare_moe_weights(*experts))
         return TritonPath(dense, moe)
 
-    def self_test(self, weights, dtype: torch.dtype, device, rows=(1, 5, 64, 300), seed: int = 0) -> None:
+    def self_test(self, weights, dtype: torch.dtype, device, rows=(1, 2, 5, 64, 300), seed: int = 0) -> None:
         """Check the kernels against `kernels.reference` at this model's own shapes before a run uses
         them, and raise RuntimeError naming the kernel and shape where they disagree: activation codes,
         scale bytes and S_enc bit-exact at every width the path quantizes (both variants: codes only, and
         with the dequantized copy the decode GEMV reads), every dense weight of the first layer that has
         one and the first MoE layer's experts within 1e-2 of the oracle (W4A4 on the MMA kernels, W4A16 on
         the GEMV ones, see below). rows: activation
-        rows per call (<= 16 takes the GEMV kernels, more the MMA ones). A Triton miscompile at one
+        rows per call (<= 16 takes the GEMV kernels, more the MMA ones); the quantize is checked at all of
+        them, the GEMMs only at those this path runs on the kernels (`dense_kernels`, `moe_kernels`: with
+        the default crossover the MMA kernels are not used, nor compiled here). A Triton miscompile at one
         quantize tile saturated every code on an H200 at a width no kernel test used (kernels/NOTES.md
         v2d); this is what catches the next one. Costs a few seconds of compiles on a GPU."""
         from kernels import reference as ref
@@ -161,7 +163,7 @@ class TritonPath:
         layer = next((i for i, d in enumerate(self.dense) if d), None)
         for key, t in ({} if layer is None else _dense_fp4(weights, layer)).items():
             w = self.dense[layer][key]
-            for M in rows:
+            for M in (M for M in rows if self.dense_kernels(M)):
                 x = rand(M, w.K)
                 y = fp4_linear(x.to(dev), w, act_quant=True, out_dtype=torch.float32, check_finite=False).cpu()
                 r = ref.fp4_linear(x.float(), t.codes.cpu(), t.scales.cpu(), t.outer.cpu(), act_quant=True)
@@ -191,7 +193,7 @@ class TritonPath:
             m = self.moe[layer]
             gate, up, down = (tuple(x.cpu() for x in (t.codes, t.scales, t.outer)) for t in _expert_fp4(weights, layer))
             k = min(weights.arch.top_k, m.E)
-            for T in rows:
+            for T in (T for T in rows if self.moe_kernels(layer, T, k)):
                 x = rand(T, m.H)
                 ids = torch.stack([torch.randperm(m.E, generator=g)[:k] for _ in range(T)])
                 wts = torch.rand(T, k, generator=g)
