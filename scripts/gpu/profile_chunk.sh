@@ -13,7 +13,8 @@
 # (runs per GPU; the tables' speed columns are ratios within one run, so they hold either way); CORES (default nproc)
 # overrides snakemake's cores, which with the profile's 4 threads per run also cap the runs at a time (16 cores: 4).
 # Peak GPU memory per run (olmoe-small trace: 17 GB; 12 olmoe runs on one H200 ran out of memory) bounds SLOTS;
-# a run that fails (e.g. out of memory next to others) is tried twice more and resumes from its checkpoint. Snakemake runs with the greedy scheduler, so
+# a run that fails (e.g. out of memory next to others) is tried twice more and resumes from its checkpoint.
+# SNAKEMAKE_EXTRA adds snakemake options (`-n`: a dry run, as tests/workflow/test_profile_chunk.py does). Snakemake runs with the greedy scheduler, so
 # PuLP's solver binaries are not needed (scripts/gpu/offline_wheels.sh SET all leaves them out).
 set -euo pipefail
 work=${WORK:-/tmp/trace-chunk}
@@ -48,7 +49,7 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   # the models that need none already run; the rebuilt models' snakemake joins them (--nolock: its targets
   # are its own). GPU slots are flocks (workflow/scripts/launch.py), so both share the GPUs' slots.
   # targets go before the options: --config takes every word after it
-  sm="$py -m snakemake"; smo="--cores ${CORES:-$(nproc)} --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going --retries 2 --configfile $profile --config gpu_slots_per_device=$slots"
+  sm="$py -m snakemake"; smo="--cores ${CORES:-$(nproc)} --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going --retries 2 ${SNAKEMAKE_EXTRA:-} --configfile $profile --config gpu_slots_per_device=$slots"
   cat > run.sh <<EOS
 rebuild() {
   local log="rebuild/\$1.log"

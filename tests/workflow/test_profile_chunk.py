@@ -1,0 +1,36 @@
+"""scripts/gpu/profile_chunk.sh on the CPU: `start` with a fake nvidia-smi and snakemake in dry-run mode
+(SNAKEMAKE_EXTRA=-n), then `wait`: the command line it builds must be one snakemake accepts (a chunk once
+failed on a lease because its targets came after `--config`, which took them as config entries)."""
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu" / "profile_chunk.sh"
+
+
+def test_start_builds_a_snakemake_call_that_parses(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-test)'\n")
+    smi.chmod(0o755)
+    work = tmp_path / "work"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", WORK=str(work), PYTHON=sys.executable,
+               SNAKEMAKE_EXTRA="-n", SLOTS="2")
+    # a task whose SFT base is not committed: no checkpoint to rebuild, snakemake starts at once
+    start = subprocess.run(["bash", str(SCRIPT), "start", "experiments/profiles/small.yaml", "qwen3_moe-small", "coding"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert start.returncode == 0, start.stderr
+    assert "started" in start.stdout and "1 GPU(s) x 2 slots" in start.stdout
+    out = tmp_path / "chunk.tgz"
+    wait = subprocess.run(["bash", str(SCRIPT), "wait", "240", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert "finished" in wait.stdout, wait.stdout + wait.stderr
+    log = (work / "snakemake.log").read_text()
+    assert "This was a dry-run" in log and "Error" not in log, log[-2000:]
+    assert "results/runs/small/qwen3_moe-small/coding/trace/seed0/eval.json" in log  # a target, not a config entry
+    with tarfile.open(out) as t:
+        assert "snakemake.log" in t.getnames()
