@@ -48,7 +48,8 @@ from kernels import reference as ref
 from kernels.attention import FP4KVCache, decode_attention, kv_store
 from kernels.gemm import GemmConfig, default_config, fp4_linear, prepare_weight
 from kernels.moe import MoEConfig, default_moe_config, fused_moe, moe_align, prepare_moe_weights
-from kernels.quantize import quantize_rows
+from kernels.quantize import fake_rows, quantize_rows
+from trace.rollout.forward import routed_experts
 
 FAMILIES = {  # name: (H, I, E, topk); trace/models/registry.py
     "qwen3-30b-a3b": (2048, 768, 128, 8),
@@ -332,30 +333,23 @@ def route(T, E, k, dev):
     return ids.to(torch.int32), (w / w.sum(-1, keepdim=True)).float()
 
 
+def _fake_rows(t):
+    """The engine's activation quantize above its crossover (EngineForward._act_fast): rows of t [..., K]
+    through the quantize kernel, its dequantized copy back in t's shape."""
+    return fake_rows(t.reshape(-1, t.shape[-1])).view(t.shape)
+
+
 def w4a4_bf16_linear(x, wb):
     """The rollout engine's dense projection above its kernels' crossover (trace/rollout/fast.py): the
     quantize kernel's dequantized activation rows times the dequantized weight wb [N, K] on BF16 GEMMs."""
-    return F.linear(quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False).fake, wb)
+    return F.linear(_fake_rows(x), wb)
 
 
-def w4a4_bf16_moe(x, ids, tw, w13t, w2t):
-    """The rollout engine's routed experts above its kernels' crossover (trace/rollout/forward.py `_moe` with
-    `_act_fast`): x [T, H], ids / tw [T, k] routing, w13t [E, H, 2I] (gate | up) and w2t [E, I, H] the
-    dequantized weights, K-major. The routing sort as the engine does it (no host sync), both activations
-    through the quantize kernel's dequantized copy, torch._grouped_mm for the GEMMs. -> [T, H]."""
-    T, k = ids.shape
-    flat = ids.reshape(-1).long()
-    order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(w13t.shape[0], dtype=torch.long, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
-    offs = counts.cumsum(0).to(torch.int32)
-    xq = quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False).fake
-    gate, up = torch._grouped_mm(xq[order // k], w13t, offs=offs).chunk(2, dim=-1)  # [T*k, I] each, sorted
-    h = torch.empty_like(gate)
-    h[order] = F.silu(gate) * up  # (token, slot) order: the down input is quantized per pair
-    hq = quantize_rows(h, "nvfp4", fake_dtype=h.dtype, check_finite=False).fake
-    y = torch.empty(T * k, x.shape[1], dtype=x.dtype, device=x.device)
-    y[order] = torch._grouped_mm(hq[order], w2t, offs=offs)
-    return (y.view(T, k, -1) * tw[..., None]).to(x.dtype).sum(1)
+def w4a4_bf16_moe(x, ids, tw, w13, w2):
+    """The rollout engine's routed experts above its kernels' crossover: its own code
+    (trace/rollout/forward.py `routed_experts`, with the routing sort inside) on x [T, H], ids / tw [T, k],
+    the dequantized weights w13 [E, 2I, H] (gate | up) and w2 [E, H, I]. -> [T, H]."""
+    return routed_experts(x, ids.long(), tw, w13, w2, _fake_rows, _fake_rows)
 
 
 def run_moe(dev, quick):
@@ -370,11 +364,11 @@ def run_moe(dev, quick):
             e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
             tol = 6e-2 if aq else 2e-2  # w4a4: bf16 rounding of h flips a few FP4 codes of the down input
             check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'}", e < tol, f"rel err {e:.2e} (tol {tol:g}, bf16 h and output)")
-        w13t = torch.cat([ref.nvfp4_dequantize(*g), ref.nvfp4_dequantize(*u)], 1).to(torch.bfloat16).transpose(1, 2)
-        w2t = ref.nvfp4_dequantize(*d).to(torch.bfloat16).transpose(1, 2)
-        e = relerr(w4a4_bf16_moe(x, ids, tw, w13t, w2t), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=True))
+        w13 = torch.cat([ref.nvfp4_dequantize(*g), ref.nvfp4_dequantize(*u)], 1).to(torch.bfloat16)
+        w2 = ref.nvfp4_dequantize(*d).to(torch.bfloat16)
+        e = relerr(w4a4_bf16_moe(x, ids, tw, w13, w2), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=True))
         check(f"moe {fam} T{T} w4a4 on bf16 gemms", e < 6e-2, f"rel err {e:.2e} (tol 6e-2, bf16 h and output)")
-        del g, u, d, mw, w13t, w2t
+        del g, u, d, mw, w13, w2
     tk = load_anchor()
     fams = ["qwen3-30b-a3b", "mixtral-8x7b"] if quick else list(FAMILIES)
     for fam in fams:
@@ -433,7 +427,7 @@ def run_moe(dev, quick):
             record("moe", shape, "fp4-w4a4", bench(lambda: fused_moe(x, mw, ids, tw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+2 act-quant launches;routing align inside", f"experts_hit={hit}")
             # the engine's path above its crossover: the same activation codes on BF16 grouped GEMMs
-            record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13t, w2t)),
+            record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13, w2)),
                    hit * 3 * H * I * 2 + act_bytes, base, a_ms, "+2 act-quant launches;routing sort inside",
                    f"experts_hit={hit}")
             # where W4A4 time goes beyond W4A16: the routing sort (inside the call above, precomputed for

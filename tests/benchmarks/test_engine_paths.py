@@ -1,7 +1,7 @@
-"""benchmarks/bench_kernels.py's copies of the rollout engine's path above its kernels' crossover (the
-quantize kernel's dequantized activations into BF16 GEMMs on the dequantized weights) against the FP32
-oracle, in float32 on the CPU (the quantize kernel under TRITON_INTERPRET=1): they time the right thing.
-Measured: relative error 2.5e-7 (MoE), the dequantized copy's 1/S_enc multiply being the only difference."""
+"""The rollout engine's path above its kernels' crossover as benchmarks/bench_kernels.py times it (the
+quantize kernel's dequantized activations into BF16 GEMMs on the dequantized weights; the MoE through the
+engine's own `routed_experts`) against the FP32 oracle, in float32 on the CPU (the quantize kernel under
+TRITON_INTERPRET=1): they time the right thing. Measured: relative error 2.5e-7 (MoE), the dequantized copy's 1/S_enc multiply being the only difference."""
 import torch
 
 from benchmarks.bench_kernels import w4a4_bf16_linear, w4a4_bf16_moe
@@ -20,9 +20,8 @@ def test_moe_on_bf16_gemms_is_the_w4a4_oracle():
     x = torch.randn(T, H, generator=g)
     ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).int()
     tw = torch.rand(T, k, generator=g)
-    w13t = torch.cat([ref.nvfp4_dequantize(*gate), ref.nvfp4_dequantize(*up)], 1).transpose(1, 2)
-    w2t = ref.nvfp4_dequantize(*down).transpose(1, 2)
-    y = w4a4_bf16_moe(x, ids, tw, w13t, w2t)
+    w13 = torch.cat([ref.nvfp4_dequantize(*gate), ref.nvfp4_dequantize(*up)], 1)
+    y = w4a4_bf16_moe(x, ids, tw, w13, ref.nvfp4_dequantize(*down))
     assert _relerr(y, ref.moe_fp4_reference(x, gate, up, down, ids, tw, act_quant=True)) < 1e-5
 
 

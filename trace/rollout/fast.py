@@ -91,15 +91,6 @@ class TritonPath:
         return tokens * k / self.moe[i].E <= self.moe_load
 
     @staticmethod
-    def quantize(x: torch.Tensor):
-        """x [M, K] -> QuantizedRows with its dequantized copy in x.dtype (`fake`): codes and scales
-        bit-identical to trace.fp4.quantize(x, "nvfp4", "row"), the copy within an ulp of its dequantize
-        (a multiply by 1/S_enc; kernels/quantize.py)."""
-        from kernels.quantize import quantize_rows
-
-        return quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False)
-
-    @staticmethod
     def build(weights) -> "TritonPath":
         from kernels.gemm import prepare_weight
         from kernels.moe import prepare_moe_weights

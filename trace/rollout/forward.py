@@ -53,6 +53,29 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Te
     return fn(x, w, offs=offs)
 
 
+def routed_experts(x: torch.Tensor, topi: torch.Tensor, topv: torch.Tensor, wgu: torch.Tensor, wd: torch.Tensor,
+                   quant_in, quant_down) -> torch.Tensor:
+    """The routed experts on grouped GEMMs: x [N, H], top-k ids topi [N, k] (int64) and weights topv [N, k],
+    wgu [E, 2I, H] (gate | up), wd [E, H, I]; quant_in(x) / quant_down(h [N, k, I]) return the activation
+    as the GEMM reads it (the FP4 fake quantization, or x itself). -> [N, H] in x's dtype."""
+    N, H = x.shape
+    k, E, I = topi.shape[1], wd.shape[0], wd.shape[-1]
+    xq = quant_in(x)  # per token, shared by its k experts
+    # (token, slot) pairs sorted by expert -> one grouped GEMM per projection, no host sync (so decode
+    # steps can be captured in a CUDA graph): counts by scatter_add, not bincount (which syncs on CUDA)
+    flat = topi.reshape(-1)  # [N*k] expert of each (token, slot) pair
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(E, dtype=torch.long, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    offs = counts.cumsum(0).to(torch.int32)  # [E] end row of each expert's group
+    gate, up = grouped_mm(xq[order // k], wgu.transpose(1, 2), offs).chunk(2, dim=-1)  # [N*k, I] each, sorted
+    h = torch.empty_like(gate)
+    h[order] = F.silu(gate) * up  # back to (token, slot) order: the down input is quantized per pair
+    h = quant_down(h.view(N, k, I)).reshape(N * k, I)
+    y = torch.empty(N * k, H, dtype=h.dtype, device=x.device)
+    y[order] = grouped_mm(h[order], wd.transpose(1, 2), offs)  # [N*k, H]
+    return (y.view(N, k, H) * topv[..., None]).to(x.dtype).sum(1)  # [N, H]
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' RMSNorm: float32 statistics, cast back, then weight * x."""
     xf = x.float()
@@ -81,20 +104,19 @@ class EngineForward:
             rec.add(layer, site, t)
         return t.dequantize(self.dtype)
 
-    def _act_fast(self, fast, x: torch.Tensor, layer: int, site: str, rec: Recording | None) -> torch.Tensor:
+    def _act_fast(self, x: torch.Tensor, layer: int, site: str, rec: Recording | None) -> torch.Tensor:
         """`_act` on the Triton path above its kernels' sizes: the quantize kernel's codes (the same as
-        `_act`'s, recorded as the kernels' are) and its dequantized copy, for a BF16 GEMM."""
-        q = fast.quantize(x.reshape(-1, x.shape[-1]))
+        `_act`'s, recorded as the kernels' are) and its dequantized copy (within an ulp of `_act`'s; the
+        W4A4 decode kernels read the same, `kernels.quantize.fake_rows`), for a BF16 GEMM."""
+        from kernels.quantize import fake_rows
+
         keep = self._keep(rec, layer, site)
-        if keep is not None:
-            keep(as_fp4(q, self.dtype, tuple(x.shape[:-1])))
-        return q.fake.view(x.shape)
+        seen = None if keep is None else (lambda q: keep(as_fp4(q, self.dtype, tuple(x.shape[:-1]))))
+        return fake_rows(x.reshape(-1, x.shape[-1]), seen).view(x.shape)
 
     def _acts(self, fast):
         """The activation quantizer of a chunk: `_act`, or on the Triton path `_act_fast`."""
-        if fast is None:
-            return self._act
-        return lambda x, layer, site, rec: self._act_fast(fast, x, layer, site, rec)
+        return self._act if fast is None else self._act_fast
 
     @staticmethod
     def _keep(rec: Recording | None, layer: int, site: str):
@@ -184,7 +206,7 @@ class EngineForward:
     def _moe(self, i, lw, x, rec, fast):
         """x [N, H] (normed) -> [N, H]."""
         a = self.a
-        N, H = x.shape
+        N = x.shape[0]
         k = a.top_k
         logits = F.linear(x, lw["router"])  # [N, E], unquantized router
         probs = torch.softmax(logits.float(), dim=-1)
@@ -195,30 +217,13 @@ class EngineForward:
             topv = topv.to(x.dtype)
         if rec is not None:
             rec.add_routing(i, topi)
-        act = self._acts(fast)
         if fast is not None and fast.moe_kernels(i, N, k):
             out = fast.experts(i, x, topi, topv, keep_in=self._keep(rec, i, "moe_in"),
                                keep_down=self._keep(rec, i, "moe_down_in"))  # [N, H] W4A4 grouped expert GEMMs
-            if "sg" in lw:
-                sd = self._mlp(i, lw, x, rec, fast, ("sg", "su", "sd"), ("shared_in", "shared_down_in"))
-                out = out + torch.sigmoid(F.linear(x, lw["shared_gate"])) * sd
-            return out
-        xq = act(x, i, "moe_in", rec)  # per token, shared by its k experts
-        wgu, wd = lw["gate_up"], lw["down"]  # [E, 2I, H], [E, H, I]
-        I = wd.shape[-1]
-        # (token, slot) pairs sorted by expert -> one grouped GEMM per projection, no host sync (so decode
-        # steps can be captured in a CUDA graph): counts by scatter_add, not bincount (which syncs on CUDA)
-        flat = topi.reshape(-1)  # [N*k] expert of each (token, slot) pair
-        order = torch.argsort(flat, stable=True)
-        counts = torch.zeros(a.num_experts, dtype=torch.long, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
-        offs = counts.cumsum(0).to(torch.int32)  # [E] end row of each expert's group
-        gate, up = grouped_mm(xq[order // k], wgu.transpose(1, 2), offs).chunk(2, dim=-1)  # [N*k, I] each, sorted
-        h = torch.empty_like(gate)
-        h[order] = F.silu(gate) * up  # back to (token, slot) order: the down input is quantized per pair
-        h = act(h.view(N, k, I), i, "moe_down_in", rec).reshape(N * k, I)
-        y = torch.empty(N * k, H, dtype=h.dtype, device=x.device)
-        y[order] = grouped_mm(h[order], wd.transpose(1, 2), offs)  # [N*k, H]
-        out = (y.view(N, k, H) * topv[..., None]).to(x.dtype).sum(1)  # [N, H]
+        else:
+            act = self._acts(fast)
+            out = routed_experts(x, topi, topv, lw["gate_up"], lw["down"], lambda t: act(t, i, "moe_in", rec),
+                                 lambda t: act(t, i, "moe_down_in", rec))
         if "sg" in lw:  # qwen2_moe shared expert, gated by a per-token sigmoid of the unquantized input
             sd = self._mlp(i, lw, x, rec, fast, ("sg", "su", "sd"), ("shared_in", "shared_down_in"))
             out = out + torch.sigmoid(F.linear(x, lw["shared_gate"])) * sd
