@@ -207,6 +207,11 @@ def run_quantize(dev, quick):
                 sb = (q.scales != s).nonzero()[:3].tolist()
                 det.update(first_code_mismatch=bad, first_scale_mismatch=sb,
                            outer_mismatch=int((q.outer != o).sum()) if fmt == "nvfp4" else 0)
+                if not plain:  # the codes-only variant against the guidance variant (equal to the oracle or not)
+                    pc = ref.unpack_fp4(q0.packed.cpu()) != ref.unpack_fp4(q.packed)
+                    det.update(plain_codes_differ=int(pc.sum()), plain_first_code=pc.nonzero()[:3].tolist(),
+                               plain_scales_differ=int((q0.scales.cpu() != q.scales).sum()),
+                               plain_repeat_equal=torch.equal(quantize_rows(x, fmt).packed.cpu(), q0.packed.cpu()))
                 if sb:
                     r0, b0 = sb[0]
                     det.update(kernel_scale=int(q.scales[r0, b0]), ref_scale=int(s[r0, b0]),

@@ -28,7 +28,10 @@ EPI_POW = 128.0  # 2^7
 @triton.jit
 def e2m1_rtn_idx(a):
     """|v| (fp32, >= 0) -> E2M1 magnitude index 0..7, round-to-nearest-even, saturating at 6."""
-    return e2m1_rtn_idx_scaled(a, 1.0)
+    idx = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+    idx += (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+    idx += (a > 5.0).to(tl.int32)
+    return idx
 
 
 @triton.jit
@@ -37,14 +40,11 @@ def e2m1_rtn_idx_scaled(p, s):
     p > m * s, and RN(p / s) == m exactly when p == m * s, for every midpoint m of the grid (m has at
     most 3 significant bits and s, an E4M3 value, at most 4, so m * s is exact; the half-ulp intervals
     of RN around m, scaled by s, are narrower than the ulps around m * s). Same result as
-    `e2m1_rtn_idx(div_rn(p, s))`; callers mask s == 0.
-    The index is the number of midpoints p passes (0.25 >, 0.75 >=, 1.25 >, 1.75 >=, 2.5 >, 3.5 >=, 5 >:
-    ties go to the even code), found by a binary search over them, three compares per element instead
-    of seven (the products m * s are per block when s is)."""
-    hi = p >= 1.75 * s  # index >= 4
-    mid = p >= tl.where(hi, 3.5 * s, 0.75 * s)  # index >= 6, or >= 2
-    lo = p > tl.where(hi, tl.where(mid, 5.0 * s, 2.5 * s), tl.where(mid, 1.25 * s, 0.25 * s))
-    return hi.to(tl.int32) * 4 + mid.to(tl.int32) * 2 + lo.to(tl.int32)
+    `e2m1_rtn_idx(div_rn(p, s))`; callers mask s == 0."""
+    idx = (p > 0.25 * s).to(tl.int32) + (p >= 0.75 * s).to(tl.int32) + (p > 1.25 * s).to(tl.int32)
+    idx += (p >= 1.75 * s).to(tl.int32) + (p > 2.5 * s).to(tl.int32) + (p >= 3.5 * s).to(tl.int32)
+    idx += (p > 5.0 * s).to(tl.int32)
+    return idx
 
 
 @triton.jit

@@ -12,7 +12,8 @@
 # /tmp/trace-chunk) holds the copy and snakemake.log; SLOTS overrides the profile's gpu_slots_per_device
 # (runs per GPU; the tables' speed columns are ratios within one run, so they hold either way); CORES (default nproc)
 # overrides snakemake's cores, which with the profile's 4 threads per run also cap the runs at a time (16 cores: 4).
-# Peak GPU memory per run (olmoe-small trace: 17 GB; 12 olmoe runs on one H200 ran out of memory) bounds SLOTS;
+# Peak GPU memory per run (olmoe-small trace: 17 GB; 12 olmoe runs on one H200 ran out of memory; 10 mixtral-small
+# ablation runs failed again and again where 6 ran clean) bounds SLOTS; a failed attempt's log is kept in LOG.failed;
 # a run that fails (e.g. out of memory next to others) is tried twice more and resumes from its checkpoint.
 # SNAKEMAKE_EXTRA adds snakemake options (`-n`: a dry run, as tests/workflow/test_profile_chunk.py does). Snakemake runs with the greedy scheduler, so
 # PuLP's solver binaries are not needed (scripts/gpu/offline_wheels.sh SET all leaves them out).

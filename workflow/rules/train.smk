@@ -3,6 +3,10 @@
 # not retrain anything; a job that does rerun (params/code/input changed) still reruns its dependents.
 import yaml
 
+# A failed attempt's log is appended to LOG.failed before snakemake's retry (--retries) rewrites LOG, so
+# the error of a job that failed and then resumed is still there to read (chunks pack logs/ too).
+KEEP_FAILED = " || {{ cat {log} >> {log}.failed; exit 1; }}"
+
 
 def _dump_yaml(d, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -52,7 +56,7 @@ rule sft:
         runtime=RES["sft"].get("runtime", 60),
     shell:
         ENV + " python -m workflow.scripts.launch --stage sft --cmd '{params.cmd}' --gpu-slots " + str(gpu_slots("sft")) +
-        " --config {input.cfg} --out {params.out} > {log} 2>&1"
+        " --config {input.cfg} --out {params.out} > {log} 2>&1" + KEEP_FAILED
 
 
 def _rl_inputs(wc):
@@ -80,7 +84,7 @@ rule rl:
         runtime=RES["rl"].get("runtime", 60),
     shell:
         ENV + " python -m workflow.scripts.launch --stage rl --cmd '{params.cmd}' --gpu-slots " + str(gpu_slots("rl")) +
-        " --config {input.cfg} --out {params.out} > {log} 2>&1"
+        " --config {input.cfg} --out {params.out} > {log} 2>&1" + KEEP_FAILED
 
 
 rule eval:
@@ -103,7 +107,7 @@ rule eval:
         runtime=RES["eval"].get("runtime", 30),
     shell:
         ENV + " python -m workflow.scripts.launch --stage eval --cmd '{params.cmd}' --gpu-slots " + str(gpu_slots("eval")) +
-        " --config {input.cfg} --ckpt {params.ckpt} --out {output} > {log} 2>&1"
+        " --config {input.cfg} --ckpt {params.ckpt} --out {output} > {log} 2>&1" + KEEP_FAILED
 
 
 rule eval_base:
@@ -125,4 +129,4 @@ rule eval_base:
         runtime=RES["eval"].get("runtime", 30),
     shell:
         ENV + " python -m workflow.scripts.launch --stage eval --cmd '{params.cmd}' --gpu-slots " + str(gpu_slots("eval")) +
-        " --config {input.cfg} --ckpt {params.ckpt} --out {output} > {log} 2>&1"
+        " --config {input.cfg} --ckpt {params.ckpt} --out {output} > {log} 2>&1" + KEEP_FAILED
