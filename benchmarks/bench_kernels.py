@@ -31,6 +31,7 @@ call measures everything against the same copy-bandwidth ceiling.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -269,6 +270,10 @@ def run_dense(dev, quick):
                 det += (f"; act codes equal {torch.equal(q.codes().cpu(), xc)}, scales {torch.equal(q.scales.cpu(), xs)}, "
                         f"S_enc {torch.equal(q.outer.cpu(), xo)}; repeat bit-equal {same}")
             check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K}", e < 1e-2, det)
+            if M > 16:
+                c3 = dataclasses.replace(default_config(M, N, K, x.device), kind="mma3", BKW=16)
+                e = relerr(fp4_linear(x, pw, act_quant=aq, config=c3), ref.fp4_linear(x.float(), c, s, o, act_quant=aq))
+                check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} mma3", e < 1e-2, f"rel err {e:.2e} (tol 1e-2)")
     tk = load_anchor()
     shapes = [(14336, 4096), (4096, 14336)] + ([] if quick else [(11264, 2048), (2048, 5632)])
     for N, K in shapes:
@@ -304,6 +309,13 @@ def run_dense(dev, quick):
                    a_ms, "default")
             record("dense", shape, "fp4-w4a4", bench(lambda: fp4_linear(x, pw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+act-quant launch")
+            if M >= 16:  # v3 tiles beside v0's MMA (the default above 8 rows)
+                for aq in (False, True):
+                    prov = f"fp4-w4a{4 if aq else 16}-mma3"
+                    t, c3 = timed_best(lambda c, aq=aq: (lambda: fp4_linear(x, pw, act_quant=aq, config=c, check_finite=False)),
+                                       mma3_dense_variants(default_config(M, N, K, x.device)), "dense", shape, prov, base)
+                    if t:
+                        record("dense", shape, prov, t, fp4_bytes, base, a_ms, cfg_str(c3))
             # the engine's path above its crossover: the same activation codes on cuBLAS BF16
             record("dense", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_linear(x, wb)), N * K * 2 + io, base, a_ms,
                    "+act-quant launch")
@@ -316,6 +328,19 @@ def run_dense(dev, quick):
                 if t:
                     record("dense", shape, "fp4-w4a16-best", t, fp4_bytes, base, a_ms, cfg_str(cfg))
         torch.cuda.empty_cache()
+
+
+def mma3_moe_variants(d):
+    """v3 MMA tiles (kernels/NOTES.md v3a) around the default v0 config d: K-tiles of 128 or 256 elements,
+    weight rows per program 64 or 128, 3-4 stages."""
+    return [dataclasses.replace(d, kind="mma3", BKW=bkw, BN=bn, BN_down=bn, num_warps=w, num_stages=st)
+            for bkw, bn, w, st in [(16, 64, 4, 3), (16, 64, 4, 4), (32, 64, 4, 3), (16, 128, 8, 3), (8, 64, 4, 4)]]
+
+
+def mma3_dense_variants(d):
+    """v3 MMA tiles around the default v0 config d (same split-K)."""
+    return [dataclasses.replace(d, kind="mma3", BKW=bkw, BN=bn, num_warps=w, num_stages=st)
+            for bkw, bn, w, st in [(16, 64, 4, 3), (16, 64, 4, 4), (32, 64, 4, 3), (16, 128, 8, 3)]]
 
 
 def moe_variants(T, k, E):
@@ -369,6 +394,10 @@ def run_moe(dev, quick):
             e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
             tol = 6e-2 if aq else 2e-2  # w4a4: bf16 rounding of h flips a few FP4 codes of the down input
             check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'}", e < tol, f"rel err {e:.2e} (tol {tol:g}, bf16 h and output)")
+            c3 = MoEConfig(kind="mma3", BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64)
+            e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq, config=c3),
+                       ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
+            check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'} mma3", e < tol, f"rel err {e:.2e} (tol {tol:g})")
         w13 = torch.cat([ref.nvfp4_dequantize(*g), ref.nvfp4_dequantize(*u)], 1).to(torch.bfloat16)
         w2 = ref.nvfp4_dequantize(*d).to(torch.bfloat16)
         e = relerr(w4a4_bf16_moe(x, ids, tw, w13, w2), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=True))
@@ -431,6 +460,14 @@ def run_moe(dev, quick):
                    fp4_bytes, base, a_ms, cfg_str(cfg), f"experts_hit={hit}")
             record("moe", shape, "fp4-w4a4", bench(lambda: fused_moe(x, mw, ids, tw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+2 act-quant launches;routing align inside", f"experts_hit={hit}")
+            if cfg.kind == "mma":  # v3 tiles beside v0 where the MMA kernels run (best of a few tiles)
+                for aq in (False, True):
+                    prov = f"fp4-w4a{4 if aq else 16}-mma3"
+                    t, c3 = timed_best(lambda c, aq=aq: (lambda: fused_moe(x, mw, ids, tw, act_quant=aq, config=c,
+                                                                           align=None if aq else al, check_finite=False)),
+                                       mma3_moe_variants(cfg), "moe", shape, prov, base)
+                    if t:
+                        record("moe", shape, prov, t, fp4_bytes, base, a_ms, cfg_str(c3), f"experts_hit={hit}")
             # the engine's path above its crossover: the same activation codes on BF16 grouped GEMMs
             record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13, w2)),
                    hit * 3 * H * I * 2 + act_bytes, base, a_ms, "+2 act-quant launches;routing sort inside",

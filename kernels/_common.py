@@ -94,6 +94,22 @@ def nib_to_f32_scaled(n):
     return bits.to(tl.float32, bitcast=True)
 
 
+@triton.jit
+def dequant_tile(bp, sp, bmask, smask, R: tl.constexpr, BK: tl.constexpr):
+    """NVFP4 tile of R rows x BK elements -> [R, BK] fp32 = q * s_b * 2^-7 (the decode trick: scale by the
+    row's 2^7 / S_enc after the MMA). bp: [R, BK/2] pointers to packed bytes (element 2i is byte i's low
+    nibble), sp: [R, BK/16] pointers to E4M3 scale bytes; masked bytes and scales read 0.
+    A thread decodes whole bytes: the two nibbles of a byte are decoded apart and joined back in element
+    order (`tl.join` keeps the pair in the thread) and the block scales multiply [R, BK/16, 16] blocks, so
+    nothing crosses threads before the tile meets the MMA. (A [R, BK/8, 8] broadcast of int32 words over
+    nibble shifts spread a word's 8 nibbles over 8 threads: offline SASS of that attention version had 128
+    scalar 16-bit shared stores and 128 byte loads per thread and tile; kernels/NOTES.md v2i.)"""
+    byte = tl.load(bp, mask=bmask, other=0).to(tl.int32)
+    vals = tl.reshape(tl.join(nib_to_f32_scaled(byte), nib_to_f32_scaled(byte >> 4)), [R, BK // 16, 16])
+    sc = e4m3_value(tl.load(sp, mask=smask, other=0)) * 6.646139978924579e35  # s_b * 2^119: exact
+    return tl.reshape(vals * sc[:, :, None], [R, BK])
+
+
 def num_sms(device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import INTERPRET, check_tensor, e4m3_value, nib_to_f32_scaled, num_sms
+from kernels._common import INTERPRET, check_tensor, dequant_tile, num_sms
 from kernels.quantize import QuantizedRows, quantize_rows
 
 
@@ -82,21 +82,14 @@ def kv_store(cache: FP4KVCache, k: torch.Tensor, v: torch.Tensor, slots: torch.T
 
 @triton.jit
 def _dequant_rows(pp, sp, fp, rows, rmask, D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Dequantize cache rows -> ([BLOCK_N, D] fp32 = q * s_b * 2^-7, [BLOCK_N] factor 2^7/S_enc).
-    A thread decodes whole bytes: the two nibbles of each packed byte are decoded apart and joined back in
-    element order (element 2i is byte i's low nibble), and the block scales multiply [BN, D/16, 16] blocks,
-    so nothing crosses threads before the tile is stored for the MMA in D-contiguous runs. (A [BN, D/8, 8]
-    broadcast of int32 words over nibble shifts spread a word's 8 nibbles over 8 threads: offline SASS of
-    that version had 128 scalar 16-bit shared stores and 128 byte loads per thread and tile.)"""
+    """Dequantize cache rows -> ([BLOCK_N, D] fp32 = q * s_b * 2^-7, [BLOCK_N] factor 2^7/S_enc), decoded
+    byte-wise (`kernels._common.dequant_tile`)."""
     offs_b = tl.arange(0, D // 2)
-    byte = tl.load(pp + rows[:, None] * (D // 2) + offs_b[None, :], mask=rmask[:, None], other=0).to(tl.int32)
-    vals = tl.join(nib_to_f32_scaled(byte), nib_to_f32_scaled(byte >> 4))  # [BN, D/2, 2]: element 2i + j
-    vals = tl.reshape(vals, [BLOCK_N, D // 16, 16])
     offs_s = tl.arange(0, D // 16)
-    sc = e4m3_value(tl.load(sp + rows[:, None] * (D // 16) + offs_s[None, :], mask=rmask[:, None], other=0))
-    vals = vals * (sc * 6.646139978924579e35)[:, :, None]  # s_b * 2^119: exact (decode trick)
+    vals = dequant_tile(pp + rows[:, None] * (D // 2) + offs_b[None, :], sp + rows[:, None] * (D // 16) + offs_s[None, :],
+                        rmask[:, None], rmask[:, None], BLOCK_N, D)
     f = tl.load(fp + rows, mask=rmask, other=1.0)
-    return tl.reshape(vals, [BLOCK_N, D]), 128.0 / f
+    return vals, 128.0 / f
 
 
 @triton.jit

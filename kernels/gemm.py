@@ -37,6 +37,7 @@ from kernels._common import (
     EPI_POW,
     INTERPRET,
     check_tensor,
+    dequant_tile,
     e4m3_value,
     nib_to_f32_scaled,
     num_sms,
@@ -333,10 +334,42 @@ def _fp4_tile_dot(acc, w_ptrs, s_ptrs, wmask, x_ptr, xs_ptr, offs_m, mmask, stri
 
 
 @triton.jit
+def _fp4_tile_dot_bytes(acc, wb, ws, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, stride_xm, k0, K,
+                        A_FP4: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+                        INTERP: tl.constexpr):
+    """acc[BN, BM] += dequant(W[offs_n, k0 : k0+BK]) @ x[rows, same]^T, one MMA per K-tile (v3).
+    wb / ws: the weight's packed bytes [N, K/2] and scale bytes [N, K/16] (rows offs_n); x: bf16/fp32
+    rows with stride_xm or, with A_FP4, packed bytes [R, K/2] and scales [R, K/16]. The tile is decoded in
+    element order (`dequant_tile`), so one dot of K = BK replaces v0's eight strided dots of K = BK/8
+    (one per nibble position) and their operand conversions."""
+    offs_b = k0 // 2 + tl.arange(0, BK // 2)
+    bmask = offs_b < K // 2
+    offs_s = k0 // 16 + tl.arange(0, BK // 16)
+    smask = offs_s < K // 16
+    n64 = offs_n[:, None].to(tl.int64)
+    wv = dequant_tile(wb + n64 * (K // 2) + offs_b[None, :], ws + n64 * (K // 16) + offs_s[None, :],
+                      nmask[:, None] & bmask[None, :], nmask[:, None] & smask[None, :], BN, BK)  # [BN, BK]
+    if A_FP4:
+        r64 = rows[:, None].to(tl.int64)
+        xv = tl.trans(dequant_tile(x_ptr + r64 * (K // 2) + offs_b[None, :], xs_ptr + r64 * (K // 16) + offs_s[None, :],
+                                   mmask[:, None] & bmask[None, :], mmask[:, None] & smask[None, :], BM, BK))  # [BK, BM]
+    else:
+        offs_k = k0 + tl.arange(0, BK)
+        xv = tl.load(x_ptr + rows[None, :].to(tl.int64) * stride_xm + offs_k[:, None],
+                     mask=(offs_k < K)[:, None] & mmask[None, :], other=0.0)  # [BK, BM]
+    if INTERP:
+        acc += tl.dot(wv, xv.to(tl.float32), input_precision="ieee")
+    else:
+        acc += tl.dot(wv.to(tl.bfloat16), xv.to(tl.bfloat16))
+    return acc
+
+
+@triton.jit
 def _fp4_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
                      M, N, KW, stride_xm, kw_per_split,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
-                     SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr):
+                     SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BYTES: tl.constexpr):
+    """BYTES: the v3 tile (`_fp4_tile_dot_bytes`; w_ptr and, with A_FP4, x_ptr point to bytes), else v0."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -344,17 +377,22 @@ def _fp4_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
     offs_m = pid_m * BM + tl.arange(0, BM)  # [BM]
     nmask = offs_n < N
     mmask = offs_m < M
-    offs_i = tl.arange(0, BKW)
     kw_lo = pid_k * kw_per_split
-    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * KW + (kw_lo + offs_i)[None, :]
-    s_ptrs = ws_ptr + offs_n[:, None].to(tl.int64) * (KW // 2) + ((kw_lo + offs_i) // 2)[None, :]
     acc = tl.zeros([BN, BM], tl.float32)
-    for it in range(NIT):  # constexpr trip count (the interpreter cannot loop to a runtime bound)
-        kw0 = kw_lo + it * BKW
-        acc = _fp4_tile_dot(acc, w_ptrs, s_ptrs, nmask[:, None], x_ptr, xs_ptr, offs_m, mmask, stride_xm, kw0, KW,
-                            A_FP4, BKW, INTERP)
-        w_ptrs += BKW
-        s_ptrs += BKW // 2
+    if BYTES:
+        for it in range(NIT):
+            acc = _fp4_tile_dot_bytes(acc, w_ptr, ws_ptr, offs_n, nmask, x_ptr, xs_ptr, offs_m, mmask, stride_xm,
+                                      (kw_lo + it * BKW) * 8, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP)
+    else:
+        offs_i = tl.arange(0, BKW)
+        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * KW + (kw_lo + offs_i)[None, :]
+        s_ptrs = ws_ptr + offs_n[:, None].to(tl.int64) * (KW // 2) + ((kw_lo + offs_i) // 2)[None, :]
+        for it in range(NIT):  # constexpr trip count (the interpreter cannot loop to a runtime bound)
+            kw0 = kw_lo + it * BKW
+            acc = _fp4_tile_dot(acc, w_ptrs, s_ptrs, nmask[:, None], x_ptr, xs_ptr, offs_m, mmask, stride_xm, kw0, KW,
+                                A_FP4, BKW, INTERP)
+            w_ptrs += BKW
+            s_ptrs += BKW // 2
     acc = acc * tl.load(wf_ptr)
     if A_FP4:
         acc = acc * tl.load(xf_ptr + offs_m, mask=mmask, other=0.0)[None, :]
@@ -404,7 +442,8 @@ def _fp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, M, N, KW, stride_xm,
 
 @dataclass(frozen=True)
 class GemmConfig:
-    kind: str = "mma"  # "mma" (tensor cores, any M), "gemv" (v0 FMA, one row per program, W4A16 only)
+    kind: str = "mma"  # "mma" (tensor cores, any M), "mma3" (the same over byte-decoded K-tiles, one MMA
+    #                    per tile; benchmarked beside "mma", kernels/NOTES.md v3a), "gemv" (v0 FMA, one row per program, W4A16 only)
     #                    or "gemv2" (v1 FMA over `gemv_layout`, BM <= 4 rows per program; W4A4 through
     #                    `fp4_linear(act_quant=True)` on dequantized activations)
     BN: int = 64
@@ -536,7 +575,11 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
                                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return out if out.dtype == out_dtype else out.to(out_dtype)
     grid = (triton.cdiv(N, cfg.BN), triton.cdiv(M, cfg.BM), split)
-    _fp4_gemm_kernel[grid](xa, xs, xf, w.words, w.scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
+    v3 = cfg.kind == "mma3"
+    wa = w.words.view(torch.uint8) if v3 else w.words
+    if v3 and act_quant:
+        xa = xa.view(torch.uint8)
+    _fp4_gemm_kernel[grid](xa, xs, xf, wa, w.scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
                            BM=cfg.BM, BN=cfg.BN, BKW=cfg.BKW, A_FP4=act_quant, SPLIT=split, INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW,
-                           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                           BYTES=v3, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out if out.dtype == out_dtype else out.to(out_dtype)

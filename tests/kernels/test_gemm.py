@@ -40,6 +40,18 @@ def test_mma_path(M, N, K, act_quant):
     assert y.shape == (M, N) and rel(y, r) < TOL_MMA
 
 
+@pytest.mark.parametrize("M,N,K", MMA_CASES)
+@pytest.mark.parametrize("act_quant", [False, True])
+def test_mma3_path(M, N, K, act_quant):
+    """v3 tile (byte-decoded K-tiles, one MMA each) against the oracle, split-K included; same tolerance
+    as v0's MMA path (same products, only the tensor cores' summation order differs)."""
+    (c, s, o), x = _mma_case(M, N, K)
+    pw = prepare_weight(*dev(c, s, o))
+    cfg = GemmConfig(kind="mma3", BN=16, BM=16, split=2 if K >= 128 else 1, num_stages=1, **MMA_KW)
+    y = fp4_linear(dev(x), pw, act_quant=act_quant, config=cfg)
+    assert y.shape == (M, N) and rel(y, ref.fp4_linear(x, c, s, o, act_quant=act_quant)) < TOL_MMA
+
+
 def _truncated_accumulation(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T with exact products summed in FP32, every addition truncated toward zero
     (the worst plausible tensor-core summation), in float64 numpy on the CPU."""

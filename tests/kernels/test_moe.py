@@ -58,6 +58,19 @@ def test_fused_moe_matches_reference(T, E, H, I, k, act_quant):
         assert rel(y, r) < TOL_MOE_MMA
 
 
+@pytest.mark.parametrize("T,E,H,I,k", MOE_CASES)
+@pytest.mark.parametrize("act_quant", [False, True])
+def test_fused_moe_mma3_matches_reference(T, E, H, I, k, act_quant):
+    """v3 MMA kernels (byte-decoded K-tiles, one MMA each), W4A16 and W4A4, at v0's tolerances."""
+    g, u, d, x, ids, tw = _case(T, E, H, I, k)
+    mw = prepare_moe_weights(*dev(g, u, d))
+    cfg = MoEConfig(kind="mma3", BM=16, BN=16, num_stages=1, BN_down=16, **MMA_KW)
+    xd, idsd, twd = dev(x, ids, tw)
+    y = fused_moe(xd, mw, idsd, twd, act_quant=act_quant, config=cfg)
+    r = ref.moe_fp4_reference(x, g, u, d, ids, tw, act_quant=act_quant)
+    assert rel(y, r) < (TOL_MMA if act_quant else TOL_MOE_MMA)
+
+
 def _moe_oracle(x, gate, up, down, ids, tw, act_quant=False, h_map=None):
     """kernels.reference.moe_fp4_reference with a hook on h = silu(g) * u (FP32, [T, I] per slot j)."""
     wg, wu, wd = (ref.nvfp4_dequantize(*t) for t in (gate, up, down))
