@@ -270,10 +270,11 @@ def run_dense(dev, quick):
                 det += (f"; act codes equal {torch.equal(q.codes().cpu(), xc)}, scales {torch.equal(q.scales.cpu(), xs)}, "
                         f"S_enc {torch.equal(q.outer.cpu(), xo)}; repeat bit-equal {same}")
             check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K}", e < 1e-2, det)
-            if M > 16:
-                c3 = dataclasses.replace(default_config(M, N, K, x.device), kind="mma3", BKW=16)
+            for bd in ((False, True) if M > 16 else ()):
+                c3 = dataclasses.replace(default_config(M, N, K, x.device), kind="mma3", BKW=16, bf16_decode=bd)
                 e = relerr(fp4_linear(x, pw, act_quant=aq, config=c3), ref.fp4_linear(x.float(), c, s, o, act_quant=aq))
-                check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} mma3", e < 1e-2, f"rel err {e:.2e} (tol 1e-2)")
+                check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} mma3{' bf16-decode' if bd else ''}", e < 1e-2,
+                      f"rel err {e:.2e} (tol 1e-2)")
     tk = load_anchor()
     shapes = [(14336, 4096), (4096, 14336)] + ([] if quick else [(11264, 2048), (2048, 5632)])
     for N, K in shapes:
@@ -332,15 +333,16 @@ def run_dense(dev, quick):
 
 def mma3_moe_variants(d):
     """v3 MMA tiles (kernels/NOTES.md v3a) around the default v0 config d: K-tiles of 128 or 256 elements,
-    weight rows per program 64 or 128, 3-4 stages."""
-    return [dataclasses.replace(d, kind="mma3", BKW=bkw, BN=bn, BN_down=bn, num_warps=w, num_stages=st)
-            for bkw, bn, w, st in [(16, 64, 4, 3), (16, 64, 4, 4), (32, 64, 4, 3), (16, 128, 8, 3), (8, 64, 4, 4)]]
+    weight rows per program 64 or 128, 3-4 stages, the decode in fp32 or bf16."""
+    return [dataclasses.replace(d, kind="mma3", BKW=bkw, BN=bn, BN_down=bn, num_warps=w, num_stages=st, bf16_decode=b)
+            for bkw, bn, w, st in [(16, 64, 4, 3), (16, 64, 4, 4), (32, 64, 4, 3), (16, 128, 8, 3), (8, 64, 4, 4)]
+            for b in (False, True)]
 
 
 def mma3_dense_variants(d):
-    """v3 MMA tiles around the default v0 config d (same split-K)."""
-    return [dataclasses.replace(d, kind="mma3", BKW=bkw, BN=bn, num_warps=w, num_stages=st)
-            for bkw, bn, w, st in [(16, 64, 4, 3), (16, 64, 4, 4), (32, 64, 4, 3), (16, 128, 8, 3)]]
+    """v3 MMA tiles around the default v0 config d (same split-K), the decode in fp32 or bf16."""
+    return [dataclasses.replace(d, kind="mma3", BKW=bkw, BN=bn, num_warps=w, num_stages=st, bf16_decode=b)
+            for bkw, bn, w, st in [(16, 64, 4, 3), (16, 64, 4, 4), (32, 64, 4, 3), (16, 128, 8, 3)] for b in (False, True)]
 
 
 def moe_variants(T, k, E):
@@ -394,10 +396,12 @@ def run_moe(dev, quick):
             e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
             tol = 6e-2 if aq else 2e-2  # w4a4: bf16 rounding of h flips a few FP4 codes of the down input
             check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'}", e < tol, f"rel err {e:.2e} (tol {tol:g}, bf16 h and output)")
-            c3 = MoEConfig(kind="mma3", BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64)
-            e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq, config=c3),
-                       ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
-            check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'} mma3", e < tol, f"rel err {e:.2e} (tol {tol:g})")
+            for bd in (False, True):
+                c3 = MoEConfig(kind="mma3", BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, bf16_decode=bd)
+                e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq, config=c3),
+                           ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
+                check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'} mma3{' bf16-decode' if bd else ''}", e < tol,
+                      f"rel err {e:.2e} (tol {tol:g})")
         w13 = torch.cat([ref.nvfp4_dequantize(*g), ref.nvfp4_dequantize(*u)], 1).to(torch.bfloat16)
         w2 = ref.nvfp4_dequantize(*d).to(torch.bfloat16)
         e = relerr(w4a4_bf16_moe(x, ids, tw, w13, w2), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=True))

@@ -95,6 +95,13 @@ def nib_to_f32_scaled(n):
 
 
 @triton.jit
+def _nib_bf16_scaled(n):
+    """int32 tensor whose low 4 bits hold an E2M1 code -> bf16 value * 2^-126 (the decode trick on bf16's
+    bits: E2M1's exponent and mantissa bits under bf16's exponent field, its subnormal 0.5 a bf16 subnormal)."""
+    return (((n & 7) << 6) | ((n & 8) << 12)).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def dequant_tile(bp, sp, bmask, smask, R: tl.constexpr, BK: tl.constexpr):
     """NVFP4 tile of R rows x BK elements -> [R, BK] fp32 = q * s_b * 2^-7 (the decode trick: scale by the
     row's 2^7 / S_enc after the MMA). bp: [R, BK/2] pointers to packed bytes (element 2i is byte i's low
@@ -108,6 +115,34 @@ def dequant_tile(bp, sp, bmask, smask, R: tl.constexpr, BK: tl.constexpr):
     vals = tl.reshape(tl.join(nib_to_f32_scaled(byte), nib_to_f32_scaled(byte >> 4)), [R, BK // 16, 16])
     sc = e4m3_value(tl.load(sp, mask=smask, other=0)) * 6.646139978924579e35  # s_b * 2^119: exact
     return tl.reshape(vals * sc[:, :, None], [R, BK])
+
+
+@triton.jit
+def dequant_tile_words(wp, sp, wmask, smask, R: tl.constexpr, BK: tl.constexpr, BF16: tl.constexpr = False):
+    """`dequant_tile` over int32 words (8 nibbles, element 8w + j at bits 4j): wp [R, BK/8] pointers. A
+    thread decodes whole words, its 8 values joined back in element order in registers (three levels of
+    `tl.join`: the last join's pair is the fastest index), so a thread loads 4 bytes per 8 weights (the
+    byte version above had the MMA kernels read their pipelined tile from shared memory one byte at a time).
+    BF16 (GPU only; the interpreter's bf16 arithmetic works on raw bit patterns): decode and scale in bf16
+    -> [R, BK] bf16, the same values (a code's 2 significant bits times a scale's 4 fit bf16's 8, and
+    s_b * 2^119 <= 448 * 2^119 is below bf16's largest finite value), a bf16x2 multiply scaling two
+    weights; it needs bf16 subnormals (E2M1's 0.5 decodes to 2^-127)."""
+    w = tl.load(wp, mask=wmask, other=0)
+    sc = e4m3_value(tl.load(sp, mask=smask, other=0)) * 6.646139978924579e35  # s_b * 2^119: exact
+    if BF16:
+        n0, n1, n2, n3 = _nib_bf16_scaled(w), _nib_bf16_scaled(w >> 4), _nib_bf16_scaled(w >> 8), _nib_bf16_scaled(w >> 12)
+        n4, n5, n6, n7 = (_nib_bf16_scaled(w >> 16), _nib_bf16_scaled(w >> 20), _nib_bf16_scaled(w >> 24),
+                          _nib_bf16_scaled(w >> 28))
+        scv = sc.to(tl.bfloat16)
+    else:
+        n0, n1, n2, n3 = nib_to_f32_scaled(w), nib_to_f32_scaled(w >> 4), nib_to_f32_scaled(w >> 8), nib_to_f32_scaled(w >> 12)
+        n4, n5, n6, n7 = (nib_to_f32_scaled(w >> 16), nib_to_f32_scaled(w >> 20), nib_to_f32_scaled(w >> 24),
+                          nib_to_f32_scaled(w >> 28))
+        scv = sc
+    # [R, BK/8, 2, 2, 2] indexed (a, b, c) = element 8w + 4a + 2b + c
+    vals = tl.join(tl.join(tl.join(n0, n4), tl.join(n2, n6)), tl.join(tl.join(n1, n5), tl.join(n3, n7)))
+    vals = tl.reshape(vals, [R, BK // 16, 16])
+    return tl.reshape(vals * scv[:, :, None], [R, BK])
 
 
 def num_sms(device) -> int:

@@ -37,7 +37,7 @@ from kernels._common import (
     EPI_POW,
     INTERPRET,
     check_tensor,
-    dequant_tile,
+    dequant_tile_words,
     e4m3_value,
     nib_to_f32_scaled,
     num_sms,
@@ -336,23 +336,24 @@ def _fp4_tile_dot(acc, w_ptrs, s_ptrs, wmask, x_ptr, xs_ptr, offs_m, mmask, stri
 @triton.jit
 def _fp4_tile_dot_bytes(acc, wb, ws, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, stride_xm, k0, K,
                         A_FP4: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-                        INTERP: tl.constexpr):
+                        INTERP: tl.constexpr, BF16D: tl.constexpr = False):
     """acc[BN, BM] += dequant(W[offs_n, k0 : k0+BK]) @ x[rows, same]^T, one MMA per K-tile (v3).
-    wb / ws: the weight's packed bytes [N, K/2] and scale bytes [N, K/16] (rows offs_n); x: bf16/fp32
-    rows with stride_xm or, with A_FP4, packed bytes [R, K/2] and scales [R, K/16]. The tile is decoded in
-    element order (`dequant_tile`), so one dot of K = BK replaces v0's eight strided dots of K = BK/8
-    (one per nibble position) and their operand conversions."""
-    offs_b = k0 // 2 + tl.arange(0, BK // 2)
-    bmask = offs_b < K // 2
+    wb / ws: the weight's words [N, K/8] and scale bytes [N, K/16] (rows offs_n); x: bf16/fp32 rows with
+    stride_xm or, with A_FP4, words [R, K/8] and scales [R, K/16]. The tile is decoded in element order
+    (`dequant_tile_words`), so one dot of K = BK replaces v0's eight strided dots of K = BK/8 (one per
+    nibble position) and their operand conversions. BF16D: decode and scale in bf16 (GPU only)."""
+    offs_w = k0 // 8 + tl.arange(0, BK // 8)
+    wkmask = offs_w < K // 8
     offs_s = k0 // 16 + tl.arange(0, BK // 16)
     smask = offs_s < K // 16
     n64 = offs_n[:, None].to(tl.int64)
-    wv = dequant_tile(wb + n64 * (K // 2) + offs_b[None, :], ws + n64 * (K // 16) + offs_s[None, :],
-                      nmask[:, None] & bmask[None, :], nmask[:, None] & smask[None, :], BN, BK)  # [BN, BK]
+    wv = dequant_tile_words(wb + n64 * (K // 8) + offs_w[None, :], ws + n64 * (K // 16) + offs_s[None, :],
+                            nmask[:, None] & wkmask[None, :], nmask[:, None] & smask[None, :], BN, BK, BF16D)  # [BN, BK]
     if A_FP4:
         r64 = rows[:, None].to(tl.int64)
-        xv = tl.trans(dequant_tile(x_ptr + r64 * (K // 2) + offs_b[None, :], xs_ptr + r64 * (K // 16) + offs_s[None, :],
-                                   mmask[:, None] & bmask[None, :], mmask[:, None] & smask[None, :], BM, BK))  # [BK, BM]
+        xv = tl.trans(dequant_tile_words(x_ptr + r64 * (K // 8) + offs_w[None, :], xs_ptr + r64 * (K // 16) + offs_s[None, :],
+                                         mmask[:, None] & wkmask[None, :], mmask[:, None] & smask[None, :], BM, BK,
+                                         BF16D))  # [BK, BM]
     else:
         offs_k = k0 + tl.arange(0, BK)
         xv = tl.load(x_ptr + rows[None, :].to(tl.int64) * stride_xm + offs_k[:, None],
@@ -368,8 +369,9 @@ def _fp4_tile_dot_bytes(acc, wb, ws, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, 
 def _fp4_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
                      M, N, KW, stride_xm, kw_per_split,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
-                     SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BYTES: tl.constexpr):
-    """BYTES: the v3 tile (`_fp4_tile_dot_bytes`; w_ptr and, with A_FP4, x_ptr point to bytes), else v0."""
+                     SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BYTES: tl.constexpr,
+                     BF16D: tl.constexpr):
+    """BYTES: the v3 tile (`_fp4_tile_dot_bytes`), else v0."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -382,7 +384,7 @@ def _fp4_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
     if BYTES:
         for it in range(NIT):
             acc = _fp4_tile_dot_bytes(acc, w_ptr, ws_ptr, offs_n, nmask, x_ptr, xs_ptr, offs_m, mmask, stride_xm,
-                                      (kw_lo + it * BKW) * 8, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP)
+                                      (kw_lo + it * BKW) * 8, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
     else:
         offs_i = tl.arange(0, BKW)
         w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * KW + (kw_lo + offs_i)[None, :]
@@ -454,6 +456,8 @@ class GemmConfig:
     num_stages: int = 3
     U: int = 1  # gemv2: K-groups (256 elements) per loop iteration
     prefetch: bool = False  # gemv2: register double buffer (U must be 1); NOT yet measured on a GPU
+    bf16_decode: bool = False  # mma3 on a GPU: decode and scale the tile in bf16 (`dequant_tile`); the
+    #                            interpreter, whose bf16 arithmetic is not IEEE, always decodes in fp32
 
 
 def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
@@ -576,10 +580,8 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
         return out if out.dtype == out_dtype else out.to(out_dtype)
     grid = (triton.cdiv(N, cfg.BN), triton.cdiv(M, cfg.BM), split)
     v3 = cfg.kind == "mma3"
-    wa = w.words.view(torch.uint8) if v3 else w.words
-    if v3 and act_quant:
-        xa = xa.view(torch.uint8)
-    _fp4_gemm_kernel[grid](xa, xs, xf, wa, w.scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
+    _fp4_gemm_kernel[grid](xa, xs, xf, w.words, w.scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
                            BM=cfg.BM, BN=cfg.BN, BKW=cfg.BKW, A_FP4=act_quant, SPLIT=split, INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW,
-                           BYTES=v3, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                           BYTES=v3, BF16D=v3 and cfg.bf16_decode and not INTERPRET,
+                           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -143,8 +143,8 @@ def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slot
                      S, N, KW, stride_xm, A_DIV,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
                      GATED: tl.constexpr, ROUTE_W: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr,
-                     BYTES: tl.constexpr):
-    """BYTES: the v3 tile (`_fp4_tile_dot_bytes`; w_ptr and, with A_FP4, x_ptr point to bytes), else v0."""
+                     BYTES: tl.constexpr, BF16D: tl.constexpr):
+    """BYTES: the v3 tile (`_fp4_tile_dot_bytes`), else v0."""
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(bexp_ptr + pid_b)
@@ -164,15 +164,16 @@ def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slot
     if GATED:
         acc_u = tl.zeros([BN, BM], tl.float32)
     if BYTES:
-        wb = w_ptr + e64 * NW * KW * 4  # bytes of expert e: [NW, K/2]
+        wb = w_ptr + e64 * NW * KW  # words of expert e: [NW, K/8]
         sb = ws_ptr + e64 * NW * (KW // 2)
         for it in range(NIT):
             k0 = it * BKW * 8
             acc = _fp4_tile_dot_bytes(acc, wb, sb, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, stride_xm, k0, KW * 8,
-                                      A_FP4, BN, BM, 8 * BKW, INTERP)
+                                      A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
             if GATED:
-                acc_u = _fp4_tile_dot_bytes(acc_u, wb + N * KW * 4, sb + N * (KW // 2), offs_n, nmask, x_ptr, xs_ptr,
-                                            rows, mmask, stride_xm, k0, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP)
+                acc_u = _fp4_tile_dot_bytes(acc_u, wb + N * KW, sb + N * (KW // 2), offs_n, nmask, x_ptr, xs_ptr,
+                                            rows, mmask, stride_xm, k0, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP,
+                                            BF16D)
     else:
         offs_i = tl.arange(0, BKW)
         wbase = w_ptr + e64 * NW * KW
@@ -338,6 +339,7 @@ class MoEConfig:
     #                    tile; benchmarked beside "mma", kernels/NOTES.md v3a) or "gemv" (v1 decode, BM <= 4; W4A4
     #                    on dequantized activations)
     U: int = 1  # gemv: K-groups of 256 per loop iteration
+    bf16_decode: bool = False  # mma3 on a GPU: decode and scale in bf16 (interpreter: fp32)
 
 
 def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
@@ -356,10 +358,11 @@ def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
 
 def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_div: int, gated: bool,
              route_w=None, a_fp4=None, BM=16, BN=64, BKW=32, num_warps=4, num_stages=3, out_dtype=None,
-             v3: bool = False):
+             v3: bool = False, bf16_decode: bool = False):
     """One grouped launch. a: activations [R, K] (R = tokens or slots; row of slot s = s // a_div) or,
     with a_fp4=(words [R, K/8], scales [R, K/16], factor [R]), quantized activations. Returns [S, N].
-    v3: the byte-decoded K-tile, one MMA per tile (`kernels.gemm._fp4_tile_dot_bytes`)."""
+    v3: the byte-decoded K-tile, one MMA per tile (`kernels.gemm._fp4_tile_dot_bytes`); bf16_decode: its
+    decode in bf16 (GPU only; the interpreter decodes in fp32)."""
     N = w.N // 2 if gated else w.N
     KW = w.K // 8
     dev = w.words.device
@@ -368,16 +371,15 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
     if a_fp4 is not None:
         xa, xs, xf = a_fp4
         stride = KW
-        if v3:
-            xa = xa.view(torch.uint8)
     else:
         xa, xs, xf, stride = a, a, a, a.stride(0)
     grid = (nb, triton.cdiv(N, BN))
     NIT = triton.cdiv(KW, BKW)
-    _moe_gemm_kernel[grid](xa, xs, xf, w.words.view(torch.uint8) if v3 else w.words, w.scales, w.factor, out,
+    _moe_gemm_kernel[grid](xa, xs, xf, w.words, w.scales, w.factor, out,
                            sorted_slots, block_expert, route_w if route_w is not None else out, S, N, KW, stride, a_div,
                            BM=BM, BN=BN, BKW=BKW, A_FP4=a_fp4 is not None, GATED=gated, ROUTE_W=route_w is not None,
-                           INTERP=INTERPRET, NIT=NIT, BYTES=v3, num_warps=num_warps, num_stages=num_stages)
+                           INTERP=INTERPRET, NIT=NIT, BYTES=v3, BF16D=v3 and bf16_decode and not INTERPRET,
+                           num_warps=num_warps, num_stages=num_stages)
     return out
 
 
@@ -430,7 +432,8 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
             h = fake_rows(h, _tagged(on_quant, "down"))
         y = moe_gemv(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, BN=cfg.BN_down, **kw)
         return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)
-    kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages, v3=cfg.kind == "mma3")
+    kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages, v3=cfg.kind == "mma3",
+              bf16_decode=cfg.bf16_decode)
     if act_quant:
         a_fp4 = quantize_act_for_gemm(x, check_finite=False, on_quant=_tagged(on_quant, "gate_up"))
         h = moe_gemm(x, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, a_fp4=a_fp4, BN=cfg.BN, **kw)
