@@ -42,12 +42,16 @@ def test_mma_path(M, N, K, act_quant):
 
 @pytest.mark.parametrize("M,N,K", MMA_CASES)
 @pytest.mark.parametrize("act_quant", [False, True])
-def test_mma3_path(M, N, K, act_quant):
-    """v3 tile (byte-decoded K-tiles, one MMA each) against the oracle, split-K included; same tolerance
-    as v0's MMA path (same products, only the tensor cores' summation order differs)."""
+@pytest.mark.parametrize("bf16_decode", [False, True])
+def test_mma3_path(M, N, K, act_quant, bf16_decode):
+    """v3 tile (K-tiles decoded in element order, one MMA each) against the oracle, split-K included; same
+    tolerance as v0's MMA path (same products, only the tensor cores' summation order differs)."""
+    if bf16_decode and not ON_GPU:
+        pytest.skip("the bf16 decode is inline PTX (the interpreter decodes in fp32)")
     (c, s, o), x = _mma_case(M, N, K)
     pw = prepare_weight(*dev(c, s, o))
-    cfg = GemmConfig(kind="mma3", BN=16, BM=16, split=2 if K >= 128 else 1, num_stages=1, **MMA_KW)
+    cfg = GemmConfig(kind="mma3", BN=16, BM=16, split=2 if K >= 128 else 1, num_stages=1, bf16_decode=bf16_decode,
+                     **MMA_KW)
     y = fp4_linear(dev(x), pw, act_quant=act_quant, config=cfg)
     assert y.shape == (M, N) and rel(y, ref.fp4_linear(x, c, s, o, act_quant=act_quant)) < TOL_MMA
 

@@ -14,6 +14,7 @@ from tests.kernels.conftest import (
     GPU_TOL_MMA,
     GPU_TOL_MOE_MMA,
     MMA_KW,
+    ON_GPU,
     TOL,
     TOL_MMA,
     TOL_MOE_MMA,
@@ -60,11 +61,14 @@ def test_fused_moe_matches_reference(T, E, H, I, k, act_quant):
 
 @pytest.mark.parametrize("T,E,H,I,k", MOE_CASES)
 @pytest.mark.parametrize("act_quant", [False, True])
-def test_fused_moe_mma3_matches_reference(T, E, H, I, k, act_quant):
-    """v3 MMA kernels (byte-decoded K-tiles, one MMA each), W4A16 and W4A4, at v0's tolerances."""
+@pytest.mark.parametrize("bf16_decode", [False, True])
+def test_fused_moe_mma3_matches_reference(T, E, H, I, k, act_quant, bf16_decode):
+    """v3 MMA kernels (K-tiles decoded in element order, one MMA each), W4A16 and W4A4, at v0's tolerances."""
+    if bf16_decode and not ON_GPU:
+        pytest.skip("the bf16 decode is inline PTX (the interpreter decodes in fp32)")
     g, u, d, x, ids, tw = _case(T, E, H, I, k)
     mw = prepare_moe_weights(*dev(g, u, d))
-    cfg = MoEConfig(kind="mma3", BM=16, BN=16, num_stages=1, BN_down=16, **MMA_KW)
+    cfg = MoEConfig(kind="mma3", BM=16, BN=16, num_stages=1, BN_down=16, bf16_decode=bf16_decode, **MMA_KW)
     xd, idsd, twd = dev(x, ids, tw)
     y = fused_moe(xd, mw, idsd, twd, act_quant=act_quant, config=cfg)
     r = ref.moe_fp4_reference(x, g, u, d, ids, tw, act_quant=act_quant)
