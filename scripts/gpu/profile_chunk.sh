@@ -15,6 +15,8 @@
 # Peak GPU memory per run (olmoe-small trace: 17 GB; 12 olmoe runs on one H200 ran out of memory; 10 mixtral-small
 # ablation runs failed again and again where 6 ran clean) bounds SLOTS; a failed attempt's log is kept in LOG.failed;
 # a run that fails (e.g. out of memory next to others) is tried twice more and resumes from its checkpoint.
+# ARMS (space-separated arm names, e.g. "trace-rho0 trace-alignelements") narrows the chunk to those arms' runs,
+# so a short lease spends its time on them first (snakemake's --prioritize did not).
 # SNAKEMAKE_EXTRA adds snakemake options (`-n`: a dry run, as tests/workflow/test_profile_chunk.py does). Snakemake runs with the greedy scheduler, so
 # PuLP's solver binaries are not needed (scripts/gpu/offline_wheels.sh SET all leaves them out).
 set -euo pipefail
@@ -30,6 +32,13 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   now=""; later=""; sfts=""; n=0
   for m in ${models//,/ }; do   # a model or task the profile lacks stops the start (runplan.py exits non-zero)
     t=$(PYTHONPATH=$PWD "$py" workflow/scripts/runplan.py "$profile" --targets "$m" $task) || exit 1
+    if [ -n "${ARMS:-}" ]; then   # only these arms' runs (and the SFT base's evaluation they share)
+      keep=""
+      for x in $t; do
+        for a in $ARMS sft; do case $x in */"$a"/*) keep="$keep $x";; esac; done
+      done
+      t=$keep
+    fi
     n=$((n + $(echo $t | wc -w)))
     need=""
     for d in results/runs/$name/$m/${task:-*}/sft; do

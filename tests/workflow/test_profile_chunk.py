@@ -34,3 +34,24 @@ def test_start_builds_a_snakemake_call_that_parses(tmp_path):
     assert "results/runs/small/qwen3_moe-small/coding/trace/seed0/eval.json" in log  # a target, not a config entry
     with tarfile.open(out) as t:
         assert "snakemake.log" in t.getnames()
+
+
+def test_arms_narrows_the_chunk_to_those_arms(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-test)'\n")
+    smi.chmod(0o755)
+    work = tmp_path / "work"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", WORK=str(work), PYTHON=sys.executable,
+               SNAKEMAKE_EXTRA="-n", SLOTS="2", ARMS="trace")
+    start = subprocess.run(["bash", str(SCRIPT), "start", "experiments/profiles/small.yaml", "qwen3_moe-small", "coding"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert start.returncode == 0, start.stderr
+    assert "started 4 targets" in start.stdout, start.stdout  # trace x 3 seeds + the SFT base's evaluation
+    wait = subprocess.run(["bash", str(SCRIPT), "wait", "240", str(tmp_path / "chunk.tgz")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert "finished" in wait.stdout, wait.stdout + wait.stderr
+    log = (work / "snakemake.log").read_text()
+    assert "qwen3_moe-small/coding/trace/seed2/eval.json" in log
+    assert "qwen3_moe-small/coding/bf16/seed0" not in log and "fp4-naive" not in log
