@@ -111,19 +111,21 @@ def dequant_tile(bp, sp, bmask, smask, R: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
-def dequant_tile_words(wp, sp, wmask, smask, R: tl.constexpr, BK: tl.constexpr, BF16: tl.constexpr = False):
+def dequant_tile_words(wp, sp, wmask, smask, R: tl.constexpr, BK: tl.constexpr, BF16: tl.constexpr = False,
+                       PAIRED: tl.constexpr = False):
     """`dequant_tile` over int32 words (8 nibbles, element 8w + j at bits 4j): wp [R, BK/8] pointers. A
     thread decodes whole words, its 8 values joined back in element order in registers (three levels of
     `tl.join`: the last join's pair is the fastest index), so a thread loads 4 bytes per 8 weights (the
     byte version above had the MMA kernels read their pipelined tile from shared memory one byte at a time).
     BF16 (GPU only: inline PTX, `_DECODE8_ASM`): decode and scale in bf16 -> [R, BK] bf16, the same values
     (a code's 2 significant bits times a scale's 4 fit bf16's 8, and s_b * 2^119 <= 448 * 2^119 is below
-    bf16's largest finite value), a bf16x2 multiply scaling two weights."""
+    bf16's largest finite value), a bf16x2 multiply scaling two weights. PAIRED (with BF16): the words are
+    in `kernels.gemm.pair_layout`."""
     w = tl.load(wp, mask=wmask, other=0)
     sc = e4m3_value(tl.load(sp, mask=smask, other=0)) * 6.646139978924579e35  # s_b * 2^119: exact
     if BF16:  # scaled inside the decode: the scale of each word's block, [R, BK/8]
         scw = tl.reshape(tl.broadcast_to(sc.to(tl.bfloat16)[:, :, None], [R, BK // 16, 2]), [R, BK // 8])
-        n0, n1, n2, n3, n4, n5, n6, n7 = _decode8_bf16(w, scw)
+        n0, n1, n2, n3, n4, n5, n6, n7 = _decode8_bf16(w, scw, PAIRED)
     else:
         n0, n1, n2, n3 = nib_to_f32_scaled(w), nib_to_f32_scaled(w >> 4), nib_to_f32_scaled(w >> 8), nib_to_f32_scaled(w >> 12)
         n4, n5, n6, n7 = (nib_to_f32_scaled(w >> 16), nib_to_f32_scaled(w >> 20), nib_to_f32_scaled(w >> 24),
@@ -148,12 +150,26 @@ _DECODE8_ASM = tl.constexpr("{\n.reg .b32 ss, b, t, m, g;\nmov.b32 ss, {$9, $9};
     f"mov.b32 {{${2 * p}, ${2 * p + 1}}}, m;\n" for p in range(4)) + "}")
 
 
+# The same for a word in `kernels.gemm.pair_layout` (pair p's nibbles at bits 4p and 16 + 4p): per pair one
+# shift and mask for both magnitudes, one mul.rn.bf16x2, one shift and mask-xor for both signs.
+_DECODE8_PAIRED_ASM = tl.constexpr("{\n.reg .b32 ss, m, g;\nmov.b32 ss, {$9, $9};\n" + "".join(
+    (f"shl.b32 m, $8, {6 - 4 * p};\n" if p < 2 else f"shr.u32 m, $8, {4 * p - 6};\n")
+    + "and.b32 m, m, 0x01C001C0;\nmul.rn.bf16x2 m, m, ss;\n"
+    + (f"shl.b32 g, $8, {12 - 4 * p};\n" if p < 3 else "mov.b32 g, $8;\n")
+    + f"and.b32 g, g, 0x80008000;\nxor.b32 m, m, g;\nmov.b32 {{${2 * p}, ${2 * p + 1}}}, m;\n" for p in range(4)) + "}")
+
+
 @triton.jit
-def _decode8_bf16(w, scale):
-    """GPU only: w int32 [...] (8 nibbles) and scale bf16 [...] -> 8 bf16 tensors, element j = nibble j's
-    E2M1 value * scale * 2^-126 (`_DECODE8_ASM`, about 3.5 instructions per weight)."""
-    return tl.inline_asm_elementwise(_DECODE8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, scale],
-                                     dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+def _decode8_bf16(w, scale, PAIRED: tl.constexpr):
+    """GPU only: w int32 [...] (8 nibbles; PAIRED: in `pair_layout`) and scale bf16 [...] -> 8 bf16 tensors,
+    element j = its E2M1 value * scale * 2^-126 (`_DECODE8_ASM` / `_DECODE8_PAIRED_ASM`)."""
+    if PAIRED:
+        out = tl.inline_asm_elementwise(_DECODE8_PAIRED_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, scale],
+                                        dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    else:
+        out = tl.inline_asm_elementwise(_DECODE8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, scale],
+                                        dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    return out
 
 
 def num_sms(device) -> int:

@@ -57,9 +57,28 @@ class PreparedFP4Weight:
     E: int | None = None
     gv_words: torch.Tensor | None = None  # GEMV layout (v1), see gemv_layout
     gv_scales: torch.Tensor | None = None
+    pair_words: torch.Tensor | None = None  # `pair_layout(words)`, made by the first mma3 call that decodes in bf16
 
     def nbytes(self) -> int:
         return self.words.numel() * 4 + self.scales.numel() + self.factor.numel() * 4
+
+    def paired(self) -> torch.Tensor:
+        """words in `pair_layout` (built once, kept: the same bytes again)."""
+        if self.pair_words is None:
+            self.pair_words = pair_layout(self.words)
+        return self.pair_words
+
+
+def pair_layout(words: torch.Tensor) -> torch.Tensor:
+    """int32 words of 8 nibbles (element j at bits 4j) -> the same nibbles with each pair (2p, 2p+1) 16 bits
+    apart: element 2p at bits 4p, element 2p+1 at bits 16 + 4p. The bf16 decode (`_DECODE8_PAIRED_ASM`) then
+    shifts and masks a pair's two values under a bf16x2's two exponent fields in one go (no byte extract,
+    no spread). [...] int32 -> same shape."""
+    u = words.to(torch.int64) & 0xFFFFFFFF
+    out = torch.zeros_like(u)
+    for j in range(8):
+        out |= ((u >> (4 * j)) & 0xF) << (4 * ((j % 2) * 4 + j // 2))
+    return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
 
 
 def prepare_weight(codes: torch.Tensor, scales: torch.Tensor, outer: torch.Tensor, gemv: bool = True) -> PreparedFP4Weight:
@@ -348,7 +367,8 @@ def _fp4_tile_dot_bytes(acc, wb, ws, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, 
     smask = offs_s < K // 16
     n64 = offs_n[:, None].to(tl.int64)
     wv = dequant_tile_words(wb + n64 * (K // 8) + offs_w[None, :], ws + n64 * (K // 16) + offs_s[None, :],
-                            nmask[:, None] & wkmask[None, :], nmask[:, None] & smask[None, :], BN, BK, BF16D)  # [BN, BK]
+                            nmask[:, None] & wkmask[None, :], nmask[:, None] & smask[None, :], BN, BK, BF16D,
+                            BF16D)  # [BN, BK]; with the bf16 decode the weight words are in pair_layout
     if A_FP4:
         r64 = rows[:, None].to(tl.int64)
         xv = tl.trans(dequant_tile_words(x_ptr + r64 * (K // 8) + offs_w[None, :], xs_ptr + r64 * (K // 16) + offs_s[None, :],
@@ -580,8 +600,9 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
         return out if out.dtype == out_dtype else out.to(out_dtype)
     grid = (triton.cdiv(N, cfg.BN), triton.cdiv(M, cfg.BM), split)
     v3 = cfg.kind == "mma3"
-    _fp4_gemm_kernel[grid](xa, xs, xf, w.words, w.scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
+    bf16d = v3 and cfg.bf16_decode and not INTERPRET
+    _fp4_gemm_kernel[grid](xa, xs, xf, w.paired() if bf16d else w.words, w.scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
                            BM=cfg.BM, BN=cfg.BN, BKW=cfg.BKW, A_FP4=act_quant, SPLIT=split, INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW,
-                           BYTES=v3, BF16D=v3 and cfg.bf16_decode and not INTERPRET,
+                           BYTES=v3, BF16D=bf16d,
                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out if out.dtype == out_dtype else out.to(out_dtype)

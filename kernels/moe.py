@@ -375,10 +375,11 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
         xa, xs, xf, stride = a, a, a, a.stride(0)
     grid = (nb, triton.cdiv(N, BN))
     NIT = triton.cdiv(KW, BKW)
-    _moe_gemm_kernel[grid](xa, xs, xf, w.words, w.scales, w.factor, out,
+    bf16d = v3 and bf16_decode and not INTERPRET
+    _moe_gemm_kernel[grid](xa, xs, xf, w.paired() if bf16d else w.words, w.scales, w.factor, out,
                            sorted_slots, block_expert, route_w if route_w is not None else out, S, N, KW, stride, a_div,
                            BM=BM, BN=BN, BKW=BKW, A_FP4=a_fp4 is not None, GATED=gated, ROUTE_W=route_w is not None,
-                           INTERP=INTERPRET, NIT=NIT, BYTES=v3, BF16D=v3 and bf16_decode and not INTERPRET,
+                           INTERP=INTERPRET, NIT=NIT, BYTES=v3, BF16D=bf16d,
                            num_warps=num_warps, num_stages=num_stages)
     return out
 

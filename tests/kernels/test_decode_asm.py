@@ -1,0 +1,104 @@
+"""The inline-PTX bf16 decoders of the MMA tile (`kernels._common._DECODE8_ASM` and `_DECODE8_PAIRED_ASM`),
+run on the CPU by a small emulator of the PTX instructions they use, against the oracle's E2M1 values:
+every code in every position of a word, with and without `kernels.gemm.pair_layout`, times E4M3 scales.
+The GPU runs the same text (the mma3 tests with bf16_decode=True there); this checks its bit logic
+everywhere."""
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import reference as ref
+from kernels._common import _DECODE8_ASM, _DECODE8_PAIRED_ASM
+from kernels.gemm import pair_layout
+
+M32 = 0xFFFFFFFF
+
+
+def _bf16_bits_to_f64(b):
+    return torch.tensor([b << 16], dtype=torch.int64).to(torch.int32).view(torch.float32).double().item()
+
+
+def _f64_to_bf16_bits(x):
+    t = torch.tensor([x], dtype=torch.float64).to(torch.bfloat16)  # round to nearest even
+    return int(t.view(torch.int16).item()) & 0xFFFF
+
+
+def run_ptx(text: str, operands: list[int]) -> list[int]:
+    """Emulate the decoder: operands $0..$7 outputs (16-bit), $8 the word (32-bit), $9 the bf16 scale bits."""
+    regs = {f"${i}": v for i, v in enumerate(operands)}
+
+    def val(tok):
+        tok = tok.strip()
+        if tok in regs:
+            return regs[tok]
+        return int(tok, 0) & M32
+
+    for line in text.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        if m := re.fullmatch(r"\{(\S+), (\S+)\}, (\S+)", args):  # mov.b32 {lo, hi}, r
+            r = val(m.group(3))
+            regs[m.group(1)], regs[m.group(2)] = r & 0xFFFF, r >> 16
+            continue
+        if m := re.fullmatch(r"(\S+), \{(\S+), (\S+)\}", args):  # mov.b32 r, {lo, hi}
+            regs[m.group(1)] = val(m.group(2)) | (val(m.group(3)) << 16)
+            continue
+        d, *src = [a.strip() for a in args.split(",")]
+        a = [val(x) for x in src]
+        if op == "mov.b32":
+            r = a[0]
+        elif op == "shl.b32":
+            r = (a[0] << a[1]) & M32
+        elif op == "shr.u32":
+            r = a[0] >> a[1]
+        elif op == "and.b32":
+            r = a[0] & a[1]
+        elif op == "xor.b32":
+            r = a[0] ^ a[1]
+        elif op == "bfe.u32":
+            r = (a[0] >> a[1]) & ((1 << a[2]) - 1)
+        elif op == "mul.lo.u32":
+            r = (a[0] * a[1]) & M32
+        elif op == "mul.rn.bf16x2":
+            r = 0
+            for half in (0, 16):
+                x = _bf16_bits_to_f64((a[0] >> half) & 0xFFFF) * _bf16_bits_to_f64((a[1] >> half) & 0xFFFF)
+                r |= _f64_to_bf16_bits(x) << half
+        else:
+            raise AssertionError(f"instruction not emulated: {op}")
+        regs[d] = r
+    return [regs[f"${i}"] for i in range(8)]
+
+
+@pytest.mark.parametrize("paired", [False, True])
+def test_ptx_decoders_give_the_oracle_values(paired):
+    text = (_DECODE8_PAIRED_ASM if paired else _DECODE8_ASM).value
+    g = torch.Generator().manual_seed(7)
+    codes = torch.cat([torch.arange(16, dtype=torch.uint8).repeat(8, 1).T.reshape(16, 8),  # each code everywhere
+                       torch.randint(0, 16, (64, 8), generator=g, dtype=torch.uint8)])   # [80, 8]
+    words = ref.pack_fp4(codes).contiguous().view(torch.int32).reshape(-1)  # [80]
+    if paired:
+        words = pair_layout(words)
+    values = torch.tensor(ref.E2M1_GRID)[codes.long() & 7] * torch.where(codes >= 8, -1.0, 1.0)  # [80, 8]
+    for scale in (1.0, 0.001953125, 0.375, 448.0):  # E4M3 values: subnormal min, a fraction, the max
+        sc = scale * 2.0**119  # the decode's scale: s_b * 2^119
+        sbits = _f64_to_bf16_bits(sc)
+        assert _bf16_bits_to_f64(sbits) == sc
+        for i in range(codes.shape[0]):
+            out = run_ptx(text, [0] * 8 + [int(words[i]) & M32, sbits])
+            got = np.array([_bf16_bits_to_f64(b) for b in out])
+            want = values[i].double().numpy() * scale * 2.0**-7
+            assert np.array_equal(got, want), (i, codes[i].tolist(), got, want)
+
+
+def test_pair_layout_moves_each_pair_16_bits_apart():
+    codes = torch.randint(0, 16, (5, 64), dtype=torch.uint8)
+    words = ref.pack_fp4(codes).contiguous().view(torch.int32)  # [5, 8]
+    pw = pair_layout(words).to(torch.int64) & M32
+    for j in range(8):
+        slot = (j % 2) * 4 + j // 2
+        assert torch.equal((pw >> (4 * slot)) & 0xF, codes[:, j::8].long())
