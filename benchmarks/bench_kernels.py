@@ -555,9 +555,11 @@ def run_attention(dev, quick):
 
 
 # ------------------------------------------------------------------------------------------------
-# Offline SASS of the v1 GEMV kernel (no GPU needed: Triton compiles for sm_90 with its bundled
-# ptxas; cuobjdump disassembles). Counts the instructions of the main loop per weight.
-def sass_counts():
+# Offline SASS (no GPU needed: Triton compiles for sm_90 with its bundled ptxas; cuobjdump disassembles):
+# the main loop's instructions per weight of the v1 GEMV kernel and of the MoE MMA kernels (v0, v3a).
+def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name):
+    """Compile fn for sm_90 -> (instructions of the loop (the span of the last backward branch), op counts,
+    TTGIR convert_layout count, shared bytes)."""
     import glob
     import re
     from collections import Counter
@@ -565,43 +567,72 @@ def sass_counts():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels.gemm import _fp4_gemv2_kernel
     bindir = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin"))[0]
+    attrs = {(list(sig).index(k),): [["tt.divisibility", 16]] for k in aligned}
+    ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+    path = f"/tmp/{name}.cubin"
+    with open(path, "wb") as f:
+        f.write(ck.asm["cubin"])
+    sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", path], capture_output=True, text=True).stdout
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4})\*/\s+(.*?);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2).strip()))
+    body = []
+    for a, t in ins:
+        tg = re.search(r"BRA\s+0x([0-9a-f]+)", t)
+        if tg and int(tg.group(1), 16) < a:
+            body = [x for b, x in ins if int(tg.group(1), 16) <= b <= a]
+    ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", x).split()[0].split(".")[0] for x in body)
+    return len(body), ops, ck.asm["ttgir"].count("convert_layout"), ck.metadata.shared
+
+
+def sass_counts():
+    from kernels.gemm import _fp4_gemv2_kernel
+    from kernels.moe import _moe_gemm_kernel
+
+    rows = []
     sig = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "wf_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
            "K": "i32", "G": "i32", "stride_xm": "i32", "g_per_split": "i32", "BN": "constexpr", "BM": "constexpr",
            "U": "constexpr", "SPLIT": "constexpr", "NIT": "constexpr", "EVEN": "constexpr", "PREFETCH": "constexpr"}
     aligned = ["x_ptr", "w_ptr", "s_ptr", "wf_ptr", "out_ptr", "N", "K", "stride_xm"]
-    attrs = {(list(sig).index(k),): [["tt.divisibility", 16]] for k in aligned}
-    rows = []
     for bn, bm, u, nw, pf in [(32, 1, 2, 4, False), (64, 1, 2, 4, False), (16, 1, 2, 4, False), (32, 2, 2, 4, False),
                               (32, 4, 2, 4, False), (64, 4, 2, 4, False), (32, 1, 1, 4, True)]:
         cst = dict(BN=bn, BM=bm, U=u, SPLIT=1, NIT=16 // u, EVEN=not pf, PREFETCH=pf)  # K=4096: 16 groups
-        ck = triton.compile(ASTSource(fn=_fp4_gemv2_kernel, signature=sig, constexprs=cst, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=nw, num_stages=1))
-        path = f"/tmp/gemv2_{bn}_{bm}_{u}_{nw}_{int(pf)}.cubin"
-        with open(path, "wb") as f:
-            f.write(ck.asm["cubin"])
-        sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", path], capture_output=True, text=True).stdout
-        ins = []
-        for line in sass.splitlines():
-            m = re.match(r"\s+/\*([0-9a-f]{4})\*/\s+(.*?);", line)
-            if m:
-                ins.append((int(m.group(1), 16), m.group(2).strip()))
-        body = []
-        for a, t in ins:  # the loop = the span of the (last) backward branch
-            tg = re.search(r"BRA\s+0x([0-9a-f]+)", t)
-            if tg and int(tg.group(1), 16) < a:
-                body = [x for b, x in ins if int(tg.group(1), 16) <= b <= a]
-        ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", x).split()[0].split(".")[0] for x in body)
+        n, ops, cvt, _ = _loop_sass(_fp4_gemv2_kernel, sig, aligned, cst, nw, 1, f"gemv2_{bn}_{bm}_{u}_{nw}_{int(pf)}")
         wpt = (bn // (4 * nw)) * 32 * u  # weights per thread per iteration (rows/thread * 32 * U)
-        stats = dict(ttgir_convert_layouts=ck.asm["ttgir"].count("convert_layout"), loop_instr=len(body),
-                     weights_per_thread_iter=wpt, instr_per_weight=round(len(body) / wpt, 3),
-                     instr_per_weight_row=round(len(body) / wpt / bm, 3),
+        stats = dict(ttgir_convert_layouts=cvt, loop_instr=n, weights_per_thread_iter=wpt,
+                     instr_per_weight=round(n / wpt, 3), instr_per_weight_row=round(n / wpt / bm, 3),
                      top_ops=" ".join(f"{k}:{v}" for k, v in ops.most_common(8)))
         rows.append(dict(op="sass", shape="K4096", provider="_fp4_gemv2_kernel",
                          config=f"BN={bn};BM={bm};U={u};num_warps={nw};prefetch={pf}",
                          note=";".join(f"{k}={v}" for k, v in stats.items())))
         log(rows[-1])
+    # MoE gate/up MMA kernel (GATED), K 2048, BN 64, 4 warps: v0 (eight strided dots per K-tile) and v3a
+    # (kernels/NOTES.md v3a: one dot per K-tile; BF16D decodes in PTX, the weight words in pair_layout)
+    for a_fp4 in (False, True):
+        sig = {"x_ptr": "*i32" if a_fp4 else "*bf16", "xs_ptr": "*u8" if a_fp4 else "*bf16",
+               "xf_ptr": "*fp32" if a_fp4 else "*bf16", "w_ptr": "*i32", "ws_ptr": "*u8", "wf_ptr": "*fp32",
+               "out_ptr": "*bf16", "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32",
+               "KW": "i32", "stride_xm": "i32", "A_DIV": "i32", "BM": "constexpr", "BN": "constexpr",
+               "BKW": "constexpr", "A_FP4": "constexpr", "GATED": "constexpr", "ROUTE_W": "constexpr",
+               "INTERP": "constexpr", "NIT": "constexpr", "BYTES": "constexpr", "BF16D": "constexpr"}
+        aligned = ["x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm", "slots_ptr"]
+        for tile, bkw, st, v3, bf in [("v0", 32, 4, False, False), ("v3a", 16, 3, True, False), ("v3a-bf16", 16, 3, True, True)]:
+            for bm in (16, 64):
+                cst = dict(BM=bm, BN=64, BKW=bkw, A_FP4=a_fp4, GATED=True, ROUTE_W=False, INTERP=False,
+                           NIT=256 // bkw, BYTES=v3, BF16D=bf)
+                n, ops, cvt, shared = _loop_sass(_moe_gemm_kernel, sig, aligned, cst, 4, st,
+                                                 f"moe_{tile}_{int(a_fp4)}_{bm}")
+                w_iter = 64 * 8 * bkw * 2  # weight elements per loop iteration (gate and up)
+                stats = dict(loop_instr=n, lane_instr_per_weight=round(n * 128 / w_iter, 2), shared_bytes=shared,
+                             ttgir_convert_layouts=cvt, top_ops=" ".join(f"{k}:{v}" for k, v in ops.most_common(8)))
+                rows.append(dict(op="sass", shape="K2048 gate+up", provider=f"_moe_gemm_kernel {tile}",
+                                 config=f"A={'fp4' if a_fp4 else 'bf16'};BM={bm};BN=64;BKW={bkw};num_warps=4;num_stages={st}",
+                                 note=";".join(f"{k}={v}" for k, v in stats.items())))
+                log(rows[-1])
     RUN.update(gpu="sm_90 (offline ptxas)")
     for r in rows:
         _emit(r)
@@ -614,7 +645,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time tile-config variants of ours")
     ap.add_argument("--only", default="quantize,dense,moe,attention")
-    ap.add_argument("--sass", action="store_true", help="offline: append v1 GEMV SASS instruction counts and exit")
+    ap.add_argument("--sass", action="store_true",
+                    help="offline: append SASS instruction counts (v1 GEMV, MoE MMA v0 / v3a) and exit")
     args = ap.parse_args(argv)
     STATE.update(out=args.out, sweep=args.sweep)
     RUN.update(version=args.version, commit=git_commit(), date=today())
