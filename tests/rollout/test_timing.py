@@ -72,3 +72,21 @@ def test_every_generated_token_is_recorded_once_generation_ends():
     for b, t in enumerate(out.tokens):
         g = record.lookup(0, "attn_in", torch.full((len(t),), out.seq_ids[b]), torch.arange(len(t)))
         assert g.mantissa.shape[0] == len(t)
+
+
+class SlowStoreRecorder(Recorder):
+    """A recorder whose own storing (its `seconds`) takes 2 ms more per call."""
+
+    def _store(self, *a, **k):
+        time.sleep(0.002)
+        return super()._store(*a, **k)
+
+
+def test_a_records_own_time_plus_the_feed_is_not_counted_twice():
+    """The trainer charges a record `seconds + record_feed_s`: the final feed's storing is in the
+    recorder's seconds, so record_feed_s must leave it out (it once counted it again)."""
+    eng = _engine()
+    rec = SlowStoreRecorder()
+    out = eng.generate(PROMPTS, n=3, max_new_tokens=6, temperature=1.0, seed=3, recorder=rec)
+    assert out.record_feed_s > 0.0
+    assert rec.seconds + out.record_feed_s <= out.record_s + 1e-3

@@ -122,7 +122,8 @@ class RolloutBatch:
     elapsed_s: float  # the whole generate call
     turns: list[int] = field(default_factory=list)  # completed environment turns per sample
     record_s: float = 0.0  # part of elapsed_s spent recording (0 without a recorder)
-    record_feed_s: float = 0.0  # part of record_s: feeding finished samples' last tokens for the record
+    record_feed_s: float = 0.0  # part of record_s: the forward that feeds finished samples' last tokens for the
+    #                             record, without the recorders' own storing (their `seconds` hold it)
 
     @property
     def generate_s(self) -> float:
@@ -458,9 +459,10 @@ class RolloutEngine:
         feed_s = 0.0
         if tail:
             rows = sorted(tail)
-            before = recorder.elapsed
+            before, own = recorder.elapsed, getattr(recorder._recorder, "seconds", 0.0)
             recorder.timed(self._chunk, cache, [tail[b] for b in rows], [fed[b] for b in rows], rows, recorder, rows)
-            feed_s = recorder.elapsed - before
+            # the feed's forward alone: storing its rows is already in the recorders' own `seconds`
+            feed_s = recorder.elapsed - before - (getattr(recorder._recorder, "seconds", 0.0) - own)
         return RolloutBatch(tokens=tokens, prompt_lens=plens, logprobs=logps, trainable=trainable,
                             prompt_index=[b // n for b in range(B)], seq_ids=list(range(B)),
                             finished=[r not in ("length", "context") for r in reason],
