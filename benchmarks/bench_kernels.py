@@ -618,12 +618,12 @@ def sass_counts():
                "out_ptr": "*bf16", "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32",
                "KW": "i32", "stride_xm": "i32", "A_DIV": "i32", "BM": "constexpr", "BN": "constexpr",
                "BKW": "constexpr", "A_FP4": "constexpr", "GATED": "constexpr", "ROUTE_W": "constexpr",
-               "INTERP": "constexpr", "NIT": "constexpr", "BYTES": "constexpr", "BF16D": "constexpr"}
+               "INTERP": "constexpr", "NIT": "constexpr", "V3": "constexpr", "BF16D": "constexpr"}
         aligned = ["x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm", "slots_ptr"]
         for tile, bkw, st, v3, bf in [("v0", 32, 4, False, False), ("v3a", 16, 3, True, False), ("v3a-bf16", 16, 3, True, True)]:
             for bm in (16, 64):
                 cst = dict(BM=bm, BN=64, BKW=bkw, A_FP4=a_fp4, GATED=True, ROUTE_W=False, INTERP=False,
-                           NIT=256 // bkw, BYTES=v3, BF16D=bf)
+                           NIT=256 // bkw, V3=v3, BF16D=bf)
                 n, ops, cvt, shared = _loop_sass(_moe_gemm_kernel, sig, aligned, cst, 4, st,
                                                  f"moe_{tile}_{int(a_fp4)}_{bm}")
                 w_iter = 64 * 8 * bkw * 2  # weight elements per loop iteration (gate and up)

@@ -353,7 +353,7 @@ def _fp4_tile_dot(acc, w_ptrs, s_ptrs, wmask, x_ptr, xs_ptr, offs_m, mmask, stri
 
 
 @triton.jit
-def _fp4_tile_dot_bytes(acc, wb, ws, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, stride_xm, k0, K,
+def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, stride_xm, k0, K,
                         A_FP4: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                         INTERP: tl.constexpr, BF16D: tl.constexpr = False):
     """acc[BN, BM] += dequant(W[offs_n, k0 : k0+BK]) @ x[rows, same]^T, one MMA per K-tile (v3).
@@ -389,9 +389,9 @@ def _fp4_tile_dot_bytes(acc, wb, ws, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, 
 def _fp4_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
                      M, N, KW, stride_xm, kw_per_split,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
-                     SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BYTES: tl.constexpr,
+                     SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, V3: tl.constexpr,
                      BF16D: tl.constexpr):
-    """BYTES: the v3 tile (`_fp4_tile_dot_bytes`), else v0."""
+    """V3: the v3 tile (`_fp4_tile_dot_v3`), else v0."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -401,9 +401,9 @@ def _fp4_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
     mmask = offs_m < M
     kw_lo = pid_k * kw_per_split
     acc = tl.zeros([BN, BM], tl.float32)
-    if BYTES:
+    if V3:
         for it in range(NIT):
-            acc = _fp4_tile_dot_bytes(acc, w_ptr, ws_ptr, offs_n, nmask, x_ptr, xs_ptr, offs_m, mmask, stride_xm,
+            acc = _fp4_tile_dot_v3(acc, w_ptr, ws_ptr, offs_n, nmask, x_ptr, xs_ptr, offs_m, mmask, stride_xm,
                                       (kw_lo + it * BKW) * 8, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
     else:
         offs_i = tl.arange(0, BKW)
@@ -464,7 +464,7 @@ def _fp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, M, N, KW, stride_xm,
 
 @dataclass(frozen=True)
 class GemmConfig:
-    kind: str = "mma"  # "mma" (tensor cores, any M), "mma3" (the same over byte-decoded K-tiles, one MMA
+    kind: str = "mma"  # "mma" (tensor cores, any M), "mma3" (the same over K-tiles decoded in element order, one MMA
     #                    per tile; benchmarked beside "mma", kernels/NOTES.md v3a), "gemv" (v0 FMA, one row per program, W4A16 only)
     #                    or "gemv2" (v1 FMA over `gemv_layout`, BM <= 4 rows per program; W4A4 through
     #                    `fp4_linear(act_quant=True)` on dequantized activations)
@@ -603,6 +603,6 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
     bf16d = v3 and cfg.bf16_decode and not INTERPRET
     _fp4_gemm_kernel[grid](xa, xs, xf, w.paired() if bf16d else w.words, w.scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
                            BM=cfg.BM, BN=cfg.BN, BKW=cfg.BKW, A_FP4=act_quant, SPLIT=split, INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW,
-                           BYTES=v3, BF16D=bf16d,
+                           V3=v3, BF16D=bf16d,
                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -31,7 +31,7 @@ from kernels.gemm import (
     GV_GK,
     PreparedFP4Weight,
     _fp4_tile_dot,
-    _fp4_tile_dot_bytes,
+    _fp4_tile_dot_v3,
     _gv_group,
     prepare_weight,
     quantize_act_for_gemm,
@@ -143,8 +143,8 @@ def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slot
                      S, N, KW, stride_xm, A_DIV,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
                      GATED: tl.constexpr, ROUTE_W: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr,
-                     BYTES: tl.constexpr, BF16D: tl.constexpr):
-    """BYTES: the v3 tile (`_fp4_tile_dot_bytes`), else v0."""
+                     V3: tl.constexpr, BF16D: tl.constexpr):
+    """V3: the v3 tile (`_fp4_tile_dot_v3`), else v0."""
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(bexp_ptr + pid_b)
@@ -163,15 +163,15 @@ def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slot
     acc = tl.zeros([BN, BM], tl.float32)
     if GATED:
         acc_u = tl.zeros([BN, BM], tl.float32)
-    if BYTES:
+    if V3:
         wb = w_ptr + e64 * NW * KW  # words of expert e: [NW, K/8]
         sb = ws_ptr + e64 * NW * (KW // 2)
         for it in range(NIT):
             k0 = it * BKW * 8
-            acc = _fp4_tile_dot_bytes(acc, wb, sb, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, stride_xm, k0, KW * 8,
+            acc = _fp4_tile_dot_v3(acc, wb, sb, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, stride_xm, k0, KW * 8,
                                       A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
             if GATED:
-                acc_u = _fp4_tile_dot_bytes(acc_u, wb + N * KW, sb + N * (KW // 2), offs_n, nmask, x_ptr, xs_ptr,
+                acc_u = _fp4_tile_dot_v3(acc_u, wb + N * KW, sb + N * (KW // 2), offs_n, nmask, x_ptr, xs_ptr,
                                             rows, mmask, stride_xm, k0, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP,
                                             BF16D)
     else:
@@ -335,7 +335,7 @@ class MoEConfig:
     num_warps: int = 4
     num_stages: int = 3
     BN_down: int = 64
-    kind: str = "mma"  # "mma" (v0, tensor cores, any T), "mma3" (the same over byte-decoded K-tiles, one MMA per
+    kind: str = "mma"  # "mma" (v0, tensor cores, any T), "mma3" (K-tiles decoded in element order, one MMA per
     #                    tile; benchmarked beside "mma", kernels/NOTES.md v3a) or "gemv" (v1 decode, BM <= 4; W4A4
     #                    on dequantized activations)
     U: int = 1  # gemv: K-groups of 256 per loop iteration
@@ -361,7 +361,7 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
              v3: bool = False, bf16_decode: bool = False):
     """One grouped launch. a: activations [R, K] (R = tokens or slots; row of slot s = s // a_div) or,
     with a_fp4=(words [R, K/8], scales [R, K/16], factor [R]), quantized activations. Returns [S, N].
-    v3: the byte-decoded K-tile, one MMA per tile (`kernels.gemm._fp4_tile_dot_bytes`); bf16_decode: its
+    v3: K-tiles decoded in element order, one MMA per tile (`kernels.gemm._fp4_tile_dot_v3`); bf16_decode: its
     decode in bf16 (GPU only; the interpreter decodes in fp32)."""
     N = w.N // 2 if gated else w.N
     KW = w.K // 8
@@ -379,7 +379,7 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
     _moe_gemm_kernel[grid](xa, xs, xf, w.paired() if bf16d else w.words, w.scales, w.factor, out,
                            sorted_slots, block_expert, route_w if route_w is not None else out, S, N, KW, stride, a_div,
                            BM=BM, BN=BN, BKW=BKW, A_FP4=a_fp4 is not None, GATED=gated, ROUTE_W=route_w is not None,
-                           INTERP=INTERPRET, NIT=NIT, BYTES=v3, BF16D=bf16d,
+                           INTERP=INTERPRET, NIT=NIT, V3=v3, BF16D=bf16d,
                            num_warps=num_warps, num_stages=num_stages)
     return out
 

@@ -102,3 +102,13 @@ def test_pair_layout_moves_each_pair_16_bits_apart():
     for j in range(8):
         slot = (j % 2) * 4 + j // 2
         assert torch.equal((pw >> (4 * slot)) & 0xF, codes[:, j::8].long())
+
+
+def test_a_prepared_weight_builds_its_pair_layout_once():
+    from kernels.gemm import prepare_weight
+
+    c, s, o = ref.nvfp4_quantize(torch.randn(8, 64))
+    w = prepare_weight(c, s, o)
+    assert w.pair_words is None  # only a bf16-decode call builds it
+    p = w.paired()
+    assert p is w.paired() and torch.equal(p, pair_layout(w.words))
