@@ -26,6 +26,8 @@ layout: a change to the layout has to be made in all three at once.
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
@@ -499,10 +501,22 @@ def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
     return GemmConfig(kind="gemv2", BN=bn, BM=bm, split=split, num_warps=nw, num_stages=1, U=u)
 
 
+def mma_v3() -> bool:
+    """TRACE_FP4_MMA=v3: the default MMA configs use the v3a tile with the bf16 decode (kernels/NOTES.md v3a)
+    instead of v0, so the engine and its benchmarks can run it before it becomes the only MMA path; read at
+    each call (meta.json records it, trace/rundir.py)."""
+    v = os.environ.get("TRACE_FP4_MMA", "v0")
+    if v not in ("v0", "v3"):
+        raise ValueError(f"TRACE_FP4_MMA must be v0 or v3, got {v!r}")
+    return v == "v3"
+
+
 def default_config(M: int, N: int, K: int, device) -> GemmConfig:
-    """Heuristic: BM covers the batch up to 64 (prefill tiles of 64), split-K until ~4 waves of CTAs."""
+    """Heuristic: BM covers the batch up to 64 (prefill tiles of 64), split-K until ~4 waves of CTAs
+    (the v3a tile with TRACE_FP4_MMA=v3: `mma_v3`)."""
     if INTERPRET:
-        return GemmConfig(BN=16, BM=16, BKW=4, split=2 if K >= 128 else 1, num_warps=1, num_stages=1)
+        cfg = GemmConfig(BN=16, BM=16, BKW=4, split=2 if K >= 128 else 1, num_warps=1, num_stages=1)
+        return dataclasses.replace(cfg, kind="mma3", bf16_decode=True) if mma_v3() else cfg
     bm = 16 if M <= 16 else (32 if M <= 32 else 64)
     bn = 64 if M <= 64 else 128
     bkw = 32
@@ -512,6 +526,8 @@ def default_config(M: int, N: int, K: int, device) -> GemmConfig:
     target = 4 * num_sms(device)
     while tiles * split < target and kw // (split * 2) >= 4 * bkw and M <= 64:
         split *= 2
+    if mma_v3():
+        return GemmConfig(kind="mma3", BN=bn, BM=bm, BKW=16, split=split, num_warps=4, num_stages=3, bf16_decode=True)
     return GemmConfig(BN=bn, BM=bm, BKW=bkw, split=split, num_warps=4, num_stages=4)
 
 

@@ -33,6 +33,7 @@ from kernels.gemm import (
     _fp4_tile_dot,
     _fp4_tile_dot_v3,
     _gv_group,
+    mma_v3,
     prepare_weight,
     quantize_act_for_gemm,
 )
@@ -344,15 +345,18 @@ class MoEConfig:
 
 def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
     per_expert = T * topk / E
+    v3 = dict(kind="mma3", bf16_decode=True) if mma_v3() else {}  # TRACE_FP4_MMA=v3: the v3a MMA tile
     if INTERPRET:
         if per_expert <= 4:
             return MoEConfig(BM=min(4, max(1, T * topk)), BN=8, num_warps=1, num_stages=1, BN_down=8, kind="gemv")
-        return MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16)
+        return MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16, **v3)
     if per_expert <= 8:  # decode: weight-streaming GEMV (v1)
         bm = 1 if per_expert <= 0.5 else (2 if per_expert <= 1.5 else 4)
         bn = 16 if bm == 1 else 32  # BN=16 best at T=1 on the H200 (kernels.csv, version v1)
         return MoEConfig(BM=bm, BN=bn, num_warps=4, num_stages=1, BN_down=bn, kind="gemv", U=1)
     bm = 16 if per_expert <= 16 else (32 if per_expert <= 48 else 64)
+    if v3:
+        return MoEConfig(BM=bm, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, **v3)
     return MoEConfig(BM=bm, BN=64, BKW=32, num_warps=4, num_stages=4, BN_down=64)
 
 

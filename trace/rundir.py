@@ -85,7 +85,7 @@ def _version(mod: str) -> str | None:
         return None
 
 
-ENV_KEYS = ("TRACE_ROLLOUT_BACKEND", "TRACE_FP4_CROSSOVER")
+ENV_KEYS = ("TRACE_ROLLOUT_BACKEND", "TRACE_FP4_CROSSOVER", "TRACE_FP4_MMA")
 
 
 def collect_meta() -> dict:

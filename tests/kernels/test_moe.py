@@ -182,3 +182,25 @@ def test_on_quant_sees_both_activations_in_slot_order(T, E, H, I, k, mma):
     want = ref.nvfp4_quantize(torch.stack(hs, 1).reshape(T * k, I), outer="row")[0]  # [T*k, I], row t*k + j
     assert qh.packed.shape[0] == T * k
     assert (host(qh.codes()) == want).float().mean() > 0.95
+
+
+def test_trace_fp4_mma_v3_switches_the_default_mma_configs(monkeypatch):
+    """TRACE_FP4_MMA=v3 (what the engine's benchmarks use to run the v3a tile) gives mma3 configs with the
+    bf16 decode wherever the default is the MMA path, and the kernels still match the oracle."""
+    from kernels.gemm import default_config
+
+    T, E, H, I, k = 19, 6, 48, 32, 3
+    assert default_moe_config(T, k, E).kind == "mma"
+    monkeypatch.setenv("TRACE_FP4_MMA", "v3")
+    cfg = default_moe_config(T, k, E)
+    assert cfg.kind == "mma3" and cfg.bf16_decode
+    assert default_config(64, 128, 256, DEV).kind == "mma3"
+    g, u, d, x, ids, tw = _case(T, E, H, I, k)
+    mw = prepare_moe_weights(*dev(g, u, d))
+    xd, idsd, twd = dev(x, ids, tw)
+    for aq in (False, True):
+        y = fused_moe(xd, mw, idsd, twd, act_quant=aq)
+        assert rel(y, ref.moe_fp4_reference(x, g, u, d, ids, tw, act_quant=aq)) < (TOL_MMA if aq else TOL_MOE_MMA)
+    monkeypatch.setenv("TRACE_FP4_MMA", "v2")
+    with pytest.raises(ValueError, match="TRACE_FP4_MMA"):
+        default_moe_config(T, k, E)
