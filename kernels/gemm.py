@@ -356,8 +356,8 @@ def _fp4_tile_dot(acc, w_ptrs, s_ptrs, wmask, x_ptr, xs_ptr, offs_m, mmask, stri
 
 @triton.jit
 def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, stride_xm, k0, K,
-                        A_FP4: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-                        INTERP: tl.constexpr, BF16D: tl.constexpr = False):
+                     A_FP4: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+                     INTERP: tl.constexpr, BF16D: tl.constexpr = False):
     """acc[BN, BM] += dequant(W[offs_n, k0 : k0+BK]) @ x[rows, same]^T, one MMA per K-tile (v3).
     wb / ws: the weight's words [N, K/8] and scale bytes [N, K/16] (rows offs_n); x: bf16/fp32 rows with
     stride_xm or, with A_FP4, words [R, K/8] and scales [R, K/16]. The tile is decoded in element order
@@ -406,7 +406,7 @@ def _fp4_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
     if V3:
         for it in range(NIT):
             acc = _fp4_tile_dot_v3(acc, w_ptr, ws_ptr, offs_n, nmask, x_ptr, xs_ptr, offs_m, mmask, stride_xm,
-                                      (kw_lo + it * BKW) * 8, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
+                                   (kw_lo + it * BKW) * 8, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
     else:
         offs_i = tl.arange(0, BKW)
         w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * KW + (kw_lo + offs_i)[None, :]
@@ -478,7 +478,7 @@ class GemmConfig:
     num_stages: int = 3
     U: int = 1  # gemv2: K-groups (256 elements) per loop iteration
     prefetch: bool = False  # gemv2: register double buffer (U must be 1); NOT yet measured on a GPU
-    bf16_decode: bool = False  # mma3 on a GPU: decode and scale the tile in bf16 (`dequant_tile`); the
+    bf16_decode: bool = False  # mma3 on a GPU: decode and scale the tile in bf16 (`dequant_tile_words`); the
     #                            interpreter, whose bf16 arithmetic is not IEEE, always decodes in fp32
 
 

@@ -170,11 +170,10 @@ def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slot
         for it in range(NIT):
             k0 = it * BKW * 8
             acc = _fp4_tile_dot_v3(acc, wb, sb, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, stride_xm, k0, KW * 8,
-                                      A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
+                                   A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
             if GATED:
                 acc_u = _fp4_tile_dot_v3(acc_u, wb + N * KW, sb + N * (KW // 2), offs_n, nmask, x_ptr, xs_ptr,
-                                            rows, mmask, stride_xm, k0, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP,
-                                            BF16D)
+                                         rows, mmask, stride_xm, k0, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
     else:
         offs_i = tl.arange(0, BKW)
         wbase = w_ptr + e64 * NW * KW

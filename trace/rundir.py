@@ -115,8 +115,8 @@ def collect_meta() -> dict:
         "torch_threads": torch.get_num_threads(),
         "gpu": gpu,
         "argv": sys.argv,
-        # settings read from the environment that change what a run computes (the rollout's FP4 backend and
-        # its kernels-vs-BF16 crossover, trace/rollout/fast.py)
+        # settings read from the environment that change what a run computes (the rollout's FP4 backend, its
+        # kernels-vs-BF16 crossover, trace/rollout/fast.py, and the MMA tile, kernels/gemm.py `mma_v3`)
         "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
         "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
     }
