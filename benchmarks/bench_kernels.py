@@ -125,6 +125,7 @@ def sweep_row(op, shape, provider, t, base_ms, config):
 def check(name, ok, detail):
     _emit(dict(op="check", shape=name, ok=bool(ok), note=detail))
     log(f"  CHECK {'ok  ' if ok else 'FAIL'} {name}: {detail}")
+    return bool(ok)
 
 
 def note(op, detail):
@@ -540,13 +541,17 @@ def run_attention(dev, quick):
         nbytes = B * L * cache.nbytes_per_token() + 2 * B * Hq * D * 2
         best = None
         for bn, w, sp in [(64, 4, None), (32, 4, None), (64, 8, None), (128, 8, None), (64, 4, 1)]:
+            cs = f"block_n={bn};num_warps={w};splits={sp or 'auto'}"
             try:
-                t = bench(lambda: decode_attention(q, cache, starts, lens, L, block_n=bn, num_warps=w, num_splits=sp,
-                                                   check_finite=False))
+                run_v = lambda: decode_attention(q, cache, starts, lens, L, block_n=bn, num_warps=w,  # noqa: E731
+                                                 num_splits=sp, check_finite=False)
+                err = relerr(run_v(), out)  # a timed variant must compute what the checked default does
+                if not check(f"attention variant {cs} vs default {shape}", err < 1e-2, f"rel err {err:.2e}"):
+                    continue
+                t = bench(run_v)
             except Exception as ex:
                 log(f"  variant bn={bn} w={w} failed: {type(ex).__name__}: {str(ex)[:200]}")
                 continue
-            cs = f"block_n={bn};num_warps={w};splits={sp or 'auto'}"
             sweep_row("attention", shape, "fp4kv-triton", t, base, cs)
             if best is None or t[0] < best[0][0]:
                 best = (t, cs)

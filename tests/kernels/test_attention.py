@@ -1,16 +1,18 @@
 """FP4 KV-cache store (bit-exact to the reference quantizer, per token and head, on both devices) and
 split-K decode attention (GQA, variable lengths incl. 0) vs kernels.reference.decode_attention_reference
 over the dequantized cache. Tolerance (tests/kernels/conftest.py): 1e-5 in the interpreter (FP32 dots);
-on the GPU the P @ V dot reads P as BF16, TOL_ATTN. block_n=16 on both devices, so num_splits=3 really
-splits the 40-token context (the GPU default block of 64 would leave one split)."""
+on the GPU the P @ V dot reads P as BF16, TOL_ATTN. block_n=16 in the interpreter and 32 on the GPU (its
+smallest: 16-token tiles compiled wrong on an H200, so decode_attention refuses them there), so num_splits=3
+really splits the 40-token context (into 3 and 2 splits; the GPU default block of 64 would leave one)."""
 import pytest
 import torch
 
 from kernels import reference as ref
 from kernels.attention import FP4KVCache, decode_attention, kv_store
-from tests.kernels.conftest import DEV, GPU_TOL_ATTN, TOL_ATTN, bf16_exact, dev, host, rel
+from tests.kernels.conftest import DEV, GPU_TOL_ATTN, ON_GPU, TOL_ATTN, bf16_exact, dev, host, rel
 
 B, Hq, Hkv, D, L = 3, 8, 2, 32, 40
+BLOCK_N = 32 if ON_GPU else 16
 
 
 def _case(seed):
@@ -33,7 +35,7 @@ def test_store_and_decode(splits):
     c, s, o = ref.nvfp4_quantize(k, outer="row")
     assert torch.equal(hc.k_packed, ref.pack_fp4(c)) and torch.equal(hc.k_scales, s)
     assert torch.equal(hc.k_outer, o.squeeze(-1))
-    out = decode_attention(dev(q), cache, *dev(starts, lens), L, num_splits=splits, block_n=16)
+    out = decode_attention(dev(q), cache, *dev(starts, lens), L, num_splits=splits, block_n=BLOCK_N)
     kh = ref.kv_dequantize(hc.k_packed, hc.k_scales, hc.k_outer).view(B, L, Hkv, D)
     vh = ref.kv_dequantize(hc.v_packed, hc.v_scales, hc.v_outer).view(B, L, Hkv, D)
     r = ref.decode_attention_reference(q, kh, vh, lens)
@@ -76,3 +78,27 @@ def test_errors():
         decode_attention(q, cache, torch.tensor([0], **z), torch.tensor([9], **z), 8)
     with pytest.raises(TypeError):
         decode_attention(q, cache, torch.tensor([0.0], **z), torch.tensor([4], **z), 4)
+    if ON_GPU:
+        with pytest.raises(ValueError, match="block_n"):
+            decode_attention(q, cache, torch.tensor([0], **z), torch.tensor([4], **z), 4, block_n=16)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compiled tiles: the interpreter runs every block size alike")
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("block_n", [32, 64, 128])
+def test_decode_every_gpu_tile(D, block_n):
+    """Every tile the engine or the benchmark may pick, at the small flavors' head dims (64; 128 for Qwen3),
+    over 200-token contexts: within TOL_ATTN of the oracle (16-token tiles were wrong on the GPU while the
+    test ran only one tile)."""
+    torch.manual_seed(D + block_n)
+    Bq, Lq = 3, 200
+    k, v = torch.randn(Bq * Lq, Hkv, D) * 4, torch.randn(Bq * Lq, Hkv, D)
+    q = bf16_exact(torch.randn(Bq, Hq, D))
+    lens, starts = torch.tensor([Lq - 3, Lq, 1]), torch.arange(Bq) * Lq
+    cache = FP4KVCache.allocate(Bq * Lq, Hkv, D, DEV)
+    kv_store(cache, *dev(k, v, torch.arange(Bq * Lq)))
+    out = decode_attention(dev(q), cache, *dev(starts, lens), Lq, block_n=block_n)
+    hc = host(cache)
+    kh = ref.kv_dequantize(hc.k_packed, hc.k_scales, hc.k_outer).view(Bq, Lq, Hkv, D)
+    vh = ref.kv_dequantize(hc.v_packed, hc.v_scales, hc.v_outer).view(Bq, Lq, Hkv, D)
+    assert rel(out, ref.decode_attention_reference(q, kh, vh, lens)) < TOL_ATTN
