@@ -21,9 +21,13 @@ activations read once, outputs written once. Qwen1.5-MoE's shared expert is not 
 Provider `w4a4-bf16gemm` is what the rollout engine runs above its kernels' crossover (trace/rollout/fast.py):
 the same activation codes through the quantize kernel's dequantized copy into BF16 GEMMs on the dequantized
 weights (MoE: with the engine's own routing sort inside), so `fp4-w4a4` against it is the crossover.
+Where the default config is the decode GEMV (dense up to M=8, MoE up to 8 (token, slot) rows per expert),
+rows `fp4-w4a16-mma` / `fp4-w4a4-mma` time the MMA tile as well (best of a few tiles, each checked against
+the oracle first), so one run gives the GEMV / MMA / BF16 crossover of the engine (trace/rollout/fast.py).
 
 Run (repo root, on a GPU): `PYTHONPATH=. python benchmarks/bench_kernels.py --version v1b`
-(`--quick` for a subset, `--only moe,dense`, `--sweep` to also time tile-config variants of ours).
+(`--quick` for a subset, `--only moe,dense`, `--T 1 4 16 64 256` / `--M 1 2 4 8 16` for the sizes, `--sweep` to
+also time tile-config variants of ours).
 Offline SASS counts (no GPU): `--sass`. Plot: `python -m figures.plot_kernels --out figures/gpu`.
 Over 450 lines because the four kernels' checks and timings share one harness and one run: one GPU
 call measures everything against the same copy-bandwidth ceiling.
@@ -47,8 +51,15 @@ from benchmarks import anchor_triton_kernels as anchor_mod
 from benchmarks.results_table import KERNEL_FIELDS, append, git_commit, today
 from kernels import reference as ref
 from kernels.attention import FP4KVCache, decode_attention, kv_store
-from kernels.gemm import GemmConfig, default_config, fp4_linear, prepare_weight
-from kernels.moe import MoEConfig, default_moe_config, fused_moe, moe_align, prepare_moe_weights
+from kernels.gemm import GemmConfig, auto_config, default_config, fp4_linear, prepare_weight
+from kernels.moe import (
+    MoEConfig,
+    default_moe_config,
+    fused_moe,
+    mma_moe_config,
+    moe_align,
+    prepare_moe_weights,
+)
 from kernels.quantize import fake_rows, quantize_rows
 from trace.rollout.forward import routed_experts
 
@@ -61,7 +72,7 @@ FAMILIES = {  # name: (H, I, E, topk); trace/models/registry.py
 MOE_T = (1, 4, 16, 64, 256)
 DENSE_M = (1, 2, 4, 8, 16, 32, 64)
 RUN = dict(version="dev", commit="unknown", gpu="cpu", date="")
-STATE = dict(out=None, copy_gbps=None, sweep=False)
+STATE = dict(out=None, copy_gbps=None, sweep=False, T=None, M=None)
 ROWS: list[dict] = []
 
 
@@ -154,12 +165,20 @@ def cfg_str(c):
     return ";".join(f"{k}={v}" for k, v in c.__dict__.items())
 
 
-def timed_best(fn_of_cfg, variants, op, shape, provider, base_ms):
-    """Time fn_of_cfg(cfg) for each variant (a sweep row each); -> (best t, best cfg) or (None, None)."""
+def timed_best(fn_of_cfg, variants, op, shape, provider, base_ms, oracle=None):
+    """Time fn_of_cfg(cfg) for each variant (a sweep row each); -> (best t, best cfg) or (None, None).
+    oracle: (reference output, tolerance): each variant's output is checked against it first (a check row);
+    a variant that fails is not timed."""
     best = (None, None)
     for cfg in variants:
         try:
-            t = bench(fn_of_cfg(cfg))
+            fn = fn_of_cfg(cfg)
+            if oracle is not None:
+                e = relerr(fn(), oracle[0])
+                if not check(f"{op} {shape} {provider} {cfg_str(cfg)}", e < oracle[1],
+                             f"rel err {e:.2e} (tol {oracle[1]:g})"):
+                    continue
+            t = bench(fn)
         except Exception as ex:  # a config that fails to compile is skipped, not fatal
             log(f"  variant {cfg} failed: {type(ex).__name__}: {str(ex)[:200]}")
             continue
@@ -235,13 +254,28 @@ def run_quantize(dev, quick):
             record("quantize", f"{M}x{K}", "torch-reference-nvfp4", t, M * K * 2 + M * K // 2 + M * K // 16 + 4 * M)
 
 
+# MMA tiles timed around a config: (words per K-tile BKW, weight rows BN, warps, stages), the bf16 decode
+MMA_TILES = [(16, 64, 4, 3), (16, 64, 4, 4), (32, 64, 4, 3), (8, 64, 4, 4), (16, 128, 8, 3)]
+
+
+def mma_dense_variants(d):
+    """The MMA config d (`default_config`) and tiles around it (same BM and split-K): K-tiles of 64 to 256
+    elements, 64 or 128 weight rows, 3-4 stages, the bf16 decode."""
+    vs = [d]
+    for bkw, bn, w, st in MMA_TILES:
+        c = dataclasses.replace(d, BKW=bkw, BN=bn, num_warps=w, num_stages=st, bf16_decode=True)
+        if c not in vs:
+            vs.append(c)
+    return vs
+
+
 def dense_variants(M, N, K, dev):
-    """Tile configs of ours swept with --sweep: the v0 MMA path, and for M <= 16 the v1 GEMV layout."""
+    """Tile configs of ours swept with --sweep: the MMA tiles (also with the fp32 decode, and without split-K),
+    and for M <= 16 the v1 GEMV layout."""
     from kernels.gemm import gemv2_config
     d = default_config(M, N, K, dev)
-    vs = [d]
-    for bn, split, bkw, w, st in [(32, None, 32, 4, 4), (64, None, 64, 4, 3), (128, None, 32, 8, 4), (64, 1, 32, 4, 4)]:
-        c = GemmConfig(BN=bn, BM=d.BM, BKW=bkw, split=d.split if split is None else split, num_warps=w, num_stages=st)
+    vs = mma_dense_variants(d)
+    for c in (dataclasses.replace(d, bf16_decode=False), dataclasses.replace(d, split=1)):
         if c not in vs:
             vs.append(c)
     if M <= 16:
@@ -262,7 +296,8 @@ def run_dense(dev, quick):
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
         for aq in (False, True):
             y = fp4_linear(x, pw, act_quant=aq)
-            e = relerr(y, ref.fp4_linear(x.float(), c, s, o, act_quant=aq))
+            r = ref.fp4_linear(x.float(), c, s, o, act_quant=aq)
+            e = relerr(y, r)
             det = f"rel err {e:.2e} (tol 1e-2, bf16 output)"
             if aq and not e < 1e-2:  # which kernel disagrees: the activation quantize or the W4A4 GEMM
                 q = quantize_rows(x, "nvfp4")
@@ -271,10 +306,10 @@ def run_dense(dev, quick):
                 det += (f"; act codes equal {torch.equal(q.codes().cpu(), xc)}, scales {torch.equal(q.scales.cpu(), xs)}, "
                         f"S_enc {torch.equal(q.outer.cpu(), xo)}; repeat bit-equal {same}")
             check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K}", e < 1e-2, det)
-            for bd in ((False, True) if M > 16 else ()):
-                c3 = dataclasses.replace(default_config(M, N, K, x.device), kind="mma3", BKW=16, bf16_decode=bd)
-                e = relerr(fp4_linear(x, pw, act_quant=aq, config=c3), ref.fp4_linear(x.float(), c, s, o, act_quant=aq))
-                check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} mma3{' bf16-decode' if bd else ''}", e < 1e-2,
+            for bd in (False, True):  # the MMA tile (the default above 8 rows) at every shape, both decodes
+                cm = dataclasses.replace(default_config(M, N, K, x.device), bf16_decode=bd)
+                e = relerr(fp4_linear(x, pw, act_quant=aq, config=cm), r)
+                check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} mma {'bf16' if bd else 'fp32'}-decode", e < 1e-2,
                       f"rel err {e:.2e} (tol 1e-2)")
     tk = load_anchor()
     shapes = [(14336, 4096), (4096, 14336)] + ([] if quick else [(11264, 2048), (2048, 5632)])
@@ -293,7 +328,7 @@ def run_dense(dev, quick):
             except Exception as ex:
                 note("dense", f"triton_kernels dense N{N} K{K} failed: {type(ex).__name__}: {str(ex)[:200]}")
                 anc = None
-        for M in DENSE_M if not quick else (1, 16, 64):
+        for M in STATE.get("M") or (DENSE_M if not quick else (1, 16, 64)):
             shape = f"M{M} N{N} K{K}"
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
             io = M * K * 2 + M * N * 2
@@ -311,13 +346,17 @@ def run_dense(dev, quick):
                    a_ms, "default")
             record("dense", shape, "fp4-w4a4", bench(lambda: fp4_linear(x, pw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+act-quant launch")
-            if M >= 16:  # v3 tiles beside v0's MMA (the default above 8 rows)
+            if auto_config(M, N, K, x.device, pw.gv_words is not None).kind != "mma":
+                # the default is the decode GEMV: the MMA tile too, for the crossover (best of a few tiles)
                 for aq in (False, True):
-                    prov = f"fp4-w4a{4 if aq else 16}-mma3"
-                    t, c3 = timed_best(lambda c, aq=aq: (lambda: fp4_linear(x, pw, act_quant=aq, config=c, check_finite=False)),
-                                       mma3_dense_variants(default_config(M, N, K, x.device)), "dense", shape, prov, base)
+                    prov = f"fp4-w4a{4 if aq else 16}-mma"
+                    r = ref.fp4_linear(x.float(), c, s, o, act_quant=aq)
+                    t, cm = timed_best(lambda cf, aq=aq: (lambda: fp4_linear(x, pw, act_quant=aq, config=cf, check_finite=False)),
+                                       mma_dense_variants(default_config(M, N, K, x.device)), "dense", shape, prov, base,
+                                       oracle=(r, 1e-2))
                     if t:
-                        record("dense", shape, prov, t, fp4_bytes, base, a_ms, cfg_str(c3))
+                        record("dense", shape, prov, t, fp4_bytes, base, a_ms,
+                               cfg_str(cm) + (";+act-quant launch" if aq else ""))
             # the engine's path above its crossover: the same activation codes on cuBLAS BF16
             record("dense", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_linear(x, wb)), N * K * 2 + io, base, a_ms,
                    "+act-quant launch")
@@ -332,25 +371,25 @@ def run_dense(dev, quick):
         torch.cuda.empty_cache()
 
 
-def mma3_moe_variants(d):
-    """v3 MMA tiles (kernels/NOTES.md v3a) around the default v0 config d: K-tiles of 128 or 256 elements,
-    weight rows per program 64 or 128, 3-4 stages, the decode in fp32 or bf16."""
-    return [dataclasses.replace(d, kind="mma3", BKW=bkw, BN=bn, BN_down=bn, num_warps=w, num_stages=st, bf16_decode=b)
-            for bkw, bn, w, st in [(16, 64, 4, 3), (16, 64, 4, 4), (32, 64, 4, 3), (16, 128, 8, 3), (8, 64, 4, 4)]
-            for b in (False, True)]
-
-
-def mma3_dense_variants(d):
-    """v3 MMA tiles around the default v0 config d (same split-K), the decode in fp32 or bf16."""
-    return [dataclasses.replace(d, kind="mma3", BKW=bkw, BN=bn, num_warps=w, num_stages=st, bf16_decode=b)
-            for bkw, bn, w, st in [(16, 64, 4, 3), (16, 64, 4, 4), (32, 64, 4, 3), (16, 128, 8, 3)] for b in (False, True)]
+def mma_moe_variants(d):
+    """The MMA config d (`mma_moe_config`) and tiles around it (same BM): K-tiles of 64 to 256 elements, 64 or
+    128 weight rows, 3-4 stages, the bf16 decode."""
+    vs = [d]
+    for bkw, bn, w, st in MMA_TILES:
+        c = dataclasses.replace(d, BKW=bkw, BN=bn, BN_down=bn, num_warps=w, num_stages=st, bf16_decode=True)
+        if c not in vs:
+            vs.append(c)
+    return vs
 
 
 def moe_variants(T, k, E):
-    d0 = default_moe_config(T, k, E)
+    """Tile configs of ours swept with --sweep: the default, the MMA tiles (also with the fp32 decode) and, at
+    up to 8 rows per expert, the v1 GEMV."""
+    d0, dm = default_moe_config(T, k, E), mma_moe_config(T, k, E)
     vs = [d0]
-    for bn, bkw, w, st, bnd in [(32, 32, 4, 4, 32), (128, 32, 8, 4, 64), (64, 64, 4, 3, 64), (64, 32, 4, 4, 128)]:
-        vs.append(MoEConfig(BM=16 if d0.kind == "gemv" else d0.BM, BN=bn, BKW=bkw, num_warps=w, num_stages=st, BN_down=bnd))
+    for c in mma_moe_variants(dm) + [dataclasses.replace(dm, bf16_decode=False)]:
+        if c not in vs:
+            vs.append(c)
     if T * k / E <= 8:
         for bm in (1, 2, 4):
             for bn, uu in [(16, 1), (32, 1), (32, 2), (64, 1)]:
@@ -385,6 +424,12 @@ def w4a4_bf16_moe(x, ids, tw, w13, w2):
     return routed_experts(x, ids.long(), tw, w13, w2, _fake_rows, _fake_rows)
 
 
+def moe_tol(act_quant):
+    """Relative error allowed against the oracle: W4A4's bf16 rounding of h flips a few FP4 codes of the down
+    input."""
+    return 6e-2 if act_quant else 2e-2
+
+
 def run_moe(dev, quick):
     log("== grouped MoE FP4 (routed-expert MLP of one layer)")
     for fam, (H, I, E, k) in FAMILIES.items():  # correctness per family, odd T, some experts empty
@@ -395,13 +440,13 @@ def run_moe(dev, quick):
         ids, tw = route(T, E, k, dev)
         for aq in (False, True):
             e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
-            tol = 6e-2 if aq else 2e-2  # w4a4: bf16 rounding of h flips a few FP4 codes of the down input
+            tol = moe_tol(aq)
             check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'}", e < tol, f"rel err {e:.2e} (tol {tol:g}, bf16 h and output)")
-            for bd in (False, True):
-                c3 = MoEConfig(kind="mma3", BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, bf16_decode=bd)
-                e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq, config=c3),
+            for bd in (False, True):  # the MMA tile (the default above 8 rows per expert), both decodes
+                cm = MoEConfig(BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, bf16_decode=bd)
+                e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq, config=cm),
                            ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
-                check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'} mma3{' bf16-decode' if bd else ''}", e < tol,
+                check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'} mma {'bf16' if bd else 'fp32'}-decode", e < tol,
                       f"rel err {e:.2e} (tol {tol:g})")
         w13 = torch.cat([ref.nvfp4_dequantize(*g), ref.nvfp4_dequantize(*u)], 1).to(torch.bfloat16)
         w2 = ref.nvfp4_dequantize(*d).to(torch.bfloat16)
@@ -416,7 +461,6 @@ def run_moe(dev, quick):
         mw = prepare_moe_weights(g, u, d)
         w13 = torch.cat([ref.nvfp4_dequantize(*g), ref.nvfp4_dequantize(*u)], 1).to(torch.bfloat16)  # [E, 2I, H]
         w2 = ref.nvfp4_dequantize(*d).to(torch.bfloat16)  # [E, H, I]
-        del g, u, d
         w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)  # [E, H, 2I], [E, I, H] (K-major views)
         anc = None
         if tk is not None:
@@ -430,7 +474,7 @@ def run_moe(dev, quick):
             except Exception as ex:
                 note("moe", f"triton_kernels {fam} failed: {type(ex).__name__}: {str(ex)[:300]}")
                 anc = None
-        for T in MOE_T if not quick else (1, 16, 256):
+        for T in STATE.get("T") or (MOE_T if not quick else (1, 16, 256)):
             shape = f"{fam} T{T}"
             x = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
             logits = torch.randn(T, E, device=dev)
@@ -465,14 +509,22 @@ def run_moe(dev, quick):
                    fp4_bytes, base, a_ms, cfg_str(cfg), f"experts_hit={hit}")
             record("moe", shape, "fp4-w4a4", bench(lambda: fused_moe(x, mw, ids, tw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+2 act-quant launches;routing align inside", f"experts_hit={hit}")
-            if cfg.kind == "mma":  # v3 tiles beside v0 where the MMA kernels run (best of a few tiles)
+            if cfg.kind != "mma":  # the default is the decode GEMV: the MMA tile too, for the crossover
                 for aq in (False, True):
-                    prov = f"fp4-w4a{4 if aq else 16}-mma3"
-                    t, c3 = timed_best(lambda c, aq=aq: (lambda: fused_moe(x, mw, ids, tw, act_quant=aq, config=c,
-                                                                           align=None if aq else al, check_finite=False)),
-                                       mma3_moe_variants(cfg), "moe", shape, prov, base)
+                    prov = f"fp4-w4a{4 if aq else 16}-mma"
+                    r = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq)
+                    aligns = {}
+
+                    def fn(c, aq=aq):  # W4A16 with the routing precomputed, W4A4 with it inside (as the rows above)
+                        al2 = None if aq else aligns.setdefault(c.BM, moe_align(ids, E, c.BM))
+                        return lambda: fused_moe(x, mw, ids, tw, act_quant=aq, config=c, align=al2, check_finite=False)
+                    t, cm = timed_best(fn, mma_moe_variants(mma_moe_config(T, k, E)), "moe", shape, prov, base,
+                                       oracle=(r, moe_tol(aq)))
                     if t:
-                        record("moe", shape, prov, t, fp4_bytes, base, a_ms, cfg_str(c3), f"experts_hit={hit}")
+                        record("moe", shape, prov, t, fp4_bytes, base, a_ms,
+                               cfg_str(cm) + (";+2 act-quant launches;routing align inside" if aq else ""),
+                               f"experts_hit={hit}")
+                    del r
             # the engine's path above its crossover: the same activation codes on BF16 grouped GEMMs
             record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13, w2)),
                    hit * 3 * H * I * 2 + act_bytes, base, a_ms, "+2 act-quant launches;routing sort inside",
@@ -493,6 +545,7 @@ def run_moe(dev, quick):
                 t, c = timed_best(fn, moe_variants(T, k, E), "moe", shape, "fp4-w4a16", base)
                 if t:
                     record("moe", shape, "fp4-w4a16-best", t, fp4_bytes, base, a_ms, cfg_str(c), f"experts_hit={hit}")
+        del g, u, d
         torch.cuda.empty_cache()
 
 
@@ -561,7 +614,7 @@ def run_attention(dev, quick):
 
 # ------------------------------------------------------------------------------------------------
 # Offline SASS (no GPU needed: Triton compiles for sm_90 with its bundled ptxas; cuobjdump disassembles):
-# the main loop's instructions per weight of the v1 GEMV kernel and of the MoE MMA kernels (v0, v3a).
+# the main loop's instructions per weight of the v1 GEMV kernel and of the MoE MMA kernels (the v3a tile).
 def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name):
     """Compile fn for sm_90 -> (instructions of the loop (the span of the last backward branch), op counts,
     TTGIR convert_layout count, shared bytes)."""
@@ -615,20 +668,20 @@ def sass_counts():
                          config=f"BN={bn};BM={bm};U={u};num_warps={nw};prefetch={pf}",
                          note=";".join(f"{k}={v}" for k, v in stats.items())))
         log(rows[-1])
-    # MoE gate/up MMA kernel (GATED), K 2048, BN 64, 4 warps: v0 (eight strided dots per K-tile) and v3a
-    # (kernels/NOTES.md v3a: one dot per K-tile; BF16D decodes in PTX, the weight words in pair_layout)
+    # MoE gate/up MMA kernel (GATED), K 2048, BN 64, BKW 16, 4 warps: the v3a tile (kernels/NOTES.md v3a: one dot
+    # per K-tile), decoding in fp32 and in bf16 (BF16D: inline PTX, the weight words in pair_layout)
     for a_fp4 in (False, True):
         sig = {"x_ptr": "*i32" if a_fp4 else "*bf16", "xs_ptr": "*u8" if a_fp4 else "*bf16",
                "xf_ptr": "*fp32" if a_fp4 else "*bf16", "w_ptr": "*i32", "ws_ptr": "*u8", "wf_ptr": "*fp32",
                "out_ptr": "*bf16", "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32",
                "KW": "i32", "stride_xm": "i32", "A_DIV": "i32", "BM": "constexpr", "BN": "constexpr",
                "BKW": "constexpr", "A_FP4": "constexpr", "GATED": "constexpr", "ROUTE_W": "constexpr",
-               "INTERP": "constexpr", "NIT": "constexpr", "V3": "constexpr", "BF16D": "constexpr"}
+               "INTERP": "constexpr", "NIT": "constexpr", "BF16D": "constexpr"}
         aligned = ["x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm", "slots_ptr"]
-        for tile, bkw, st, v3, bf in [("v0", 32, 4, False, False), ("v3a", 16, 3, True, False), ("v3a-bf16", 16, 3, True, True)]:
+        for tile, bkw, st, bf in [("v3a", 16, 3, False), ("v3a-bf16", 16, 3, True)]:
             for bm in (16, 64):
                 cst = dict(BM=bm, BN=64, BKW=bkw, A_FP4=a_fp4, GATED=True, ROUTE_W=False, INTERP=False,
-                           NIT=256 // bkw, V3=v3, BF16D=bf)
+                           NIT=256 // bkw, BF16D=bf)
                 n, ops, cvt, shared = _loop_sass(_moe_gemm_kernel, sig, aligned, cst, 4, st,
                                                  f"moe_{tile}_{int(a_fp4)}_{bm}")
                 w_iter = 64 * 8 * bkw * 2  # weight elements per loop iteration (gate and up)
@@ -650,10 +703,12 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time tile-config variants of ours")
     ap.add_argument("--only", default="quantize,dense,moe,attention")
+    ap.add_argument("--T", type=int, nargs="+", help=f"MoE tokens per layer (default {MOE_T}; --quick: 1 16 256)")
+    ap.add_argument("--M", type=int, nargs="+", help=f"dense rows (default {DENSE_M}; --quick: 1 16 64)")
     ap.add_argument("--sass", action="store_true",
-                    help="offline: append SASS instruction counts (v1 GEMV, MoE MMA v0 / v3a) and exit")
+                    help="offline: append SASS instruction counts (v1 GEMV, MoE MMA tile) and exit")
     args = ap.parse_args(argv)
-    STATE.update(out=args.out, sweep=args.sweep)
+    STATE.update(out=args.out, sweep=args.sweep, T=args.T, M=args.M)
     RUN.update(version=args.version, commit=git_commit(), date=today())
     if args.sass:
         return sass_counts()

@@ -11,11 +11,14 @@ applied after accumulation). On the decode GEMV path (M <= 8) the same quantize 
 dequantized activations (same codes and scales, one rounding to the activation dtype) and the W4A16
 kernel reads them.
 
-Kernel ("swap AB"): each program computes acc[BN, BM] = W_tile[BN, K] @ x^T[K, BM], so the tiny
-decode batch is the MMA's N dimension. A K-tile of BK elements is BK/8 words per weight row; nibble j
-of every word is decoded with the bit trick of `kernels._common` (E2M1 * 2^-126 as FP32 bits, times
-s_b * 2^119) and multiplied against the activation columns 8i+j, so no in-register reshape is
-needed. Decode uses split-K (FP32 atomics) so that the whole GPU streams the weights.
+MMA kernel ("swap AB", the v3a tile of kernels/NOTES.md): each program computes acc[BN, BM] =
+W_tile[BN, K] @ x^T[K, BM], so the tiny decode batch is the MMA's N dimension. A K-tile of BK = 8 * BKW
+elements is BKW words per weight row; each thread decodes whole words into their 8 values in element
+order (`kernels._common.dequant_tile_words`, the bit trick E2M1 * 2^-126 times s_b * 2^119), so one MMA
+covers the tile. On a GPU the decode runs in bf16 by inline PTX (`bf16_decode`, on by default; the weight
+words then in `pair_layout`, built once per weight). Decode uses split-K (FP32 atomics) so that the whole
+GPU streams the weights. Up to 8 rows `fp4_linear` takes the decode GEMV kernels instead (no tensor
+cores, their own `gemv_layout`).
 
 Compared against: `kernels.reference.fp4_linear` (FP32 dequantize-then-matmul); tests in
 tests/kernels/test_gemm.py (interpreter), timing vs cuBLAS BF16 `F.linear` in benchmarks/bench_kernels.py.
@@ -26,8 +29,6 @@ layout: a change to the layout has to be made in all three at once.
 """
 from __future__ import annotations
 
-import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
@@ -59,7 +60,7 @@ class PreparedFP4Weight:
     E: int | None = None
     gv_words: torch.Tensor | None = None  # GEMV layout (v1), see gemv_layout
     gv_scales: torch.Tensor | None = None
-    pair_words: torch.Tensor | None = None  # `pair_layout(words)`, made by the first mma3 call that decodes in bf16
+    pair_words: torch.Tensor | None = None  # `pair_layout(words)`, made by the first MMA call that decodes in bf16
 
     def nbytes(self) -> int:
         return self.words.numel() * 4 + self.scales.numel() + self.factor.numel() * 4
@@ -326,43 +327,15 @@ def _fp4_gemv2_kernel(x_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, M, N, K, G, stride_x
 
 
 @triton.jit
-def _fp4_tile_dot(acc, w_ptrs, s_ptrs, wmask, x_ptr, xs_ptr, offs_m, mmask, stride_xm, kw0, KW,
-                  A_FP4: tl.constexpr, BKW: tl.constexpr, INTERP: tl.constexpr):
-    """acc[BN, BM] += dequant(W[:, 8*kw0 : 8*(kw0+BKW)]) @ x[offs_m, same]^T.
-    w_ptrs: [BN, BKW] pointers to the words at kw0; s_ptrs: [BN, BKW] pointers to their scales."""
-    offs_i = tl.arange(0, BKW)
-    kmask = (kw0 + offs_i) < KW
-    wmask2 = wmask & kmask[None, :]
-    w = tl.load(w_ptrs, mask=wmask2, other=0)  # [BN, BKW] int32, 8 nibbles each
-    sc = e4m3_value(tl.load(s_ptrs, mask=wmask2, other=0)) * 6.646139978924579e35  # s_b * 2^119
-    xmask = kmask[:, None] & mmask[None, :]
-    if A_FP4:
-        xw = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * KW + (kw0 + offs_i)[:, None], mask=xmask, other=0)
-        xsc = e4m3_value(tl.load(xs_ptr + offs_m[None, :].to(tl.int64) * (KW // 2) + ((kw0 + offs_i) // 2)[:, None],
-                                 mask=xmask, other=0)) * 6.646139978924579e35
-    for j in tl.static_range(8):
-        wj = nib_to_f32_scaled(w >> (4 * j)) * sc  # [BN, BKW] = q * s_b * 2^-7, exact
-        if A_FP4:
-            xj = nib_to_f32_scaled(xw >> (4 * j)) * xsc  # [BKW, BM]
-        else:
-            xj = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + ((kw0 + offs_i) * 8 + j)[:, None],
-                         mask=xmask, other=0.0)
-        if INTERP:
-            acc += tl.dot(wj, xj.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(wj.to(tl.bfloat16), xj.to(tl.bfloat16))
-    return acc
-
-
-@triton.jit
 def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, stride_xm, k0, K,
                      A_FP4: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                      INTERP: tl.constexpr, BF16D: tl.constexpr = False):
-    """acc[BN, BM] += dequant(W[offs_n, k0 : k0+BK]) @ x[rows, same]^T, one MMA per K-tile (v3).
+    """acc[BN, BM] += dequant(W[offs_n, k0 : k0+BK]) @ x[rows, same]^T, one MMA per K-tile (the v3a tile).
     wb / ws: the weight's words [N, K/8] and scale bytes [N, K/16] (rows offs_n); x: bf16/fp32 rows with
     stride_xm or, with A_FP4, words [R, K/8] and scales [R, K/16]. The tile is decoded in element order
-    (`dequant_tile_words`), so one dot of K = BK replaces v0's eight strided dots of K = BK/8 (one per
-    nibble position) and their operand conversions. BF16D: decode and scale in bf16 (GPU only)."""
+    (`dequant_tile_words`), so one dot of K = BK covers it: no dot per nibble position, each with its own
+    operand conversion through shared memory (kernels/NOTES.md v3a). BF16D: decode and scale in bf16 (GPU
+    only; the weight words in `pair_layout`)."""
     offs_w = k0 // 8 + tl.arange(0, BK // 8)
     wkmask = offs_w < K // 8
     offs_s = k0 // 16 + tl.arange(0, BK // 16)
@@ -391,9 +364,9 @@ def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, str
 def _fp4_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
                      M, N, KW, stride_xm, kw_per_split,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
-                     SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, V3: tl.constexpr,
-                     BF16D: tl.constexpr):
-    """V3: the v3 tile (`_fp4_tile_dot_v3`), else v0."""
+                     SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BF16D: tl.constexpr):
+    """Grid (N / BN, M / BM, split-K): out[offs_m, offs_n] (+)= the tile's share of K (`_fp4_tile_dot_v3`),
+    times the weight's (and with A_FP4 the activation row's) 2^7 / S_enc."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -403,20 +376,9 @@ def _fp4_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
     mmask = offs_m < M
     kw_lo = pid_k * kw_per_split
     acc = tl.zeros([BN, BM], tl.float32)
-    if V3:
-        for it in range(NIT):
-            acc = _fp4_tile_dot_v3(acc, w_ptr, ws_ptr, offs_n, nmask, x_ptr, xs_ptr, offs_m, mmask, stride_xm,
-                                   (kw_lo + it * BKW) * 8, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
-    else:
-        offs_i = tl.arange(0, BKW)
-        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * KW + (kw_lo + offs_i)[None, :]
-        s_ptrs = ws_ptr + offs_n[:, None].to(tl.int64) * (KW // 2) + ((kw_lo + offs_i) // 2)[None, :]
-        for it in range(NIT):  # constexpr trip count (the interpreter cannot loop to a runtime bound)
-            kw0 = kw_lo + it * BKW
-            acc = _fp4_tile_dot(acc, w_ptrs, s_ptrs, nmask[:, None], x_ptr, xs_ptr, offs_m, mmask, stride_xm, kw0, KW,
-                                A_FP4, BKW, INTERP)
-            w_ptrs += BKW
-            s_ptrs += BKW // 2
+    for it in range(NIT):  # constexpr trip count (the interpreter cannot loop to a runtime bound)
+        acc = _fp4_tile_dot_v3(acc, w_ptr, ws_ptr, offs_n, nmask, x_ptr, xs_ptr, offs_m, mmask, stride_xm,
+                               (kw_lo + it * BKW) * 8, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
     acc = acc * tl.load(wf_ptr)
     if A_FP4:
         acc = acc * tl.load(xf_ptr + offs_m, mask=mmask, other=0.0)[None, :]
@@ -464,22 +426,25 @@ def _fp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, M, N, KW, stride_xm,
         tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=nmask)
 
 
+KINDS = ("mma", "gemv", "gemv2")
+
+
 @dataclass(frozen=True)
 class GemmConfig:
-    kind: str = "mma"  # "mma" (tensor cores, any M), "mma3" (the same over K-tiles decoded in element order, one MMA
-    #                    per tile; benchmarked beside "mma", kernels/NOTES.md v3a), "gemv" (v0 FMA, one row per program, W4A16 only)
-    #                    or "gemv2" (v1 FMA over `gemv_layout`, BM <= 4 rows per program; W4A4 through
-    #                    `fp4_linear(act_quant=True)` on dequantized activations)
+    kind: str = "mma"  # "mma" (tensor cores, any M: the v3a tile, one MMA per K-tile decoded in element order),
+    #                    "gemv" (v0 FMA, one row per program, W4A16 only) or "gemv2" (v1 FMA over `gemv_layout`,
+    #                    BM <= 4 rows per program; W4A4 through `fp4_linear(act_quant=True)` on dequantized activations)
     BN: int = 64
     BM: int = 16
-    BKW: int = 32  # words per K-tile (BK = 8 * BKW elements); unused by gemv2
+    BKW: int = 16  # words per K-tile (BK = 8 * BKW elements); unused by gemv2
     split: int = 1
     num_warps: int = 4
     num_stages: int = 3
     U: int = 1  # gemv2: K-groups (256 elements) per loop iteration
     prefetch: bool = False  # gemv2: register double buffer (U must be 1); NOT yet measured on a GPU
-    bf16_decode: bool = False  # mma3 on a GPU: decode and scale the tile in bf16 (`dequant_tile_words`); the
-    #                            interpreter, whose bf16 arithmetic is not IEEE, always decodes in fp32
+    bf16_decode: bool = True  # mma on a GPU: decode and scale the tile in bf16 (inline PTX, `dequant_tile_words`),
+    #                           faster than the fp32 decode in every config timed on the H200; the interpreter, whose
+    #                           bf16 arithmetic is not IEEE, always decodes in fp32
 
 
 def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
@@ -501,34 +466,31 @@ def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
     return GemmConfig(kind="gemv2", BN=bn, BM=bm, split=split, num_warps=nw, num_stages=1, U=u)
 
 
-def mma_v3() -> bool:
-    """TRACE_FP4_MMA=v3: the default MMA configs use the v3a tile with the bf16 decode (kernels/NOTES.md v3a)
-    instead of v0, so the engine and its benchmarks can run it before it becomes the only MMA path; read at
-    each call (meta.json records it, trace/rundir.py)."""
-    v = os.environ.get("TRACE_FP4_MMA", "v0")
-    if v not in ("v0", "v3"):
-        raise ValueError(f"TRACE_FP4_MMA must be v0 or v3, got {v!r}")
-    return v == "v3"
-
-
 def default_config(M: int, N: int, K: int, device) -> GemmConfig:
-    """Heuristic: BM covers the batch up to 64 (prefill tiles of 64), split-K until ~4 waves of CTAs
-    (the v3a tile with TRACE_FP4_MMA=v3: `mma_v3`)."""
+    """The MMA tile for M rows: BM covers the batch up to 64; 64 weight rows and K-tiles of 128 elements per
+    program, 4 warps, 3 stages, the bf16 decode (the best of the variants timed at 14336x4096, M=16, on the
+    H200; kernels/NOTES.md v3b); split-K until ~4 waves of CTAs while each split keeps >= 1024 elements."""
     if INTERPRET:
-        cfg = GemmConfig(BN=16, BM=16, BKW=4, split=2 if K >= 128 else 1, num_warps=1, num_stages=1)
-        return dataclasses.replace(cfg, kind="mma3", bf16_decode=True) if mma_v3() else cfg
+        return GemmConfig(BN=16, BM=16, BKW=4, split=2 if K >= 128 else 1, num_warps=1, num_stages=1)
     bm = 16 if M <= 16 else (32 if M <= 32 else 64)
-    bn = 64 if M <= 64 else 128
-    bkw = 32
+    bn = 64
     tiles = triton.cdiv(N, bn) * triton.cdiv(M, bm)
     kw = K // 8
     split = 1
     target = 4 * num_sms(device)
-    while tiles * split < target and kw // (split * 2) >= 4 * bkw and M <= 64:
+    while tiles * split < target and kw // (split * 2) >= 128 and M <= 64:
         split *= 2
-    if mma_v3():
-        return GemmConfig(kind="mma3", BN=bn, BM=bm, BKW=16, split=split, num_warps=4, num_stages=3, bf16_decode=True)
-    return GemmConfig(BN=bn, BM=bm, BKW=bkw, split=split, num_warps=4, num_stages=4)
+    return GemmConfig(BN=bn, BM=bm, BKW=16, split=split, num_warps=4, num_stages=3, bf16_decode=True)
+
+
+def auto_config(M: int, N: int, K: int, device, gemv: bool = True) -> GemmConfig:
+    """The config `fp4_linear` runs when it is given none: the v1 decode GEMV up to 8 rows (`gemv2_config`;
+    gemv: the weight has the GEMV layout), else the MMA tile (`default_config`). The GEMV measured faster than
+    the MMA tile then (v0) up to M=8 on the H200 (kernels.csv, version v1); benchmarks/bench_kernels.py times
+    the MMA tile at those sizes too (rows fp4-w4a16-mma / fp4-w4a4-mma) to re-measure this crossover."""
+    if gemv and M <= 8:
+        return gemv2_config(M, N, K, device)
+    return default_config(M, N, K, device)
 
 
 def quantize_act_for_gemm(x: torch.Tensor, check_finite: bool = True, on_quant=None):
@@ -559,11 +521,9 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
         raise ValueError(f"x on {x.device}, weight on {w.words.device}")
     out_dtype = out_dtype or x.dtype
     N = w.N
-    if config is None and M <= 8 and w.gv_words is not None:
-        # v1 decode path: measured faster than the v0 MMA path up to M=8 on the H200 (kernels.csv, version v1);
-        # at M=16 the MMA path (92 us) beats gemv2 (129 us) for 14336x4096
-        config = gemv2_config(M, N, K, x.device)
-    cfg = config or default_config(M, N, K, x.device)
+    cfg = config or auto_config(M, N, K, x.device, w.gv_words is not None)
+    if cfg.kind not in KINDS:
+        raise ValueError(f"GemmConfig.kind must be one of {KINDS}, got {cfg.kind!r}")
     if M == 0:
         return torch.empty((0, N), dtype=out_dtype, device=x.device)
     if x.stride(-1) != 1:
@@ -615,10 +575,8 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
                                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return out if out.dtype == out_dtype else out.to(out_dtype)
     grid = (triton.cdiv(N, cfg.BN), triton.cdiv(M, cfg.BM), split)
-    v3 = cfg.kind == "mma3"
-    bf16d = v3 and cfg.bf16_decode and not INTERPRET
+    bf16d = cfg.bf16_decode and not INTERPRET
     _fp4_gemm_kernel[grid](xa, xs, xf, w.paired() if bf16d else w.words, w.scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
                            BM=cfg.BM, BN=cfg.BN, BKW=cfg.BKW, A_FP4=act_quant, SPLIT=split, INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW,
-                           V3=v3, BF16D=bf16d,
-                           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                           BF16D=bf16d, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out if out.dtype == out_dtype else out.to(out_dtype)

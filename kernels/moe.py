@@ -13,6 +13,8 @@ token (shared by its experts) and the down input per (token, expert slot), as in
 MMA path the GEMMs run W4A4 emulated exactly (BF16 MMA over E2M1*E4M3 products, FP32 accumulation);
 on the decode GEMV path the quantize kernel also writes the dequantized activations (same codes and
 scales, one rounding to the activation dtype) and the W4A16 kernels read them.
+Up to 8 (token, slot) rows per expert the GEMMs are the v1 decode GEMV kernels, above that the MMA tile of
+`kernels.gemm._fp4_tile_dot_v3` (v3a in kernels/NOTES.md; decode in bf16 on a GPU), `default_moe_config`.
 Experts with no tokens launch programs that exit at once; their weights are never read.
 
 Compared against: `kernels.reference.moe_fp4_reference` (FP32 dequantize-then-matmul); timing vs
@@ -30,10 +32,8 @@ from kernels._common import INTERPRET, check_tensor
 from kernels.gemm import (
     GV_GK,
     PreparedFP4Weight,
-    _fp4_tile_dot,
     _fp4_tile_dot_v3,
     _gv_group,
-    mma_v3,
     prepare_weight,
     quantize_act_for_gemm,
 )
@@ -144,8 +144,10 @@ def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slot
                      S, N, KW, stride_xm, A_DIV,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
                      GATED: tl.constexpr, ROUTE_W: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr,
-                     V3: tl.constexpr, BF16D: tl.constexpr):
-    """V3: the v3 tile (`_fp4_tile_dot_v3`), else v0."""
+                     BF16D: tl.constexpr):
+    """One program = one block of BM slots of one expert x BN output rows, over the MMA tile of
+    `kernels.gemm._fp4_tile_dot_v3` (gate and up rows in one program, SiLU product fused; routing weight
+    fused into down). BF16D: the tile's decode in bf16 (GPU only; weight words in `pair_layout`)."""
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(bexp_ptr + pid_b)
@@ -164,36 +166,15 @@ def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slot
     acc = tl.zeros([BN, BM], tl.float32)
     if GATED:
         acc_u = tl.zeros([BN, BM], tl.float32)
-    if V3:
-        wb = w_ptr + e64 * NW * KW  # words of expert e: [NW, K/8]
-        sb = ws_ptr + e64 * NW * (KW // 2)
-        for it in range(NIT):
-            k0 = it * BKW * 8
-            acc = _fp4_tile_dot_v3(acc, wb, sb, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, stride_xm, k0, KW * 8,
-                                   A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
-            if GATED:
-                acc_u = _fp4_tile_dot_v3(acc_u, wb + N * KW, sb + N * (KW // 2), offs_n, nmask, x_ptr, xs_ptr,
-                                         rows, mmask, stride_xm, k0, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
-    else:
-        offs_i = tl.arange(0, BKW)
-        wbase = w_ptr + e64 * NW * KW
-        sbase = ws_ptr + e64 * NW * (KW // 2)
-        w_ptrs = wbase + offs_n[:, None].to(tl.int64) * KW + offs_i[None, :]
-        s_ptrs = sbase + offs_n[:, None].to(tl.int64) * (KW // 2) + (offs_i // 2)[None, :]
+    wb = w_ptr + e64 * NW * KW  # words of expert e: [NW, K/8]
+    sb = ws_ptr + e64 * NW * (KW // 2)
+    for it in range(NIT):
+        k0 = it * BKW * 8
+        acc = _fp4_tile_dot_v3(acc, wb, sb, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, stride_xm, k0, KW * 8,
+                               A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
         if GATED:
-            u_ptrs = w_ptrs + N * KW
-            us_ptrs = s_ptrs + N * (KW // 2)
-        for it in range(NIT):
-            kw0 = it * BKW
-            acc = _fp4_tile_dot(acc, w_ptrs, s_ptrs, nmask[:, None], x_ptr, xs_ptr, rows, mmask, stride_xm, kw0, KW,
-                                A_FP4, BKW, INTERP)
-            w_ptrs += BKW
-            s_ptrs += BKW // 2
-            if GATED:
-                acc_u = _fp4_tile_dot(acc_u, u_ptrs, us_ptrs, nmask[:, None], x_ptr, xs_ptr, rows, mmask, stride_xm,
-                                      kw0, KW, A_FP4, BKW, INTERP)
-                u_ptrs += BKW
-                us_ptrs += BKW // 2
+            acc_u = _fp4_tile_dot_v3(acc_u, wb + N * KW, sb + N * (KW // 2), offs_n, nmask, x_ptr, xs_ptr,
+                                     rows, mmask, stride_xm, k0, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
     if GATED:
         acc = acc * tl.load(wf_ptr + e * 2)
         acc_u = acc_u * tl.load(wf_ptr + e * 2 + 1)
@@ -327,45 +308,60 @@ def moe_gemv(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
     return out
 
 
+KINDS = ("mma", "gemv")
+
+
 @dataclass(frozen=True)
 class MoEConfig:
     BM: int = 16
     BN: int = 64
-    BKW: int = 32
+    BKW: int = 16
     num_warps: int = 4
     num_stages: int = 3
     BN_down: int = 64
-    kind: str = "mma"  # "mma" (v0, tensor cores, any T), "mma3" (K-tiles decoded in element order, one MMA per
-    #                    tile; benchmarked beside "mma", kernels/NOTES.md v3a) or "gemv" (v1 decode, BM <= 4; W4A4
-    #                    on dequantized activations)
+    kind: str = "mma"  # "mma" (tensor cores, any T: the v3a tile, one MMA per K-tile decoded in element order) or
+    #                    "gemv" (v1 decode, BM <= 4; W4A4 on dequantized activations)
     U: int = 1  # gemv: K-groups of 256 per loop iteration
-    bf16_decode: bool = False  # mma3 on a GPU: decode and scale in bf16 (interpreter: fp32)
+    bf16_decode: bool = True  # mma on a GPU: decode and scale in bf16 (interpreter: fp32)
+
+
+def mma_moe_config(T: int, topk: int, E: int) -> MoEConfig:
+    """The MMA tile for T tokens of top-k over E experts: BM (slots per block) grows with the rows per expert;
+    the best of the variants timed on the H200 at T=256 (kernels/NOTES.md v3b): Qwen3-30B-A3B (16 rows per
+    expert, BM 16) K-tiles of 128 with 3 stages, Mixtral-8x7B (64 rows per expert, BM 64) K-tiles of 64 with 4
+    stages (the [BK, BM] activation tile is 4x larger per stage); 64 weight rows, 4 warps, the bf16 decode."""
+    if INTERPRET:
+        return MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16)
+    per_expert = T * topk / E
+    bm = 16 if per_expert <= 16 else (32 if per_expert <= 48 else 64)
+    if bm == 64:
+        return MoEConfig(BM=64, BN=64, BKW=8, num_warps=4, num_stages=4, BN_down=64, bf16_decode=True)
+    return MoEConfig(BM=bm, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, bf16_decode=True)
 
 
 def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
+    """The config `fused_moe` runs when it is given none: the v1 decode GEMV up to 8 (token, slot) rows per
+    expert (4 in the interpreter), else the MMA tile (`mma_moe_config`). The GEMV measured faster than the MMA
+    tile then (v0) at those sizes; benchmarks/bench_kernels.py times the MMA tile there too (rows
+    fp4-w4a16-mma / fp4-w4a4-mma) to re-measure this crossover."""
     per_expert = T * topk / E
-    v3 = dict(kind="mma3", bf16_decode=True) if mma_v3() else {}  # TRACE_FP4_MMA=v3: the v3a MMA tile
     if INTERPRET:
         if per_expert <= 4:
             return MoEConfig(BM=min(4, max(1, T * topk)), BN=8, num_warps=1, num_stages=1, BN_down=8, kind="gemv")
-        return MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16, **v3)
+        return mma_moe_config(T, topk, E)
     if per_expert <= 8:  # decode: weight-streaming GEMV (v1)
         bm = 1 if per_expert <= 0.5 else (2 if per_expert <= 1.5 else 4)
         bn = 16 if bm == 1 else 32  # BN=16 best at T=1 on the H200 (kernels.csv, version v1)
         return MoEConfig(BM=bm, BN=bn, num_warps=4, num_stages=1, BN_down=bn, kind="gemv", U=1)
-    bm = 16 if per_expert <= 16 else (32 if per_expert <= 48 else 64)
-    if v3:
-        return MoEConfig(BM=bm, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, **v3)
-    return MoEConfig(BM=bm, BN=64, BKW=32, num_warps=4, num_stages=4, BN_down=64)
+    return mma_moe_config(T, topk, E)
 
 
 def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_div: int, gated: bool,
-             route_w=None, a_fp4=None, BM=16, BN=64, BKW=32, num_warps=4, num_stages=3, out_dtype=None,
-             v3: bool = False, bf16_decode: bool = False):
-    """One grouped launch. a: activations [R, K] (R = tokens or slots; row of slot s = s // a_div) or,
-    with a_fp4=(words [R, K/8], scales [R, K/16], factor [R]), quantized activations. Returns [S, N].
-    v3: K-tiles decoded in element order, one MMA per tile (`kernels.gemm._fp4_tile_dot_v3`); bf16_decode: its
-    decode in bf16 (GPU only; the interpreter decodes in fp32)."""
+             route_w=None, a_fp4=None, BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, out_dtype=None,
+             bf16_decode: bool = True):
+    """One grouped launch of the MMA kernel. a: activations [R, K] (R = tokens or slots; row of slot s = s // a_div)
+    or, with a_fp4=(words [R, K/8], scales [R, K/16], factor [R]), quantized activations. Returns [S, N].
+    bf16_decode: the tile's decode in bf16 (GPU only; the interpreter decodes in fp32)."""
     N = w.N // 2 if gated else w.N
     KW = w.K // 8
     dev = w.words.device
@@ -378,11 +374,11 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
         xa, xs, xf, stride = a, a, a, a.stride(0)
     grid = (nb, triton.cdiv(N, BN))
     NIT = triton.cdiv(KW, BKW)
-    bf16d = v3 and bf16_decode and not INTERPRET
+    bf16d = bf16_decode and not INTERPRET
     _moe_gemm_kernel[grid](xa, xs, xf, w.paired() if bf16d else w.words, w.scales, w.factor, out,
                            sorted_slots, block_expert, route_w if route_w is not None else out, S, N, KW, stride, a_div,
                            BM=BM, BN=BN, BKW=BKW, A_FP4=a_fp4 is not None, GATED=gated, ROUTE_W=route_w is not None,
-                           INTERP=INTERPRET, NIT=NIT, V3=v3, BF16D=bf16d,
+                           INTERP=INTERPRET, NIT=NIT, BF16D=bf16d,
                            num_warps=num_warps, num_stages=num_stages)
     return out
 
@@ -419,6 +415,8 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
     if T == 0:
         return torch.zeros_like(x)
     cfg = config or default_moe_config(T, k, w.E)
+    if cfg.kind not in KINDS:
+        raise ValueError(f"MoEConfig.kind must be one of {KINDS}, got {cfg.kind!r}")
     if x.stride(-1) != 1:
         x = x.contiguous()
     sorted_slots, block_expert = align if align is not None else moe_align(topk_ids, w.E, cfg.BM)
@@ -436,8 +434,7 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
             h = fake_rows(h, _tagged(on_quant, "down"))
         y = moe_gemv(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, BN=cfg.BN_down, **kw)
         return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)
-    kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages, v3=cfg.kind == "mma3",
-              bf16_decode=cfg.bf16_decode)
+    kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages, bf16_decode=cfg.bf16_decode)
     if act_quant:
         a_fp4 = quantize_act_for_gemm(x, check_finite=False, on_quant=_tagged(on_quant, "gate_up"))
         h = moe_gemm(x, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, a_fp4=a_fp4, BN=cfg.BN, **kw)

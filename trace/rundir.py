@@ -85,7 +85,7 @@ def _version(mod: str) -> str | None:
         return None
 
 
-ENV_KEYS = ("TRACE_ROLLOUT_BACKEND", "TRACE_FP4_CROSSOVER", "TRACE_FP4_MMA")
+ENV_KEYS = ("TRACE_ROLLOUT_BACKEND", "TRACE_FP4_CROSSOVER")
 
 
 def collect_meta() -> dict:
@@ -115,8 +115,8 @@ def collect_meta() -> dict:
         "torch_threads": torch.get_num_threads(),
         "gpu": gpu,
         "argv": sys.argv,
-        # settings read from the environment that change what a run computes (the rollout's FP4 backend, its
-        # kernels-vs-BF16 crossover, trace/rollout/fast.py, and the MMA tile, kernels/gemm.py `mma_v3`)
+        # settings read from the environment that change what a run computes (the rollout's FP4 backend and
+        # its kernels-vs-BF16 crossover, trace/rollout/fast.py)
         "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
         "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
     }

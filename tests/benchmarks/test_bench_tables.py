@@ -1,6 +1,6 @@
 """The benchmark harness without a GPU: the long results tables are appended to (never overwritten) with
-a fixed schema, and the `triton_kernels` provider is skipped with an install hint when it cannot be
-imported."""
+a fixed schema, the `triton_kernels` provider is skipped with an install hint when it cannot be
+imported, and a timed tile variant is checked against the oracle before it is timed."""
 import csv
 import sys
 
@@ -76,3 +76,50 @@ def test_anchor_provider_skipped_with_install_hint(tmp_path, monkeypatch, capsys
     assert "triton_kernels provider skipped" in out and "pip install" in out
     (row,) = read(p)
     assert row["op"] == "anchor" and "pip install" in row["note"]
+
+
+def test_timed_variants_are_checked_against_the_oracle_first(tmp_path, monkeypatch):
+    """`timed_best` with an oracle: a variant whose output misses it gets a failed check row and is not timed;
+    the fastest of the others is returned (how the `fp4-w4a16-mma` / `fp4-w4a4-mma` rows are made)."""
+    import torch
+
+    from kernels.gemm import GemmConfig
+
+    p = str(tmp_path / "k.csv")
+    monkeypatch.setattr(bk, "ROWS", [])
+    monkeypatch.setitem(bk.STATE, "out", p)
+    r = torch.ones(4)
+    outs, times, timed = {8: 1.5 * r, 16: r, 32: (1 + 1e-3) * r}, {8: 1.0, 16: 3.0, 32: 2.0}, []
+
+    def fn_of_cfg(c):
+        def fn():
+            return outs[c.BKW]
+        fn.bkw = c.BKW
+        return fn
+
+    def bench(fn):
+        timed.append(fn.bkw)
+        return times[fn.bkw], times[fn.bkw], times[fn.bkw]
+
+    monkeypatch.setattr(bk, "bench", bench)
+    t, cfg = bk.timed_best(fn_of_cfg, [GemmConfig(BKW=b) for b in (8, 16, 32)], "dense", "M1", "fp4-w4a16-mma",
+                           None, oracle=(r, 1e-2))
+    assert timed == [16, 32] and cfg.BKW == 32 and t[0] == 2.0
+    checks = [row for row in read(p) if row["op"] == "check"]
+    assert [c["ok"] for c in checks] == ["False", "True", "True"]
+    assert all(c["shape"].startswith("dense M1 fp4-w4a16-mma") for c in checks)
+
+
+def test_mma_variants_are_mma_tiles_with_the_bf16_decode():
+    """The tiles timed beside the decode GEMV: the MMA config first, then distinct MMA tiles with the bf16
+    decode (the fp32 decode only in --sweep)."""
+    import torch
+
+    from kernels.gemm import default_config
+    from kernels.moe import mma_moe_config
+
+    dense = default_config(1, 4096, 4096, torch.device("cpu"))
+    for vs, d in ((bk.mma_dense_variants(dense), dense), (bk.mma_moe_variants(mma_moe_config(1, 8, 128)),
+                                                          mma_moe_config(1, 8, 128))):
+        assert vs[0] == d and len(set(vs)) == len(vs) >= len(bk.MMA_TILES)
+        assert all(c.kind == "mma" and c.bf16_decode for c in vs)

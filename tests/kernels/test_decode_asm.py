@@ -1,7 +1,7 @@
 """The inline-PTX bf16 decoders of the MMA tile (`kernels._common._DECODE8_ASM` and `_DECODE8_PAIRED_ASM`),
 run on the CPU by a small emulator of the PTX instructions they use, against the oracle's E2M1 values:
 every code in every position of a word, with and without `kernels.gemm.pair_layout`, times E4M3 scales.
-The GPU runs the same text (the mma3 tests with bf16_decode=True there); this checks its bit logic
+The GPU runs the same text (the MMA tests with bf16_decode=True there); this checks its bit logic
 everywhere."""
 import re
 

@@ -43,15 +43,14 @@ def test_mma_path(M, N, K, act_quant):
 @pytest.mark.parametrize("M,N,K", MMA_CASES)
 @pytest.mark.parametrize("act_quant", [False, True])
 @pytest.mark.parametrize("bf16_decode", [False, True])
-def test_mma3_path(M, N, K, act_quant, bf16_decode):
-    """v3 tile (K-tiles decoded in element order, one MMA each) against the oracle, split-K included; same
-    tolerance as v0's MMA path (same products, only the tensor cores' summation order differs)."""
+def test_mma_path_decodes(M, N, K, act_quant, bf16_decode):
+    """The MMA tile with its decode in fp32 and in bf16 (inline PTX, GPU only) against the oracle, split-K
+    included: the same products either way, so the same tolerance."""
     if bf16_decode and not ON_GPU:
         pytest.skip("the bf16 decode is inline PTX (the interpreter decodes in fp32)")
     (c, s, o), x = _mma_case(M, N, K)
     pw = prepare_weight(*dev(c, s, o))
-    cfg = GemmConfig(kind="mma3", BN=16, BM=16, split=2 if K >= 128 else 1, num_stages=1, bf16_decode=bf16_decode,
-                     **MMA_KW)
+    cfg = GemmConfig(BN=16, BM=16, split=2 if K >= 128 else 1, num_stages=1, bf16_decode=bf16_decode, **MMA_KW)
     y = fp4_linear(dev(x), pw, act_quant=act_quant, config=cfg)
     assert y.shape == (M, N) and rel(y, ref.fp4_linear(x, c, s, o, act_quant=act_quant)) < TOL_MMA
 
@@ -120,13 +119,13 @@ def test_w4a4_mma_with_the_gpu_tiles_of_m128_k2048(monkeypatch):
     """W4A4 on the MMA path with the tiles a GPU takes at M=128, K=2048 (the shape of the benchmark's
     dense W4A4 check): the activation quantize at one row of 128 blocks per program (`kq._config` on a
     GPU; two rows per program with 4 warps saturated every code of a bf16 input on an H200), the GEMM
-    at BM=64, BN=128, BKW=32, one K split (`default_config` for M > 64). Forced in the interpreter, the
+    at BM=64, BN=64, BKW=16, one K split (`default_config` for M > 64). Forced in the interpreter, the
     defaults on a GPU. BF16 input as in the benchmark, FP32 output. The activation
     codes and scales are checked first, so a failure says which of the two kernels is wrong."""
     (c, s, o), x = _m128_k2048_case()
     (M, K), N = x.shape, c.shape[0]
     gpu_q = kq._config(M, K, 16, interpret=False)
-    cfg = GemmConfig(BN=128, BM=64, BKW=32, split=1, num_warps=4, num_stages=4)
+    cfg = GemmConfig(BN=64, BM=64, BKW=16, split=1, num_warps=4, num_stages=3, bf16_decode=True)
     assert gpu_q[:3] == (1, 128, True)
     if ON_GPU:
         assert kq._config(M, K, 16) == gpu_q and default_config(M, N, K, DEV) == cfg
@@ -159,6 +158,8 @@ def test_errors():
         prepare_weight(c, s[:, :1], o)
     with pytest.raises(ValueError):
         prepare_weight(c[:, :24], s, o)
+    with pytest.raises(ValueError, match="kind"):  # "mma" names the MMA tile; no other kind runs it
+        fp4_linear(torch.ones(1, 32, device=DEV), pw, config=GemmConfig(kind="wgmma"))
     assert fp4_linear(torch.ones(0, 32, device=DEV), pw).shape == (0, 16)
 
 

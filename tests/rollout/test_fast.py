@@ -63,15 +63,6 @@ def test_self_test_passes_at_the_models_shapes(monkeypatch, family):
     eng.fwd.fast.self_test(eng.weights, torch.float32, "cpu", rows=(1, 20))
 
 
-def test_self_test_passes_with_the_v3_mma_tile(monkeypatch):
-    """TRACE_FP4_MMA=v3 with the kernels at every size: the engine's Triton path runs (and checks) the v3a
-    MMA tile at the model's shapes."""
-    monkeypatch.setenv("TRACE_FP4_CROSSOVER", "inf,inf")
-    monkeypatch.setenv("TRACE_FP4_MMA", "v3")
-    eng = _fast_engine(monkeypatch)
-    eng.fwd.fast.self_test(eng.weights, torch.float32, "cpu", rows=(1, 20))
-
-
 def test_self_test_checks_only_the_kernels_the_path_runs(monkeypatch):
     """With the default crossover the GEMMs are checked at the sizes that run on the kernels only (the MMA
     kernels are then neither used nor compiled); the quantize at every size."""

@@ -15,7 +15,7 @@ tensor cores (`crossover`, measured), and larger ones take the quantize kernel's
 into BF16 GEMMs on the dequantized weights. A recorder gets the activations' codes from the kernels' own quantize
 (`keep` callbacks: no second quantization) and the K/V codes read back from the cache kv_store wrote
 (KVCache.stored). Prefill is compute-bound, and there the MMA kernels measured slower than BF16
-GEMMs on the dequantized weights (same codes). `RolloutEngine(fp4_backend="torch")` or
+GEMMs on the dequantized weights (same codes; measured with the MMA tile before v3a, kernels/NOTES.md v3b). `RolloutEngine(fp4_backend="torch")` or
 TRACE_ROLLOUT_BACKEND=torch disables it (=triton forces it on a CPU under TRITON_INTERPRET=1).
 
 On a GPU the engine runs `TritonPath.self_test` at its first weight sync: the kernels against
@@ -40,8 +40,10 @@ BACKENDS = ("auto", "torch", "triton")
 # 1.21-1.24x at M=2 and 0.89-0.95x at M=4; routed experts 1.09-2.23x torch._grouped_mm at up to ~2
 # (token, slot) rows per expert (T*k/E) and 0.48-0.96x from 4. Above these sizes the step quantizes the
 # activation with the same kernel (same codes, one launch, its dequantized copy) and multiplies on BF16
-# tensor cores with the dequantized weights, as prefill does. TRACE_FP4_CROSSOVER="ROWS,LOAD" overrides
-# both (e.g. "inf,inf": kernels at every size; "0,0": never), for benchmarks and tests.
+# tensor cores with the dequantized weights, as prefill does. These sizes were decided when the MMA kernels
+# (the kernels' path above the GEMV's sizes) ran the tile before v3a; with v3a they are to be re-measured
+# (kernels/NOTES.md v3b). TRACE_FP4_CROSSOVER="ROWS,LOAD" overrides both (e.g. "inf,inf": kernels at every
+# size; "0,0": never), for benchmarks and tests.
 DENSE_KERNEL_ROWS = 2
 MOE_KERNEL_LOAD = 2.0
 
