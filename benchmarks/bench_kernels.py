@@ -647,6 +647,9 @@ def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name):
     return len(body), ops, ck.asm["ttgir"].count("convert_layout"), ck.metadata.shared
 
 
+KV_CODE_PTR = "*i32"  # the attention kernel's K/V code pointers: int32 words
+
+
 def sass_counts():
     from kernels.gemm import _fp4_gemv2_kernel
     from kernels.moe import _moe_gemm_kernel
@@ -691,6 +694,23 @@ def sass_counts():
                                  config=f"A={'fp4' if a_fp4 else 'bf16'};BM={bm};BN=64;BKW={bkw};num_warps=4;num_stages={st}",
                                  note=";".join(f"{k}={v}" for k, v in stats.items())))
                 log(rows[-1])
+    # FP4-KV decode attention, D 128, 8 query heads per KV head (16 MMA rows), 64-token tiles, 4 warps (the
+    # engine's default tile): loop instructions per K/V element (kernels/NOTES.md v2i, v3b)
+    from kernels.attention import _decode_attn_kernel
+    sig = {"q_ptr": "*bf16", "kp_ptr": KV_CODE_PTR, "ks_ptr": "*u8", "kf_ptr": "*fp32", "vp_ptr": KV_CODE_PTR,
+           "vs_ptr": "*u8", "vf_ptr": "*fp32", "starts_ptr": "*i32", "lens_ptr": "*i32", "o_ptr": "*fp32",
+           "lse_ptr": "*fp32", "qk_scale": "fp32", "Hq": "i32", "Hkv": "i32", "per_split": "i32", "NSPLIT": "i32",
+           "G": "constexpr", "GP": "constexpr", "D": "constexpr", "BLOCK_N": "constexpr", "NIT": "constexpr",
+           "INTERP": "constexpr"}
+    aligned = ["q_ptr", "kp_ptr", "ks_ptr", "kf_ptr", "vp_ptr", "vs_ptr", "vf_ptr", "o_ptr", "lse_ptr"]
+    for bn in (32, 64, 128):
+        cst = dict(G=8, GP=16, D=128, BLOCK_N=bn, NIT=8192 // bn, INTERP=False)
+        n, ops, cvt, shared = _loop_sass(_decode_attn_kernel, sig, aligned, cst, 4, 1, f"attn_{bn}")
+        stats = dict(loop_instr=n, lane_instr_per_kv_element=round(n * 128 / (2 * bn * 128), 2), shared_bytes=shared,
+                     ttgir_convert_layouts=cvt, top_ops=" ".join(f"{k}:{v}" for k, v in ops.most_common(8)))
+        rows.append(dict(op="sass", shape="D128 G8", provider="_decode_attn_kernel", config=f"BLOCK_N={bn};num_warps=4",
+                         note=";".join(f"{k}={v}" for k, v in stats.items())))
+        log(rows[-1])
     RUN.update(gpu="sm_90 (offline ptxas)")
     for r in rows:
         _emit(r)

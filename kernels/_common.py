@@ -95,28 +95,16 @@ def nib_to_f32_scaled(n):
 
 
 @triton.jit
-def dequant_tile(bp, sp, bmask, smask, R: tl.constexpr, BK: tl.constexpr):
-    """NVFP4 tile of R rows x BK elements -> [R, BK] fp32 = q * s_b * 2^-7 (the decode trick: scale by the
-    row's 2^7 / S_enc after the MMA). bp: [R, BK/2] pointers to packed bytes (element 2i is byte i's low
-    nibble), sp: [R, BK/16] pointers to E4M3 scale bytes; masked bytes and scales read 0.
-    A thread decodes whole bytes: the two nibbles of a byte are decoded apart and joined back in element
-    order (`tl.join` keeps the pair in the thread) and the block scales multiply [R, BK/16, 16] blocks, so
-    nothing crosses threads before the tile meets the MMA. (A [R, BK/8, 8] broadcast of int32 words over
-    nibble shifts spread a word's 8 nibbles over 8 threads: offline SASS of that attention version had 128
-    scalar 16-bit shared stores and 128 byte loads per thread and tile; kernels/NOTES.md v2i.)"""
-    byte = tl.load(bp, mask=bmask, other=0).to(tl.int32)
-    vals = tl.reshape(tl.join(nib_to_f32_scaled(byte), nib_to_f32_scaled(byte >> 4)), [R, BK // 16, 16])
-    sc = e4m3_value(tl.load(sp, mask=smask, other=0)) * 6.646139978924579e35  # s_b * 2^119: exact
-    return tl.reshape(vals * sc[:, :, None], [R, BK])
-
-
-@triton.jit
 def dequant_tile_words(wp, sp, wmask, smask, R: tl.constexpr, BK: tl.constexpr, BF16: tl.constexpr = False,
                        PAIRED: tl.constexpr = False):
-    """`dequant_tile` over int32 words (8 nibbles, element 8w + j at bits 4j): wp [R, BK/8] pointers. A
-    thread decodes whole words, its 8 values joined back in element order in registers (three levels of
-    `tl.join`: the last join's pair is the fastest index), so a thread loads 4 bytes per 8 weights (the
-    byte version above had the MMA kernels read their pipelined tile from shared memory one byte at a time).
+    """NVFP4 tile of R rows x BK elements -> [R, BK] fp32 = q * s_b * 2^-7 (the decode trick: scale by the
+    row's 2^7 / S_enc after the MMA). wp: [R, BK/8] pointers to int32 words (8 nibbles, element 8w + j at
+    bits 4j), sp: [R, BK/16] pointers to E4M3 scale bytes; masked words and scales read 0. A thread decodes
+    whole words, its 8 values joined back in element order in registers (three levels of `tl.join`: the
+    last join's pair is the fastest index), so nothing crosses threads before the tile meets the MMA and a
+    thread loads 4 bytes per 8 values (a byte-wise decode had the MMA kernels read their pipelined tile
+    from shared memory one byte at a time; kernels/NOTES.md v3a). Used by the GEMM / MoE MMA tile and the
+    KV decode attention.
     BF16 (GPU only: inline PTX, `_DECODE8_ASM`): decode and scale in bf16 -> [R, BK] bf16, the same values
     (a code's 2 significant bits times a scale's 4 fit bf16's 8, and s_b * 2^119 <= 448 * 2^119 is below
     bf16's largest finite value), a bf16x2 multiply scaling two weights. PAIRED (with BF16): the words are

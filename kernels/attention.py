@@ -8,9 +8,10 @@ into given slots (the quantize kernel of `kernels.quantize` with a scatter of ou
 seq_lens[b] cached tokens of sequence b, stored at slots seq_starts[b] + 0..len-1 (the decode token
 is the last, so the causal mask is the length mask). Flash-decoding: grid (B, Hkv, splits), each
 program serves all Hq/Hkv query heads of its KV head over one chunk of the context, dequantizing
-K and V tiles in registers (decode trick of `kernels._common`, per-token 2^7/S_enc folded into the
-scores for K and into the probabilities for V), online softmax in FP32, BF16 MMA; a second small
-kernel merges the splits by their log-sum-exp.
+K and V tiles in registers (whole int32 words of codes per thread, `kernels._common.dequant_tile_words`,
+in bf16 by inline PTX on a GPU; per-token 2^7/S_enc folded into the scores for K and into the
+probabilities for V), online softmax in FP32, BF16 MMA; a second small kernel merges the splits by their
+log-sum-exp. Tiles of at least 32 tokens on a GPU (16 computed wrong there; kernels/NOTES.md "v3b attention").
 
 Compared against: `kernels.reference.decode_attention_reference` over `kv_dequantize`d caches
 (tests/kernels/test_attention.py); timing vs BF16 SDPA in benchmarks/bench_kernels.py.
@@ -25,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import INTERPRET, check_tensor, dequant_tile, num_sms
+from kernels._common import INTERPRET, check_tensor, dequant_tile_words, num_sms
 from kernels.quantize import QuantizedRows, quantize_rows
 
 
@@ -81,13 +82,20 @@ def kv_store(cache: FP4KVCache, k: torch.Tensor, v: torch.Tensor, slots: torch.T
 
 
 @triton.jit
-def _dequant_rows(pp, sp, fp, rows, rmask, D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Dequantize cache rows -> ([BLOCK_N, D] fp32 = q * s_b * 2^-7, [BLOCK_N] factor 2^7/S_enc), decoded
-    byte-wise (`kernels._common.dequant_tile`)."""
-    offs_b = tl.arange(0, D // 2)
+def _dequant_rows(pw, sp, fp, rows, rmask, D: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr):
+    """Dequantize cache rows -> ([BLOCK_N, D] = q * s_b * 2^-7, [BLOCK_N] factor 2^7/S_enc). pw / sp / fp: the codes
+    as int32 words [rows, D/8], the scale bytes and the factors from the sequence's first row on; rows: int32
+    offsets from it (a sequence spans < 2^31 words: no 64-bit address arithmetic per element). Each thread
+    decodes whole words (`kernels._common.dequant_tile_words`), on a GPU
+    in bf16 by inline PTX (the MMA operand's dtype, the same values), in the interpreter in fp32."""
+    offs_w = tl.arange(0, D // 8)
     offs_s = tl.arange(0, D // 16)
-    vals = dequant_tile(pp + rows[:, None] * (D // 2) + offs_b[None, :], sp + rows[:, None] * (D // 16) + offs_s[None, :],
-                        rmask[:, None], rmask[:, None], BLOCK_N, D)
+    wp = pw + rows[:, None] * (D // 8) + offs_w[None, :]
+    scp = sp + rows[:, None] * (D // 16) + offs_s[None, :]
+    if INTERP:
+        vals = dequant_tile_words(wp, scp, rmask[:, None], rmask[:, None], BLOCK_N, D)
+    else:
+        vals = dequant_tile_words(wp, scp, rmask[:, None], rmask[:, None], BLOCK_N, D, True)
     f = tl.load(fp + rows, mask=rmask, other=1.0)
     return vals, 128.0 / f
 
@@ -101,7 +109,13 @@ def _decode_attn_kernel(q_ptr, kp_ptr, ks_ptr, kf_ptr, vp_ptr, vs_ptr, vf_ptr, s
     h = tl.program_id(1)
     sp = tl.program_id(2)
     L = tl.load(lens_ptr + b)
-    start = tl.load(starts_ptr + b).to(tl.int64)
+    base = tl.load(starts_ptr + b).to(tl.int64) * Hkv + h  # cache row of the sequence's first token, head h
+    kp_ptr += base * (D // 8)
+    ks_ptr += base * (D // 16)
+    kf_ptr += base
+    vp_ptr += base * (D // 8)
+    vs_ptr += base * (D // 16)
+    vf_ptr += base
     offs_g = tl.arange(0, GP)
     gmask = offs_g < G
     offs_d = tl.arange(0, D)
@@ -117,8 +131,8 @@ def _decode_attn_kernel(q_ptr, kp_ptr, ks_ptr, kf_ptr, vp_ptr, vs_ptr, vf_ptr, s
     for it in range(NIT):
         offs_n = n_lo + it * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = offs_n < L
-        rows = (start + offs_n) * Hkv + h  # cache rows (slot, head)
-        kd, kf = _dequant_rows(kp_ptr, ks_ptr, kf_ptr, rows, nmask, D, BLOCK_N)
+        rows = offs_n * Hkv  # cache rows (slot, head) from the sequence's first
+        kd, kf = _dequant_rows(kp_ptr, ks_ptr, kf_ptr, rows, nmask, D, BLOCK_N, INTERP)
         if INTERP:
             s = tl.dot(q, tl.trans(kd), input_precision="ieee")
         else:
@@ -130,7 +144,7 @@ def _decode_attn_kernel(q_ptr, kp_ptr, ks_ptr, kf_ptr, vp_ptr, vs_ptr, vf_ptr, s
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        vd, vf = _dequant_rows(vp_ptr, vs_ptr, vf_ptr, rows, nmask, D, BLOCK_N)
+        vd, vf = _dequant_rows(vp_ptr, vs_ptr, vf_ptr, rows, nmask, D, BLOCK_N, INTERP)
         pv = p * vf[None, :]
         if INTERP:
             acc = acc * alpha[:, None] + tl.dot(pv, vd, input_precision="ieee")
@@ -187,7 +201,7 @@ def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tenso
     if not INTERPRET and bn < 32:
         # Measured on an H200 (Triton 3.6): with 16-token tiles the compiled kernel returns wrong outputs
         # (relative error ~1 at every head dim, split count and num_warps tried; 32, 64 and 128 agree with
-        # the oracle to ~1.5e-3). kernels/NOTES.md v2i.
+        # the oracle to ~1.5e-3). kernels/NOTES.md "v3b attention".
         raise ValueError(f"block_n must be >= 32 on a GPU, got {bn}")
     if num_splits is None:
         want = max(1, triton.cdiv(2 * num_sms(q.device), max(1, B * Hkv)))
@@ -202,7 +216,8 @@ def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tenso
         return out
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * math.log2(math.e)
     _decode_attn_kernel[(B, Hkv, num_splits)](
-        q, cache.k_packed, cache.k_scales, cache.k_outer, cache.v_packed, cache.v_scales, cache.v_outer,
+        q, cache.k_packed.view(torch.int32), cache.k_scales, cache.k_outer,  # codes as words [S, Hkv, D/8]
+        cache.v_packed.view(torch.int32), cache.v_scales, cache.v_outer,
         seq_starts.to(torch.int32), seq_lens.to(torch.int32), o_part, lse, scale, Hq, Hkv, per_split, num_splits,
         G=G, GP=GP, D=D, BLOCK_N=bn, NIT=per_split // bn, INTERP=INTERPRET, num_warps=num_warps)
     _combine_kernel[(B * Hq,)](o_part, lse, out, num_splits, SP=max(2, triton.next_power_of_2(num_splits)), D=D)
