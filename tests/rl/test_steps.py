@@ -177,6 +177,20 @@ def test_step_other_tasks(tmp_path, task):
     assert rec["k3"] is not None and rec["n_tokens"] > 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("task", ["long_horizon", "coding"])
+def test_gpu_step_other_tasks(tmp_path, task):
+    """The small profile's other tasks on the GPU path (BF16 engine with the FP4 kernels and CUDA graphs,
+    BF16-autocast trainer), which their reasoning runs exercise but the multi-turn episodes and the coding
+    sandbox do not: one trace step each, with the guidance replayed (lease calls run it before a chunk)."""
+    cfg = small_cfg([f"task.name={task}", "rl.method=trace", "rl.steps=1", "rl.max_new_tokens=8",
+                     "rl.prompts_per_step=4", "rl.group_size=2", "rl.max_turns=3", "device=cuda"])
+    tr = RLTrainer(cfg, tmp_path / task, progress=False)
+    rec = tr.step(1)
+    assert rec["n_tokens"] > 0 and rec["guidance_bytes_per_gen_token"] > 0
+    assert all(torch.isfinite(torch.tensor(float(rec[k]))) for k in ("k3", "loss", "grad_norm"))
+
+
 def test_wandb_offline_mirror(tmp_path):
     pytest.importorskip("wandb")
     cfg = small_cfg(["rl.method=bf16", "rl.steps=1", "wandb.mode=offline"])
