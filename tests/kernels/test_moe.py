@@ -136,8 +136,11 @@ def _align_oracle(ids, E, BM):
     return slots, torch.where(be < E, be, -1).int()
 
 
-@pytest.mark.parametrize("T,k,E,BM", [(1, 8, 128, 1), (37, 2, 8, 4), (300, 4, 60, 16), (5, 8, 64, 2)])
+@pytest.mark.parametrize("T,k,E,BM", [(1, 8, 128, 1), (37, 2, 8, 4), (300, 4, 60, 16), (5, 8, 64, 2),
+                                      (256, 8, 128, 16), (1100, 2, 8, 64), (33, 8, 128, 16)])
 def test_align_equals_stable_sort_oracle(T, k, E, BM):
+    """Both ways of sorting (one program up to ALIGN_ONE_PROGRAM_MAX_SLOTS slots, chunk-parallel above:
+    T*k = 8 .. 2,200 slots, 1 to 35 chunks of 64, more than one group of 16 chunks) equal the oracle."""
     g = torch.Generator().manual_seed(T * E)
     ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])  # several chunks when T*k > 64
     slots, bexp = host(moe_align(dev(ids), E=E, BM=BM))
