@@ -8,12 +8,15 @@ autocast: every op and the residual stream in BF16, like the BF16 engine). Per p
 rate of the trainer's own rounding against the rollout's codes (rollout routing), the same per
 quantization site of layer 0 (where a difference first shows), k3 and mean |dlp| over the sampled tokens.
 
-    PYTHONPATH=$PWD python scripts/fidelity/bf16_paths.py MODEL SFT_CKPT [BATCHES]
-MODEL: qwen3_moe-tiny | mixtral-tiny; SFT_CKPT: results/runs/smoke/MODEL/reasoning/sft/ckpt (after
-`snakemake all`). Compared against: nothing upstream; the numbers are in docs/LOG.md.
+    PYTHONPATH=$PWD python scripts/fidelity/bf16_paths.py MODEL SFT_CKPT [--batches 3] [--profile smoke] [--device cpu]
+MODEL: a model of the profile (smoke: qwen3_moe-tiny | mixtral-tiny; small: the *-small flavors, with
+`--device cuda`: the engine's Triton kernels in BF16, cuBLAS in the trainer); SFT_CKPT:
+results/runs/PROFILE/MODEL/reasoning/sft/ckpt (after `snakemake all`; a GPU lease rebuilds the small
+profile's). The run config is the profile's trace seed 0 config of MODEL. Compared against: nothing
+upstream; the numbers are in docs/LOG.md.
 """
+import argparse
 import json
-import sys
 import warnings
 
 import torch
@@ -29,19 +32,19 @@ from trace.rl.trainer import build_train_batch, token_logprobs
 from trace.rollout import RolloutEngine
 
 
-def main(model: str, ckpt: str, batches: int = 3) -> None:
+def main(model: str, ckpt: str, batches: int = 3, profile: str = "smoke", device: str = "cpu") -> None:
     torch.set_num_threads(2)
-    cfg = C.load_config(f"results/runs/smoke/configs/{model}/reasoning/trace-seed0.yaml", ["threads=2"])
+    cfg = C.load_config(f"results/runs/{profile}/configs/{model}/reasoning/trace-seed0.yaml", ["threads=2"])
     task = build_task(cfg)
     train = task.make_split("train", cfg["task"]["n_train"], cfg["task"]["seed"])
     trainers = {}
     ckpt = rundir.resolve_checkpoint(ckpt)
     for name, dtype in (("fp32", torch.float32), ("autocast", torch.float32), ("bf16", torch.bfloat16)):
-        m, tok = load_checkpoint(ckpt, dtype=dtype)
+        m, tok = load_checkpoint(ckpt, dtype=dtype, device=device)
         patch_model(m, "w4a4kv4", "nvfp4")
         trainers[name] = m.eval()
     for eng_dtype in (torch.float32, torch.bfloat16):
-        eng = RolloutEngine(trainers["fp32"].config, mode="w4a4", kv_fp4=True, dtype=eng_dtype)
+        eng = RolloutEngine(trainers["fp32"].config, mode="w4a4", kv_fp4=True, dtype=eng_dtype, device=device)
         eng.sync_weights(trainers["fp32"])
         acc = {name: {"k3": [], "dlp": [], "flip": {}, "site0": {}} for name in trainers}
         for b in range(batches):
@@ -51,7 +54,7 @@ def main(model: str, ckpt: str, batches: int = 3) -> None:
             batch = run_episode(eng, task, tok, examples, n=8, max_new_tokens=6, temperature=1.0, seed=b,
                                 max_turns=1, recorder=rec).batch
             record = rec.finish()
-            tb = build_train_batch(batch, tok.pad_token_id)
+            tb = build_train_batch(batch, tok.pad_token_id, device=device)
             for name, m in trainers.items():
                 with torch.no_grad(), replay(m, record, tb.seq, tb.pos, guide=False) as st:
                     lp = token_logprobs(m, tb, autocast=name == "autocast")
@@ -64,7 +67,7 @@ def main(model: str, ckpt: str, batches: int = 3) -> None:
                     if n:
                         acc[name]["site0"].setdefault(site, []).append(f / n)
         for name, a in acc.items():
-            row = {"model": model, "engine": str(eng_dtype).split(".")[-1], "trainer": name,
+            row = {"model": model, "device": device, "engine": str(eng_dtype).split(".")[-1], "trainer": name,
                    "k3": sum(a["k3"]) / len(a["k3"]), "dlp_abs_mean": sum(a["dlp"]) / len(a["dlp"]),
                    "code_flip_rate": {k: round(sum(v) / len(v), 5) for k, v in sorted(a["flip"].items())},
                    "layer0_sites": {k: round(sum(v) / len(v), 5) for k, v in sorted(a["site0"].items())}}
@@ -73,4 +76,11 @@ def main(model: str, ckpt: str, batches: int = 3) -> None:
 
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 3)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("ckpt")
+    ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--profile", default="smoke")
+    ap.add_argument("--device", default="cpu")
+    a = ap.parse_args()
+    main(a.model, a.ckpt, a.batches, a.profile, a.device)
