@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One GPU call (the device tool's `run`, at most 600 s) that checks and times the kernels and the rollout
+# engine: the kernels' GPU tests, then benchmarks/bench_kernels.py at the crossover sizes of the Qwen3 and
+# Mixtral shapes (every T and M, the MMA tile also where the GEMV is the default), then
+# benchmarks/bench_rollout.py at the Qwen3-30B-A3B layer shape. Everything lands in OUT (k.csv, r.csv, logs);
+# here append them with benchmarks/results_table.py. A failing test stops the call before any timing.
+#   bash scripts/gpu/bench_call.sh VERSION [PARTS]   # carry .anchors (triton_kernels v3.6.0, the anchor)
+# PARTS: bench_kernels --only (default attention,moe,dense); LIMIT (default 570) bounds the call in seconds;
+# GIT_COMMIT names the launching commit (the lease's .git is stale).
+set -uo pipefail
+t0=$(date +%s)
+version=${1:?usage: bench_call.sh VERSION [PARTS]}; parts=${2:-attention,moe,dense}
+out=${OUT:?the device tool sets OUT}
+limit=${LIMIT:-570}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+left() { echo $(( limit - ($(date +%s) - t0) )); }
+if ! timeout 200 python3 -m pytest tests/kernels tests/rl/test_steps.py -q -p no:cacheprovider \
+    -k "every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert" > "$out/tests.log" 2>&1; then
+  tail -40 "$out/tests.log"; echo "GPU tests failed: nothing timed"; exit 1
+fi
+tail -1 "$out/tests.log"
+anchor=.anchors/triton_kernels-v3.6.0
+[ -d "$anchor" ] || echo "no $anchor: the anchor's rows are skipped"
+PYTHONPATH=$PYTHONPATH:$anchor timeout $(( $(left) - 170 )) python3 benchmarks/bench_kernels.py --quick \
+  --T 1 4 16 64 256 --M 1 2 4 8 16 --only "$parts" --version "$version" --out "$out/k.csv" > "$out/k.log" 2>&1
+echo "kernels: rc $? after $(( $(date +%s) - t0 )) s, $(grep -c 'CHECK FAIL' "$out/k.log") failed checks"
+grep "CHECK FAIL" "$out/k.log" | head -5
+timeout $(( $(left) - 5 )) python3 benchmarks/bench_rollout.py --device cuda --models qwen3_30b_a3b --batch 256 64 \
+  --gen 1024 --providers engine-bf16 engine-w4a4-kv4-triton engine-w4a4-kv4-kernels --version "$version" \
+  --deadline $(( $(left) - 60 )) --out "$out/r.csv" > "$out/r.log" 2>&1
+echo "rollout: rc $? after $(( $(date +%s) - t0 )) s"
+grep -h "tokens_per_s" "$out/r.log" | sed -E "s/.*'provider': '([^']*)', 'batch': ([0-9]+).*'tokens_per_s': ([0-9.]+).*'ratio_vs_bf16': ([0-9.]+).*/\1 b\2 \3 tok\/s \4x/"
