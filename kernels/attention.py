@@ -83,11 +83,11 @@ def kv_store(cache: FP4KVCache, k: torch.Tensor, v: torch.Tensor, slots: torch.T
 
 @triton.jit
 def _dequant_rows(pw, sp, fp, rows, rmask, D: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr):
-    """Dequantize cache rows -> ([BLOCK_N, D] = q * s_b * 2^-7, [BLOCK_N] factor 2^7/S_enc). pw / sp / fp: the codes
-    as int32 words [rows, D/8], the scale bytes and the factors from the sequence's first row on; rows: int32
-    offsets from it (a sequence spans < 2^31 words: no 64-bit address arithmetic per element). Each thread
-    decodes whole words (`kernels._common.dequant_tile_words`), on a GPU
-    in bf16 by inline PTX (the MMA operand's dtype, the same values), in the interpreter in fp32."""
+    """Dequantize cache rows -> ([BLOCK_N, D] = q * s_b * 2^-7, [BLOCK_N] factor 2^7/S_enc). pw / sp / fp:
+    the codes as int32 words [rows, D/8], the scale bytes and the factors, from the sequence's first row on;
+    rows: int32 offsets from it (a sequence spans < 2^31 words: no 64-bit address arithmetic per element).
+    Each thread decodes whole words (`kernels._common.dequant_tile_words`), on a GPU in bf16 by inline PTX
+    (the MMA operand's dtype, the same values), in the interpreter in fp32."""
     offs_w = tl.arange(0, D // 8)
     offs_s = tl.arange(0, D // 16)
     wp = pw + rows[:, None] * (D // 8) + offs_w[None, :]
