@@ -167,6 +167,11 @@ def flip_rates_figure(runs):
             ax = axes[i, j]
             if shown[j]:
                 ax.set_xticks(sorted(shown[j]))
+            else:  # e.g. the main table's runs, which leave the diagnostic flip record off (rl.diag_flips)
+                ax.text(0.5, 0.5, "not logged by these runs\n(rl.diag_flips off)", ha="center", va="center",
+                        transform=ax.transAxes, color="0.4")
+                ax.set_xticks([])
+                ax.set_yticks([])
             ax.set_title(f"{model} / {task}: {label}")
             ax.set_xlabel("layer index (deeper to the right)")
             ax.set_ylabel("fraction differing, trainer vs rollout")

@@ -147,6 +147,24 @@ def test_flip_rates_at_true_layer_indices(tmp_path):
     assert sorted(ax.get_xticks().tolist()) == [0, 1, 2, 3]
 
 
+def test_flip_rates_panel_without_data_says_so(tmp_path):
+    """Runs that log routing flips but no code flips (rl.diag_flips off) get a labelled empty panel, not
+    a blank unit axis that reads like a plotting error."""
+    from figures.plot_runs import flip_rates_figure
+    from figures.style import plt
+
+    runs = _runs(tmp_path, ablations=())
+    for r in runs:
+        for m in r.metrics:
+            m.pop("code_flip_rate", None)
+    fig = flip_rates_figure(runs)
+    code_ax, routing_ax = fig.axes[0], fig.axes[1]
+    texts = [t.get_text() for t in code_ax.texts]
+    plt.close(fig)
+    assert not code_ax.get_lines() and any("not logged" in t for t in texts)
+    assert routing_ax.get_lines() and not routing_ax.texts
+
+
 def test_curves_reward_panels_show_different_quantities(tmp_path):
     """Reward and training accuracy coincide for 0/1 rewards: the second panel is the held-out
     eval accuracy (its own steps), not a copy of the first."""
