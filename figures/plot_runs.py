@@ -205,6 +205,7 @@ def _stack_labels(ax, points: list[tuple[float, float, str]], fontsize: float = 
         while True:
             ann = ax.annotate(text, (x, y), xytext=(4, dy), textcoords="offset points", fontsize=fontsize,
                               va="bottom")
+            ann.update_positions(renderer)  # Text's extent alone does not place an annotation's text first
             box = Text.get_window_extent(ann, renderer)  # the text alone, without a leader line
             hit = next((b for b in placed if b.overlaps(box)), None)
             if hit is None:
@@ -216,6 +217,7 @@ def _stack_labels(ax, points: list[tuple[float, float, str]], fontsize: float = 
             ann = ax.annotate(text, (x, y), xytext=(4, dy), textcoords="offset points", fontsize=fontsize,
                               va="bottom", arrowprops={"arrowstyle": "-", "linewidth": 0.4, "color": "0.5",
                                                        "shrinkA": 0, "shrinkB": 2})
+            ann.update_positions(renderer)
             box = Text.get_window_extent(ann, renderer)
         placed.append(box)
 

@@ -199,14 +199,21 @@ def test_mismatch_vs_bytes_labels_do_not_overlap():
     fig = mismatch_vs_bytes_figure(df)
     from matplotlib.text import Text
 
+    fig.canvas.draw()  # places every annotation's text where it is drawn
     renderer = fig.canvas.get_renderer()
-    boxes = {t.get_text(): Text.get_window_extent(t, renderer) for t in fig.axes[0].texts}  # text, no leader
+    ax = fig.axes[0]
+    boxes = {t.get_text(): Text.get_window_extent(t, renderer) for t in ax.texts}  # text, no leader
+    points = {t.get_text(): ax.transData.transform(t.xy) for t in ax.texts}
+    top = ax.get_window_extent(renderer).y1
     plt.close(fig)
     assert set(boxes) == set(arms)
     names = sorted(boxes)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             assert not boxes[a].overlaps(boxes[b]), (a, b)
+    for a, box in boxes.items():  # beside its point or stacked just above it, never below or far away
+        px, py = points[a]
+        assert px < box.x0 < px + 20 and py - 10 < box.y0 < max(py, top) + 60, (a, box, (px, py))
 
 
 def _error_bars(ax):
