@@ -63,6 +63,25 @@ def _mean_curve(runs, name, smooth: int = 1):
     return xs, ys
 
 
+def _seed_band(runs, name, smooth: int = 1):
+    """Per step the lowest and highest seed, each seed's curve smoothed like the mean's, over the steps every
+    seed logged; empty with fewer than two seeds."""
+    curves = []
+    for r in runs:
+        xs, ys = r.series(name)
+        if not np.asarray(xs).size:
+            continue
+        ys = np.asarray(ys, dtype=float)
+        if smooth > 1 and ys.size > smooth:
+            ys = pd.Series(ys).rolling(smooth, min_periods=1).mean().to_numpy()
+        curves.append(dict(zip(np.asarray(xs).tolist(), ys, strict=False)))
+    if len(curves) < 2:
+        return np.array([]), np.array([]), np.array([])
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    vals = np.array([[c[x] for x in steps] for c in curves])
+    return np.array(steps), np.nanmin(vals, axis=0), np.nanmax(vals, axis=0)
+
+
 def _panel_grid(n_groups: int, n_cols: int, w: float = 4.2, h: float = 3.0):
     fig, axes = plt.subplots(n_groups, n_cols, figsize=(w * n_cols, h * n_groups), squeeze=False)
     return fig, axes
@@ -98,17 +117,21 @@ def curves_reward_figure(runs, main_only: bool = True):
                 continue
             for j, (name, _, _) in enumerate(panels):
                 # evaluations are sparse (every eval_every steps): drawn unsmoothed, with markers
-                x, y = _mean_curve(rs, name, smooth if name == "reward_mean" else 1)
+                sm = smooth if name == "reward_mean" else 1
+                x, y = _mean_curve(rs, name, sm)
                 if x.size:
                     extra = {} if name == "reward_mean" else {"marker": "o", "markersize": 3}
                     axes[i, j].plot(x, y, label=arm, **style.arm_style(arm), **extra)
+                    bx, lo, hi = _seed_band(rs, name, sm)
+                    if bx.size:
+                        axes[i, j].fill_between(bx, lo, hi, color=style.arm_color(arm), alpha=0.15, linewidth=0)
         for j, (_, title, ylabel) in enumerate(panels):
             ax = axes[i, j]
             ax.set_title(f"{model} / {task}: {title}")
             ax.set_xlabel("RL step")
             ax.set_ylabel(ylabel)
-    fig.suptitle(f"Reward and test accuracy per arm (mean over seeds{', reward smoothed' if smooth > 1 else ''})",
-                 y=1.0)
+    fig.suptitle(f"Reward and test accuracy per arm (mean over seeds, band: lowest to highest seed"
+                 f"{'; reward smoothed' if smooth > 1 else ''})", y=1.0)
     _legend(fig, axes)
     return fig
 

@@ -185,6 +185,27 @@ def test_curves_reward_panels_show_different_quantities(tmp_path):
     assert len(trace_l.get_xdata()) == len(run.series("reward_mean")[0]) != len(ex)
 
 
+def test_curves_reward_seed_band_spans_the_seeds(tmp_path):
+    """With several seeds each arm's curve has a band from its lowest to its highest seed (one seed: none)."""
+    import numpy as np
+    from matplotlib.collections import PolyCollection
+
+    from figures.plot_runs import curves_reward_figure
+    from figures.style import plt
+
+    runs = _runs(tmp_path, ablations=(), seeds=(0, 1, 2))
+    fig = curves_reward_figure(runs)
+    bands = [c for c in fig.axes[0].collections if isinstance(c, PolyCollection)]
+    plt.close(fig)
+    trace = [r for r in runs if r.arm == "trace"]
+    ys = np.array([r.series("reward_mean")[1] for r in trace])
+    assert len(bands) == len({r.arm for r in runs})
+    assert not np.allclose(ys.min(0), ys.max(0))  # the seeds differ, so the band has a width
+    one = curves_reward_figure(_runs(tmp_path / "one", ablations=()))
+    assert not [c for c in one.axes[0].collections if isinstance(c, PolyCollection)]
+    plt.close(one)
+
+
 def test_mismatch_vs_bytes_labels_do_not_overlap():
     import pandas as pd
 
