@@ -83,7 +83,7 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
                  codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
                  BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
                  NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
-                 INTERP: tl.constexpr):
+                 FAKE_EXACT: tl.constexpr, INTERP: tl.constexpr):
     CH: tl.constexpr = NB * BLOCK
     amax_blk = tl.max(tl.abs(xb), axis=2)  # [BM, NB]
     if IS_NV:
@@ -127,7 +127,9 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
     code = idx | (sign << 3)  # [BM, NB, BLOCK] int32 0..15
     if FAKE:  # dequantized value e2m1 * s_b / S_enc (the product is exact), then one cast
         g = tl.where(sign == 1, -e2m1_grid(idx), e2m1_grid(idx)) * s_b[:, :, None]
-        if IS_NV:  # times the row's reciprocal, not a per-element division (that doubled the kernel's time)
+        if IS_NV and FAKE_EXACT:  # the reference's formula, a correctly rounded division per element
+            g = tl.math.div_rn(g, tl.broadcast_to(s_enc[:, None, None], g.shape))
+        elif IS_NV:  # times the row's reciprocal, not a per-element division (that doubled the kernel's time)
             g = g * tl.math.div_rn(1.0, s_enc)[:, None, None]
         if INTERP and fq_ptr.dtype.element_ty == tl.bfloat16:  # the interpreter's cast truncates: round (RNE) here
             b = g.to(tl.int32, bitcast=True)
@@ -159,7 +161,7 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
                        M, K, stride_xm, seed, amax_min,
                        BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
                        NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
-                       HAS_DST: tl.constexpr, SINGLE: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr,
+                       FAKE_EXACT: tl.constexpr, HAS_DST: tl.constexpr, SINGLE: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr,
                        INTERP: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BM + tl.arange(0, BM)  # [BM]
@@ -176,7 +178,7 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
             s_enc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(2688.0, tl.maximum(amax, amax_min)))
             tl.store(outer_ptr + drow, s_enc, mask=rmask)
         _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, 0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
-                     BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, INTERP)
+                     BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, INTERP)
     else:
         if IS_NV:
             amax = tl.zeros([BM], tl.float32)
@@ -190,7 +192,7 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
             k0 = c * CH
             xb, kk, mask = _load_chunk(x_ptr, rows, rmask, stride_xm, k0, K, NB, BLOCK)
             _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
-                         BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, INTERP)
+                         BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, INTERP)
 
 
 def _config(M: int, K: int, block: int, interpret: bool = INTERPRET):
@@ -215,13 +217,15 @@ def _config(M: int, K: int, block: int, interpret: bool = INTERPRET):
 def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *, seed: int = 0,
                   guidance: bool = False, mx_rule: str = "floor", out: QuantizedRows | None = None,
                   dst_rows: torch.Tensor | None = None, fake_dtype: torch.dtype | None = None,
-                  check_finite: bool = True) -> QuantizedRows:
+                  fake_exact: bool = False, check_finite: bool = True) -> QuantizedRows:
     """Quantize x [..., K] (fp32/bf16/fp16) per row. Returns QuantizedRows (see class docstring).
 
     out/dst_rows: write into caller-owned flat buffers (packed [R, K/2], scales [R, K/b], outer [R],
     mantissa [R, K/8] or None) at rows dst_rows [M] (int32/int64) instead of allocating.
     fake_dtype: also write the dequantized rows (QuantizedRows.fake, [..., K]) in this dtype in the same
-    pass, so a W4A16 kernel can run W4A4 on them (kernels.gemm / kernels.moe decode path)."""
+    pass, so a W4A16 kernel can run W4A4 on them (kernels.gemm / kernels.moe decode path); NVFP4 divides by
+    S_enc as the reference does only with fake_exact (bit-identical to `kernels.reference.nvfp4_dequantize`
+    cast to fake_dtype, at twice the kernel's time), else multiplies by its reciprocal (within an ulp)."""
     check_tensor(x, "x", (torch.float32, torch.bfloat16, torch.float16), finite=check_finite)
     if fmt not in ("nvfp4", "mxfp4"):
         raise ValueError(f"fmt must be 'nvfp4' or 'mxfp4', got {fmt!r}")
@@ -279,7 +283,7 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
         x2, packed, scales, outer, mant if guidance else packed, dst_rows if dst_rows is not None else packed,
         fq if fq is not None else x2, M, K, x2.stride(0), int(seed), _AMAX_MIN,
         BM=bm, NB=nb, BLOCK=block, IS_NV=fmt == "nvfp4", NOCLIP=mx_rule == "noclip",
-        STOCH=rounding == "stochastic", GUIDE=guidance, FAKE=fq is not None, HAS_DST=dst_rows is not None, SINGLE=single, CH=nb * block, NCH=triton.cdiv(K, nb * block), INTERP=INTERPRET,
+        STOCH=rounding == "stochastic", GUIDE=guidance, FAKE=fq is not None, FAKE_EXACT=fake_exact, HAS_DST=dst_rows is not None, SINGLE=single, CH=nb * block, NCH=triton.cdiv(K, nb * block), INTERP=INTERPRET,
         num_warps=nw,
     )
     if out is not None:

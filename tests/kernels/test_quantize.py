@@ -164,6 +164,17 @@ def test_fake_output_is_the_reference_dequantization(fmt, dtype):
     assert torch.equal(q0.packed, q.packed) and torch.equal(q0.scales, q.scales) and q0.fake is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fake_exact_is_bit_identical_to_the_reference(dtype):
+    """fake_exact (the engine's FP4-KV prefill: what `KVCache.read` decodes): the reference's formula,
+    q * s_b / S_enc with the division correctly rounded, then one cast: equal bit for bit, both devices."""
+    x = _data(9, 2048 + 128, seed=5).to(dtype)
+    q = host(quantize_rows(dev(x), "nvfp4", fake_dtype=dtype, fake_exact=True))
+    want = ref.nvfp4_dequantize(q.codes(), q.scales, q.outer).to(dtype)
+    assert torch.equal(q.fake, want)
+    assert torch.equal(q.packed, host(quantize_rows(dev(x), "nvfp4")).packed)
+
+
 def _midpoint_edges() -> torch.Tensor:
     """One 16-element NVFP4 block per (E4M3 scale s, midpoint m): the block amax 6 * s makes the block
     scale exactly s (S_enc is 1: the row's amax is 2688), and the other 15 elements sit on m * s and on

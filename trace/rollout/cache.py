@@ -75,10 +75,16 @@ class KVCache:
             if not self.codes_stored:  # the value read() would decode, decoded once here
                 self.kv[layer][j][idx[0], :, idx[1]] = t.dequantize(self.dtype).reshape(x.shape)
                 continue
-            self.codes[layer][j][idx] = ref.pack_fp4(t.codes).reshape(*x.shape[:-1], -1)
-            self.scales[layer][j][idx] = t.scales.reshape(*x.shape[:-1], -1)
-            self.outer[layer][j][idx] = t.outer.expand(*t.codes.shape[:-1], 1).reshape(*x.shape[:-1], 1)
+            self.put_codes(layer, j, idx, ref.pack_fp4(t.codes), t.scales, t.outer.expand(*t.codes.shape[:-1], 1))
         return out
+
+    def put_codes(self, layer: int, j: int, idx, packed: torch.Tensor, scales: torch.Tensor, outer: torch.Tensor):
+        """Store K (j=0) or V (j=1) of a codes-storing cache at idx = (rows [R, T], slots [R, T]): packed codes,
+        scale bytes and outer scales of the R*T*H_kv (token, head) rows in that order, any leading shape."""
+        lead = idx[1].shape  # [R, T]
+        self.codes[layer][j][idx] = packed.reshape(*lead, -1, packed.shape[-1])
+        self.scales[layer][j][idx] = scales.reshape(*lead, -1, scales.shape[-1])
+        self.outer[layer][j][idx] = outer.reshape(*lead, -1, 1)
 
     def stored(self, layer: int, rows, slots: torch.Tensor) -> list[fp4.FP4Tensor]:
         """The FP4 K and V held at (rows [R], slots [R, T]) of a codes-storing cache, as the FP4Tensors

@@ -9,10 +9,11 @@ and `kernels.moe.prepare_moe_weights`; the engine forward then calls
     (per-token gate/up input, per-(token, slot) down input),
   - `kernels.attention.kv_store` + `decode_attention` for one-token decode steps with the FP4 KV cache
     (a zero-copy view of the engine's cache buffers).
-It is used only when the device is CUDA (or forced for interpreter tests), mode is w4a4, fmt nvfp4, and
-only for one-token decode steps; there the kernels run the projections up to the sizes where they beat BF16
-tensor cores (`crossover`, measured), and larger ones take the quantize kernel's codes (and dequantized copy)
-into BF16 GEMMs on the dequantized weights. A recorder gets the activations' codes from the kernels' own quantize
+It is used only when the device is CUDA (or forced for interpreter tests), mode is w4a4, fmt nvfp4. In
+one-token decode steps the kernels run the projections up to the sizes where they beat BF16 tensor cores
+(`crossover`, measured), and larger ones take the quantize kernel's codes (and dequantized copy) into BF16
+GEMMs on the dequantized weights; prefill and multi-token chunks always do the latter (`ChunkPath`), a
+fresh prefill storing its K/V through the same quantize kernel. A recorder gets the activations' codes from the kernels' own quantize
 (`keep` callbacks: no second quantization) and the K/V codes read back from the cache kv_store wrote
 (KVCache.stored). Prefill is compute-bound, and there the MMA kernels measured slower than BF16
 GEMMs on the dequantized weights (same codes; measured with the MMA tile before v3a, kernels/NOTES.md v3b). `RolloutEngine(fp4_backend="torch")` or
@@ -244,6 +245,44 @@ class TritonPath:
         flat_slots = r * per + slots[:, 0]  # [R]
         kv_store(view, k[:, 0], v[:, 0], flat_slots, check_finite=False)
         return decode_attention(q[:, 0], view, r * per, start + 1, max_len, check_finite=False).view(R, *q.shape[2:])
+
+
+class ChunkPath:
+    """The Triton path in a prefill or multi-token chunk (compute-bound: BF16 GEMMs on the dequantized
+    weights, never the FP4 GEMM kernels): the quantize kernel gives each activation site's codes (the
+    oracle's) and dequantized copy (`_act_fast`, as a decode step above the crossover does), and a fresh
+    prefill stores its K/V in the FP4 cache through the same kernel (`prefill_kv`). Before, a chunk ran the
+    torch oracle's quantization at every site and decoded the cache back for attention."""
+
+    @staticmethod
+    def dense_kernels(rows: int) -> bool:
+        return False
+
+    @staticmethod
+    def moe_kernels(i: int, tokens: int, k: int) -> bool:
+        return False
+
+    @staticmethod
+    def prefill_kv(cache, layer: int, rows, slots, k, v):
+        """Fresh prefill on the FP4 KV cache: k, v [R, T, Hkv, D] quantized per (token, head) by the quantize
+        kernel and stored at (rows, slots); returns their dequantized values [R, T, Hkv, D] in the cache
+        dtype, bit for bit what `KVCache.read` decodes of them (`fake_exact`), and the kernel's QuantizedRows
+        of k and v (for a recorder: `as_fp4`)."""
+        from kernels.quantize import quantize_rows
+
+        r = torch.arange(cache.batch, device=slots.device) if rows is None else rows
+        idx = (r[:, None].expand_as(slots), slots)
+        vals, qs = [], []
+        for j, x in enumerate((k, v)):
+            q = quantize_rows(x.reshape(-1, x.shape[-1]), "nvfp4", fake_dtype=cache.dtype, fake_exact=True,
+                              check_finite=False)  # rows (token, head) of [R*T*Hkv, D]
+            cache.put_codes(layer, j, idx, q.packed, q.scales, q.outer)
+            vals.append(q.fake.view(x.shape))
+            qs.append(q)
+        return vals[0], vals[1], qs
+
+
+CHUNK = ChunkPath()
 
 
 def as_fp4(q, dtype: torch.dtype, lead: tuple | None = None) -> fp4.FP4Tensor:

@@ -19,10 +19,11 @@ Decode order differs from the trainer on purpose (incremental, chunked, own MoE 
 
 Recording: with `rec` (a `trace.guidance.Recording`: recorder + row addressing) given, each quantized
 site calls `rec.add(layer, site, FP4Tensor of the chunk's rows)` and MoE layers `rec.add_routing`, the
-same calls and site names as the trainer's adapter (trace/guidance/replay.py). On the Triton path (decode
-steps) the kernels hand their own activation codes to `rec` (TritonPath `keep` callbacks), for the
-layers the recorder wants only; above the kernels' crossover (`TritonPath.dense_kernels` / `moe_kernels`)
-the quantize kernel's codes feed BF16 GEMMs on the dequantized weights and are recorded the same way. Without `rec` nothing extra is computed.
+same calls and site names as the trainer's adapter (trace/guidance/replay.py). On the Triton path the
+kernels hand their own activation codes to `rec` (TritonPath `keep` callbacks), for the layers the
+recorder wants only; above the kernels' crossover (`TritonPath.dense_kernels` / `moe_kernels`) and in
+prefill and multi-token chunks (`fast.ChunkPath`) the quantize kernel's codes feed BF16 GEMMs on the
+dequantized weights and are recorded the same way. Without `rec` nothing extra is computed.
 
 Compared against: the transformers forward (bf16 mode) and `trace.qat.patch_model(model, "w4a4")`
 (w4a4 mode) in tests/rollout/test_engine.py.
@@ -35,7 +36,7 @@ from torch.profiler import record_function
 
 from trace.guidance import Recording
 from trace.rollout.cache import KVCache, quant_rows
-from trace.rollout.fast import as_fp4
+from trace.rollout.fast import CHUNK, as_fp4
 from trace.rollout.weights import EngineWeights
 
 
@@ -174,21 +175,31 @@ class EngineForward:
             if rec is not None and rec.wants(i):  # the K/V codes the kernel stored, read back
                 self._record_kv(rec, i, cache.stored(i, rows, slots))
         else:
-            o = self._cached_attention(i, q, k, v, slots, start, rows, cache, rec, S, causal)
+            o = self._cached_attention(i, q, k, v, slots, start, rows, cache, rec, S, causal, fast)
         if kern:
             return fast.linear(i, "o", o, lw.get("o_b"), keep=self._keep(rec, i, "o_in")).view(R, T, -1)
         o = act(o, i, "o_in", rec)
         return F.linear(o, lw["o"], lw.get("o_b")).view(R, T, -1)
 
-    def _cached_attention(self, i, q, k, v, slots, start, rows, cache: KVCache, rec, S: int, causal: bool):
+    def _cached_attention(self, i, q, k, v, slots, start, rows, cache: KVCache, rec, S: int, causal: bool,
+                          fast=None):
         """q [R, T, nh, D], k/v [R, T, nkv, D] (after norm + RoPE): store k/v in the cache (recording their
         FP4 codes), attend over the row's slots <= its positions -> o [R*T, nh*D]."""
         R, T, nh, D = q.shape
         nkv = k.shape[2]
-        kv4 = cache.write(i, rows, slots, k, v)
-        if kv4 is not None and rec is not None:
-            self._record_kv(rec, i, kv4)
-        kc, vc = cache.read(i, rows, S)  # [R, nkv, S, D]
+        if causal and fast is CHUNK and cache.codes_stored and cache.fmt == "nvfp4":
+            # a fresh prefill attends to exactly what it stores (S == T): the kernel's exact dequantized
+            # copy, the values a read of the cache would decode (padded positions, never attended by a
+            # valid one under the causal mask, hold their own values instead of the trash slot's)
+            kd, vd, qs = fast.prefill_kv(cache, i, rows, slots, k, v)
+            if rec is not None and rec.wants(i):
+                self._record_kv(rec, i, [as_fp4(qq, cache.dtype, (R * T, nkv)) for qq in qs])
+            kc, vc = kd.transpose(1, 2), vd.transpose(1, 2)  # [R, nkv, S, D]
+        else:
+            kv4 = cache.write(i, rows, slots, k, v)
+            if kv4 is not None and rec is not None:
+                self._record_kv(rec, i, kv4)
+            kc, vc = cache.read(i, rows, S)  # [R, nkv, S, D]
         if T == 1:  # decode: grouped-query matmuls, K/V read once per KV head (no repeat_interleave copy)
             qg = q.view(R, nkv, nh // nkv, D)  # query heads of KV head j are j*rep .. j*rep+rep-1
             sc = torch.matmul(qg, kc.transpose(-1, -2)).float() * D ** -0.5  # [R, nkv, rep, S]
@@ -262,10 +273,10 @@ class EngineForward:
         valid = t[None, :] < lens[:, None]  # [R, T]
         slots = torch.where(valid, pos, torch.full_like(pos, cache.cap))  # padding -> trash slot
         cos, sin = self._rope(pos)
-        # FP4 kernels (kernels/) for decode steps only: they stream FP4 weights, which pays when a step is
-        # memory-bound; prefill and multi-token chunks are compute-bound and run the same codes on BF16
-        # tensor cores (dequantized weights), where the MMA kernels measured slower (kernels/NOTES.md)
-        fast = self.fast if T == 1 else None
+        # FP4 GEMM kernels (kernels/) for decode steps only: they stream FP4 weights, which pays when a step
+        # is memory-bound; prefill and multi-token chunks are compute-bound and run the same codes on BF16
+        # tensor cores (dequantized weights), quantized by the Triton quantize kernel (`fast.ChunkPath`)
+        fast = self.fast if T == 1 or self.fast is None else CHUNK
         x = F.embedding(ids, w.embed)  # [R, T, H]
         for i, lw in enumerate(w.layers):
             h = rms_norm(x, lw["ln1"], a.eps)
