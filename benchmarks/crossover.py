@@ -1,0 +1,129 @@
+"""The rollout engine's crossover table from one benchmark run: per decode size, which W4A4 path is fastest.
+
+What: reads the rows of one version of results/kernels/kernels.csv (written by benchmarks/bench_kernels.py)
+and, for every MoE layer (family x T tokens) and dense GEMM (shape x M rows) it timed, sets the three paths
+a decode step can take side by side: the decode GEMV kernel (`fp4-w4a4` where the default config is the
+GEMV), the MMA kernel (the fastest of `fp4-w4a4` where the default is MMA, `fp4-w4a4-mma` and, in version
+v3a's rows, `fp4-w4a4-mma3`, today's tile) and the quantize kernel's
+codes into BF16 GEMMs on the dequantized weights (`w4a4-bf16gemm`, what the engine runs above its
+crossover). It names the fastest and derives the engine's two limits (trace/rollout/fast.py `crossover`):
+the largest dense row count and the largest (token, slot) rows per expert up to which a kernel wins at
+every timed size of every shape (the limits are shared by all shapes).
+
+Run: `python benchmarks/crossover.py --version v3b [--csv results/kernels/kernels.csv] [--out FILE.md]`.
+Compared against: nothing; the inputs are same-run medians (the benchmark's own comparisons).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_kernels import FAMILIES  # noqa: E402
+
+PATHS = ("GEMV", "MMA", "BF16 GEMM")
+
+
+def _load(path: str, version: str) -> dict[tuple[str, str], dict[str, tuple[float, str]]]:
+    """{(op, shape): {provider: (median us, config)}} of one version's moe / dense rows."""
+    out: dict[tuple[str, str], dict[str, tuple[float, str]]] = {}
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            if r["version"] != version or r["op"] not in ("moe", "dense") or not r["median_us"]:
+                continue
+            out.setdefault((r["op"], r["shape"]), {})[r["provider"]] = (float(r["median_us"]), r.get("config", ""))
+    return out
+
+
+# The default configs take the decode GEMV up to this many rows (dense) or (token, slot) rows per expert
+# (MoE) and the MMA tile above (kernels.gemm.auto_config, kernels.moe.default_moe_config).
+GEMV_MAX_ROWS = 8
+
+
+def _paths(prov: dict[str, tuple[float, str]], load: float) -> dict[str, float]:
+    """The three paths' times (us) at one size; a path not timed there is left out."""
+    t: dict[str, float] = {}
+    if "fp4-w4a4" in prov:
+        t["GEMV" if load <= GEMV_MAX_ROWS else "MMA"] = prov["fp4-w4a4"][0]
+    for name in ("fp4-w4a4-mma", "fp4-w4a4-mma3"):  # -mma3: version v3a's rows of today's MMA tile
+        if name in prov:
+            t["MMA"] = min(t.get("MMA", math.inf), prov[name][0])
+    if "w4a4-bf16gemm" in prov:
+        t["BF16 GEMM"] = prov["w4a4-bf16gemm"][0]
+    return t
+
+
+def table(path: str, version: str) -> tuple[list[dict], dict[str, float]]:
+    """-> (rows: op, shape, size, load (rows per expert or rows), the paths' us and the fastest; limits:
+    {"dense_rows": ..., "moe_load": ...}, the largest size up to which a kernel won everywhere)."""
+    rows = []
+    for (op, shape), prov in _load(path, version).items():
+        if op == "moe":
+            fam, size = shape.split()[0], int(shape.split()[1].lstrip("T"))
+            _, _, E, k = FAMILIES[fam]
+            load = size * k / E
+        else:
+            size = int(shape.split()[0].lstrip("M"))
+            load = float(size)
+        t = _paths(prov, load)
+        if "BF16 GEMM" not in t or len(t) < 2:
+            continue
+        best = min(t, key=t.get)
+        rows.append(dict(op=op, shape=shape, size=size, load=load, best=best, **{p: t.get(p) for p in PATHS}))
+    rows.sort(key=lambda r: (r["op"], r["shape"].split()[0] if r["op"] == "moe" else r["shape"].split(maxsplit=1)[1],
+                             r["load"]))
+    limits = {}
+    for op, key in (("dense", "dense_rows"), ("moe", "moe_load")):
+        mine = [r for r in rows if r["op"] == op]
+        lost = [r["load"] for r in mine if r["best"] == "BF16 GEMM"]
+        won = [r["load"] for r in mine if r["best"] != "BF16 GEMM" and (not lost or r["load"] < min(lost))]
+        limits[key] = max(won) if won else 0.0
+        limits[key + "_open"] = bool(mine) and not lost  # no timed size lost: the limit is at least this
+    return rows, limits
+
+
+def markdown(rows: list[dict], limits: dict[str, float], version: str) -> str:
+    def us(v):
+        return "n/a" if v is None else f"{v:.1f}"
+
+    lines = [f"### Decode crossover (kernels.csv version {version}; W4A4, us, same-run medians)", "",
+             "| op | shape | rows per expert / rows | GEMV | MMA | BF16 GEMM | fastest |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['op']} | {r['shape']} | {r['load']:g} | {us(r['GEMV'])} | {us(r['MMA'])} | "
+                     f"{us(r['BF16 GEMM'])} | {r['best']} |")
+    def lim(key):
+        return f"{limits[key]:g}" + (" (no timed size lost)" if limits[key + "_open"] else "")
+
+    lines += ["", f"Kernels win at every timed size up to: dense {lim('dense_rows')} rows, MoE "
+              f"{lim('moe_load')} rows per expert (trace/rollout/fast.py DENSE_KERNEL_ROWS / MOE_KERNEL_LOAD, "
+              "or TRACE_FP4_CROSSOVER=\"ROWS,LOAD\"). GEMV: the decode GEMV kernel; MMA: the tensor-core kernel "
+              "(best of its timed tiles where the GEMV is the default); BF16 GEMM: the quantize kernel's codes on "
+              "BF16 GEMMs with the dequantized weights. n/a: not timed at that size."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--version", required=True)
+    ap.add_argument("--csv", default=str(ROOT / "results" / "kernels" / "kernels.csv"))
+    ap.add_argument("--out", help="write the markdown table here (default: print it)")
+    a = ap.parse_args(argv)
+    rows, limits = table(a.csv, a.version)
+    if not rows:
+        sys.exit(f"no moe/dense rows with a BF16-GEMM comparison for version {a.version!r} in {a.csv}")
+    md = markdown(rows, limits, a.version)
+    if a.out:
+        Path(a.out).write_text(md)
+        print(f"wrote {a.out}")
+    else:
+        print(md, end="")
+
+
+if __name__ == "__main__":
+    main()

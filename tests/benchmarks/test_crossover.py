@@ -1,0 +1,50 @@
+"""benchmarks/crossover.py on a synthetic kernels.csv: the fastest path per size, the GEMV / MMA labels of
+the default rows, and the limits (the largest size up to which a kernel won at every timed size)."""
+import csv
+
+from benchmarks.crossover import markdown, table
+
+FIELDS = ["version", "commit", "gpu", "date", "op", "shape", "provider", "median_us", "config"]
+
+
+def _csv(tmp_path, rows):
+    path = tmp_path / "kernels.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        for op, shape, prov, us in rows:
+            w.writerow(dict(version="vX", commit="c", gpu="H200", date="d", op=op, shape=shape, provider=prov,
+                            median_us=us, config=""))
+        w.writerow(dict(version="old", commit="c", gpu="H200", date="d", op="moe", shape="qwen3-30b-a3b T1",
+                        provider="w4a4-bf16gemm", median_us=1.0, config=""))  # another version: ignored
+    return str(path)
+
+
+def test_fastest_path_and_limits(tmp_path):
+    # qwen3-30b-a3b: 128 experts, top-8 -> T=16 is 1 row per expert, T=256 16, T=1024 64
+    rows = [("moe", "qwen3-30b-a3b T16", "fp4-w4a4", 50), ("moe", "qwen3-30b-a3b T16", "fp4-w4a4-mma", 40),
+            ("moe", "qwen3-30b-a3b T16", "w4a4-bf16gemm", 90),
+            ("moe", "qwen3-30b-a3b T256", "fp4-w4a4", 300), ("moe", "qwen3-30b-a3b T256", "w4a4-bf16gemm", 400),
+            ("moe", "qwen3-30b-a3b T1024", "fp4-w4a4", 900), ("moe", "qwen3-30b-a3b T1024", "w4a4-bf16gemm", 700),
+            ("dense", "M1 N14336 K4096", "fp4-w4a4", 30), ("dense", "M1 N14336 K4096", "w4a4-bf16gemm", 45),
+            ("dense", "M16 N14336 K4096", "fp4-w4a4", 50), ("dense", "M16 N14336 K4096", "w4a4-bf16gemm", 45),
+            ("dense", "M4 N14336 K4096", "fp4-w4a4", 60)]  # no BF16 row at M4: not comparable, left out
+    got, limits = table(_csv(tmp_path, rows), "vX")
+    by = {(r["op"], r["shape"]): r for r in got}
+    assert ("dense", "M4 N14336 K4096") not in by
+    t16 = by[("moe", "qwen3-30b-a3b T16")]
+    assert t16["load"] == 1 and t16["GEMV"] == 50 and t16["MMA"] == 40 and t16["best"] == "MMA"
+    t256 = by[("moe", "qwen3-30b-a3b T256")]
+    assert t256["GEMV"] is None and t256["MMA"] == 300 and t256["best"] == "MMA"  # default above 8 rows: MMA
+    assert by[("moe", "qwen3-30b-a3b T1024")]["best"] == "BF16 GEMM"
+    assert limits["moe_load"] == 16 and not limits["moe_load_open"]
+    assert limits["dense_rows"] == 1 and not limits["dense_rows_open"]
+    md = markdown(got, limits, "vX")
+    assert "| moe | qwen3-30b-a3b T16 | 1 | 50.0 | 40.0 | 90.0 | MMA |" in md
+    assert "dense 1 rows, MoE 16 rows per expert" in md
+
+
+def test_no_loss_is_an_open_limit(tmp_path):
+    rows = [("dense", "M1 N14336 K4096", "fp4-w4a4", 30), ("dense", "M1 N14336 K4096", "w4a4-bf16gemm", 45)]
+    _, limits = table(_csv(tmp_path, rows), "vX")
+    assert limits["dense_rows"] == 1 and limits["dense_rows_open"]
