@@ -12,11 +12,11 @@ and `kernels.moe.prepare_moe_weights`; the engine forward then calls
 It is used only when the device is CUDA (or forced for interpreter tests), mode is w4a4, fmt nvfp4. In
 one-token decode steps the kernels run the projections up to the sizes where they beat BF16 tensor cores
 (`crossover`, measured), and larger ones take the quantize kernel's codes (and dequantized copy) into BF16
-GEMMs on the dequantized weights; prefill and multi-token chunks always do the latter (`ChunkPath`), a
-fresh prefill storing its K/V through the same quantize kernel. A recorder gets the activations' codes from the kernels' own quantize
-(`keep` callbacks: no second quantization) and the K/V codes read back from the cache kv_store wrote
-(KVCache.stored). Prefill is compute-bound, and there the MMA kernels measured slower than BF16
-GEMMs on the dequantized weights (same codes; measured with the MMA tile before v3a, kernels/NOTES.md v3b). `RolloutEngine(fp4_backend="torch")` or
+GEMMs on the dequantized weights; prefill and multi-token chunks always do the latter (`ChunkPath`: they
+are compute-bound, where the MMA kernels measured slower than BF16 GEMMs; timed with the tile before v3a,
+kernels/NOTES.md v3b), a fresh prefill storing its K/V through the same quantize kernel. A recorder gets the
+activations' codes from the kernels' own quantize (`keep` callbacks: no second quantization) and the K/V
+codes read back from the cache kv_store wrote (KVCache.stored). `RolloutEngine(fp4_backend="torch")` or
 TRACE_ROLLOUT_BACKEND=torch disables it (=triton forces it on a CPU under TRITON_INTERPRET=1).
 
 On a GPU the engine runs `TritonPath.self_test` at its first weight sync: the kernels against
@@ -41,10 +41,10 @@ BACKENDS = ("auto", "torch", "triton")
 # 1.21-1.24x at M=2 and 0.89-0.95x at M=4; routed experts 1.09-2.23x torch._grouped_mm at up to ~2
 # (token, slot) rows per expert (T*k/E) and 0.48-0.96x from 4. Above these sizes the step quantizes the
 # activation with the same kernel (same codes, one launch, its dequantized copy) and multiplies on BF16
-# tensor cores with the dequantized weights, as prefill does. These sizes were decided when the MMA kernels
-# (the kernels' path above the GEMV's sizes) ran the tile before v3a; with v3a they are to be re-measured
-# (kernels/NOTES.md v3b). TRACE_FP4_CROSSOVER="ROWS,LOAD" overrides both (e.g. "inf,inf": kernels at every
-# size; "0,0": never), for benchmarks and tests.
+# tensor cores with the dequantized weights, as prefill does. These sizes come from timings of the MMA tile
+# before v3a (kernels/NOTES.md v3b); `python benchmarks/crossover.py --version V` derives them from a
+# benchmark run of the current kernels. TRACE_FP4_CROSSOVER="ROWS,LOAD" overrides both (e.g. "inf,inf":
+# kernels at every size; "0,0": never), for benchmarks and tests.
 DENSE_KERNEL_ROWS = 2
 MOE_KERNEL_LOAD = 2.0
 
@@ -251,8 +251,9 @@ class ChunkPath:
     """The Triton path in a prefill or multi-token chunk (compute-bound: BF16 GEMMs on the dequantized
     weights, never the FP4 GEMM kernels): the quantize kernel gives each activation site's codes (the
     oracle's) and dequantized copy (`_act_fast`, as a decode step above the crossover does), and a fresh
-    prefill stores its K/V in the FP4 cache through the same kernel (`prefill_kv`). Before, a chunk ran the
-    torch oracle's quantization at every site and decoded the cache back for attention."""
+    prefill stores its K/V in the FP4 cache through the same kernel (`prefill_kv`), rather than the torch
+    oracle's quantization at every site and a decode of the whole cache for attention (kernels/NOTES.md,
+    "v3b engine prefill")."""
 
     @staticmethod
     def dense_kernels(rows: int) -> bool:
