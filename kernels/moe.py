@@ -78,41 +78,38 @@ def prepare_moe_weights(gate, up, down) -> MoEWeights:
 
 
 @triton.jit
-def _moe_align_kernel(ids_ptr, slots_ptr, bexp_ptr, S, E, P, n_s, n_p, n_b, BM: tl.constexpr, EB: tl.constexpr,
-                      CS: tl.constexpr, CB: tl.constexpr):
-    """One program: counting sort of the S slots by expert (stable), each expert's run padded to BM."""
-    e_ar = tl.arange(0, EB)
-    counts = tl.zeros([EB], tl.int32)
-    # while loops with run-time bounds (the interpreter cannot range() over a run-time int)
+def _chunk_onehot(ids_ptr, c, S, EB: tl.constexpr, CS: tl.constexpr):
+    """Slots [c*CS, (c+1)*CS) -> (their ids s [CS], one-hot experts [CS, EB] int32; rows past S all zero)."""
+    s = c * CS + tl.arange(0, CS)
+    e = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
+    return s, (e[:, None] == tl.arange(0, EB)[None, :]).to(tl.int32)
+
+
+@triton.jit
+def _chunk_scatter(slots_ptr, s, hot, first, S):
+    """Each slot of a chunk to its expert's next destination `first` [EB] plus its rank among the chunk's
+    earlier slots of that expert (stable)."""
+    before = tl.cumsum(hot, axis=0) - hot + first[None, :]
+    tl.store(slots_ptr + tl.sum(hot * before, axis=1), s, mask=s < S)
+
+
+@triton.jit
+def _fill_padding(slots_ptr, S, P, n_p, CS: tl.constexpr):
+    """All P sorted slots point at row S (padding) before the scatter overwrites the real ones."""
     c = 0
-    while c < n_s:  # pass 1: slots per expert
-        s = c * CS + tl.arange(0, CS)
-        e = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
-        counts += tl.sum((e[:, None] == e_ar[None, :]).to(tl.int32), axis=0)
-        c += 1
-    padded = (counts + BM - 1) // BM * BM
-    pend = tl.cumsum(padded, axis=0)  # [EB] end of each expert's padded run
-    pstart = pend - padded
-    c = 0
-    while c < n_p:  # padding slots point at row S
+    while c < n_p:  # run-time bounds: the interpreter cannot range() over them
         p = c * CS + tl.arange(0, CS)
         tl.store(slots_ptr + p, tl.full([CS], 0, tl.int32) + S, mask=p < P)
         c += 1
-    tl.debug_barrier()  # the fill above lands before the scatter below (same addresses, other threads)
-    seen = tl.zeros([EB], tl.int32)
+
+
+@triton.jit
+def _block_experts(bexp_ptr, pend, E, P, n_b, BM: tl.constexpr, EB: tl.constexpr, CB: tl.constexpr):
+    """Expert of each BM-slot block: how many experts' padded runs end at or before its start (-1 past
+    the used blocks)."""
+    pend_e = tl.where(tl.arange(0, EB) < E, pend, 2147483647)
     c = 0
-    while c < n_s:  # pass 2: rank of each slot within its expert = earlier slots of that expert
-        s = c * CS + tl.arange(0, CS)
-        e = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
-        hot = (e[:, None] == e_ar[None, :]).to(tl.int32)  # [CS, EB]
-        before = tl.cumsum(hot, axis=0) - hot + seen[None, :]
-        dest = tl.sum(hot * (before + pstart[None, :]), axis=1)
-        tl.store(slots_ptr + dest, s, mask=s < S)
-        seen += tl.sum(hot, axis=0)
-        c += 1
-    pend_e = tl.where(e_ar < E, pend, 2147483647)
-    c = 0
-    while c < n_b:  # expert of each block: how many experts end at or before its start
+    while c < n_b:
         b = c * CB + tl.arange(0, CB)
         be = tl.sum((pend_e[None, :] <= (b * BM)[:, None]).to(tl.int32), axis=1)
         tl.store(bexp_ptr + b, tl.where(be < E, be, -1), mask=b < P // BM)
@@ -120,13 +117,35 @@ def _moe_align_kernel(ids_ptr, slots_ptr, bexp_ptr, S, E, P, n_s, n_p, n_b, BM: 
 
 
 @triton.jit
+def _moe_align_kernel(ids_ptr, slots_ptr, bexp_ptr, S, E, P, n_s, n_p, n_b, BM: tl.constexpr, EB: tl.constexpr,
+                      CS: tl.constexpr, CB: tl.constexpr):
+    """One program: counting sort of the S slots by expert (stable), each expert's run padded to BM."""
+    counts = tl.zeros([EB], tl.int32)
+    c = 0
+    while c < n_s:  # pass 1: slots per expert
+        _, hot = _chunk_onehot(ids_ptr, c, S, EB, CS)
+        counts += tl.sum(hot, axis=0)
+        c += 1
+    padded = (counts + BM - 1) // BM * BM
+    pend = tl.cumsum(padded, axis=0)  # [EB] end of each expert's padded run
+    _fill_padding(slots_ptr, S, P, n_p, CS)
+    tl.debug_barrier()  # the fill above lands before the scatter below (same addresses, other threads)
+    first = pend - padded  # [EB] next destination of each expert
+    c = 0
+    while c < n_s:  # pass 2: rank of each slot within its expert = earlier slots of that expert
+        s, hot = _chunk_onehot(ids_ptr, c, S, EB, CS)
+        _chunk_scatter(slots_ptr, s, hot, first, S)
+        first += tl.sum(hot, axis=0)
+        c += 1
+    _block_experts(bexp_ptr, pend, E, P, n_b, BM, EB, CB)
+
+
+@triton.jit
 def _align_count_kernel(ids_ptr, hist_ptr, S, EB: tl.constexpr, CS: tl.constexpr):
     """Program c: how many of the slots [c*CS, (c+1)*CS) go to each expert -> hist[c, :] ([chunks, EB])."""
     c = tl.program_id(0)
-    s = c * CS + tl.arange(0, CS)
-    e_ar = tl.arange(0, EB)
-    e = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
-    tl.store(hist_ptr + c * EB + e_ar, tl.sum((e[:, None] == e_ar[None, :]).to(tl.int32), axis=0))
+    _, hot = _chunk_onehot(ids_ptr, c, S, EB, CS)
+    tl.store(hist_ptr + c * EB + tl.arange(0, EB), tl.sum(hot, axis=0))
 
 
 @triton.jit
@@ -138,7 +157,7 @@ def _align_offsets_kernel(hist_ptr, slots_ptr, bexp_ptr, S, E, P, n_c, n_p, n_b,
     e_ar = tl.arange(0, EB)
     counts = tl.zeros([EB], tl.int32)
     c = 0
-    while c < n_c:  # groups of CG chunks (run-time bounds: the interpreter cannot range() over them)
+    while c < n_c:  # groups of CG chunks
         r = c + tl.arange(0, CG)
         counts += tl.sum(tl.load(hist_ptr + r[:, None] * EB + e_ar[None, :], mask=(r < n_c)[:, None], other=0), axis=0)
         c += CG
@@ -153,18 +172,8 @@ def _align_offsets_kernel(hist_ptr, slots_ptr, bexp_ptr, S, E, P, n_c, n_p, n_b,
         tl.store(ptrs, tl.cumsum(h, axis=0) - h + carry[None, :], mask=(r < n_c)[:, None])
         carry += tl.sum(h, axis=0)
         c += CG
-    c = 0
-    while c < n_p:  # padding slots point at row S (the scatter, a later launch, overwrites the real ones)
-        p = c * CS + tl.arange(0, CS)
-        tl.store(slots_ptr + p, tl.full([CS], 0, tl.int32) + S, mask=p < P)
-        c += 1
-    pend_e = tl.where(e_ar < E, pend, 2147483647)
-    c = 0
-    while c < n_b:
-        b = c * CB + tl.arange(0, CB)
-        be = tl.sum((pend_e[None, :] <= (b * BM)[:, None]).to(tl.int32), axis=1)
-        tl.store(bexp_ptr + b, tl.where(be < E, be, -1), mask=b < P // BM)
-        c += 1
+    _fill_padding(slots_ptr, S, P, n_p, CS)  # the scatter, a later launch, overwrites the real slots
+    _block_experts(bexp_ptr, pend, E, P, n_b, BM, EB, CB)
 
 
 @triton.jit
@@ -172,12 +181,8 @@ def _align_scatter_kernel(ids_ptr, offs_ptr, slots_ptr, S, EB: tl.constexpr, CS:
     """Program c: each slot of chunk c to its chunk's first destination for its expert plus its rank among
     the chunk's earlier slots of that expert (stable)."""
     c = tl.program_id(0)
-    s = c * CS + tl.arange(0, CS)
-    e_ar = tl.arange(0, EB)
-    e = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
-    hot = (e[:, None] == e_ar[None, :]).to(tl.int32)  # [CS, EB]
-    before = tl.cumsum(hot, axis=0) - hot + tl.load(offs_ptr + c * EB + e_ar)[None, :]
-    tl.store(slots_ptr + tl.sum(hot * before, axis=1), s, mask=s < S)
+    s, hot = _chunk_onehot(ids_ptr, c, S, EB, CS)
+    _chunk_scatter(slots_ptr, s, hot, tl.load(offs_ptr + c * EB + tl.arange(0, EB)), S)
 
 
 # Up to this many slots (T*k) `moe_align` sorts in one program (one launch: a few microseconds at decode
@@ -409,9 +414,8 @@ def mma_moe_config(T: int, topk: int, E: int) -> MoEConfig:
         return MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16)
     per_expert = T * topk / E
     bm = 16 if per_expert <= 16 else (32 if per_expert <= 48 else 64)
-    if bm == 64:
-        return MoEConfig(BM=64, BN=64, BKW=8, num_warps=4, num_stages=4, BN_down=64, bf16_decode=True)
-    return MoEConfig(BM=bm, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, bf16_decode=True)
+    bkw, stages = (8, 4) if bm == 64 else (16, 3)
+    return MoEConfig(BM=bm, BN=64, BKW=bkw, num_warps=4, num_stages=stages, BN_down=64, bf16_decode=True)
 
 
 def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
