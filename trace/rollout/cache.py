@@ -59,11 +59,18 @@ class KVCache:
             self.kv = [[torch.zeros(batch, kv_heads, cap + 1, head_dim, dtype=dtype, device=device) for _ in range(2)]
                        for _ in range(num_layers)]
 
+    def row_ids(self, rows, device) -> torch.Tensor:
+        """The cache rows [R] a chunk addresses: rows, or all B rows for None."""
+        return torch.arange(self.batch, device=device) if rows is None else rows
+
+    def index(self, rows, slots: torch.Tensor):
+        """(rows [R, T], slots [R, T]): the advanced index of a chunk's entries (rows None = all B rows)."""
+        return self.row_ids(rows, slots.device)[:, None].expand_as(slots), slots
+
     def write(self, layer: int, rows, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Store k, v [R, T, H_kv, D] at (rows [R], slots [R, T]); rows None = all B rows.
         Returns the FP4Tensors of k and v (flattened to [R*T, H_kv, D]) when the cache is FP4, else None."""
-        r = torch.arange(self.batch, device=slots.device) if rows is None else rows
-        idx = (r[:, None].expand_as(slots), slots)
+        idx = self.index(rows, slots)
         if not self.fp4_kv:  # [B, H_kv, cap+1, D][rows, :, slots] is [R, T, H_kv, D]
             self.kv[layer][0][idx[0], :, idx[1]] = k.to(self.dtype)
             self.kv[layer][1][idx[0], :, idx[1]] = v.to(self.dtype)
@@ -90,8 +97,7 @@ class KVCache:
         """The FP4 K and V held at (rows [R], slots [R, T]) of a codes-storing cache, as the FP4Tensors
         `write` returns ([R*T, H_kv, D]): what a recorder keeps of K/V written by another path (the
         Triton kv_store), read back rather than quantized again."""
-        r = torch.arange(self.batch, device=slots.device) if rows is None else rows
-        idx = (r[:, None].expand_as(slots), slots)
+        idx = self.index(rows, slots)
         return [fp4.FP4Tensor(ref.unpack_fp4(self.codes[layer][j][idx].flatten(0, 1)),
                               self.scales[layer][j][idx].flatten(0, 1), self.outer[layer][j][idx].flatten(0, 1),
                               self.fmt, False, self.dtype) for j in range(2)]

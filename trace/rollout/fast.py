@@ -236,7 +236,7 @@ class TritonPath:
 
         per = cache.cap + 1
         R = q.shape[0]
-        r = torch.arange(cache.batch, device=q.device) if rows is None else rows
+        r = cache.row_ids(rows, q.device)
         views = []
         for j in range(2):
             c, s, o = cache.codes[layer][j], cache.scales[layer][j], cache.outer[layer][j]  # [B, cap+1, Hkv, ..]
@@ -271,8 +271,7 @@ class ChunkPath:
         of k and v (for a recorder: `as_fp4`)."""
         from kernels.quantize import quantize_rows
 
-        r = torch.arange(cache.batch, device=slots.device) if rows is None else rows
-        idx = (r[:, None].expand_as(slots), slots)
+        idx = cache.index(rows, slots)
         vals, qs = [], []
         for j, x in enumerate((k, v)):
             q = quantize_rows(x.reshape(-1, x.shape[-1]), "nvfp4", fake_dtype=cache.dtype, fake_exact=True,
