@@ -258,12 +258,14 @@ def run_quantize(dev, quick):
 MMA_TILES = [(16, 64, 4, 3), (16, 64, 4, 4), (32, 64, 4, 3), (8, 64, 4, 4), (16, 128, 8, 3)]
 
 
-def mma_dense_variants(d):
-    """The MMA config d (`default_config`) and tiles around it (same BM and split-K): K-tiles of 64 to 256
-    elements, 64 or 128 weight rows, 3-4 stages, the bf16 decode."""
+def mma_variants(d):
+    """The MMA config d (dense `default_config`, or MoE `mma_moe_config`, whose down GEMM takes the same
+    weight rows) and tiles around it (same BM and split-K): K-tiles of 64 to 256 elements, 64 or 128 weight
+    rows, 3-4 stages, the bf16 decode."""
     vs = [d]
     for bkw, bn, w, st in MMA_TILES:
-        c = dataclasses.replace(d, BKW=bkw, BN=bn, num_warps=w, num_stages=st, bf16_decode=True)
+        rows = dict(BN=bn, BN_down=bn) if isinstance(d, MoEConfig) else dict(BN=bn)
+        c = dataclasses.replace(d, BKW=bkw, num_warps=w, num_stages=st, bf16_decode=True, **rows)
         if c not in vs:
             vs.append(c)
     return vs
@@ -274,7 +276,7 @@ def dense_variants(M, N, K, dev):
     and for M <= 16 the v1 GEMV layout."""
     from kernels.gemm import gemv2_config
     d = default_config(M, N, K, dev)
-    vs = mma_dense_variants(d)
+    vs = mma_variants(d)
     for c in (dataclasses.replace(d, bf16_decode=False), dataclasses.replace(d, split=1)):
         if c not in vs:
             vs.append(c)
@@ -352,7 +354,7 @@ def run_dense(dev, quick):
                     prov = f"fp4-w4a{4 if aq else 16}-mma"
                     r = ref.fp4_linear(x.float(), c, s, o, act_quant=aq)
                     t, cm = timed_best(lambda cf, aq=aq: (lambda: fp4_linear(x, pw, act_quant=aq, config=cf, check_finite=False)),
-                                       mma_dense_variants(default_config(M, N, K, x.device)), "dense", shape, prov, base,
+                                       mma_variants(default_config(M, N, K, x.device)), "dense", shape, prov, base,
                                        oracle=(r, 1e-2))
                     if t:
                         record("dense", shape, prov, t, fp4_bytes, base, a_ms,
@@ -371,23 +373,12 @@ def run_dense(dev, quick):
         torch.cuda.empty_cache()
 
 
-def mma_moe_variants(d):
-    """The MMA config d (`mma_moe_config`) and tiles around it (same BM): K-tiles of 64 to 256 elements, 64 or
-    128 weight rows, 3-4 stages, the bf16 decode."""
-    vs = [d]
-    for bkw, bn, w, st in MMA_TILES:
-        c = dataclasses.replace(d, BKW=bkw, BN=bn, BN_down=bn, num_warps=w, num_stages=st, bf16_decode=True)
-        if c not in vs:
-            vs.append(c)
-    return vs
-
-
 def moe_variants(T, k, E):
     """Tile configs of ours swept with --sweep: the default, the MMA tiles (also with the fp32 decode) and, at
     up to 8 rows per expert, the v1 GEMV."""
     d0, dm = default_moe_config(T, k, E), mma_moe_config(T, k, E)
     vs = [d0]
-    for c in mma_moe_variants(dm) + [dataclasses.replace(dm, bf16_decode=False)]:
+    for c in mma_variants(dm) + [dataclasses.replace(dm, bf16_decode=False)]:
         if c not in vs:
             vs.append(c)
     if T * k / E <= 8:
@@ -518,7 +509,7 @@ def run_moe(dev, quick):
                     def fn(c, aq=aq):  # W4A16 with the routing precomputed, W4A4 with it inside (as the rows above)
                         al2 = None if aq else aligns.setdefault(c.BM, moe_align(ids, E, c.BM))
                         return lambda: fused_moe(x, mw, ids, tw, act_quant=aq, config=c, align=al2, check_finite=False)
-                    t, cm = timed_best(fn, mma_moe_variants(mma_moe_config(T, k, E)), "moe", shape, prov, base,
+                    t, cm = timed_best(fn, mma_variants(mma_moe_config(T, k, E)), "moe", shape, prov, base,
                                        oracle=(r, moe_tol(aq)))
                     if t:
                         record("moe", shape, prov, t, fp4_bytes, base, a_ms,
@@ -647,9 +638,6 @@ def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name):
     return len(body), ops, ck.asm["ttgir"].count("convert_layout"), ck.metadata.shared
 
 
-KV_CODE_PTR = "*i32"  # the attention kernel's K/V code pointers: int32 words
-
-
 def sass_counts():
     from kernels.gemm import _fp4_gemv2_kernel
     from kernels.moe import _moe_gemm_kernel
@@ -697,7 +685,7 @@ def sass_counts():
     # FP4-KV decode attention, D 128, 8 query heads per KV head (16 MMA rows), 64-token tiles, 4 warps (the
     # engine's default tile): loop instructions per K/V element (kernels/NOTES.md v2i, v3b)
     from kernels.attention import _decode_attn_kernel
-    sig = {"q_ptr": "*bf16", "kp_ptr": KV_CODE_PTR, "ks_ptr": "*u8", "kf_ptr": "*fp32", "vp_ptr": KV_CODE_PTR,
+    sig = {"q_ptr": "*bf16", "kp_ptr": "*i32", "ks_ptr": "*u8", "kf_ptr": "*fp32", "vp_ptr": "*i32",
            "vs_ptr": "*u8", "vf_ptr": "*fp32", "starts_ptr": "*i32", "lens_ptr": "*i32", "o_ptr": "*fp32",
            "lse_ptr": "*fp32", "qk_scale": "fp32", "Hq": "i32", "Hkv": "i32", "per_split": "i32", "NSPLIT": "i32",
            "G": "constexpr", "GP": "constexpr", "D": "constexpr", "BLOCK_N": "constexpr", "NIT": "constexpr",
@@ -726,7 +714,7 @@ def main(argv=None):
     ap.add_argument("--T", type=int, nargs="+", help=f"MoE tokens per layer (default {MOE_T}; --quick: 1 16 256)")
     ap.add_argument("--M", type=int, nargs="+", help=f"dense rows (default {DENSE_M}; --quick: 1 16 64)")
     ap.add_argument("--sass", action="store_true",
-                    help="offline: append SASS instruction counts (v1 GEMV, MoE MMA tile) and exit")
+                    help="offline: append SASS instruction counts (v1 GEMV, MoE MMA tile, KV decode attention) and exit")
     args = ap.parse_args(argv)
     STATE.update(out=args.out, sweep=args.sweep, T=args.T, M=args.M)
     RUN.update(version=args.version, commit=git_commit(), date=today())

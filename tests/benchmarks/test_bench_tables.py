@@ -119,7 +119,7 @@ def test_mma_variants_are_mma_tiles_with_the_bf16_decode():
     from kernels.moe import mma_moe_config
 
     dense = default_config(1, 4096, 4096, torch.device("cpu"))
-    for vs, d in ((bk.mma_dense_variants(dense), dense), (bk.mma_moe_variants(mma_moe_config(1, 8, 128)),
+    for vs, d in ((bk.mma_variants(dense), dense), (bk.mma_variants(mma_moe_config(1, 8, 128)),
                                                           mma_moe_config(1, 8, 128))):
         assert vs[0] == d and len(set(vs)) == len(vs) >= len(bk.MMA_TILES)
         assert all(c.kind == "mma" and c.bf16_decode for c in vs)
