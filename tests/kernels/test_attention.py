@@ -26,6 +26,13 @@ def _case(seed):
     return k, v, perm, q, torch.tensor([40, 0, 17]), torch.tensor([0, 40, 80])
 
 
+def _oracle(hc, q, lens, n_seq, n_tok):
+    """decode_attention_reference over the host cache hc's dequantized K/V ([n_seq, n_tok, Hkv, D] slots)."""
+    kh, vh = (ref.kv_dequantize(p, s, o).view(n_seq, n_tok, Hkv, -1)
+              for p, s, o in ((hc.k_packed, hc.k_scales, hc.k_outer), (hc.v_packed, hc.v_scales, hc.v_outer)))
+    return ref.decode_attention_reference(q, kh, vh, lens)
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_store_and_decode(splits):
     k, v, perm, q, lens, starts = _case(splits)
@@ -36,10 +43,7 @@ def test_store_and_decode(splits):
     assert torch.equal(hc.k_packed, ref.pack_fp4(c)) and torch.equal(hc.k_scales, s)
     assert torch.equal(hc.k_outer, o.squeeze(-1))
     out = decode_attention(dev(q), cache, *dev(starts, lens), L, num_splits=splits, block_n=BLOCK_N)
-    kh = ref.kv_dequantize(hc.k_packed, hc.k_scales, hc.k_outer).view(B, L, Hkv, D)
-    vh = ref.kv_dequantize(hc.v_packed, hc.v_scales, hc.v_outer).view(B, L, Hkv, D)
-    r = ref.decode_attention_reference(q, kh, vh, lens)
-    assert rel(out, r) < TOL_ATTN
+    assert rel(out, _oracle(hc, q, lens, B, L)) < TOL_ATTN
     assert float(out[1].abs().max()) == 0.0  # empty sequence
 
 
@@ -98,7 +102,4 @@ def test_decode_every_gpu_tile(D, block_n):
     cache = FP4KVCache.allocate(Bq * Lq, Hkv, D, DEV)
     kv_store(cache, *dev(k, v, torch.arange(Bq * Lq)))
     out = decode_attention(dev(q), cache, *dev(starts, lens), Lq, block_n=block_n)
-    hc = host(cache)
-    kh = ref.kv_dequantize(hc.k_packed, hc.k_scales, hc.k_outer).view(Bq, Lq, Hkv, D)
-    vh = ref.kv_dequantize(hc.v_packed, hc.v_scales, hc.v_outer).view(Bq, Lq, Hkv, D)
-    assert rel(out, ref.decode_attention_reference(q, kh, vh, lens)) < TOL_ATTN
+    assert rel(out, _oracle(host(cache), q, lens, Bq, Lq)) < TOL_ATTN
