@@ -30,14 +30,14 @@ from benchmarks.bench_kernels import FAMILIES  # noqa: E402
 PATHS = ("GEMV", "MMA", "BF16 GEMM")
 
 
-def _load(path: str, version: str) -> dict[tuple[str, str], dict[str, tuple[float, str]]]:
-    """{(op, shape): {provider: (median us, config)}} of one version's moe / dense rows."""
-    out: dict[tuple[str, str], dict[str, tuple[float, str]]] = {}
+def _load(path: str, version: str) -> dict[tuple[str, str], dict[str, float]]:
+    """{(op, shape): {provider: median us}} of one version's moe / dense rows."""
+    out: dict[tuple[str, str], dict[str, float]] = {}
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
             if r["version"] != version or r["op"] not in ("moe", "dense") or not r["median_us"]:
                 continue
-            out.setdefault((r["op"], r["shape"]), {})[r["provider"]] = (float(r["median_us"]), r.get("config", ""))
+            out.setdefault((r["op"], r["shape"]), {})[r["provider"]] = float(r["median_us"])
     return out
 
 
@@ -46,16 +46,16 @@ def _load(path: str, version: str) -> dict[tuple[str, str], dict[str, tuple[floa
 GEMV_MAX_ROWS = 8
 
 
-def _paths(prov: dict[str, tuple[float, str]], load: float) -> dict[str, float]:
+def _paths(prov: dict[str, float], load: float) -> dict[str, float]:
     """The three paths' times (us) at one size; a path not timed there is left out."""
     t: dict[str, float] = {}
     if "fp4-w4a4" in prov:
-        t["GEMV" if load <= GEMV_MAX_ROWS else "MMA"] = prov["fp4-w4a4"][0]
+        t["GEMV" if load <= GEMV_MAX_ROWS else "MMA"] = prov["fp4-w4a4"]
     for name in ("fp4-w4a4-mma", "fp4-w4a4-mma3"):  # -mma3: version v3a's rows of today's MMA tile
         if name in prov:
-            t["MMA"] = min(t.get("MMA", math.inf), prov[name][0])
+            t["MMA"] = min(t.get("MMA", math.inf), prov[name])
     if "w4a4-bf16gemm" in prov:
-        t["BF16 GEMM"] = prov["w4a4-bf16gemm"][0]
+        t["BF16 GEMM"] = prov["w4a4-bf16gemm"]
     return t
 
 
