@@ -41,16 +41,14 @@ def _load(path: str, version: str) -> dict[tuple[str, str], dict[str, float]]:
     return out
 
 
-# The default configs take the decode GEMV up to this many rows (dense) or (token, slot) rows per expert
-# (MoE) and the MMA tile above (kernels.gemm.auto_config, kernels.moe.default_moe_config).
-GEMV_MAX_ROWS = 8
-
-
-def _paths(prov: dict[str, float], load: float) -> dict[str, float]:
-    """The three paths' times (us) at one size; a path not timed there is left out."""
+def _paths(prov: dict[str, float], load: float, legacy: bool) -> dict[str, float]:
+    """The three paths' times (us) at one size; a path not timed there is left out. The benchmark times the
+    MMA tile (`fp4-w4a4-mma`) beside the default where the default is the GEMV; legacy: a run from before it
+    did (versions up to v3a), whose default took the GEMV up to 8 rows (per expert)."""
     t: dict[str, float] = {}
     if "fp4-w4a4" in prov:
-        t["GEMV" if load <= GEMV_MAX_ROWS else "MMA"] = prov["fp4-w4a4"]
+        gemv = load <= 8 if legacy else "fp4-w4a4-mma" in prov
+        t["GEMV" if gemv else "MMA"] = prov["fp4-w4a4"]
     for name in ("fp4-w4a4-mma", "fp4-w4a4-mma3"):  # -mma3: version v3a's rows of today's MMA tile
         if name in prov:
             t["MMA"] = min(t.get("MMA", math.inf), prov[name])
@@ -63,7 +61,9 @@ def table(path: str, version: str) -> tuple[list[dict], dict[str, float]]:
     """-> (rows: op, shape, size, load (rows per expert or rows), the paths' us and the fastest; limits:
     {"dense_rows": ..., "moe_load": ...}, the largest size up to which a kernel won everywhere)."""
     rows = []
-    for (op, shape), prov in _load(path, version).items():
+    data = _load(path, version)
+    legacy = not any("fp4-w4a4-mma" in prov for prov in data.values())
+    for (op, shape), prov in data.items():
         if op == "moe":
             fam, size = shape.split()[0], int(shape.split()[1].lstrip("T"))
             _, _, E, k = FAMILIES[fam]
@@ -71,7 +71,7 @@ def table(path: str, version: str) -> tuple[list[dict], dict[str, float]]:
         else:
             size = int(shape.split()[0].lstrip("M"))
             load = float(size)
-        t = _paths(prov, load)
+        t = _paths(prov, load, legacy)
         if "BF16 GEMM" not in t or len(t) < 2:
             continue
         best = min(t, key=t.get)

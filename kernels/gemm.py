@@ -7,7 +7,7 @@ bytes [.., N, K/16] and an FP32 epilogue factor 2^7 / S_enc. `fp4_linear` multip
 activations [M, K] by it; with `act_quant=True` the activation is first quantized per row to NVFP4 by
 `kernels.quantize.quantize_rows` and dequantized inside the GEMM (W4A4 emulated exactly: both
 operands are E2M1 * E4M3 products, exact in BF16, BF16 MMA with FP32 accumulation, outer scales
-applied after accumulation). On the decode GEMV path (M <= 8) the same quantize pass also writes the
+applied after accumulation). On the decode GEMV path (M <= 2) the same quantize pass also writes the
 dequantized activations (same codes and scales, one rounding to the activation dtype) and the W4A16
 kernel reads them.
 
@@ -484,11 +484,13 @@ def default_config(M: int, N: int, K: int, device) -> GemmConfig:
 
 
 def auto_config(M: int, N: int, K: int, device, gemv: bool = True) -> GemmConfig:
-    """The config `fp4_linear` runs when it is given none: the v1 decode GEMV up to 8 rows (`gemv2_config`;
-    gemv: the weight has the GEMV layout), else the MMA tile (`default_config`). The GEMV measured faster than
-    the MMA tile then (v0) up to M=8 on the H200 (kernels.csv, version v1); benchmarks/bench_kernels.py times
-    the MMA tile at those sizes too (rows fp4-w4a16-mma / fp4-w4a4-mma) to re-measure this crossover."""
-    if gemv and M <= 8:
+    """The config `fp4_linear` runs when it is given none: the v1 decode GEMV up to 2 rows (`gemv2_config`;
+    gemv: the weight has the GEMV layout), else the MMA tile (`default_config`). H200, W4A4, same-run medians
+    at 14336x4096 and 4096x14336 (kernels.csv version v3b, results/kernels/crossover.md): GEMV 33.7-36.9 us
+    against the MMA tile's 43.1-45.4 at M=1, 40.3-43.2 against 44.1-45.0 at M=2, 53.6-56.9 against 44.3-45.6
+    at M=4. (W4A16 crosses earlier: the MMA tile is 4-11% faster already at M=2.) benchmarks/bench_kernels.py
+    times the MMA tile where the GEMV is the default (rows fp4-w4a16-mma / fp4-w4a4-mma)."""
+    if gemv and M <= 2:
         return gemv2_config(M, N, K, device)
     return default_config(M, N, K, device)
 

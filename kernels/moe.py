@@ -419,17 +419,20 @@ def mma_moe_config(T: int, topk: int, E: int) -> MoEConfig:
 
 
 def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
-    """The config `fused_moe` runs when it is given none: the v1 decode GEMV up to 8 (token, slot) rows per
-    expert (4 in the interpreter), else the MMA tile (`mma_moe_config`). The GEMV measured faster than the MMA
-    tile then (v0) at those sizes; benchmarks/bench_kernels.py times the MMA tile there too (rows
-    fp4-w4a16-mma / fp4-w4a4-mma) to re-measure this crossover."""
+    """The config `fused_moe` runs when it is given none: the v1 decode GEMV up to 1.5 (token, slot) rows
+    per expert (4 in the interpreter, so that the tests reach the GEMV at their small sizes), else the MMA tile
+    (`mma_moe_config`). H200, W4A4, same-run medians (kernels.csv version v3b, results/kernels/crossover.md):
+    GEMV 41.8 / 75.5 / 148.4 us against the MMA tile's 87.8 / 111.8 / 286.7 at 0.06-0.25 rows per expert
+    (Qwen3 T1, T4; Mixtral T1), 190.9 / 399.7 against 197.6 / 507.2 at 1 (Qwen3 T16, Mixtral T4), 539.7 /
+    1202.7 against 277.5 / 625.6 at 4 (Qwen3 T64, Mixtral T16). benchmarks/bench_kernels.py times the MMA
+    tile where the GEMV is the default (rows fp4-w4a16-mma / fp4-w4a4-mma)."""
     per_expert = T * topk / E
     if INTERPRET:
         if per_expert <= 4:
             return MoEConfig(BM=min(4, max(1, T * topk)), BN=8, num_warps=1, num_stages=1, BN_down=8, kind="gemv")
         return mma_moe_config(T, topk, E)
-    if per_expert <= 8:  # decode: weight-streaming GEMV (v1)
-        bm = 1 if per_expert <= 0.5 else (2 if per_expert <= 1.5 else 4)
+    if per_expert <= 1.5:  # decode: weight-streaming GEMV (v1)
+        bm = 1 if per_expert <= 0.5 else 2
         bn = 16 if bm == 1 else 32  # BN=16 best at T=1 on the H200 (kernels.csv, version v1)
         return MoEConfig(BM=bm, BN=bn, num_warps=4, num_stages=1, BN_down=bn, kind="gemv", U=1)
     return mma_moe_config(T, topk, E)

@@ -6,13 +6,20 @@
 # here append them with benchmarks/results_table.py. A failing test stops the call before any timing.
 #   bash scripts/gpu/bench_call.sh VERSION [PARTS]   # carry .anchors (triton_kernels v3.6.0, the anchor)
 # PARTS: bench_kernels --only (default attention,moe,dense); LIMIT (default 570) bounds the call in seconds;
-# GIT_COMMIT names the launching commit (the lease's .git is stale).
+# GIT_COMMIT names the launching commit (the lease's .git is stale). The tests import trace.config, which needs
+# jsonschema: carry WHEELS too (default .whl-pipe, from scripts/gpu/offline_wheels.sh download .whl-pipe pipeline).
 set -uo pipefail
 t0=$(date +%s)
 version=${1:?usage: bench_call.sh VERSION [PARTS]}; parts=${2:-attention,moe,dense}
 out=${OUT:?the device tool sets OUT}
 limit=${LIMIT:-570}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+wheels=${WHEELS:-.whl-pipe}
+if [ -d "$wheels" ]; then
+  python3 -m pip install -q --no-index --find-links "$wheels" --target /tmp/site-bench jsonschema > "$out/install.log" 2>&1 \
+    || { tail -20 "$out/install.log"; exit 1; }
+  export PYTHONPATH=$PYTHONPATH:/tmp/site-bench
+fi
 left() { echo $(( limit - ($(date +%s) - t0) )); }
 if ! timeout 200 python3 -m pytest tests/kernels tests/rl/test_steps.py -q -p no:cacheprovider \
     -k "every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert" > "$out/tests.log" 2>&1; then

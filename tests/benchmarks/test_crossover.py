@@ -48,3 +48,13 @@ def test_no_loss_is_an_open_limit(tmp_path):
     rows = [("dense", "M1 N14336 K4096", "fp4-w4a4", 30), ("dense", "M1 N14336 K4096", "w4a4-bf16gemm", 45)]
     _, limits = table(_csv(tmp_path, rows), "vX")
     assert limits["dense_rows"] == 1 and limits["dense_rows_open"]
+
+
+def test_legacy_rows_take_the_old_gemv_limit(tmp_path):
+    # a run from before the benchmark timed the MMA tile beside the GEMV: its default ran the GEMV up to 8 rows
+    rows = [("dense", "M4 N14336 K4096", "fp4-w4a4", 30), ("dense", "M4 N14336 K4096", "w4a4-bf16gemm", 45),
+            ("dense", "M16 N14336 K4096", "fp4-w4a4", 40), ("dense", "M16 N14336 K4096", "w4a4-bf16gemm", 45)]
+    got, _ = table(_csv(tmp_path, rows), "vX")
+    by = {r["size"]: r for r in got}
+    assert by[4]["GEMV"] == 30 and by[4]["MMA"] is None
+    assert by[16]["MMA"] == 40 and by[16]["GEMV"] is None

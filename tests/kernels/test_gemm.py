@@ -36,7 +36,7 @@ def test_mma_path(M, N, K, act_quant):
     y = fp4_linear(dev(x), pw, act_quant=act_quant, config=cfg)
     r = ref.fp4_linear(x, c, s, o, act_quant=act_quant)
     assert y.shape == (M, N) and rel(y, r) < TOL_MMA
-    y = fp4_linear(dev(x), pw, act_quant=act_quant)  # default (v1 GEMV for M <= 8, else MMA)
+    y = fp4_linear(dev(x), pw, act_quant=act_quant)  # default (v1 GEMV for M <= 2, else MMA)
     assert y.shape == (M, N) and rel(y, r) < TOL_MMA
 
 

@@ -203,13 +203,15 @@ def test_default_configs_on_a_gpu_are_the_measured_best(monkeypatch):
     cuda = torch.device("cuda")
     assert kg.auto_config(16, 14336, 4096, cuda) == kg.GemmConfig(
         kind="mma", BN=64, BM=16, BKW=16, split=4, num_warps=4, num_stages=3, bf16_decode=True)
-    assert kg.auto_config(8, 14336, 4096, cuda).kind == "gemv2"
-    assert kg.auto_config(8, 14336, 4096, cuda, gemv=False).kind == "mma"  # a weight without the GEMV layout
+    assert kg.auto_config(2, 14336, 4096, cuda).kind == "gemv2"
+    assert kg.auto_config(4, 14336, 4096, cuda).kind == "mma"
+    assert kg.auto_config(2, 14336, 4096, cuda, gemv=False).kind == "mma"  # a weight without the GEMV layout
     qwen3, mixtral = default_moe_config(256, 8, 128), default_moe_config(256, 2, 8)
     assert qwen3 == MoEConfig(BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, kind="mma",
                               bf16_decode=True)
     assert mixtral == MoEConfig(BM=64, BN=64, BKW=8, num_warps=4, num_stages=4, BN_down=64, kind="mma",
                                 bf16_decode=True)
-    assert default_moe_config(64, 8, 128).kind == "gemv" and default_moe_config(16, 2, 8).kind == "gemv"
-    assert km.mma_moe_config(16, 2, 8).kind == "mma"  # what the benchmark times beside the GEMV there
+    assert default_moe_config(16, 8, 128).kind == "gemv" and default_moe_config(4, 2, 8).kind == "gemv"
+    assert default_moe_config(64, 8, 128).kind == "mma" and default_moe_config(16, 2, 8).kind == "mma"
+    assert km.mma_moe_config(4, 2, 8).kind == "mma"  # what the benchmark times beside the GEMV there
 

@@ -35,18 +35,18 @@ from trace import fp4
 
 BACKENDS = ("auto", "torch", "triton")
 
-# Which code runs a decode step's projection, by size. The W4A4 decode kernels (GEMV over FP4 weights) beat
-# BF16 tensor cores at few rows and fall behind above (kernels/NOTES.md v2b, same-run medians at the four
-# families' paper shapes, activation quantize included): dense W4A4 1.09-1.23x cuBLAS at M=1, W4A16
-# 1.21-1.24x at M=2 and 0.89-0.95x at M=4; routed experts 1.09-2.23x torch._grouped_mm at up to ~2
-# (token, slot) rows per expert (T*k/E) and 0.48-0.96x from 4. Above these sizes the step quantizes the
-# activation with the same kernel (same codes, one launch, its dequantized copy) and multiplies on BF16
-# tensor cores with the dequantized weights, as prefill does. These sizes come from timings of the MMA tile
-# before v3a (kernels/NOTES.md v3b); `python benchmarks/crossover.py --version V` derives them from a
-# benchmark run of the current kernels. TRACE_FP4_CROSSOVER="ROWS,LOAD" overrides both (e.g. "inf,inf":
-# kernels at every size; "0,0": never), for benchmarks and tests.
-DENSE_KERNEL_ROWS = 2
-MOE_KERNEL_LOAD = 2.0
+# Which code runs a decode step's projection, by size: the W4A4 kernels (the decode GEMV at the fewest rows,
+# the MMA tile above, kernels.gemm.auto_config / kernels.moe.default_moe_config) up to these sizes, above them
+# the step quantizes the activation with the same kernel (same codes, one launch, its dequantized copy) and
+# multiplies on BF16 tensor cores with the dequantized weights, as prefill does. The sizes are the largest at
+# which a kernel beat that path at every timed shape on the H200 (results/kernels/crossover.md, kernels.csv
+# version v3b, `python benchmarks/crossover.py --version v3b`): dense rows up to 16, the largest timed (the
+# MMA tile 44.3-46.2 us against 47.2-51.1), and up to 16 (token, slot) rows per expert (T*k/E) for routed
+# experts (Qwen3-30B-A3B T256 401.5 against 557.7 us, Mixtral-8x7B T64 830.2 against 1091.8), where
+# Mixtral's 64 rows per expert lost (1436.0 against 1160.4). TRACE_FP4_CROSSOVER="ROWS,LOAD" overrides both
+# (e.g. "inf,inf": kernels at every size; "0,0": never), for benchmarks and tests.
+DENSE_KERNEL_ROWS = 16
+MOE_KERNEL_LOAD = 16.0
 
 
 def crossover() -> tuple[float, float]:
