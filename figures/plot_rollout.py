@@ -88,7 +88,7 @@ def plot_rollout(rollout_dir: str | None, out: str) -> list[str]:
         gpu = ", ".join(sorted(set(map(str, gen["gpu"])))) if "gpu" in gen.columns else "GPU"
         layers = sorted(set(map(str, gen["layers"]))) if "layers" in gen.columns else []
         ax.set_title(f"Rollout throughput ({gpu}; {', '.join(layers)} layers; targets: BF16 engine >= 5x HF, "
-                     "FP4+KV4 >= 3x BF16 engine)", fontsize=9)
+                     "FP4+KV4 >= 1.5x BF16 engine at batch 256)", fontsize=9)
         tps = gen["tokens_per_s"].astype(float)
         ax.set_ylim(float(tps.min()) * 0.5, float(tps.max()) * 40)  # room for the ratios and the legend on top
         ax.legend(fontsize=7, ncol=4, loc="upper right")
