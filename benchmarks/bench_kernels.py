@@ -21,9 +21,11 @@ activations read once, outputs written once. Qwen1.5-MoE's shared expert is not 
 Provider `w4a4-bf16gemm` is what the rollout engine runs above its kernels' crossover (trace/rollout/fast.py):
 the same activation codes through the quantize kernel's dequantized copy into BF16 GEMMs on the dequantized
 weights (MoE: with the engine's own routing sort inside), so `fp4-w4a4` against it is the crossover.
-Where the default config is the decode GEMV (dense up to M=8, MoE up to 8 (token, slot) rows per expert),
+Where the default config is the decode GEMV (dense up to M=2, MoE up to 1.5 (token, slot) rows per expert),
 rows `fp4-w4a16-mma` / `fp4-w4a4-mma` time the MMA tile as well (best of a few tiles, each checked against
 the oracle first), so one run gives the GEMV / MMA / BF16 crossover of the engine (trace/rollout/fast.py).
+Rows `fp4-w4a4-dec` (every size) time W4A4 on the MMA tile reading the decoded activation its quantize pass
+writes (`a_decoded`), checked against the tile's own decode of the codes (same config) first.
 
 Run (repo root, on a GPU): `PYTHONPATH=. python benchmarks/bench_kernels.py --version v1b`
 (`--quick` for a subset, `--only moe,dense`, `--T 1 4 16 64 256` / `--M 1 2 4 8 16` for the sizes, `--sweep` to
@@ -359,6 +361,21 @@ def run_dense(dev, quick):
                     if t:
                         record("dense", shape, prov, t, fp4_bytes, base, a_ms,
                                cfg_str(cm) + (";+act-quant launch" if aq else ""))
+            # W4A4 on the MMA tile reading the activation's decoded tile values (GemmConfig.a_decoded): checked
+            # against the tile's own decode of the codes (same config; the MMA instructions may differ, so the
+            # check row also says whether they are bit-equal), then timed
+            cd = dataclasses.replace(default_config(M, N, K, x.device), a_decoded=True)
+            try:
+                y0 = fp4_linear(x, pw, act_quant=True, config=dataclasses.replace(cd, a_decoded=False), check_finite=False)
+                y1 = fp4_linear(x, pw, act_quant=True, config=cd, check_finite=False)
+                e = relerr(y1, y0)
+                if check(f"dense W4A4 decoded activation {shape}", e < 1e-2,
+                         f"rel. diff {e:.1e} to the tile's decode of the codes, bit-equal {torch.equal(y1, y0)}"):
+                    record("dense", shape, "fp4-w4a4-dec", bench(lambda: fp4_linear(x, pw, act_quant=True, config=cd,
+                                                                                     check_finite=False)),
+                           fp4_bytes, base, a_ms, cfg_str(cd) + ";+act-quant launch")
+            except Exception as ex:  # a new path: its failure must not end the run
+                note("dense", f"fp4-w4a4-dec {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
             # the engine's path above its crossover: the same activation codes on cuBLAS BF16
             record("dense", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_linear(x, wb)), N * K * 2 + io, base, a_ms,
                    "+act-quant launch")
@@ -516,6 +533,21 @@ def run_moe(dev, quick):
                                cfg_str(cm) + (";+2 act-quant launches;routing align inside" if aq else ""),
                                f"experts_hit={hit}")
                     del r
+            # W4A4 on the MMA tile reading the activations' decoded tile values (MoEConfig.a_decoded)
+            cd = dataclasses.replace(mma_moe_config(T, k, E), a_decoded=True)
+            try:
+                y0 = fused_moe(x, mw, ids, tw, act_quant=True, config=dataclasses.replace(cd, a_decoded=False),
+                               check_finite=False)
+                y1 = fused_moe(x, mw, ids, tw, act_quant=True, config=cd, check_finite=False)
+                e = relerr(y1, y0)
+                if check(f"moe W4A4 decoded activation {shape}", e < moe_tol(True),
+                         f"rel. diff {e:.1e} to the tile's decode of the codes, bit-equal {torch.equal(y1, y0)}"):
+                    record("moe", shape, "fp4-w4a4-dec", bench(lambda: fused_moe(x, mw, ids, tw, act_quant=True,
+                                                                                 config=cd, check_finite=False)),
+                           fp4_bytes, base, a_ms, cfg_str(cd) + ";+2 act-quant launches;routing align inside",
+                           f"experts_hit={hit}")
+            except Exception as ex:  # a new path: its failure must not end the run
+                note("moe", f"fp4-w4a4-dec {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
             # the engine's path above its crossover: the same activation codes on BF16 grouped GEMMs
             record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13, w2)),
                    hit * 3 * H * I * 2 + act_bytes, base, a_ms, "+2 act-quant launches;routing sort inside",
@@ -660,26 +692,29 @@ def sass_counts():
                          note=";".join(f"{k}={v}" for k, v in stats.items())))
         log(rows[-1])
     # MoE gate/up MMA kernel (GATED), K 2048, BN 64, BKW 16, 4 warps: the v3a tile (kernels/NOTES.md v3a: one dot
-    # per K-tile), decoding in fp32 and in bf16 (BF16D: inline PTX, the weight words in pair_layout)
-    for a_fp4 in (False, True):
+    # per K-tile), decoding in fp32 and in bf16 (BF16D: inline PTX, the weight words in pair_layout); A: bf16
+    # (W4A16), fp4 (W4A4, the codes decoded in the tile) or dec (W4A4 on the decoded tile values its quantize
+    # pass writes, `a_decoded`)
+    for mode in ("bf16", "fp4", "dec"):
+        a_fp4 = mode == "fp4"
         sig = {"x_ptr": "*i32" if a_fp4 else "*bf16", "xs_ptr": "*u8" if a_fp4 else "*bf16",
-               "xf_ptr": "*fp32" if a_fp4 else "*bf16", "w_ptr": "*i32", "ws_ptr": "*u8", "wf_ptr": "*fp32",
+               "xf_ptr": "*bf16" if mode == "bf16" else "*fp32", "w_ptr": "*i32", "ws_ptr": "*u8", "wf_ptr": "*fp32",
                "out_ptr": "*bf16", "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32",
                "KW": "i32", "stride_xm": "i32", "A_DIV": "i32", "BM": "constexpr", "BN": "constexpr",
                "BKW": "constexpr", "A_FP4": "constexpr", "GATED": "constexpr", "ROUTE_W": "constexpr",
-               "INTERP": "constexpr", "NIT": "constexpr", "BF16D": "constexpr"}
+               "INTERP": "constexpr", "NIT": "constexpr", "BF16D": "constexpr", "XF": "constexpr"}
         aligned = ["x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm", "slots_ptr"]
         for tile, bkw, st, bf in [("v3a", 16, 3, False), ("v3a-bf16", 16, 3, True)]:
             for bm in (16, 64):
                 cst = dict(BM=bm, BN=64, BKW=bkw, A_FP4=a_fp4, GATED=True, ROUTE_W=False, INTERP=False,
-                           NIT=256 // bkw, BF16D=bf)
+                           NIT=256 // bkw, BF16D=bf, XF=mode != "bf16")
                 n, ops, cvt, shared = _loop_sass(_moe_gemm_kernel, sig, aligned, cst, 4, st,
-                                                 f"moe_{tile}_{int(a_fp4)}_{bm}")
+                                                 f"moe_{tile}_{mode}_{bm}")
                 w_iter = 64 * 8 * bkw * 2  # weight elements per loop iteration (gate and up)
                 stats = dict(loop_instr=n, lane_instr_per_weight=round(n * 128 / w_iter, 2), shared_bytes=shared,
                              ttgir_convert_layouts=cvt, top_ops=" ".join(f"{k}:{v}" for k, v in ops.most_common(8)))
                 rows.append(dict(op="sass", shape="K2048 gate+up", provider=f"_moe_gemm_kernel {tile}",
-                                 config=f"A={'fp4' if a_fp4 else 'bf16'};BM={bm};BN=64;BKW={bkw};num_warps=4;num_stages={st}",
+                                 config=f"A={mode};BM={bm};BN=64;BKW={bkw};num_warps=4;num_stages={st}",
                                  note=";".join(f"{k}={v}" for k, v in stats.items())))
                 log(rows[-1])
     # FP4-KV decode attention, D 128, 8 query heads per KV head (16 MMA rows), 64-token tiles, 4 warps (the

@@ -327,15 +327,34 @@ def _fp4_gemv2_kernel(x_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, M, N, K, G, stride_x
 
 
 @triton.jit
-def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, stride_xm, k0, K,
-                     A_FP4: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+def _act_tile(x_ptr, xs_ptr, rows, mmask, stride_xm, k0, K, A_FP4: tl.constexpr, BM: tl.constexpr,
+              BK: tl.constexpr, BF16D: tl.constexpr = False):
+    """The activation's K-tile [BK, BM] of rows `rows` for `_fp4_tile_dot_v3`: x bf16/fp32 rows with stride_xm,
+    or with A_FP4 NVFP4 words [R, K/8] and scale bytes [R, K/16] decoded in element order (q * s_b * 2^-7;
+    BF16D: in bf16, GPU only). Built once per K-tile and shared by the dots that read it (the MoE kernel's gate
+    and up weights)."""
+    if A_FP4:
+        offs_w = k0 // 8 + tl.arange(0, BK // 8)
+        offs_s = k0 // 16 + tl.arange(0, BK // 16)
+        r64 = rows[:, None].to(tl.int64)
+        xv = tl.trans(dequant_tile_words(x_ptr + r64 * (K // 8) + offs_w[None, :], xs_ptr + r64 * (K // 16) + offs_s[None, :],
+                                         mmask[:, None] & (offs_w < K // 8)[None, :],
+                                         mmask[:, None] & (offs_s < K // 16)[None, :], BM, BK, BF16D))  # [BK, BM]
+    else:
+        offs_k = k0 + tl.arange(0, BK)
+        xv = tl.load(x_ptr + rows[None, :].to(tl.int64) * stride_xm + offs_k[:, None],
+                     mask=(offs_k < K)[:, None] & mmask[None, :], other=0.0)  # [BK, BM]
+    return xv
+
+
+@triton.jit
+def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, xv, k0, K, BN: tl.constexpr, BK: tl.constexpr,
                      INTERP: tl.constexpr, BF16D: tl.constexpr = False):
-    """acc[BN, BM] += dequant(W[offs_n, k0 : k0+BK]) @ x[rows, same]^T, one MMA per K-tile (the v3a tile).
-    wb / ws: the weight's words [N, K/8] and scale bytes [N, K/16] (rows offs_n); x: bf16/fp32 rows with
-    stride_xm or, with A_FP4, words [R, K/8] and scales [R, K/16]. The tile is decoded in element order
-    (`dequant_tile_words`), so one dot of K = BK covers it: no dot per nibble position, each with its own
-    operand conversion through shared memory (kernels/NOTES.md v3a). BF16D: decode and scale in bf16 (GPU
-    only; the weight words in `pair_layout`)."""
+    """acc[BN, BM] += dequant(W[offs_n, k0 : k0+BK]) @ xv, one MMA per K-tile (the v3a tile); xv [BK, BM] the
+    activation tile (`_act_tile`). wb / ws: the weight's words [N, K/8] and scale bytes [N, K/16] (rows
+    offs_n). The tile is decoded in element order (`dequant_tile_words`), so one dot of K = BK covers it: no
+    dot per nibble position, each with its own operand conversion through shared memory (kernels/NOTES.md
+    v3a). BF16D: decode and scale in bf16 (GPU only; the weight words in `pair_layout`)."""
     offs_w = k0 // 8 + tl.arange(0, BK // 8)
     wkmask = offs_w < K // 8
     offs_s = k0 // 16 + tl.arange(0, BK // 16)
@@ -344,15 +363,6 @@ def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, str
     wv = dequant_tile_words(wb + n64 * (K // 8) + offs_w[None, :], ws + n64 * (K // 16) + offs_s[None, :],
                             nmask[:, None] & wkmask[None, :], nmask[:, None] & smask[None, :], BN, BK, BF16D,
                             BF16D)  # [BN, BK]; with the bf16 decode the weight words are in pair_layout
-    if A_FP4:
-        r64 = rows[:, None].to(tl.int64)
-        xv = tl.trans(dequant_tile_words(x_ptr + r64 * (K // 8) + offs_w[None, :], xs_ptr + r64 * (K // 16) + offs_s[None, :],
-                                         mmask[:, None] & wkmask[None, :], mmask[:, None] & smask[None, :], BM, BK,
-                                         BF16D))  # [BK, BM]
-    else:
-        offs_k = k0 + tl.arange(0, BK)
-        xv = tl.load(x_ptr + rows[None, :].to(tl.int64) * stride_xm + offs_k[:, None],
-                     mask=(offs_k < K)[:, None] & mmask[None, :], other=0.0)  # [BK, BM]
     if INTERP:
         acc += tl.dot(wv, xv.to(tl.float32), input_precision="ieee")
     else:
@@ -364,9 +374,11 @@ def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, str
 def _fp4_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
                      M, N, KW, stride_xm, kw_per_split,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
-                     SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BF16D: tl.constexpr):
+                     SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BF16D: tl.constexpr,
+                     XF: tl.constexpr):
     """Grid (N / BN, M / BM, split-K): out[offs_m, offs_n] (+)= the tile's share of K (`_fp4_tile_dot_v3`),
-    times the weight's (and with A_FP4 the activation row's) 2^7 / S_enc."""
+    times the weight's 2^7 / S_enc and, with XF (W4A4: A_FP4, or x the decoded tile values), the activation
+    row's."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -377,10 +389,11 @@ def _fp4_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
     kw_lo = pid_k * kw_per_split
     acc = tl.zeros([BN, BM], tl.float32)
     for it in range(NIT):  # constexpr trip count (the interpreter cannot loop to a runtime bound)
-        acc = _fp4_tile_dot_v3(acc, w_ptr, ws_ptr, offs_n, nmask, x_ptr, xs_ptr, offs_m, mmask, stride_xm,
-                               (kw_lo + it * BKW) * 8, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
+        k0 = (kw_lo + it * BKW) * 8
+        xv = _act_tile(x_ptr, xs_ptr, offs_m, mmask, stride_xm, k0, KW * 8, A_FP4, BM, 8 * BKW, BF16D)
+        acc = _fp4_tile_dot_v3(acc, w_ptr, ws_ptr, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D)
     acc = acc * tl.load(wf_ptr)
-    if A_FP4:
+    if XF:
         acc = acc * tl.load(xf_ptr + offs_m, mask=mmask, other=0.0)[None, :]
     o_ptrs = out_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]  # out [M, N], tile transposed
     omask = nmask[:, None] & mmask[None, :]
@@ -445,6 +458,9 @@ class GemmConfig:
     bf16_decode: bool = True  # mma on a GPU: decode and scale the tile in bf16 (inline PTX, `dequant_tile_words`),
     #                           faster than the fp32 decode in every config timed on the H200; the interpreter, whose
     #                           bf16 arithmetic is not IEEE, always decodes in fp32
+    a_decoded: bool = False  # mma W4A4: the quantize pass also writes the activation's tile values (q * s_b * 2^-7,
+    #                          exact in bf16) and the tile reads them instead of decoding the codes: the same MMA
+    #                          operands, so the same outputs (tests); not yet timed on a GPU
 
 
 def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
@@ -495,15 +511,23 @@ def auto_config(M: int, N: int, K: int, device, gemv: bool = True) -> GemmConfig
     return default_config(M, N, K, device)
 
 
-def quantize_act_for_gemm(x: torch.Tensor, check_finite: bool = True, on_quant=None):
+def quantize_act_for_gemm(x: torch.Tensor, check_finite: bool = True, on_quant=None, decoded: bool = False):
     """Per-row NVFP4 quantize of x [M, K] for the W4A4 path -> (words int32 [M, K/8], scales [M, K/16],
-    factor fp32 [M] = 2^7 / S_enc). on_quant(QuantizedRows), if given, sees the quantized rows."""
+    factor fp32 [M] = 2^7 / S_enc); decoded: (the tile values q * s_b * 2^-7 [M, K], bf16, fp32 for an fp32
+    x, None, factor), written by the same pass, which the MMA tile reads as it reads a W4A16 activation (the
+    same operand values as its own decode of the codes). on_quant(QuantizedRows), if given, sees the
+    quantized rows."""
     from kernels.quantize import quantize_rows
 
-    q = quantize_rows(x, "nvfp4", check_finite=check_finite)
+    if decoded:
+        fd = torch.float32 if x.dtype == torch.float32 else torch.bfloat16
+        q = quantize_rows(x, "nvfp4", fake_dtype=fd, fake_tile=True, check_finite=check_finite)
+    else:
+        q = quantize_rows(x, "nvfp4", check_finite=check_finite)
     if on_quant is not None:
         on_quant(q)
-    return q.packed.view(torch.int32), q.scales, (EPI_POW / q.outer.reshape(-1))
+    factor = EPI_POW / q.outer.reshape(-1)
+    return (q.fake, None, factor) if decoded else (q.packed.view(torch.int32), q.scales, factor)
 
 
 def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False, out_dtype: torch.dtype | None = None,
@@ -537,8 +561,9 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
 
         x, act_quant = fake_rows(x, on_quant), False
     elif act_quant:
-        xa, xs, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=on_quant)
-        stride_xm = K // 8
+        xa, xs, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=on_quant, decoded=cfg.a_decoded)
+        stride_xm = K if cfg.a_decoded else K // 8
+        xs = xa if xs is None else xs
     else:
         xa, xs, xf, stride_xm = x, x, x, x.stride(0)
     KW = K // 8
@@ -579,6 +604,7 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
     grid = (triton.cdiv(N, cfg.BN), triton.cdiv(M, cfg.BM), split)
     bf16d = cfg.bf16_decode and not INTERPRET
     _fp4_gemm_kernel[grid](xa, xs, xf, w.paired() if bf16d else w.words, w.scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
-                           BM=cfg.BM, BN=cfg.BN, BKW=cfg.BKW, A_FP4=act_quant, SPLIT=split, INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW,
-                           BF16D=bf16d, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                           BM=cfg.BM, BN=cfg.BN, BKW=cfg.BKW, A_FP4=act_quant and not cfg.a_decoded, SPLIT=split,
+                           INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW, BF16D=bf16d, XF=act_quant,
+                           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out if out.dtype == out_dtype else out.to(out_dtype)

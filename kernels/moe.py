@@ -32,6 +32,7 @@ from kernels._common import INTERPRET, check_tensor
 from kernels.gemm import (
     GV_GK,
     PreparedFP4Weight,
+    _act_tile,
     _fp4_tile_dot_v3,
     _gv_group,
     prepare_weight,
@@ -224,10 +225,11 @@ def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slot
                      S, N, KW, stride_xm, A_DIV,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
                      GATED: tl.constexpr, ROUTE_W: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr,
-                     BF16D: tl.constexpr):
+                     BF16D: tl.constexpr, XF: tl.constexpr):
     """One program = one block of BM slots of one expert x BN output rows, over the MMA tile of
     `kernels.gemm._fp4_tile_dot_v3` (gate and up rows in one program, SiLU product fused; routing weight
-    fused into down). BF16D: the tile's decode in bf16 (GPU only; weight words in `pair_layout`)."""
+    fused into down). BF16D: the tile's decode in bf16 (GPU only; weight words in `pair_layout`). XF (W4A4: A_FP4,
+    or x the decoded tile values): times the activation row's 2^7 / S_enc."""
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(bexp_ptr + pid_b)
@@ -250,17 +252,17 @@ def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slot
     sb = ws_ptr + e64 * NW * (KW // 2)
     for it in range(NIT):
         k0 = it * BKW * 8
-        acc = _fp4_tile_dot_v3(acc, wb, sb, offs_n, nmask, x_ptr, xs_ptr, rows, mmask, stride_xm, k0, KW * 8,
-                               A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
-        if GATED:
-            acc_u = _fp4_tile_dot_v3(acc_u, wb + N * KW, sb + N * (KW // 2), offs_n, nmask, x_ptr, xs_ptr,
-                                     rows, mmask, stride_xm, k0, KW * 8, A_FP4, BN, BM, 8 * BKW, INTERP, BF16D)
+        xv = _act_tile(x_ptr, xs_ptr, rows, mmask, stride_xm, k0, KW * 8, A_FP4, BM, 8 * BKW, BF16D)  # [BK, BM]
+        acc = _fp4_tile_dot_v3(acc, wb, sb, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D)
+        if GATED:  # the up rows read the same activation tile
+            acc_u = _fp4_tile_dot_v3(acc_u, wb + N * KW, sb + N * (KW // 2), offs_n, nmask, xv, k0, KW * 8, BN,
+                                     8 * BKW, INTERP, BF16D)
     if GATED:
         acc = acc * tl.load(wf_ptr + e * 2)
         acc_u = acc_u * tl.load(wf_ptr + e * 2 + 1)
     else:
         acc = acc * tl.load(wf_ptr + e)
-    if A_FP4:
+    if XF:
         xf = tl.load(xf_ptr + rows, mask=mmask, other=0.0)[None, :]
         acc = acc * xf
         if GATED:
@@ -403,6 +405,8 @@ class MoEConfig:
     #                    "gemv" (v1 decode, BM <= 4; W4A4 on dequantized activations)
     U: int = 1  # gemv: K-groups of 256 per loop iteration
     bf16_decode: bool = True  # mma on a GPU: decode and scale in bf16 (interpreter: fp32)
+    a_decoded: bool = False  # mma W4A4: the tile reads the activation's decoded tile values, written by the quantize
+    #                          pass, instead of decoding its codes (`kernels.gemm.GemmConfig.a_decoded`)
 
 
 def mma_moe_config(T: int, topk: int, E: int) -> MoEConfig:
@@ -442,14 +446,19 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
              route_w=None, a_fp4=None, BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, out_dtype=None,
              bf16_decode: bool = True):
     """One grouped launch of the MMA kernel. a: activations [R, K] (R = tokens or slots; row of slot s = s // a_div)
-    or, with a_fp4=(words [R, K/8], scales [R, K/16], factor [R]), quantized activations. Returns [S, N].
+    or, with a_fp4=(words [R, K/8], scales [R, K/16], factor [R]), quantized activations, or a_fp4=(tile values
+    [R, K], None, factor [R]) from `quantize_act_for_gemm(decoded=True)`. Returns [S, N].
     bf16_decode: the tile's decode in bf16 (GPU only; the interpreter decodes in fp32)."""
     N = w.N // 2 if gated else w.N
     KW = w.K // 8
     dev = w.words.device
     out = torch.empty((S, N), dtype=out_dtype or a.dtype, device=dev)
     nb = block_expert.numel()
-    if a_fp4 is not None:
+    decoded = a_fp4 is not None and a_fp4[1] is None
+    if decoded:
+        xa, _, xf = a_fp4
+        xs, stride = xa, xa.stride(0)
+    elif a_fp4 is not None:
         xa, xs, xf = a_fp4
         stride = KW
     else:
@@ -459,8 +468,8 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
     bf16d = bf16_decode and not INTERPRET
     _moe_gemm_kernel[grid](xa, xs, xf, w.paired() if bf16d else w.words, w.scales, w.factor, out,
                            sorted_slots, block_expert, route_w if route_w is not None else out, S, N, KW, stride, a_div,
-                           BM=BM, BN=BN, BKW=BKW, A_FP4=a_fp4 is not None, GATED=gated, ROUTE_W=route_w is not None,
-                           INTERP=INTERPRET, NIT=NIT, BF16D=bf16d,
+                           BM=BM, BN=BN, BKW=BKW, A_FP4=a_fp4 is not None and not decoded, GATED=gated,
+                           ROUTE_W=route_w is not None, INTERP=INTERPRET, NIT=NIT, BF16D=bf16d, XF=a_fp4 is not None,
                            num_warps=num_warps, num_stages=num_stages)
     return out
 
@@ -518,9 +527,10 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
         return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)
     kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages, bf16_decode=cfg.bf16_decode)
     if act_quant:
-        a_fp4 = quantize_act_for_gemm(x, check_finite=False, on_quant=_tagged(on_quant, "gate_up"))
+        dec = cfg.a_decoded
+        a_fp4 = quantize_act_for_gemm(x, check_finite=False, on_quant=_tagged(on_quant, "gate_up"), decoded=dec)
         h = moe_gemm(x, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, a_fp4=a_fp4, BN=cfg.BN, **kw)
-        h_fp4 = quantize_act_for_gemm(h, check_finite=False, on_quant=_tagged(on_quant, "down"))
+        h_fp4 = quantize_act_for_gemm(h, check_finite=False, on_quant=_tagged(on_quant, "down"), decoded=dec)
         y = moe_gemm(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, a_fp4=h_fp4,
                      BN=cfg.BN_down, **kw)
     else:

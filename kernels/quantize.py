@@ -83,7 +83,7 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
                  codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
                  BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
                  NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
-                 FAKE_EXACT: tl.constexpr, INTERP: tl.constexpr):
+                 FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, INTERP: tl.constexpr):
     CH: tl.constexpr = NB * BLOCK
     amax_blk = tl.max(tl.abs(xb), axis=2)  # [BM, NB]
     if IS_NV:
@@ -127,7 +127,9 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
     code = idx | (sign << 3)  # [BM, NB, BLOCK] int32 0..15
     if FAKE:  # dequantized value e2m1 * s_b / S_enc (the product is exact), then one cast
         g = tl.where(sign == 1, -e2m1_grid(idx), e2m1_grid(idx)) * s_b[:, :, None]
-        if IS_NV and FAKE_EXACT:  # the reference's formula, a correctly rounded division per element
+        if FAKE_TILE:  # what the MMA tile decodes from the codes: q * s_b * 2^-7, exact (S_enc left to its epilogue)
+            g = g * 0.0078125
+        elif IS_NV and FAKE_EXACT:  # the reference's formula, a correctly rounded division per element
             g = tl.math.div_rn(g, tl.broadcast_to(s_enc[:, None, None], g.shape))
         elif IS_NV:  # times the row's reciprocal, not a per-element division (that doubled the kernel's time)
             g = g * tl.math.div_rn(1.0, s_enc)[:, None, None]
@@ -161,8 +163,8 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
                        M, K, stride_xm, seed, amax_min,
                        BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
                        NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
-                       FAKE_EXACT: tl.constexpr, HAS_DST: tl.constexpr, SINGLE: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr,
-                       INTERP: tl.constexpr):
+                       FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, HAS_DST: tl.constexpr, SINGLE: tl.constexpr,
+                       CH: tl.constexpr, NCH: tl.constexpr, INTERP: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BM + tl.arange(0, BM)  # [BM]
     rmask = rows < M
@@ -178,7 +180,7 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
             s_enc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(2688.0, tl.maximum(amax, amax_min)))
             tl.store(outer_ptr + drow, s_enc, mask=rmask)
         _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, 0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
-                     BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, INTERP)
+                     BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP)
     else:
         if IS_NV:
             amax = tl.zeros([BM], tl.float32)
@@ -192,7 +194,7 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
             k0 = c * CH
             xb, kk, mask = _load_chunk(x_ptr, rows, rmask, stride_xm, k0, K, NB, BLOCK)
             _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
-                         BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, INTERP)
+                         BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP)
 
 
 def _config(M: int, K: int, block: int, interpret: bool = INTERPRET):
@@ -217,7 +219,7 @@ def _config(M: int, K: int, block: int, interpret: bool = INTERPRET):
 def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *, seed: int = 0,
                   guidance: bool = False, mx_rule: str = "floor", out: QuantizedRows | None = None,
                   dst_rows: torch.Tensor | None = None, fake_dtype: torch.dtype | None = None,
-                  fake_exact: bool = False, check_finite: bool = True) -> QuantizedRows:
+                  fake_exact: bool = False, fake_tile: bool = False, check_finite: bool = True) -> QuantizedRows:
     """Quantize x [..., K] (fp32/bf16/fp16) per row. Returns QuantizedRows (see class docstring).
 
     out/dst_rows: write into caller-owned flat buffers (packed [R, K/2], scales [R, K/b], outer [R],
@@ -225,7 +227,10 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
     fake_dtype: also write the dequantized rows (QuantizedRows.fake, [..., K]) in this dtype in the same
     pass, so a W4A16 kernel can run W4A4 on them (kernels.gemm / kernels.moe decode path); NVFP4 divides by
     S_enc as the reference does only with fake_exact (bit-identical to `kernels.reference.nvfp4_dequantize`
-    cast to fake_dtype, at twice the kernel's time), else multiplies by its reciprocal (within an ulp)."""
+    cast to fake_dtype, at twice the kernel's time), else multiplies by its reciprocal (within an ulp).
+    fake_tile (NVFP4): the fake rows are instead q * s_b * 2^-7, exact in bf16 and fp32, the values the MMA
+    tile decodes from the codes (`kernels._common.dequant_tile_words`); times the row's 2^7 / S_enc they are
+    the dequantized values."""
     check_tensor(x, "x", (torch.float32, torch.bfloat16, torch.float16), finite=check_finite)
     if fmt not in ("nvfp4", "mxfp4"):
         raise ValueError(f"fmt must be 'nvfp4' or 'mxfp4', got {fmt!r}")
@@ -272,6 +277,8 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
                 raise ValueError("out buffers disagree on the number of rows")
     if fake_dtype is not None and dst_rows is not None:
         raise ValueError("fake_dtype is not supported with dst_rows")
+    if fake_tile and (fmt != "nvfp4" or fake_dtype not in (torch.bfloat16, torch.float32)):
+        raise ValueError("fake_tile needs fmt='nvfp4' and fake_dtype bfloat16 or float32")
     fq = torch.empty((M, K), dtype=fake_dtype, device=dev) if fake_dtype is not None else None
     if M == 0:
         return QuantizedRows(packed.reshape(*lead, K // 2), scales.reshape(*lead, K // block),
@@ -283,7 +290,7 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
         x2, packed, scales, outer, mant if guidance else packed, dst_rows if dst_rows is not None else packed,
         fq if fq is not None else x2, M, K, x2.stride(0), int(seed), _AMAX_MIN,
         BM=bm, NB=nb, BLOCK=block, IS_NV=fmt == "nvfp4", NOCLIP=mx_rule == "noclip",
-        STOCH=rounding == "stochastic", GUIDE=guidance, FAKE=fq is not None, FAKE_EXACT=fake_exact, HAS_DST=dst_rows is not None, SINGLE=single, CH=nb * block, NCH=triton.cdiv(K, nb * block), INTERP=INTERPRET,
+        STOCH=rounding == "stochastic", GUIDE=guidance, FAKE=fq is not None, FAKE_EXACT=fake_exact, FAKE_TILE=fake_tile, HAS_DST=dst_rows is not None, SINGLE=single, CH=nb * block, NCH=triton.cdiv(K, nb * block), INTERP=INTERPRET,
         num_warps=nw,
     )
     if out is not None:

@@ -55,6 +55,27 @@ def test_mma_path_decodes(M, N, K, act_quant, bf16_decode):
     assert y.shape == (M, N) and rel(y, ref.fp4_linear(x, c, s, o, act_quant=act_quant)) < TOL_MMA
 
 
+@pytest.mark.parametrize("M,N,K", MMA_CASES)
+def test_w4a4_decoded_activation_equals_the_tile_decode(M, N, K):
+    """W4A4 with a_decoded (the quantize pass writes q * s_b * 2^-7, the tile reads it as a W4A16 activation)
+    against the tile's own decode of the codes: the same MMA operands, so in the interpreter (FP32 dots) the
+    same outputs bit for bit; on a GPU the two tiles may reach the tensor cores by different instructions
+    (offline SASS: wgmma over the loaded tile, mma.sync over the decoded registers), so there the oracle's
+    tolerance. The recorder sees the same codes either way."""
+    (c, s, o), x = _mma_case(M, N, K)
+    pw = prepare_weight(*dev(c, s, o))
+    cfg = GemmConfig(BN=16, BM=16, split=1, num_stages=1, **MMA_KW)
+    seen = {}
+    y = fp4_linear(dev(x), pw, act_quant=True, config=cfg, on_quant=lambda q: seen.setdefault("codes", host(q)))
+    yd = fp4_linear(dev(x), pw, act_quant=True, config=GemmConfig(**{**cfg.__dict__, "a_decoded": True}),
+                    on_quant=lambda q: seen.setdefault("decoded", host(q)))
+    if not ON_GPU:
+        assert torch.equal(host(yd), host(y))
+    assert torch.equal(seen["decoded"].packed, seen["codes"].packed)
+    assert torch.equal(seen["decoded"].scales, seen["codes"].scales)
+    assert rel(yd, ref.fp4_linear(x, c, s, o, act_quant=True)) < TOL_MMA
+
+
 def _truncated_accumulation(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T with exact products summed in FP32, every addition truncated toward zero
     (the worst plausible tensor-core summation), in float64 numpy on the CPU."""

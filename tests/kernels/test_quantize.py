@@ -175,6 +175,23 @@ def test_fake_exact_is_bit_identical_to_the_reference(dtype):
     assert torch.equal(q.packed, host(quantize_rows(dev(x), "nvfp4")).packed)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fake_tile_is_exact(dtype):
+    """fake_tile (the MMA tile's activation operand, `GemmConfig.a_decoded`): q * s_b * 2^-7 from the kernel's
+    own codes and scales, exact in bf16 and fp32, so equal bit for bit to the reference's decode of them, in
+    either output dtype; times 2^7 / S_enc it is the dequantized row."""
+    x = _data(9, 2048 + 128, seed=6).to(dtype)
+    for fd in (torch.float32, torch.bfloat16):
+        q = host(quantize_rows(dev(x), "nvfp4", fake_dtype=fd, fake_tile=True))
+        blocks = ref.e2m1_decode(q.codes()).reshape(9, -1, 16) * ref.e4m3_decode(q.scales)[..., None]
+        want = (blocks.reshape(9, -1) * 2.0**-7).to(fd)
+        assert torch.equal(q.fake, want)
+        assert torch.equal(want.float(), blocks.reshape(9, -1) * 2.0**-7)  # nothing was rounded
+        assert torch.equal(q.packed, host(quantize_rows(dev(x), "nvfp4")).packed)
+    with pytest.raises(ValueError, match="fake_tile"):
+        quantize_rows(dev(x), "mxfp4", fake_dtype=torch.float32, fake_tile=True)
+
+
 def _midpoint_edges() -> torch.Tensor:
     """One 16-element NVFP4 block per (E4M3 scale s, midpoint m): the block amax 6 * s makes the block
     scale exactly s (S_enc is 1: the row's amax is 2688), and the other 15 elements sit on m * s and on
