@@ -25,7 +25,9 @@ Where the default config is the decode GEMV (dense up to M=2, MoE up to 1.5 (tok
 rows `fp4-w4a16-mma` / `fp4-w4a4-mma` time the MMA tile as well (best of a few tiles, each checked against
 the oracle first), so one run gives the GEMV / MMA / BF16 crossover of the engine (trace/rollout/fast.py).
 Rows `fp4-w4a4-dec` (every size) time W4A4 on the MMA tile reading the decoded activation its quantize pass
-writes (`a_decoded`), checked against the tile's own decode of the codes (same config) first.
+writes (`a_decoded`), checked against the tile's own decode of the codes (same config) first; rows
+`fp4-w4a16-persist` / `fp4-w4a4-persist` (MoE, every size) the MMA tile on a persistent grid (`persistent`;
+routing as in `fp4-w4a16` / `fp4-w4a4`).
 
 Run (repo root, on a GPU): `PYTHONPATH=. python benchmarks/bench_kernels.py --version v1b`
 (`--quick` for a subset, `--only moe,dense`, `--T 1 4 16 64 256` / `--M 1 2 4 8 16` for the sizes, `--sweep` to
@@ -533,6 +535,25 @@ def run_moe(dev, quick):
                                cfg_str(cm) + (";+2 act-quant launches;routing align inside" if aq else ""),
                                f"experts_hit={hit}")
                     del r
+            # the MMA tile on a persistent grid (MoEConfig.persistent: 2 or 4 programs per SM, the best of them,
+            # each checked against the oracle first); routing precomputed for W4A16, inside for W4A4 (as above)
+            al_p = moe_align(ids, E, mma_moe_config(T, k, E).BM)
+            for aq in (False, True):
+                prov = f"fp4-w4a{4 if aq else 16}-persist"
+                r = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq)
+                pv = [dataclasses.replace(mma_moe_config(T, k, E), persistent=p) for p in (2, 4)]
+                try:
+                    t, cm = timed_best(lambda c, aq=aq: (lambda: fused_moe(x, mw, ids, tw, act_quant=aq, config=c,
+                                                                           align=None if aq else al_p,
+                                                                           check_finite=False)),
+                                       pv, "moe", shape, prov, base, oracle=(r, moe_tol(aq)))
+                    if t:
+                        record("moe", shape, prov, t, fp4_bytes, base, a_ms,
+                               cfg_str(cm) + (";+2 act-quant launches;routing align inside" if aq else ""),
+                               f"experts_hit={hit}")
+                except Exception as ex:  # a new path: its failure must not end the run
+                    note("moe", f"{prov} {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
+                del r
             # W4A4 on the MMA tile reading the activations' decoded tile values (MoEConfig.a_decoded)
             cd = dataclasses.replace(mma_moe_config(T, k, E), a_decoded=True)
             try:

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import INTERPRET, check_tensor
+from kernels._common import INTERPRET, check_tensor, num_sms
 from kernels.gemm import (
     GV_GK,
     PreparedFP4Weight,
@@ -221,25 +221,23 @@ def moe_align(topk_ids: torch.Tensor, E: int, BM: int):
 
 
 @triton.jit
-def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr,
-                     S, N, KW, stride_xm, A_DIV,
-                     BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
-                     GATED: tl.constexpr, ROUTE_W: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr,
-                     BF16D: tl.constexpr, XF: tl.constexpr):
-    """One program = one block of BM slots of one expert x BN output rows, over the MMA tile of
-    `kernels.gemm._fp4_tile_dot_v3` (gate and up rows in one program, SiLU product fused; routing weight
-    fused into down). BF16D: the tile's decode in bf16 (GPU only; weight words in `pair_layout`). XF (W4A4: A_FP4,
-    or x the decoded tile values): times the activation row's 2^7 / S_enc."""
-    pid_b = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    e = tl.load(bexp_ptr + pid_b)
-    if e < 0:
-        return
+def _moe_block(pid_b, pid_n, valid, x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr,
+               rw_ptr, S, N, KW, stride_xm, A_DIV,
+               BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
+               GATED: tl.constexpr, ROUTE_W: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr,
+               BF16D: tl.constexpr, XF: tl.constexpr):
+    """One block of BM slots of one expert x BN output rows, over the MMA tile of
+    `kernels.gemm._fp4_tile_dot_v3` (gate and up rows together, SiLU product fused; routing weight fused into
+    down). valid: false for a padding block (expert -1) or a persistent program's work item past the end: every
+    load and the store are masked off (no memory traffic, the MMAs run on zeros)."""
+    e_id = tl.load(bexp_ptr + pid_b)
+    valid = valid & (e_id >= 0)
+    e = tl.maximum(e_id, 0)
     slots = tl.load(slots_ptr + pid_b * BM + tl.arange(0, BM))  # [BM] slot ids, S = padding
-    mmask = slots < S
+    mmask = (slots < S) & valid
     rows = tl.where(mmask, slots // A_DIV, 0)  # activation rows (token for gate/up, slot for down)
     offs_n = pid_n * BN + tl.arange(0, BN)
-    nmask = offs_n < N
+    nmask = (offs_n < N) & valid
     e64 = e.to(tl.int64)
     if GATED:
         NW = 2 * N  # weight rows per expert: gate [0, N), up [N, 2N)
@@ -273,6 +271,47 @@ def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slot
         acc = acc * tl.load(rw_ptr + slots, mask=mmask, other=0.0)[None, :]
     o_ptrs = out_ptr + slots[None, :].to(tl.int64) * N + offs_n[:, None]  # out [S, N]
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & mmask[None, :])
+
+
+@triton.jit
+def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr,
+                     S, N, KW, stride_xm, A_DIV, NB,
+                     BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
+                     GATED: tl.constexpr, ROUTE_W: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr,
+                     BF16D: tl.constexpr, XF: tl.constexpr, PERSIST: tl.constexpr = False,
+                     NBP: tl.constexpr = 1, ITERS: tl.constexpr = 1):
+    """Grid (blocks, N / BN): one program per (block of BM slots of one expert, BN output rows), `_moe_block`.
+    BF16D: the tile's decode in bf16 (GPU only; weight words in `pair_layout`). XF (W4A4: A_FP4, or x the
+    decoded tile values): times the activation row's 2^7 / S_enc.
+    PERSIST: a grid of fewer programs, each walking the (block, N-tile) work items pid, pid + programs, ...
+    block-major in one flattened loop (`tl.range(flatten=True)`), so the software pipeline loads the next item's
+    first K-tiles under the current one's last MMAs and epilogue (OpenAI triton_kernels' persistent matmul
+    does this on Hopper when there are >= 2 tiles per SM). On a GPU the loop ends at the used blocks (counted
+    from the NB block experts, NBP = their power-of-two bound); the interpreter, which cannot loop to a runtime
+    bound, runs ITERS items per program and masks the ones past the end."""
+    if PERSIST:
+        nn = tl.cdiv(N, BN)
+        step = tl.num_programs(0)
+        if INTERP:
+            for i in tl.range(0, ITERS):
+                w = tl.program_id(0) + i * step
+                _moe_block(tl.minimum(w // nn, NB - 1), w % nn, w < NB * nn, x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr,
+                           wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr, S, N, KW, stride_xm, A_DIV,
+                           BM, BN, BKW, A_FP4, GATED, ROUTE_W, INTERP, NIT, BF16D, XF)
+        else:
+            ob = tl.arange(0, NBP)
+            used = tl.sum((tl.load(bexp_ptr + ob, mask=ob < NB, other=-1) >= 0).to(tl.int32), axis=0)
+            for w in tl.range(tl.program_id(0), used * nn, step, flatten=True):
+                _moe_block(w // nn, w % nn, True, x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr,
+                           bexp_ptr, rw_ptr, S, N, KW, stride_xm, A_DIV,
+                           BM, BN, BKW, A_FP4, GATED, ROUTE_W, INTERP, NIT, BF16D, XF)
+    else:
+        pid_b = tl.program_id(0)
+        if tl.load(bexp_ptr + pid_b) < 0:
+            return
+        _moe_block(pid_b, tl.program_id(1), True, x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr,
+                   bexp_ptr, rw_ptr, S, N, KW, stride_xm, A_DIV,
+                   BM, BN, BKW, A_FP4, GATED, ROUTE_W, INTERP, NIT, BF16D, XF)
 
 
 @triton.jit
@@ -407,6 +446,8 @@ class MoEConfig:
     bf16_decode: bool = True  # mma on a GPU: decode and scale in bf16 (interpreter: fp32)
     a_decoded: bool = False  # mma W4A4: the tile reads the activation's decoded tile values, written by the quantize
     #                          pass, instead of decoding its codes (`kernels.gemm.GemmConfig.a_decoded`)
+    persistent: int = 0  # mma: programs per SM of a persistent grid (`_moe_gemm_kernel` PERSIST); 0: one per tile.
+    #                      Not yet timed on a GPU
 
 
 def mma_moe_config(T: int, topk: int, E: int) -> MoEConfig:
@@ -444,11 +485,12 @@ def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
 
 def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_div: int, gated: bool,
              route_w=None, a_fp4=None, BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, out_dtype=None,
-             bf16_decode: bool = True):
+             bf16_decode: bool = True, persistent: int = 0):
     """One grouped launch of the MMA kernel. a: activations [R, K] (R = tokens or slots; row of slot s = s // a_div)
     or, with a_fp4=(words [R, K/8], scales [R, K/16], factor [R]), quantized activations, or a_fp4=(tile values
     [R, K], None, factor [R]) from `quantize_act_for_gemm(decoded=True)`. Returns [S, N].
-    bf16_decode: the tile's decode in bf16 (GPU only; the interpreter decodes in fp32)."""
+    bf16_decode: the tile's decode in bf16 (GPU only; the interpreter decodes in fp32). persistent: that many
+    programs per SM walk the work items (`_moe_gemm_kernel` PERSIST; 0: one program per item)."""
     N = w.N // 2 if gated else w.N
     KW = w.K // 8
     dev = w.words.device
@@ -463,14 +505,20 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
         stride = KW
     else:
         xa, xs, xf, stride = a, a, a, a.stride(0)
-    grid = (nb, triton.cdiv(N, BN))
+    nn = triton.cdiv(N, BN)
     NIT = triton.cdiv(KW, BKW)
     bf16d = bf16_decode and not INTERPRET
+    if persistent:
+        progs = min(nb * nn, persistent * num_sms(dev))
+        grid = (progs,)
+        extra = dict(PERSIST=True, NBP=triton.next_power_of_2(nb), ITERS=triton.cdiv(nb * nn, progs))
+    else:
+        grid, extra = (nb, nn), {}
     _moe_gemm_kernel[grid](xa, xs, xf, w.paired() if bf16d else w.words, w.scales, w.factor, out,
                            sorted_slots, block_expert, route_w if route_w is not None else out, S, N, KW, stride, a_div,
-                           BM=BM, BN=BN, BKW=BKW, A_FP4=a_fp4 is not None and not decoded, GATED=gated,
+                           nb, BM=BM, BN=BN, BKW=BKW, A_FP4=a_fp4 is not None and not decoded, GATED=gated,
                            ROUTE_W=route_w is not None, INTERP=INTERPRET, NIT=NIT, BF16D=bf16d, XF=a_fp4 is not None,
-                           num_warps=num_warps, num_stages=num_stages)
+                           num_warps=num_warps, num_stages=num_stages, **extra)
     return out
 
 
@@ -525,7 +573,8 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
             h = fake_rows(h, _tagged(on_quant, "down"))
         y = moe_gemv(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, BN=cfg.BN_down, **kw)
         return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)
-    kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages, bf16_decode=cfg.bf16_decode)
+    kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages, bf16_decode=cfg.bf16_decode,
+              persistent=cfg.persistent)
     if act_quant:
         dec = cfg.a_decoded
         a_fp4 = quantize_act_for_gemm(x, check_finite=False, on_quant=_tagged(on_quant, "gate_up"), decoded=dec)
