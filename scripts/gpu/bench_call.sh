@@ -6,6 +6,7 @@
 # here append them with benchmarks/results_table.py. A failing test stops the call before any timing.
 #   bash scripts/gpu/bench_call.sh VERSION [PARTS]   # carry .anchors (triton_kernels v3.6.0, the anchor)
 # PARTS: bench_kernels --only (default attention,moe,dense); LIMIT (default 570) bounds the call in seconds;
+# ENGINE=0 leaves the engine out (its benchmark then gets a call of its own);
 # GIT_COMMIT names the launching commit (the lease's .git is stale). The tests import trace.config, which needs
 # jsonschema: carry WHEELS too (default .whl-pipe, from scripts/gpu/offline_wheels.sh download .whl-pipe pipeline).
 set -uo pipefail
@@ -28,10 +29,12 @@ fi
 tail -1 "$out/tests.log"
 anchor=.anchors/triton_kernels-v3.6.0
 [ -d "$anchor" ] || echo "no $anchor: the anchor's rows are skipped"
-PYTHONPATH=$PYTHONPATH:$anchor timeout $(( $(left) - 170 )) python3 benchmarks/bench_kernels.py --quick \
+engine=${ENGINE:-1}
+PYTHONPATH=$PYTHONPATH:$anchor timeout $(( $(left) - (engine ? 170 : 5) )) python3 benchmarks/bench_kernels.py --quick \
   --T 1 4 16 64 256 --M 1 2 4 8 16 --only "$parts" --version "$version" --out "$out/k.csv" > "$out/k.log" 2>&1
 echo "kernels: rc $? after $(( $(date +%s) - t0 )) s, $(grep -c 'CHECK FAIL' "$out/k.log") failed checks"
 grep "CHECK FAIL" "$out/k.log" | head -5
+[ "$engine" = 1 ] || exit 0
 timeout $(( $(left) - 5 )) python3 benchmarks/bench_rollout.py --device cuda --models qwen3_30b_a3b --batch 256 64 \
   --gen 1024 --providers engine-bf16 engine-w4a4-kv4-triton engine-w4a4-kv4-kernels --version "$version" \
   --deadline $(( $(left) - 60 )) --out "$out/r.csv" > "$out/r.log" 2>&1
