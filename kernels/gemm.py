@@ -460,7 +460,7 @@ class GemmConfig:
     #                           bf16 arithmetic is not IEEE, always decodes in fp32
     a_decoded: bool = False  # mma W4A4: the quantize pass also writes the activation's tile values (q * s_b * 2^-7,
     #                          exact in bf16) and the tile reads them instead of decoding the codes: the same MMA
-    #                          operands, so the same outputs (tests); not yet timed on a GPU
+    #                          operands (outputs bit-equal in the interpreter; tests); not yet timed on a GPU
 
 
 def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
