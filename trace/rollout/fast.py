@@ -112,9 +112,10 @@ class TritonPath:
         with the dequantized copy the decode GEMV reads), every dense weight of the first layer that has
         one and the first MoE layer's experts within 1e-2 of the oracle (W4A4 on the MMA kernels, W4A16 on
         the GEMV ones, see below). rows: activation
-        rows per call (<= 16 takes the GEMV kernels, more the MMA ones); the quantize is checked at all of
-        them, the GEMMs only at those this path runs on the kernels (`dense_kernels`, `moe_kernels`: with
-        the default crossover the MMA kernels are not used, nor compiled here). A Triton miscompile at one
+        rows per call (the default configs take the GEMV kernels up to 2 dense rows and 1.5 rows per expert,
+        the MMA ones above); the quantize is checked at all of them, the GEMMs only at those this path runs
+        on the kernels (`dense_kernels`, `moe_kernels`; with the default crossover 1, 2 and 5 dense rows, the
+        MMA tile at 5). A Triton miscompile at one
         quantize tile saturated every code on an H200 at a width no kernel test used (kernels/NOTES.md
         v2d); this is what catches the next one. Costs a few seconds of compiles on a GPU."""
         from kernels import reference as ref
