@@ -84,8 +84,44 @@ def test_duplicate_responses_run_once(monkeypatch):
     monkeypatch.setattr(coding, "run_many", spy)
     t = get_task("coding")
     ex = make_example()
-    assert t.score_batch([ex] * 5, [" 2*x+1\n"] * 3 + [" x\n"] * 2) == [1.0] * 3 + [0.0] * 2
+    # not integer arithmetic alone (a call), so they go to the sandbox
+    assert t.score_batch([ex] * 5, [" abs(2*x+1)\n"] * 3 + [" abs(x)\n"] * 2) == [1.0] * 3 + [0.0] * 2
     assert seen == [2]
+
+
+def test_integer_arithmetic_is_scored_in_process_as_the_sandbox_scores_it(monkeypatch):
+    """Expressions of + - * // % on x and int constants skip the sandbox, with the harness's exact outputs:
+    the same scores (partial credit, so every hidden case counts) as with everything sent to the sandbox,
+    division by zero and negative operands included."""
+    import random
+
+    rng = random.Random(0)
+    ops = ["+", "-", "*", "//", "%"]
+    exprs = [" 2*x+1", " x//0", " (x-7)%3", " -x%4", " x*x*x*x*x*x*x*x", " +x-(-3)", " 10//(x-11)",
+             " 7%(x%3)", " 99999999999999999999*x*x", " x"]
+    for _ in range(40):
+        e = "x"
+        for _ in range(rng.randint(1, 4)):
+            e = f"({e}){rng.choice(ops)}{rng.choice(['x', str(rng.randint(-9, 9))])}"
+        exprs.append(" " + e)
+    ex = make_example(hidden=(0, 4, 7, 11, 13, 20))
+    t = get_task("coding", partial_credit=True)
+    calls = []
+    real = coding.run_many
+    monkeypatch.setattr(coding, "run_many", lambda s, **k: calls.append(len(s)) or real(s, **k))
+    fast = t.score_batch([ex] * len(exprs), [e + "\n" for e in exprs])
+    assert calls == []  # none reached the sandbox
+    monkeypatch.setattr(coding, "pure_arithmetic", lambda expr: None)
+    boxed = t.score_batch([ex] * len(exprs), [e + "\n" for e in exprs])
+    assert calls == [len(set(exprs))]
+    assert fast == boxed
+    assert fast[0] == 1.0 and fast[1] == 0.0 and any(0 < s < 1 for s in fast)  # all, none and some cases pass
+
+
+@pytest.mark.parametrize("expr", ["2**x", "x<<3", "x>>1", "x/2", "abs(x)", "x if x else 1", "x>1", "y+1",
+                                  "1.5*x", "True+x", "x.real", "[x][0]", "(lambda: x)()", "~x", "not x"])
+def test_anything_but_integer_arithmetic_goes_to_the_sandbox(expr):
+    assert coding.pure_arithmetic(expr) is None
 
 
 def test_hostile_expressions_score_zero_and_do_no_harm():

@@ -2,8 +2,12 @@
 
 For tiny character-level policies the program is one Python expression in `x`:
 prompt ``"f(1)=3 f(2)=5 f(3)=7\\ndef f(x): return"``, gold response ``" 2*x+1\\n"``.
-The verifier builds ``def f(x): return <first response line>`` and runs it only inside
-`trace.tasks.sandbox` on hidden inputs (never shown in the prompt). Reward is all-or-nothing by
+The verifier builds ``def f(x): return <first response line>`` and runs it inside
+`trace.tasks.sandbox` on hidden inputs (never shown in the prompt); an expression that is integer
+arithmetic on ``x`` alone (``+ - * // %``, unary signs, int constants: nothing else parses past the
+check) is evaluated in this process instead, with the harness's exact outputs (its cost is bounded by its
+length, and it can do nothing but compute or divide by zero), because a fresh sandboxed interpreter costs
+~20 ms of CPU per program and an RL batch of the coding task is mostly such expressions. Reward is all-or-nothing by
 default (every hidden case must return exactly the expected int, as in pass@1 unit testing);
 ``partial_credit=True`` gives the fraction of hidden cases passed instead.
 Run: ``t = get_task("coding", difficulty="easy"); t.score_batch(exs, responses)``.
@@ -89,6 +93,38 @@ def clean_expression(response: str) -> str | None:
     return expr
 
 
+# The nodes of an expression `score_batch` evaluates in-process: integer arithmetic on x. No power or shift
+# (their results' size is not bounded by the expression's length), no names but x, no calls, attributes,
+# subscripts or comparisons, so the value is an int or the evaluation raises ZeroDivisionError.
+_PURE_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Name, ast.Load,
+               ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.USub, ast.UAdd)
+
+
+def pure_arithmetic(expr: str):
+    """The compiled expression when it is integer arithmetic on x alone (`_PURE_NODES`, int constants),
+    else None (it goes to the sandbox)."""
+    tree = ast.parse(expr, mode="eval")
+    for node in ast.walk(tree):
+        if not isinstance(node, _PURE_NODES):
+            return None
+        if isinstance(node, ast.Name) and node.id != "x":
+            return None
+        if isinstance(node, ast.Constant) and type(node.value) is not int:
+            return None
+    return compile(tree, "<expression>", "eval")
+
+
+def run_pure(code, inputs: list[int]) -> str:
+    """What `harness` prints for a `pure_arithmetic` expression: one line per input, repr of the int or E."""
+    out = []
+    for v in inputs:
+        try:
+            out.append(repr(eval(code, {"__builtins__": {}}, {"x": v})))
+        except ZeroDivisionError:
+            out.append("E")
+    return "".join(line + "\n" for line in out)
+
+
 def harness(expr: str, inputs: list[int]) -> str:
     return (
         f"def f(x): return {expr}\n"
@@ -163,7 +199,8 @@ class CodingTask(Task):
         return self.score_batch([example], [response])[0]
 
     def score_batch(self, examples: list[Example], responses: list[str]) -> list[float]:
-        """One sandbox process per distinct (expression, hidden inputs); RL groups repeat a lot."""
+        """One evaluation per distinct (expression, hidden inputs), RL groups repeat a lot: in-process for
+        integer arithmetic on x (`pure_arithmetic`), else one sandbox process."""
         if len(examples) != len(responses):
             raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
         jobs: dict[tuple[str, str], int] = {}
@@ -179,19 +216,29 @@ class CodingTask(Task):
             key = (expr, json.dumps(case["inputs"]))
             jobs.setdefault(key, len(jobs))
             keys.append(key)
-        sources = [harness(expr, json.loads(inp)) for expr, inp in jobs]
+        stdout: list[str | None] = [None] * len(jobs)  # what the harness printed; None: killed by the sandbox
+        boxed = []  # (job, expression, inputs) for the sandbox
+        for (expr, inp), j in jobs.items():
+            code = pure_arithmetic(expr)
+            if code is not None:
+                stdout[j] = run_pure(code, json.loads(inp))
+            else:
+                boxed.append((j, expr, json.loads(inp)))
+        sources = [harness(expr, inputs) for _, expr, inputs in boxed]
         results = run_many(sources, timeout_s=self.timeout_s, max_output_bytes=16_000) if sources else []
+        for (j, _, _), r in zip(boxed, results, strict=True):
+            stdout[j] = None if r.killed_reason is not None else r.stdout
         scores = []
         for key, case in zip(keys, cases, strict=True):
             if key is None:
                 scores.append(0.0)
                 continue
-            r = results[jobs[key]]
-            lines = r.stdout.split("\n")
+            out = stdout[jobs[key]]
+            lines = [] if out is None else out.split("\n")
             if lines and lines[-1] == "":
                 lines.pop()
             want = [repr(int(v)) for v in case["outputs"]]
-            if r.killed_reason is not None or len(lines) != len(want):
+            if out is None or len(lines) != len(want):
                 scores.append(0.0)
                 continue
             passed = sum(g == w for g, w in zip(lines, want, strict=True))
