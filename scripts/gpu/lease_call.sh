@@ -3,7 +3,7 @@
 # whatever state the machine is in: installs the carried wheel files when the machine is fresh (a no-op
 # on a warm one), checks the kernels the runs will use, starts the chunk if none is running, and waits
 # for it until the call's time is nearly spent, then packs what is done.
-#   bash scripts/gpu/lease_call.sh WHEELS PROFILE MODEL[,MODEL...] [TASK]   # e.g. .whl-pipe experiments/profiles/small.yaml qwen3_moe-small reasoning
+#   bash scripts/gpu/lease_call.sh WHEELS PROFILE MODEL[,MODEL...] [TASK[,TASK...]]   # e.g. .whl-pipe experiments/profiles/small.yaml qwen3_moe-small reasoning
 # carry WHEELS (scripts/gpu/offline_wheels.sh download WHEELS pipeline; `all` adds Ray and no longer fits the carry). OUT/chunk.tgz holds the run dirs
 # without checkpoints (unpack in the repository root); call again until it prints "finished".
 # LIMIT (default 575) is the call's own budget in seconds, counted from its start. TRACE_GIT_COMMIT (the

@@ -3,10 +3,11 @@
 # leased machine goes back with them): the runs of one model (and task) through the pipeline, in a copy
 # of the repository and in a process session of its own, so it outlives the command that started it;
 # then a later command waits for it and packs the run dirs without checkpoints.
-#   bash scripts/gpu/profile_chunk.sh start PROFILE MODEL[,MODEL...] [TASK]   # returns at once
+#   bash scripts/gpu/profile_chunk.sh start PROFILE MODEL[,MODEL...] [TASK[,TASK...]]   # returns at once
 #   bash scripts/gpu/profile_chunk.sh wait SECONDS OUT.tgz         # waits up to SECONDS, packs what is done
 # e.g. `start experiments/profiles/small.yaml qwen3_moe-small reasoning` on two H200s runs its SFT base, the
-# 12 runs and 13 evaluations with 8 at a time (gpu = GPUs x the profile's gpu_slots_per_device). Unpack
+# 12 runs and 13 evaluations with 8 at a time (gpu = GPUs x the profile's gpu_slots_per_device); `qwen3_moe-small
+# coding,long_horizon` trains both tasks' SFT bases side by side, then their runs. Unpack
 # OUT.tgz in the repository root, then `snakemake figures --configfile PROFILE`. An SFT base committed
 # without its checkpoint is trained again first and checked against its logged losses. WORK (default
 # /tmp/trace-chunk) holds the copy and snakemake.log; SLOTS overrides the profile's gpu_slots_per_device
@@ -24,13 +25,15 @@ work=${WORK:-/tmp/trace-chunk}
 py=${PYTHON:-python3}
 case ${1:-} in
 start)
-  profile=${2:?usage: profile_chunk.sh start PROFILE MODEL[,MODEL...] [TASK]}; models=${3:?model}; task=${4:-}
+  profile=${2:?usage: profile_chunk.sh start PROFILE MODEL[,MODEL...] [TASK[,TASK...]]}; models=${3:?model}; tasks=${4:-}
   read -r name slots < <("$py" -c "import yaml, sys; c = yaml.safe_load(open(sys.argv[1]))
 print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   slots=${SLOTS:-$slots}
   # models whose committed SFT base lacks its checkpoint (rebuilt first) and the others (started at once)
   now=""; later=""; sfts=""; n=0
-  for m in ${models//,/ }; do   # a model or task the profile lacks stops the start (runplan.py exits non-zero)
+  for mt in $(for m in ${models//,/ }; do for k in ${tasks:-ALL}; do for tk in ${k//,/ }; do echo "$m:$tk"; done; done; done); do
+    m=${mt%%:*}; task=${mt#*:}; [ "$task" = ALL ] && task=""
+    # a model or task the profile lacks stops the start (runplan.py exits non-zero)
     t=$(PYTHONPATH=$PWD "$py" workflow/scripts/runplan.py "$profile" --targets "$m" $task) || exit 1
     if [ -n "${ARMS:-}" ]; then   # only these arms' runs (and the SFT base's evaluation they share)
       keep=""

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu" / "profile_chunk.sh"
 
 
-def _dry_chunk(tmp_path, **env_extra):
+def _dry_chunk(tmp_path, task="coding", **env_extra):
     """`start` then `wait` a dry-run chunk of qwen3_moe-small's coding task (its SFT base is not committed:
     no checkpoint to rebuild, snakemake starts at once) on one fake GPU x 2 slots.
     -> (start's stdout, the chunk's snakemake.log, the packed archive)."""
@@ -23,7 +23,7 @@ def _dry_chunk(tmp_path, **env_extra):
     work = tmp_path / "work"
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", WORK=str(work), PYTHON=sys.executable,
                SNAKEMAKE_EXTRA="-n", SLOTS="2", **env_extra)
-    start = subprocess.run(["bash", str(SCRIPT), "start", "experiments/profiles/small.yaml", "qwen3_moe-small", "coding"],
+    start = subprocess.run(["bash", str(SCRIPT), "start", "experiments/profiles/small.yaml", "qwen3_moe-small", task],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert start.returncode == 0, start.stderr
     out = tmp_path / "chunk.tgz"
@@ -47,3 +47,11 @@ def test_arms_narrows_the_chunk_to_those_arms(tmp_path):
     assert "started 4 targets" in started, started  # trace x 3 seeds + the SFT base's evaluation
     assert "qwen3_moe-small/coding/trace/seed2/eval.json" in log
     assert "qwen3_moe-small/coding/bf16/seed0" not in log and "fp4-naive" not in log
+
+
+def test_a_task_list_runs_both_tasks(tmp_path):
+    started, log, _ = _dry_chunk(tmp_path, task="coding,long_horizon", ARMS="trace")
+    assert "started 8 targets" in started, started  # per task: trace x 3 seeds + the SFT base's evaluation
+    assert "qwen3_moe-small/coding/trace/seed2/eval.json" in log
+    assert "qwen3_moe-small/long_horizon/trace/seed2/eval.json" in log
+    assert "/reasoning/" not in log
