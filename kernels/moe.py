@@ -511,7 +511,10 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
     if persistent:
         progs = min(nb * nn, persistent * num_sms(dev))
         grid = (progs,)
-        extra = dict(PERSIST=True, NBP=triton.next_power_of_2(nb), ITERS=triton.cdiv(nb * nn, progs))
+        # constexprs that change with the size recompile the kernel: ITERS matters only in the interpreter, and
+        # NBP (the block experts' power-of-two bound) starts at 256, which covers the decode sizes
+        extra = dict(PERSIST=True, NBP=max(256, triton.next_power_of_2(nb)),
+                     ITERS=triton.cdiv(nb * nn, progs) if INTERPRET else 1)
     else:
         grid, extra = (nb, nn), {}
     _moe_gemm_kernel[grid](xa, xs, xf, w.paired() if bf16d else w.words, w.scales, w.factor, out,
