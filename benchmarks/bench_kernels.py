@@ -169,6 +169,22 @@ def cfg_str(c):
     return ";".join(f"{k}={v}" for k, v in c.__dict__.items())
 
 
+def time_decoded(op, shape, run, cfg, tol):
+    """W4A4 on the MMA tile reading the activation's decoded tile values (`a_decoded`, set in cfg): run(config)
+    -> output. Checked against run(the same config without it), the tile's own decode of the codes (the MMA
+    instructions may be scheduled differently, so the check row also says whether they are bit-equal), then
+    timed -> t, or None where the check fails or the path raises (its failure must not end the run)."""
+    try:
+        y0, y1 = run(dataclasses.replace(cfg, a_decoded=False)), run(cfg)
+        e = relerr(y1, y0)
+        if check(f"{op} W4A4 decoded activation {shape}", e < tol,
+                 f"rel. diff {e:.1e} to the tile's decode of the codes, bit-equal {torch.equal(y1, y0)}"):
+            return bench(lambda: run(cfg))
+    except Exception as ex:
+        note(op, f"fp4-w4a4-dec {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
+    return None
+
+
 def timed_best(fn_of_cfg, variants, op, shape, provider, base_ms, oracle=None):
     """Time fn_of_cfg(cfg) for each variant (a sweep row each); -> (best t, best cfg) or (None, None).
     oracle: (reference output, tolerance): each variant's output is checked against it first (a check row);
@@ -363,21 +379,11 @@ def run_dense(dev, quick):
                     if t:
                         record("dense", shape, prov, t, fp4_bytes, base, a_ms,
                                cfg_str(cm) + (";+act-quant launch" if aq else ""))
-            # W4A4 on the MMA tile reading the activation's decoded tile values (GemmConfig.a_decoded): checked
-            # against the tile's own decode of the codes (same config; the MMA instructions may differ, so the
-            # check row also says whether they are bit-equal), then timed
             cd = dataclasses.replace(default_config(M, N, K, x.device), a_decoded=True)
-            try:
-                y0 = fp4_linear(x, pw, act_quant=True, config=dataclasses.replace(cd, a_decoded=False), check_finite=False)
-                y1 = fp4_linear(x, pw, act_quant=True, config=cd, check_finite=False)
-                e = relerr(y1, y0)
-                if check(f"dense W4A4 decoded activation {shape}", e < 1e-2,
-                         f"rel. diff {e:.1e} to the tile's decode of the codes, bit-equal {torch.equal(y1, y0)}"):
-                    record("dense", shape, "fp4-w4a4-dec", bench(lambda: fp4_linear(x, pw, act_quant=True, config=cd,
-                                                                                     check_finite=False)),
-                           fp4_bytes, base, a_ms, cfg_str(cd) + ";+act-quant launch")
-            except Exception as ex:  # a new path: its failure must not end the run
-                note("dense", f"fp4-w4a4-dec {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
+            t = time_decoded("dense", shape, lambda c: fp4_linear(x, pw, act_quant=True, config=c, check_finite=False),
+                             cd, 1e-2)
+            if t:
+                record("dense", shape, "fp4-w4a4-dec", t, fp4_bytes, base, a_ms, cfg_str(cd) + ";+act-quant launch")
             # the engine's path above its crossover: the same activation codes on cuBLAS BF16
             record("dense", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_linear(x, wb)), N * K * 2 + io, base, a_ms,
                    "+act-quant launch")
@@ -554,21 +560,12 @@ def run_moe(dev, quick):
                 except Exception as ex:  # a new path: its failure must not end the run
                     note("moe", f"{prov} {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
                 del r
-            # W4A4 on the MMA tile reading the activations' decoded tile values (MoEConfig.a_decoded)
             cd = dataclasses.replace(mma_moe_config(T, k, E), a_decoded=True)
-            try:
-                y0 = fused_moe(x, mw, ids, tw, act_quant=True, config=dataclasses.replace(cd, a_decoded=False),
-                               check_finite=False)
-                y1 = fused_moe(x, mw, ids, tw, act_quant=True, config=cd, check_finite=False)
-                e = relerr(y1, y0)
-                if check(f"moe W4A4 decoded activation {shape}", e < moe_tol(True),
-                         f"rel. diff {e:.1e} to the tile's decode of the codes, bit-equal {torch.equal(y1, y0)}"):
-                    record("moe", shape, "fp4-w4a4-dec", bench(lambda: fused_moe(x, mw, ids, tw, act_quant=True,
-                                                                                 config=cd, check_finite=False)),
-                           fp4_bytes, base, a_ms, cfg_str(cd) + ";+2 act-quant launches;routing align inside",
-                           f"experts_hit={hit}")
-            except Exception as ex:  # a new path: its failure must not end the run
-                note("moe", f"fp4-w4a4-dec {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
+            t = time_decoded("moe", shape, lambda c: fused_moe(x, mw, ids, tw, act_quant=True, config=c,
+                                                               check_finite=False), cd, moe_tol(True))
+            if t:
+                record("moe", shape, "fp4-w4a4-dec", t, fp4_bytes, base, a_ms,
+                       cfg_str(cd) + ";+2 act-quant launches;routing align inside", f"experts_hit={hit}")
             # the engine's path above its crossover: the same activation codes on BF16 grouped GEMMs
             record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13, w2)),
                    hit * 3 * H * I * 2 + act_bytes, base, a_ms, "+2 act-quant launches;routing sort inside",
@@ -721,7 +718,7 @@ def sass_counts():
         sig = {"x_ptr": "*i32" if a_fp4 else "*bf16", "xs_ptr": "*u8" if a_fp4 else "*bf16",
                "xf_ptr": "*bf16" if mode == "bf16" else "*fp32", "w_ptr": "*i32", "ws_ptr": "*u8", "wf_ptr": "*fp32",
                "out_ptr": "*bf16", "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32",
-               "KW": "i32", "stride_xm": "i32", "A_DIV": "i32", "BM": "constexpr", "BN": "constexpr",
+               "KW": "i32", "stride_xm": "i32", "A_DIV": "i32", "NB": "i32", "BM": "constexpr", "BN": "constexpr",
                "BKW": "constexpr", "A_FP4": "constexpr", "GATED": "constexpr", "ROUTE_W": "constexpr",
                "INTERP": "constexpr", "NIT": "constexpr", "BF16D": "constexpr", "XF": "constexpr"}
         aligned = ["x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm", "slots_ptr"]
