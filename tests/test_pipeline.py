@@ -154,6 +154,29 @@ def test_ablation_arms_set_their_keys():
     assert plan.run_config("qwen3_moe-tiny", "reasoning", "trace-noalign", 0)["rl"]["method"] == "trace-noalign"
 
 
+def test_task_set_reaches_its_sft_and_runs_only():
+    """A task's `set` (the small profile's coding SFT label smoothing) lands in that task's SFT config and
+    run configs, leaves the other tasks' configs as they were, and an arm's own `set` still wins."""
+    cfg = _load("small")
+    assert cfg["tasks"]["coding"]["set"] == {"sft.label_smoothing": 0.1}
+    cfg["tasks"]["coding"]["set"]["rl.rho"] = 0.25
+    cfg["ablation"]["tasks"] = ["reasoning", "coding"]
+    plan = Plan(cfg)
+    assert plan.sft_config("mixtral-small", "coding")["sft"]["label_smoothing"] == 0.1
+    assert plan.sft_config("mixtral-small", "reasoning")["sft"]["label_smoothing"] == 0.3
+    assert plan.run_config("mixtral-small", "coding", "trace", 0)["rl"]["rho"] == 0.25
+    assert plan.run_config("mixtral-small", "reasoning", "trace", 0)["rl"]["rho"] == 0.5
+    assert plan.run_config("mixtral-small", "coding", "trace-rho1", 0)["rl"]["rho"] == 1.0
+    assert "set" not in plan.run_config("mixtral-small", "coding", "trace", 0)["task"]
+    jsonschema = pytest.importorskip("jsonschema")
+    with open(os.path.join(ROOT, "workflow", "schemas", "config.schema.yaml")) as f:
+        schema = yaml.safe_load(f)
+    jsonschema.validate(cfg, schema)
+    cfg["tasks"]["coding"]["set"] = {"rho": 0.25}  # not a dotted run-config key
+    with pytest.raises(jsonschema.ValidationError, match="rho"):
+        jsonschema.validate(cfg, schema)
+
+
 def test_smoke_profile_checks_that_rl_learns(tmp_path):
     """The smoke pipeline checks (and reports in learning.md) whether the bf16 arm's held-out accuracy rises by > 3 prompt-clustered SEs
     over its SFT base. Before: no check, and an SFT block without label smoothing whose base (0.64

@@ -143,11 +143,15 @@ class Plan:
     # ---- configs -----------------------------------------------------------------------------
     def _base(self, model: str, task: str, seed: int) -> dict:
         d = copy.deepcopy(self.config.get("defaults", {}))
-        task_cfg = {k: v for k, v in (self.config["tasks"][task] or {}).items() if k != "models"}
+        spec = self.config["tasks"][task] or {}
+        task_cfg = {k: v for k, v in spec.items() if k not in ("models", "set")}
         task_cfg = deep_merge({"seed": DATA_SEED}, task_cfg)
         d["model"] = model
         d["task"] = deep_merge(d.get("task", {}), {"name": task, **task_cfg})
         d["seed"] = int(seed)
+        # the task's own settings over the defaults (e.g. its SFT's label smoothing), under every arm's
+        for k, v in sorted((spec.get("set") or {}).items()):
+            set_dotted(d, k, v)
         return d
 
     def sft_config(self, model: str, task: str) -> dict:
