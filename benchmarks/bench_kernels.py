@@ -21,13 +21,10 @@ activations read once, outputs written once. Qwen1.5-MoE's shared expert is not 
 Provider `w4a4-bf16gemm` is what the rollout engine runs above its kernels' crossover (trace/rollout/fast.py):
 the same activation codes through the quantize kernel's dequantized copy into BF16 GEMMs on the dequantized
 weights (MoE: with the engine's own routing sort inside), so `fp4-w4a4` against it is the crossover.
-Where the default config is the decode GEMV (dense up to M=2, MoE up to 1.5 (token, slot) rows per expert),
-rows `fp4-w4a16-mma` / `fp4-w4a4-mma` time the MMA tile as well (best of a few tiles, each checked against
-the oracle first), so one run gives the GEMV / MMA / BF16 crossover of the engine (trace/rollout/fast.py).
-Rows `fp4-w4a4-dec` (every size) time W4A4 on the MMA tile reading the decoded activation its quantize pass
-writes (`a_decoded`), checked against the tile's own decode of the codes (same config) first; rows
-`fp4-w4a16-persist` / `fp4-w4a4-persist` (MoE, every size) the MMA tile on a persistent grid (`persistent`;
-routing as in `fp4-w4a16` / `fp4-w4a4`).
+Rows `fp4-w4a16` / `fp4-w4a4` run the default configs (the engine's choice). Where that is the decode GEMV
+(dense up to M=2, MoE up to 1.5 (token, slot) rows per expert), rows `fp4-w4a16-mma` / `fp4-w4a4-mma` time
+the MMA tile as well (best of a few tiles, each checked against the oracle first), so one run gives the
+GEMV / MMA / BF16 crossover of the engine (trace/rollout/fast.py, benchmarks/crossover.py).
 
 Run (repo root, on a GPU): `PYTHONPATH=. python benchmarks/bench_kernels.py --version v1b`
 (`--quick` for a subset, `--only moe,dense`, `--T 1 4 16 64 256` / `--M 1 2 4 8 16` for the sizes, `--sweep` to
@@ -167,22 +164,6 @@ def load_anchor():
 
 def cfg_str(c):
     return ";".join(f"{k}={v}" for k, v in c.__dict__.items())
-
-
-def time_decoded(op, shape, run, cfg, tol):
-    """W4A4 on the MMA tile reading the activation's decoded tile values (`a_decoded`, set in cfg): run(config)
-    -> output. Checked against run(the same config without it), the tile's own decode of the codes (the MMA
-    instructions may be scheduled differently, so the check row also says whether they are bit-equal), then
-    timed -> t, or None where the check fails or the path raises (its failure must not end the run)."""
-    try:
-        y0, y1 = run(dataclasses.replace(cfg, a_decoded=False)), run(cfg)
-        e = relerr(y1, y0)
-        if check(f"{op} W4A4 decoded activation {shape}", e < tol,
-                 f"rel. diff {e:.1e} to the tile's decode of the codes, bit-equal {torch.equal(y1, y0)}"):
-            return bench(lambda: run(cfg))
-    except Exception as ex:
-        note(op, f"fp4-w4a4-dec {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
-    return None
 
 
 def timed_best(fn_of_cfg, variants, op, shape, provider, base_ms, oracle=None):
@@ -328,7 +309,7 @@ def run_dense(dev, quick):
                 det += (f"; act codes equal {torch.equal(q.codes().cpu(), xc)}, scales {torch.equal(q.scales.cpu(), xs)}, "
                         f"S_enc {torch.equal(q.outer.cpu(), xo)}; repeat bit-equal {same}")
             check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K}", e < 1e-2, det)
-            for bd in (False, True):  # the MMA tile (the default above 8 rows) at every shape, both decodes
+            for bd in (False, True):  # the MMA tile (the default above 2 rows) at every shape, both decodes
                 cm = dataclasses.replace(default_config(M, N, K, x.device), bf16_decode=bd)
                 e = relerr(fp4_linear(x, pw, act_quant=aq, config=cm), r)
                 check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} mma {'bf16' if bd else 'fp32'}-decode", e < 1e-2,
@@ -379,11 +360,6 @@ def run_dense(dev, quick):
                     if t:
                         record("dense", shape, prov, t, fp4_bytes, base, a_ms,
                                cfg_str(cm) + (";+act-quant launch" if aq else ""))
-            cd = dataclasses.replace(default_config(M, N, K, x.device), a_decoded=True)
-            t = time_decoded("dense", shape, lambda c: fp4_linear(x, pw, act_quant=True, config=c, check_finite=False),
-                             cd, 1e-2)
-            if t:
-                record("dense", shape, "fp4-w4a4-dec", t, fp4_bytes, base, a_ms, cfg_str(cd) + ";+act-quant launch")
             # the engine's path above its crossover: the same activation codes on cuBLAS BF16
             record("dense", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_linear(x, wb)), N * K * 2 + io, base, a_ms,
                    "+act-quant launch")
@@ -458,7 +434,7 @@ def run_moe(dev, quick):
             e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
             tol = moe_tol(aq)
             check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'}", e < tol, f"rel err {e:.2e} (tol {tol:g}, bf16 h and output)")
-            for bd in (False, True):  # the MMA tile (the default above 8 rows per expert), both decodes
+            for bd in (False, True):  # the MMA tile (the default above 1.5 rows per expert), both decodes
                 cm = MoEConfig(BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, bf16_decode=bd)
                 e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq, config=cm),
                            ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
@@ -541,31 +517,6 @@ def run_moe(dev, quick):
                                cfg_str(cm) + (";+2 act-quant launches;routing align inside" if aq else ""),
                                f"experts_hit={hit}")
                     del r
-            # the MMA tile on a persistent grid (MoEConfig.persistent: 2 or 4 programs per SM, the best of them,
-            # each checked against the oracle first); routing precomputed for W4A16, inside for W4A4 (as above)
-            al_p = moe_align(ids, E, mma_moe_config(T, k, E).BM)
-            for aq in (False, True):
-                prov = f"fp4-w4a{4 if aq else 16}-persist"
-                r = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq)
-                pv = [dataclasses.replace(mma_moe_config(T, k, E), persistent=p) for p in (2, 4)]
-                try:
-                    t, cm = timed_best(lambda c, aq=aq: (lambda: fused_moe(x, mw, ids, tw, act_quant=aq, config=c,
-                                                                           align=None if aq else al_p,
-                                                                           check_finite=False)),
-                                       pv, "moe", shape, prov, base, oracle=(r, moe_tol(aq)))
-                    if t:
-                        record("moe", shape, prov, t, fp4_bytes, base, a_ms,
-                               cfg_str(cm) + (";+2 act-quant launches;routing align inside" if aq else ""),
-                               f"experts_hit={hit}")
-                except Exception as ex:  # a new path: its failure must not end the run
-                    note("moe", f"{prov} {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
-                del r
-            cd = dataclasses.replace(mma_moe_config(T, k, E), a_decoded=True)
-            t = time_decoded("moe", shape, lambda c: fused_moe(x, mw, ids, tw, act_quant=True, config=c,
-                                                               check_finite=False), cd, moe_tol(True))
-            if t:
-                record("moe", shape, "fp4-w4a4-dec", t, fp4_bytes, base, a_ms,
-                       cfg_str(cd) + ";+2 act-quant launches;routing align inside", f"experts_hit={hit}")
             # the engine's path above its crossover: the same activation codes on BF16 grouped GEMMs
             record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13, w2)),
                    hit * 3 * H * I * 2 + act_bytes, base, a_ms, "+2 act-quant launches;routing sort inside",
@@ -655,7 +606,7 @@ def run_attention(dev, quick):
 
 # ------------------------------------------------------------------------------------------------
 # Offline SASS (no GPU needed: Triton compiles for sm_90 with its bundled ptxas; cuobjdump disassembles):
-# the main loop's instructions per weight of the v1 GEMV kernel and of the MoE MMA kernels (the v3a tile).
+# the main loop's instructions per weight of the v1 GEMV kernel and of the MoE and dense MMA kernels (the v3a tile).
 def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name):
     """Compile fn for sm_90 -> (instructions of the loop (the span of the last backward branch), op counts,
     TTGIR convert_layout count, shared bytes)."""
@@ -689,7 +640,7 @@ def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name):
 
 
 def sass_counts():
-    from kernels.gemm import _fp4_gemv2_kernel
+    from kernels.gemm import _fp4_gemm_kernel, _fp4_gemv2_kernel
     from kernels.moe import _moe_gemm_kernel
 
     rows = []
@@ -711,20 +662,17 @@ def sass_counts():
         log(rows[-1])
     # MoE gate/up MMA kernel (GATED), K 2048, BN 64, BKW 16, 4 warps: the v3a tile (kernels/NOTES.md v3a: one dot
     # per K-tile), decoding in fp32 and in bf16 (BF16D: inline PTX, the weight words in pair_layout); A: bf16
-    # (W4A16), fp4 (W4A4, the codes decoded in the tile) or dec (W4A4 on the decoded tile values its quantize
-    # pass writes, `a_decoded`)
-    for mode in ("bf16", "fp4", "dec"):
-        a_fp4 = mode == "fp4"
-        sig = {"x_ptr": "*i32" if a_fp4 else "*bf16", "xs_ptr": "*u8" if a_fp4 else "*bf16",
-               "xf_ptr": "*bf16" if mode == "bf16" else "*fp32", "w_ptr": "*i32", "ws_ptr": "*u8", "wf_ptr": "*fp32",
-               "out_ptr": "*bf16", "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32",
-               "KW": "i32", "stride_xm": "i32", "A_DIV": "i32", "NB": "i32", "BM": "constexpr", "BN": "constexpr",
-               "BKW": "constexpr", "A_FP4": "constexpr", "GATED": "constexpr", "ROUTE_W": "constexpr",
+    # (W4A16) or dec (W4A4: the tile values its quantize pass writes, times the row's 2^7 / S_enc after the MMA)
+    for mode in ("bf16", "dec"):
+        sig = {"x_ptr": "*bf16", "xf_ptr": "*bf16" if mode == "bf16" else "*fp32", "w_ptr": "*i32", "ws_ptr": "*u8",
+               "wf_ptr": "*fp32", "out_ptr": "*bf16", "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32",
+               "S": "i32", "N": "i32", "KW": "i32", "stride_xm": "i32", "A_DIV": "i32", "BM": "constexpr",
+               "BN": "constexpr", "BKW": "constexpr", "GATED": "constexpr", "ROUTE_W": "constexpr",
                "INTERP": "constexpr", "NIT": "constexpr", "BF16D": "constexpr", "XF": "constexpr"}
-        aligned = ["x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm", "slots_ptr"]
+        aligned = ["x_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm", "slots_ptr"]
         for tile, bkw, st, bf in [("v3a", 16, 3, False), ("v3a-bf16", 16, 3, True)]:
             for bm in (16, 64):
-                cst = dict(BM=bm, BN=64, BKW=bkw, A_FP4=a_fp4, GATED=True, ROUTE_W=False, INTERP=False,
+                cst = dict(BM=bm, BN=64, BKW=bkw, GATED=True, ROUTE_W=False, INTERP=False,
                            NIT=256 // bkw, BF16D=bf, XF=mode != "bf16")
                 n, ops, cvt, shared = _loop_sass(_moe_gemm_kernel, sig, aligned, cst, 4, st,
                                                  f"moe_{tile}_{mode}_{bm}")
@@ -735,6 +683,22 @@ def sass_counts():
                                  config=f"A={mode};BM={bm};BN=64;BKW={bkw};num_warps=4;num_stages={st}",
                                  note=";".join(f"{k}={v}" for k, v in stats.items())))
                 log(rows[-1])
+    # dense MMA kernel, the default tile at 14336x4096, M 16: BM 16, BN 64, BKW 16, split-K 4 (FP32 atomics), 4 warps,
+    # 3 stages, the bf16 decode; A as above
+    for mode in ("bf16", "dec"):
+        sig = {"x_ptr": "*bf16", "xf_ptr": "*bf16" if mode == "bf16" else "*fp32", "w_ptr": "*i32", "ws_ptr": "*u8",
+               "wf_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "N": "i32", "KW": "i32", "stride_xm": "i32",
+               "kw_per_split": "i32", "BM": "constexpr", "BN": "constexpr", "BKW": "constexpr", "SPLIT": "constexpr",
+               "INTERP": "constexpr", "NIT": "constexpr", "BF16D": "constexpr", "XF": "constexpr"}
+        aligned = ["x_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm"]
+        cst = dict(BM=16, BN=64, BKW=16, SPLIT=4, INTERP=False, NIT=8, BF16D=True, XF=mode != "bf16")
+        n, ops, cvt, shared = _loop_sass(_fp4_gemm_kernel, sig, aligned, cst, 4, 3, f"dense_v3a-bf16_{mode}")
+        stats = dict(loop_instr=n, lane_instr_per_weight=round(n * 128 / (64 * 8 * 16), 2), shared_bytes=shared,
+                     ttgir_convert_layouts=cvt, top_ops=" ".join(f"{k}:{v}" for k, v in ops.most_common(8)))
+        rows.append(dict(op="sass", shape="K4096 split4", provider="_fp4_gemm_kernel v3a-bf16",
+                         config=f"A={mode};BM=16;BN=64;BKW=16;num_warps=4;num_stages=3",
+                         note=";".join(f"{k}={v}" for k, v in stats.items())))
+        log(rows[-1])
     # FP4-KV decode attention, D 128, 8 query heads per KV head (16 MMA rows), 64-token tiles, 4 warps (the
     # engine's default tile): loop instructions per K/V element (kernels/NOTES.md v2i, v3b)
     from kernels.attention import _decode_attn_kernel
@@ -767,7 +731,8 @@ def main(argv=None):
     ap.add_argument("--T", type=int, nargs="+", help=f"MoE tokens per layer (default {MOE_T}; --quick: 1 16 256)")
     ap.add_argument("--M", type=int, nargs="+", help=f"dense rows (default {DENSE_M}; --quick: 1 16 64)")
     ap.add_argument("--sass", action="store_true",
-                    help="offline: append SASS instruction counts (v1 GEMV, MoE MMA tile, KV decode attention) and exit")
+                    help="offline: append SASS instruction counts (v1 GEMV, MoE and dense MMA tile, KV decode attention) "
+                         "and exit")
     args = ap.parse_args(argv)
     STATE.update(out=args.out, sweep=args.sweep, T=args.T, M=args.M)
     RUN.update(version=args.version, commit=git_commit(), date=today())

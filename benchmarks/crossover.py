@@ -4,11 +4,14 @@ What: reads the rows of one version of results/kernels/kernels.csv (written by b
 and, for every MoE layer (family x T tokens) and dense GEMM (shape x M rows) it timed, sets the three paths
 a decode step can take side by side: the decode GEMV kernel (`fp4-w4a4` where the default config is the
 GEMV), the MMA kernel (the fastest of `fp4-w4a4` where the default is MMA, `fp4-w4a4-mma` and, in version
-v3a's rows, `fp4-w4a4-mma3`, today's tile) and the quantize kernel's
+v3a's rows, `fp4-w4a4-mma3`, today's tile; in version v3c's rows `fp4-w4a4-dec` alone, the tile on the
+decoded activation, which every later version's MMA rows run) and the quantize kernel's
 codes into BF16 GEMMs on the dequantized weights (`w4a4-bf16gemm`, what the engine runs above its
 crossover). It names the fastest and derives the engine's two limits (trace/rollout/fast.py `crossover`):
 the largest dense row count and the largest (token, slot) rows per expert up to which a kernel wins at
-every timed size of every shape (the limits are shared by all shapes).
+every timed size of every shape (the limits are shared by all shapes); and, for the default configs'
+GEMV / MMA boundary (kernels.gemm.auto_config, kernels.moe.default_moe_config), the largest size up to which
+the GEMV beat the MMA tile at every shape where both were timed and the sizes where the shapes disagree.
 
 Run: `python benchmarks/crossover.py --version v3b [--csv results/kernels/kernels.csv] [--out FILE.md]`.
 Compared against: nothing; the inputs are same-run medians (the benchmark's own comparisons).
@@ -52,14 +55,18 @@ def _paths(prov: dict[str, float], load: float, legacy: bool) -> dict[str, float
     for name in ("fp4-w4a4-mma", "fp4-w4a4-mma3"):  # -mma3: version v3a's rows of today's MMA tile
         if name in prov:
             t["MMA"] = min(t.get("MMA", math.inf), prov[name])
+    if "fp4-w4a4-dec" in prov:  # version v3c: today's MMA tile (the decoded activation); the rows above decode codes
+        t["MMA"] = prov["fp4-w4a4-dec"]
     if "w4a4-bf16gemm" in prov:
         t["BF16 GEMM"] = prov["w4a4-bf16gemm"]
     return t
 
 
-def table(path: str, version: str) -> tuple[list[dict], dict[str, float]]:
+def table(path: str, version: str) -> tuple[list[dict], dict]:
     """-> (rows: op, shape, size, load (rows per expert or rows), the paths' us and the fastest; limits:
-    {"dense_rows": ..., "moe_load": ...}, the largest size up to which a kernel won everywhere)."""
+    "dense_rows" / "moe_load", the largest size up to which a kernel won everywhere ("..._open": no timed size
+    lost); "gemv_dense_rows" / "gemv_moe_load", the largest size up to which the GEMV beat the MMA tile at every
+    shape timed with both; "split_dense_rows" / "split_moe_load", the sizes where the shapes disagree on that)."""
     rows = []
     data = _load(path, version)
     legacy = not any("fp4-w4a4-mma" in prov for prov in data.values())
@@ -85,10 +92,15 @@ def table(path: str, version: str) -> tuple[list[dict], dict[str, float]]:
         won = [r["load"] for r in mine if r["best"] != "BF16 GEMM" and (not lost or r["load"] < min(lost))]
         limits[key] = max(won) if won else 0.0
         limits[key + "_open"] = bool(mine) and not lost  # no timed size lost: the limit is at least this
+        both = [r for r in mine if r["GEMV"] is not None and r["MMA"] is not None]
+        gemv_won = {r["load"] for r in both if r["GEMV"] < r["MMA"]}
+        mma_won = {r["load"] for r in both if r["GEMV"] >= r["MMA"]}
+        limits["gemv_" + key] = max((v for v in gemv_won if v < min(mma_won, default=math.inf)), default=0.0)
+        limits["split_" + key] = sorted(gemv_won & mma_won)  # sizes where the shapes disagree
     return rows, limits
 
 
-def markdown(rows: list[dict], limits: dict[str, float], version: str) -> str:
+def markdown(rows: list[dict], limits: dict, version: str) -> str:
     def us(v):
         return "n/a" if v is None else f"{v:.1f}"
 
@@ -100,11 +112,19 @@ def markdown(rows: list[dict], limits: dict[str, float], version: str) -> str:
     def lim(key):
         return f"{limits[key]:g}" + (" (no timed size lost)" if limits[key + "_open"] else "")
 
+    def split(key):
+        return ", ".join(f"{v:g}" for v in limits["split_" + key]) or "none"
+
     lines += ["", f"Kernels win at every timed size up to: dense {lim('dense_rows')} rows, MoE "
               f"{lim('moe_load')} rows per expert (trace/rollout/fast.py DENSE_KERNEL_ROWS / MOE_KERNEL_LOAD, "
               "or TRACE_FP4_CROSSOVER=\"ROWS,LOAD\"). GEMV: the decode GEMV kernel; MMA: the tensor-core kernel "
-              "(best of its timed tiles where the GEMV is the default); BF16 GEMM: the quantize kernel's codes on "
-              "BF16 GEMMs with the dequantized weights. n/a: not timed at that size."]
+              "(best of its timed tiles where the GEMV is the default; version v3c: its `fp4-w4a4-dec` rows, the default "
+              "tile on the decoded activation); BF16 GEMM: the quantize kernel's codes on "
+              "BF16 GEMMs with the dequantized weights. n/a: not timed at that size.", "",
+              f"GEMV against MMA (the default configs' boundary, kernels.gemm.auto_config / "
+              f"kernels.moe.default_moe_config): the GEMV won at every shape timed with both up to dense "
+              f"{limits['gemv_dense_rows']:g} rows, MoE {limits['gemv_moe_load']:g} rows per expert; the shapes "
+              f"disagree at dense {split('dense_rows')}, MoE {split('moe_load')} rows (per expert)."]
     return "\n".join(lines) + "\n"
 
 

@@ -5,11 +5,13 @@ per-tensor / per-expert S_enc) into the kernel layout: int32 words [.., N, K/8] 
 K-elements (nibble j = element 8i+j, i.e. `pack_fp4` bytes read as little-endian int32), scale
 bytes [.., N, K/16] and an FP32 epilogue factor 2^7 / S_enc. `fp4_linear` multiplies BF16 (or FP32)
 activations [M, K] by it; with `act_quant=True` the activation is first quantized per row to NVFP4 by
-`kernels.quantize.quantize_rows` and dequantized inside the GEMM (W4A4 emulated exactly: both
-operands are E2M1 * E4M3 products, exact in BF16, BF16 MMA with FP32 accumulation, outer scales
-applied after accumulation). On the decode GEMV path (M <= 2) the same quantize pass also writes the
-dequantized activations (same codes and scales, one rounding to the activation dtype) and the W4A16
-kernel reads them.
+`kernels.quantize.quantize_rows` (W4A4 emulated exactly: both operands are E2M1 * E4M3 products, exact in
+BF16, BF16 MMA with FP32 accumulation, outer scales applied after accumulation). For the MMA tile that pass
+also writes each activation's tile value q * s_b * 2^-7 (exact in BF16), which the tile reads as it reads a
+W4A16 activation, the row's 2^7 / S_enc applied after the MMA: the same operands as decoding the codes in
+the tile, and on the H200 faster at every size where the tile runs (`quantize_act_for_gemm`). On the decode
+GEMV path (M <= 2) the pass writes the dequantized activations instead (same codes and scales, one rounding
+to the activation dtype) and the W4A16 kernel reads them.
 
 MMA kernel ("swap AB", the v3a tile of kernels/NOTES.md): each program computes acc[BN, BM] =
 W_tile[BN, K] @ x^T[K, BM], so the tiny decode batch is the MMA's N dimension. A K-tile of BK = 8 * BKW
@@ -17,8 +19,8 @@ elements is BKW words per weight row; each thread decodes whole words into their
 order (`kernels._common.dequant_tile_words`, the bit trick E2M1 * 2^-126 times s_b * 2^119), so one MMA
 covers the tile. On a GPU the decode runs in bf16 by inline PTX (`bf16_decode`, on by default; the weight
 words then in `pair_layout`, built once per weight). Decode uses split-K (FP32 atomics) so that the whole
-GPU streams the weights. Up to 8 rows `fp4_linear` takes the decode GEMV kernels instead (no tensor
-cores, their own `gemv_layout`).
+GPU streams the weights. Up to 2 rows `fp4_linear` takes the decode GEMV kernels instead (no tensor
+cores, their own `gemv_layout`; `auto_config`).
 
 Compared against: `kernels.reference.fp4_linear` (FP32 dequantize-then-matmul); tests in
 tests/kernels/test_gemm.py (interpreter), timing vs cuBLAS BF16 `F.linear` in benchmarks/bench_kernels.py.
@@ -327,24 +329,13 @@ def _fp4_gemv2_kernel(x_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, M, N, K, G, stride_x
 
 
 @triton.jit
-def _act_tile(x_ptr, xs_ptr, rows, mmask, stride_xm, k0, K, A_FP4: tl.constexpr, BM: tl.constexpr,
-              BK: tl.constexpr, BF16D: tl.constexpr = False):
-    """The activation's K-tile [BK, BM] of rows `rows` for `_fp4_tile_dot_v3`: x bf16/fp32 rows with stride_xm,
-    or with A_FP4 NVFP4 words [R, K/8] and scale bytes [R, K/16] decoded in element order (q * s_b * 2^-7;
-    BF16D: in bf16, GPU only). Built once per K-tile and shared by the dots that read it (the MoE kernel's gate
-    and up weights)."""
-    if A_FP4:
-        offs_w = k0 // 8 + tl.arange(0, BK // 8)
-        offs_s = k0 // 16 + tl.arange(0, BK // 16)
-        r64 = rows[:, None].to(tl.int64)
-        xv = tl.trans(dequant_tile_words(x_ptr + r64 * (K // 8) + offs_w[None, :], xs_ptr + r64 * (K // 16) + offs_s[None, :],
-                                         mmask[:, None] & (offs_w < K // 8)[None, :],
-                                         mmask[:, None] & (offs_s < K // 16)[None, :], BM, BK, BF16D))  # [BK, BM]
-    else:
-        offs_k = k0 + tl.arange(0, BK)
-        xv = tl.load(x_ptr + rows[None, :].to(tl.int64) * stride_xm + offs_k[:, None],
-                     mask=(offs_k < K)[:, None] & mmask[None, :], other=0.0)  # [BK, BM]
-    return xv
+def _act_tile(x_ptr, rows, mmask, stride_xm, k0, K, BK: tl.constexpr):
+    """The activation's K-tile [BK, BM] of rows `rows` (bf16/fp32, row stride stride_xm) for `_fp4_tile_dot_v3`:
+    x itself (W4A16) or the tile values its quantize pass wrote (W4A4, `quantize_act_for_gemm`). Loaded once per
+    K-tile and shared by the dots that read it (the MoE kernel's gate and up weights)."""
+    offs_k = k0 + tl.arange(0, BK)
+    return tl.load(x_ptr + rows[None, :].to(tl.int64) * stride_xm + offs_k[:, None],
+                   mask=(offs_k < K)[:, None] & mmask[None, :], other=0.0)
 
 
 @triton.jit
@@ -371,14 +362,14 @@ def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, xv, k0, K, BN: tl.constexpr, BK
 
 
 @triton.jit
-def _fp4_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
+def _fp4_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
                      M, N, KW, stride_xm, kw_per_split,
-                     BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
                      SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BF16D: tl.constexpr,
                      XF: tl.constexpr):
     """Grid (N / BN, M / BM, split-K): out[offs_m, offs_n] (+)= the tile's share of K (`_fp4_tile_dot_v3`),
-    times the weight's 2^7 / S_enc and, with XF (W4A4: A_FP4, or x the decoded tile values), the activation
-    row's."""
+    times the weight's 2^7 / S_enc and, with XF (W4A4: x holds the activation's tile values), the activation
+    row's (xf_ptr)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -390,7 +381,7 @@ def _fp4_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
     acc = tl.zeros([BN, BM], tl.float32)
     for it in range(NIT):  # constexpr trip count (the interpreter cannot loop to a runtime bound)
         k0 = (kw_lo + it * BKW) * 8
-        xv = _act_tile(x_ptr, xs_ptr, offs_m, mmask, stride_xm, k0, KW * 8, A_FP4, BM, 8 * BKW, BF16D)
+        xv = _act_tile(x_ptr, offs_m, mmask, stride_xm, k0, KW * 8, 8 * BKW)
         acc = _fp4_tile_dot_v3(acc, w_ptr, ws_ptr, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D)
     acc = acc * tl.load(wf_ptr)
     if XF:
@@ -444,9 +435,10 @@ KINDS = ("mma", "gemv", "gemv2")
 
 @dataclass(frozen=True)
 class GemmConfig:
-    kind: str = "mma"  # "mma" (tensor cores, any M: the v3a tile, one MMA per K-tile decoded in element order),
-    #                    "gemv" (v0 FMA, one row per program, W4A16 only) or "gemv2" (v1 FMA over `gemv_layout`,
-    #                    BM <= 4 rows per program; W4A4 through `fp4_linear(act_quant=True)` on dequantized activations)
+    kind: str = "mma"  # "mma" (tensor cores, any M: the v3a tile, one MMA per K-tile decoded in element order; W4A4
+    #                    on the activation's tile values, `quantize_act_for_gemm`), "gemv" (v0 FMA, one row per
+    #                    program, W4A16 only) or "gemv2" (v1 FMA over `gemv_layout`, BM <= 4 rows per program; W4A4
+    #                    through `fp4_linear(act_quant=True)` on dequantized activations)
     BN: int = 64
     BM: int = 16
     BKW: int = 16  # words per K-tile (BK = 8 * BKW elements); unused by gemv2
@@ -458,9 +450,6 @@ class GemmConfig:
     bf16_decode: bool = True  # mma on a GPU: decode and scale the tile in bf16 (inline PTX, `dequant_tile_words`),
     #                           faster than the fp32 decode in every config timed on the H200; the interpreter, whose
     #                           bf16 arithmetic is not IEEE, always decodes in fp32
-    a_decoded: bool = False  # mma W4A4: the quantize pass also writes the activation's tile values (q * s_b * 2^-7,
-    #                          exact in bf16) and the tile reads them instead of decoding the codes: the same MMA
-    #                          operands (outputs bit-equal in the interpreter; tests); not yet timed on a GPU
 
 
 def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
@@ -502,32 +491,31 @@ def default_config(M: int, N: int, K: int, device) -> GemmConfig:
 def auto_config(M: int, N: int, K: int, device, gemv: bool = True) -> GemmConfig:
     """The config `fp4_linear` runs when it is given none: the v1 decode GEMV up to 2 rows (`gemv2_config`;
     gemv: the weight has the GEMV layout), else the MMA tile (`default_config`). H200, W4A4, same-run medians
-    at 14336x4096 and 4096x14336 (kernels.csv version v3b, results/kernels/crossover.md): GEMV 33.7-36.9 us
-    against the MMA tile's 43.1-45.4 at M=1, 40.3-43.2 against 44.1-45.0 at M=2, 53.6-56.9 against 44.3-45.6
-    at M=4. (W4A16 crosses earlier: the MMA tile is 4-11% faster already at M=2.) benchmarks/bench_kernels.py
-    times the MMA tile where the GEMV is the default (rows fp4-w4a16-mma / fp4-w4a4-mma)."""
+    at 14336x4096 / 4096x14336 (kernels.csv version v3c, results/kernels/crossover.md): GEMV 33.2 / 37.2 us
+    against the MMA tile's 40.1 / 40.8 at M=1; at M=2 39.5 / 43.1 against 41.9 / 42.0, so one limit for both
+    shapes costs 4096x14336 1.1 us at M=2 (a limit of 1 would cost 14336x4096 2.4 us); at M=4 the MMA tile
+    (v3b: 44.3-45.6 us against the GEMV's 53.6-56.9). W4A16 crosses earlier (the MMA tile 7-14% faster at
+    M=2). benchmarks/bench_kernels.py times the MMA tile where the GEMV is the default (rows fp4-w4a16-mma /
+    fp4-w4a4-mma)."""
     if gemv and M <= 2:
         return gemv2_config(M, N, K, device)
     return default_config(M, N, K, device)
 
 
-def quantize_act_for_gemm(x: torch.Tensor, check_finite: bool = True, on_quant=None, decoded: bool = False):
-    """Per-row NVFP4 quantize of x [M, K] for the W4A4 path -> (words int32 [M, K/8], scales [M, K/16],
-    factor fp32 [M] = 2^7 / S_enc); decoded: (the tile values q * s_b * 2^-7 [M, K], bf16, fp32 for an fp32
-    x, None, factor), written by the same pass, which the MMA tile reads as it reads a W4A16 activation (the
-    same operand values as its own decode of the codes). on_quant(QuantizedRows), if given, sees the
-    quantized rows."""
+def quantize_act_for_gemm(x: torch.Tensor, check_finite: bool = True, on_quant=None):
+    """Per-row NVFP4 quantize of x [M, K] for the W4A4 MMA tile -> (tile values [M, K], factor fp32 [M] =
+    2^7 / S_enc). The tile values q * s_b * 2^-7 (bf16, fp32 for an fp32 x; exact in both) are written by the
+    pass that computes the codes, and the tile reads them as it reads a W4A16 activation: the same MMA operands
+    as decoding the codes in the tile, without that decode in the GEMM's loop (W4A4 on the tile 11-26% faster at
+    every MoE size timed on the H200 and 4-21% dense; kernels/NOTES.md v3c measured). on_quant(QuantizedRows),
+    if given, sees the codes, scales and S_enc."""
     from kernels.quantize import quantize_rows
 
-    if decoded:
-        fd = torch.float32 if x.dtype == torch.float32 else torch.bfloat16
-        q = quantize_rows(x, "nvfp4", fake_dtype=fd, fake_tile=True, check_finite=check_finite)
-    else:
-        q = quantize_rows(x, "nvfp4", check_finite=check_finite)
+    fd = torch.float32 if x.dtype == torch.float32 else torch.bfloat16
+    q = quantize_rows(x, "nvfp4", fake_dtype=fd, fake_tile=True, check_finite=check_finite)
     if on_quant is not None:
         on_quant(q)
-    factor = EPI_POW / q.outer.reshape(-1)
-    return (q.fake, None, factor) if decoded else (q.packed.view(torch.int32), q.scales, factor)
+    return q.fake, EPI_POW / q.outer.reshape(-1)
 
 
 def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False, out_dtype: torch.dtype | None = None,
@@ -561,11 +549,10 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
 
         x, act_quant = fake_rows(x, on_quant), False
     elif act_quant:
-        xa, xs, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=on_quant, decoded=cfg.a_decoded)
-        stride_xm = K if cfg.a_decoded else K // 8
-        xs = xa if xs is None else xs
+        xa, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=on_quant)
+        stride_xm = K
     else:
-        xa, xs, xf, stride_xm = x, x, x, x.stride(0)
+        xa, xf, stride_xm = x, x, x.stride(0)
     KW = K // 8
     split = max(1, min(cfg.split, triton.cdiv(KW, cfg.BKW)))
     kw_per_split = triton.cdiv(triton.cdiv(KW, split), cfg.BKW) * cfg.BKW
@@ -603,8 +590,8 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
         return out if out.dtype == out_dtype else out.to(out_dtype)
     grid = (triton.cdiv(N, cfg.BN), triton.cdiv(M, cfg.BM), split)
     bf16d = cfg.bf16_decode and not INTERPRET
-    _fp4_gemm_kernel[grid](xa, xs, xf, w.paired() if bf16d else w.words, w.scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
-                           BM=cfg.BM, BN=cfg.BN, BKW=cfg.BKW, A_FP4=act_quant and not cfg.a_decoded, SPLIT=split,
+    _fp4_gemm_kernel[grid](xa, xf, w.paired() if bf16d else w.words, w.scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
+                           BM=cfg.BM, BN=cfg.BN, BKW=cfg.BKW, SPLIT=split,
                            INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW, BF16D=bf16d, XF=act_quant,
                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out if out.dtype == out_dtype else out.to(out_dtype)

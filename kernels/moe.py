@@ -10,10 +10,12 @@ launches then do the expert MLP:
 Weights use the layout of `kernels.gemm.prepare_weight` (int32 words of 8 nibbles, E4M3 scale bytes,
 per-expert epilogue factor 2^7/S_enc). With `act_quant=True` the gate/up input is NVFP4-quantized per
 token (shared by its experts) and the down input per (token, expert slot), as in DESIGN.md §2: on the
-MMA path the GEMMs run W4A4 emulated exactly (BF16 MMA over E2M1*E4M3 products, FP32 accumulation);
-on the decode GEMV path the quantize kernel also writes the dequantized activations (same codes and
-scales, one rounding to the activation dtype) and the W4A16 kernels read them.
-Up to 8 (token, slot) rows per expert the GEMMs are the v1 decode GEMV kernels, above that the MMA tile of
+MMA path the GEMMs run W4A4 emulated exactly (BF16 MMA over E2M1*E4M3 products, FP32 accumulation), the
+quantize kernel writing each activation's tile values q * s_b * 2^-7 (exact in BF16) for the tile to read
+(`kernels.gemm.quantize_act_for_gemm`); on the decode GEMV path the quantize kernel writes the dequantized
+activations instead (same codes and scales, one rounding to the activation dtype) and the W4A16 kernels read
+them.
+Up to 1.5 (token, slot) rows per expert the GEMMs are the v1 decode GEMV kernels, above that the MMA tile of
 `kernels.gemm._fp4_tile_dot_v3` (v3a in kernels/NOTES.md; decode in bf16 on a GPU), `default_moe_config`.
 Experts with no tokens launch programs that exit at once; their weights are never read.
 
@@ -28,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import INTERPRET, check_tensor, num_sms
+from kernels._common import INTERPRET, check_tensor
 from kernels.gemm import (
     GV_GK,
     PreparedFP4Weight,
@@ -221,23 +223,26 @@ def moe_align(topk_ids: torch.Tensor, E: int, BM: int):
 
 
 @triton.jit
-def _moe_block(pid_b, pid_n, valid, x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr,
-               rw_ptr, S, N, KW, stride_xm, A_DIV,
-               BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
-               GATED: tl.constexpr, ROUTE_W: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr,
-               BF16D: tl.constexpr, XF: tl.constexpr):
-    """One block of BM slots of one expert x BN output rows, over the MMA tile of
-    `kernels.gemm._fp4_tile_dot_v3` (gate and up rows together, SiLU product fused; routing weight fused into
-    down). valid: false for a padding block (expert -1) or a persistent program's work item past the end: every
-    load and the store are masked off (no memory traffic, the MMAs run on zeros)."""
-    e_id = tl.load(bexp_ptr + pid_b)
-    valid = valid & (e_id >= 0)
-    e = tl.maximum(e_id, 0)
+def _moe_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr,
+                     S, N, KW, stride_xm, A_DIV,
+                     BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, GATED: tl.constexpr,
+                     ROUTE_W: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BF16D: tl.constexpr,
+                     XF: tl.constexpr):
+    """One program = one block of BM slots of one expert x BN output rows, over the MMA tile of
+    `kernels.gemm._fp4_tile_dot_v3` (gate and up rows in one program, reading one activation tile, SiLU product
+    fused; routing weight fused into down). BF16D: the tile's decode in bf16 (GPU only; weight words in
+    `pair_layout`). XF (W4A4: x holds the activation's tile values): times the activation row's 2^7 / S_enc
+    (xf_ptr). Programs of padding blocks (expert -1) exit at once."""
+    pid_b = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(bexp_ptr + pid_b)
+    if e < 0:
+        return
     slots = tl.load(slots_ptr + pid_b * BM + tl.arange(0, BM))  # [BM] slot ids, S = padding
-    mmask = (slots < S) & valid
+    mmask = slots < S
     rows = tl.where(mmask, slots // A_DIV, 0)  # activation rows (token for gate/up, slot for down)
     offs_n = pid_n * BN + tl.arange(0, BN)
-    nmask = (offs_n < N) & valid
+    nmask = offs_n < N
     e64 = e.to(tl.int64)
     if GATED:
         NW = 2 * N  # weight rows per expert: gate [0, N), up [N, 2N)
@@ -250,7 +255,7 @@ def _moe_block(pid_b, pid_n, valid, x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr
     sb = ws_ptr + e64 * NW * (KW // 2)
     for it in range(NIT):
         k0 = it * BKW * 8
-        xv = _act_tile(x_ptr, xs_ptr, rows, mmask, stride_xm, k0, KW * 8, A_FP4, BM, 8 * BKW, BF16D)  # [BK, BM]
+        xv = _act_tile(x_ptr, rows, mmask, stride_xm, k0, KW * 8, 8 * BKW)  # [BK, BM]
         acc = _fp4_tile_dot_v3(acc, wb, sb, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D)
         if GATED:  # the up rows read the same activation tile
             acc_u = _fp4_tile_dot_v3(acc_u, wb + N * KW, sb + N * (KW // 2), offs_n, nmask, xv, k0, KW * 8, BN,
@@ -271,47 +276,6 @@ def _moe_block(pid_b, pid_n, valid, x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr
         acc = acc * tl.load(rw_ptr + slots, mask=mmask, other=0.0)[None, :]
     o_ptrs = out_ptr + slots[None, :].to(tl.int64) * N + offs_n[:, None]  # out [S, N]
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & mmask[None, :])
-
-
-@triton.jit
-def _moe_gemm_kernel(x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr,
-                     S, N, KW, stride_xm, A_DIV, NB,
-                     BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, A_FP4: tl.constexpr,
-                     GATED: tl.constexpr, ROUTE_W: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr,
-                     BF16D: tl.constexpr, XF: tl.constexpr, PERSIST: tl.constexpr = False,
-                     NBP: tl.constexpr = 1, ITERS: tl.constexpr = 1):
-    """Grid (blocks, N / BN): one program per (block of BM slots of one expert, BN output rows), `_moe_block`.
-    BF16D: the tile's decode in bf16 (GPU only; weight words in `pair_layout`). XF (W4A4: A_FP4, or x the
-    decoded tile values): times the activation row's 2^7 / S_enc.
-    PERSIST: a grid of fewer programs, each walking the (block, N-tile) work items pid, pid + programs, ...
-    block-major in one flattened loop (`tl.range(flatten=True)`), so the software pipeline loads the next item's
-    first K-tiles under the current one's last MMAs and epilogue (OpenAI triton_kernels' persistent matmul
-    does this on Hopper when there are >= 2 tiles per SM). On a GPU the loop ends at the used blocks (counted
-    from the NB block experts, NBP = their power-of-two bound); the interpreter, which cannot loop to a runtime
-    bound, runs ITERS items per program and masks the ones past the end."""
-    if PERSIST:
-        nn = tl.cdiv(N, BN)
-        step = tl.num_programs(0)
-        if INTERP:
-            for i in tl.range(0, ITERS):
-                w = tl.program_id(0) + i * step
-                _moe_block(tl.minimum(w // nn, NB - 1), w % nn, w < NB * nn, x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr,
-                           wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr, S, N, KW, stride_xm, A_DIV,
-                           BM, BN, BKW, A_FP4, GATED, ROUTE_W, INTERP, NIT, BF16D, XF)
-        else:
-            ob = tl.arange(0, NBP)
-            used = tl.sum((tl.load(bexp_ptr + ob, mask=ob < NB, other=-1) >= 0).to(tl.int32), axis=0)
-            for w in tl.range(tl.program_id(0), used * nn, step, flatten=True):
-                _moe_block(w // nn, w % nn, True, x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr,
-                           bexp_ptr, rw_ptr, S, N, KW, stride_xm, A_DIV,
-                           BM, BN, BKW, A_FP4, GATED, ROUTE_W, INTERP, NIT, BF16D, XF)
-    else:
-        pid_b = tl.program_id(0)
-        if tl.load(bexp_ptr + pid_b) < 0:
-            return
-        _moe_block(pid_b, tl.program_id(1), True, x_ptr, xs_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr,
-                   bexp_ptr, rw_ptr, S, N, KW, stride_xm, A_DIV,
-                   BM, BN, BKW, A_FP4, GATED, ROUTE_W, INTERP, NIT, BF16D, XF)
 
 
 @triton.jit
@@ -440,14 +404,10 @@ class MoEConfig:
     num_warps: int = 4
     num_stages: int = 3
     BN_down: int = 64
-    kind: str = "mma"  # "mma" (tensor cores, any T: the v3a tile, one MMA per K-tile decoded in element order) or
-    #                    "gemv" (v1 decode, BM <= 4; W4A4 on dequantized activations)
+    kind: str = "mma"  # "mma" (tensor cores, any T: the v3a tile, one MMA per K-tile decoded in element order; W4A4
+    #                    on the activations' tile values) or "gemv" (v1 decode, BM <= 4; W4A4 on dequantized activations)
     U: int = 1  # gemv: K-groups of 256 per loop iteration
     bf16_decode: bool = True  # mma on a GPU: decode and scale in bf16 (interpreter: fp32)
-    a_decoded: bool = False  # mma W4A4: the tile reads the activation's decoded tile values, written by the quantize
-    #                          pass, instead of decoding its codes (`kernels.gemm.GemmConfig.a_decoded`)
-    persistent: int = 0  # mma: programs per SM of a persistent grid (`_moe_gemm_kernel` PERSIST); 0: one per tile.
-    #                      Not yet timed on a GPU
 
 
 def mma_moe_config(T: int, topk: int, E: int) -> MoEConfig:
@@ -466,10 +426,12 @@ def mma_moe_config(T: int, topk: int, E: int) -> MoEConfig:
 def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
     """The config `fused_moe` runs when it is given none: the v1 decode GEMV up to 1.5 (token, slot) rows
     per expert (4 in the interpreter, so that the tests reach the GEMV at their small sizes), else the MMA tile
-    (`mma_moe_config`). H200, W4A4, same-run medians (kernels.csv version v3b, results/kernels/crossover.md):
-    GEMV 41.8 / 75.5 / 148.4 us against the MMA tile's 87.8 / 111.8 / 286.7 at 0.06-0.25 rows per expert
-    (Qwen3 T1, T4; Mixtral T1), 190.9 / 399.7 against 197.6 / 507.2 at 1 (Qwen3 T16, Mixtral T4), 539.7 /
-    1202.7 against 277.5 / 625.6 at 4 (Qwen3 T64, Mixtral T16). benchmarks/bench_kernels.py times the MMA
+    (`mma_moe_config`). H200, W4A4, same-run medians (kernels.csv version v3c, results/kernels/crossover.md):
+    GEMV 41.7 / 74.3 / 147.4 us against the MMA tile's 77.9 / 90.6 / 262.7 at 0.06-0.25 rows per expert
+    (Qwen3 T1, T4; Mixtral T1). At 1 row per expert the two families split: Qwen3 T16 GEMV 185.8 against 172.5,
+    Mixtral T4 398.2 against 427.9 (7% either way), and one limit for both keeps the GEMV there, costing Qwen3
+    T16 13.3 us where a limit below 1 would cost Mixtral T4 29.7 us. At 4 the MMA tile (v3b: 277.5 / 625.6
+    against the GEMV's 539.7 / 1202.7 at Qwen3 T64, Mixtral T16). benchmarks/bench_kernels.py times the MMA
     tile where the GEMV is the default (rows fp4-w4a16-mma / fp4-w4a4-mma)."""
     per_expert = T * topk / E
     if INTERPRET:
@@ -484,44 +446,22 @@ def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
 
 
 def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_div: int, gated: bool,
-             route_w=None, a_fp4=None, BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, out_dtype=None,
-             bf16_decode: bool = True, persistent: int = 0):
-    """One grouped launch of the MMA kernel. a: activations [R, K] (R = tokens or slots; row of slot s = s // a_div)
-    or, with a_fp4=(words [R, K/8], scales [R, K/16], factor [R]), quantized activations, or a_fp4=(tile values
-    [R, K], None, factor [R]) from `quantize_act_for_gemm(decoded=True)`. Returns [S, N].
-    bf16_decode: the tile's decode in bf16 (GPU only; the interpreter decodes in fp32). persistent: that many
-    programs per SM walk the work items (`_moe_gemm_kernel` PERSIST; 0: one program per item)."""
+             route_w=None, a_factor=None, BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, out_dtype=None,
+             bf16_decode: bool = True):
+    """One grouped launch of the MMA kernel. a: activations [R, K] (R = tokens or slots; row of slot s = s // a_div),
+    or with a_factor [R] (W4A4) the activation's tile values from `quantize_act_for_gemm` and a_factor each row's
+    2^7 / S_enc. Returns [S, N] in out_dtype (default a.dtype).
+    bf16_decode: the tile's decode in bf16 (GPU only; the interpreter decodes in fp32)."""
     N = w.N // 2 if gated else w.N
     KW = w.K // 8
-    dev = w.words.device
-    out = torch.empty((S, N), dtype=out_dtype or a.dtype, device=dev)
-    nb = block_expert.numel()
-    decoded = a_fp4 is not None and a_fp4[1] is None
-    if decoded:
-        xa, _, xf = a_fp4
-        xs, stride = xa, xa.stride(0)
-    elif a_fp4 is not None:
-        xa, xs, xf = a_fp4
-        stride = KW
-    else:
-        xa, xs, xf, stride = a, a, a, a.stride(0)
-    nn = triton.cdiv(N, BN)
-    NIT = triton.cdiv(KW, BKW)
+    out = torch.empty((S, N), dtype=out_dtype or a.dtype, device=w.words.device)
     bf16d = bf16_decode and not INTERPRET
-    if persistent:
-        progs = min(nb * nn, persistent * num_sms(dev))
-        grid = (progs,)
-        # constexprs that change with the size recompile the kernel: ITERS matters only in the interpreter, and
-        # NBP (the block experts' power-of-two bound) starts at 256, which covers the decode sizes
-        extra = dict(PERSIST=True, NBP=max(256, triton.next_power_of_2(nb)),
-                     ITERS=triton.cdiv(nb * nn, progs) if INTERPRET else 1)
-    else:
-        grid, extra = (nb, nn), {}
-    _moe_gemm_kernel[grid](xa, xs, xf, w.paired() if bf16d else w.words, w.scales, w.factor, out,
-                           sorted_slots, block_expert, route_w if route_w is not None else out, S, N, KW, stride, a_div,
-                           nb, BM=BM, BN=BN, BKW=BKW, A_FP4=a_fp4 is not None and not decoded, GATED=gated,
-                           ROUTE_W=route_w is not None, INTERP=INTERPRET, NIT=NIT, BF16D=bf16d, XF=a_fp4 is not None,
-                           num_warps=num_warps, num_stages=num_stages, **extra)
+    grid = (block_expert.numel(), triton.cdiv(N, BN))
+    _moe_gemm_kernel[grid](a, a if a_factor is None else a_factor, w.paired() if bf16d else w.words, w.scales,
+                           w.factor, out, sorted_slots, block_expert, route_w if route_w is not None else out, S, N, KW,
+                           a.stride(0), a_div, BM=BM, BN=BN, BKW=BKW, GATED=gated, ROUTE_W=route_w is not None,
+                           INTERP=INTERPRET, NIT=triton.cdiv(KW, BKW), BF16D=bf16d, XF=a_factor is not None,
+                           num_warps=num_warps, num_stages=num_stages)
     return out
 
 
@@ -577,13 +517,12 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
         y = moe_gemv(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, BN=cfg.BN_down, **kw)
         return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)
     kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages, bf16_decode=cfg.bf16_decode,
-              persistent=cfg.persistent)
-    if act_quant:
-        dec = cfg.a_decoded
-        a_fp4 = quantize_act_for_gemm(x, check_finite=False, on_quant=_tagged(on_quant, "gate_up"), decoded=dec)
-        h = moe_gemm(x, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, a_fp4=a_fp4, BN=cfg.BN, **kw)
-        h_fp4 = quantize_act_for_gemm(h, check_finite=False, on_quant=_tagged(on_quant, "down"), decoded=dec)
-        y = moe_gemm(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, a_fp4=h_fp4,
+              out_dtype=x.dtype)
+    if act_quant:  # the MMA tile reads the activations' tile values, each row's 2^7 / S_enc applied after it
+        xq, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=_tagged(on_quant, "gate_up"))
+        h = moe_gemm(xq, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, a_factor=xf, BN=cfg.BN, **kw)
+        hq, hf = quantize_act_for_gemm(h, check_finite=False, on_quant=_tagged(on_quant, "down"))
+        y = moe_gemm(hq, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, a_factor=hf,
                      BN=cfg.BN_down, **kw)
     else:
         h = moe_gemm(x, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, BN=cfg.BN, **kw)

@@ -58,3 +58,34 @@ def test_legacy_rows_take_the_old_gemv_limit(tmp_path):
     by = {r["size"]: r for r in got}
     assert by[4]["GEMV"] == 30 and by[4]["MMA"] is None
     assert by[16]["MMA"] == 40 and by[16]["GEMV"] is None
+
+
+def test_decoded_activation_rows_are_the_mma_tile(tmp_path):
+    # version v3c timed today's MMA tile as `fp4-w4a4-dec` beside the tile that decoded the codes (`fp4-w4a4-mma`
+    # where the default is the GEMV, `fp4-w4a4` where it is the MMA tile): the dec row alone is the MMA path
+    rows = [("moe", "qwen3-30b-a3b T16", "fp4-w4a4", 50), ("moe", "qwen3-30b-a3b T16", "fp4-w4a4-mma", 40),
+            ("moe", "qwen3-30b-a3b T16", "fp4-w4a4-dec", 45), ("moe", "qwen3-30b-a3b T16", "w4a4-bf16gemm", 90),
+            ("moe", "qwen3-30b-a3b T256", "fp4-w4a4", 300), ("moe", "qwen3-30b-a3b T256", "fp4-w4a4-dec", 420),
+            ("moe", "qwen3-30b-a3b T256", "w4a4-bf16gemm", 400)]
+    got, limits = table(_csv(tmp_path, rows), "vX")
+    by = {r["size"]: r for r in got}
+    assert by[16]["GEMV"] == 50 and by[16]["MMA"] == 45 and by[16]["best"] == "MMA"
+    assert by[256]["GEMV"] is None and by[256]["MMA"] == 420 and by[256]["best"] == "BF16 GEMM"
+    assert limits["moe_load"] == 1 and not limits["moe_load_open"]
+
+
+def test_gemv_mma_boundary_and_the_sizes_where_shapes_disagree(tmp_path):
+    # qwen3 (128 experts, top-8) T4 / T16 = 0.25 / 1 row per expert; mixtral (8, top-2) T1 / T4 = 0.25 / 1
+    rows = []
+    for fam, T, gemv, mma in [("qwen3-30b-a3b", 4, 70, 90), ("qwen3-30b-a3b", 16, 185, 172),
+                              ("mixtral-8x7b", 1, 147, 262), ("mixtral-8x7b", 4, 398, 427)]:
+        shape = f"{fam} T{T}"
+        rows += [("moe", shape, "fp4-w4a4", gemv), ("moe", shape, "fp4-w4a4-mma", mma),
+                 ("moe", shape, "w4a4-bf16gemm", 999)]
+    rows += [("dense", "M1 N14336 K4096", "fp4-w4a4", 33), ("dense", "M1 N14336 K4096", "fp4-w4a4-mma", 40),
+             ("dense", "M1 N14336 K4096", "w4a4-bf16gemm", 48)]
+    got, limits = table(_csv(tmp_path, rows), "vX")
+    assert limits["gemv_moe_load"] == 0.25 and limits["split_moe_load"] == [1]
+    assert limits["gemv_dense_rows"] == 1 and limits["split_dense_rows"] == []
+    md = markdown(got, limits, "vX")
+    assert "up to dense 1 rows, MoE 0.25 rows per expert; the shapes disagree at dense none, MoE 1 rows" in md

@@ -9,7 +9,7 @@ import torch
 
 from kernels import quantize as kq
 from kernels import reference as ref
-from kernels.gemm import GemmConfig, default_config, fp4_linear, prepare_weight
+from kernels.gemm import GemmConfig, default_config, fp4_linear, prepare_weight, quantize_act_for_gemm
 from tests.kernels.conftest import DEV, GPU_TOL_MMA, MMA_KW, ON_GPU, TOL, TOL_MMA, bf16_exact, dev, host, rel
 
 MMA_CASES = [(1, 40, 96), (17, 33, 256), (5, 64, 48)]
@@ -56,23 +56,24 @@ def test_mma_path_decodes(M, N, K, act_quant, bf16_decode):
 
 
 @pytest.mark.parametrize("M,N,K", MMA_CASES)
-def test_w4a4_decoded_activation_equals_the_tile_decode(M, N, K):
-    """W4A4 with a_decoded (the quantize pass writes q * s_b * 2^-7, the tile reads it as a W4A16 activation)
-    against the tile's own decode of the codes: the same MMA operands, so in the interpreter (FP32 dots) the
-    same outputs bit for bit; on a GPU the two kernels are compiled and scheduled differently (kernels/NOTES.md
-    v3c), so there the oracle's tolerance. The recorder sees the same codes either way."""
+def test_w4a4_decoded_activation_is_the_w4a16_tile_times_the_row_factor(M, N, K):
+    """W4A4 on the MMA tile reads the tile values its quantize pass writes (q * s_b * 2^-7, exact in bf16) as the
+    W4A16 tile reads x, and multiplies each output row by the row's 2^7 / S_enc after the MMA: in the interpreter
+    (FP32 dots, FP32 output) bit for bit the W4A16 tile on those values times that factor; on a GPU the oracle's
+    tolerance. The recorder sees the codes, scales and S_enc of the reference quantization."""
     (c, s, o), x = _mma_case(M, N, K)
     pw = prepare_weight(*dev(c, s, o))
     cfg = GemmConfig(BN=16, BM=16, split=1, num_stages=1, **MMA_KW)
-    seen = {}
-    y = fp4_linear(dev(x), pw, act_quant=True, config=cfg, on_quant=lambda q: seen.setdefault("codes", host(q)))
-    yd = fp4_linear(dev(x), pw, act_quant=True, config=GemmConfig(**{**cfg.__dict__, "a_decoded": True}),
-                    on_quant=lambda q: seen.setdefault("decoded", host(q)))
+    seen = []
+    y = fp4_linear(dev(x), pw, act_quant=True, out_dtype=torch.float32, config=cfg, on_quant=seen.append)
+    tile, factor = quantize_act_for_gemm(dev(x))
     if not ON_GPU:
-        assert torch.equal(host(yd), host(y))
-    assert torch.equal(seen["decoded"].packed, seen["codes"].packed)
-    assert torch.equal(seen["decoded"].scales, seen["codes"].scales)
-    assert rel(yd, ref.fp4_linear(x, c, s, o, act_quant=True)) < TOL_MMA
+        y16 = fp4_linear(tile, pw, out_dtype=torch.float32, config=cfg)
+        assert torch.equal(host(y), host(y16 * factor[:, None]))
+    rc, rs, ro = ref.nvfp4_quantize(x, outer="row")
+    q = host(seen[0])
+    assert torch.equal(q.codes(), rc) and torch.equal(q.scales, rs) and torch.equal(q.outer, ro)
+    assert rel(y, ref.fp4_linear(x, c, s, o, act_quant=True)) < TOL_MMA
 
 
 def _truncated_accumulation(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -76,39 +76,6 @@ def test_fused_moe_mma_decodes_match_reference(T, E, H, I, k, act_quant, bf16_de
     assert rel(y, r) < (TOL_MMA if act_quant else TOL_MOE_MMA)
 
 
-@pytest.mark.parametrize("T,E,H,I,k", MOE_CASES)
-def test_fused_moe_w4a4_decoded_activation_equals_the_tile_decode(T, E, H, I, k):
-    """W4A4 MMA with a_decoded (both activations written as tile values by their quantize passes) against the
-    tile's own decode of the codes: the same MMA operands, the same outputs bit for bit in the interpreter; on
-    a GPU (other MMA instructions, see test_gemm) the oracle's tolerance."""
-    g, u, d, x, ids, tw = _case(T, E, H, I, k)
-    mw = prepare_moe_weights(*dev(g, u, d))
-    cfg = MoEConfig(BM=16, BN=16, num_stages=1, BN_down=16, **MMA_KW)
-    xd, idsd, twd = dev(x, ids, tw)
-    y = fused_moe(xd, mw, idsd, twd, act_quant=True, config=cfg)
-    yd = fused_moe(xd, mw, idsd, twd, act_quant=True, config=MoEConfig(**{**cfg.__dict__, "a_decoded": True}))
-    if ON_GPU:
-        assert rel(yd, ref.moe_fp4_reference(x, g, u, d, ids, tw, act_quant=True)) < TOL_MMA
-    else:
-        assert torch.equal(host(yd), host(y))
-
-
-@pytest.mark.parametrize("T,E,H,I,k", MOE_CASES)
-@pytest.mark.parametrize("act_quant", [False, True])
-def test_fused_moe_persistent_equals_one_program_per_tile(T, E, H, I, k, act_quant):
-    """The persistent grid (programs walking the work items, padding blocks masked) computes each tile as the
-    one-program-per-tile grid does: the same outputs bit for bit, on both devices (each output element is
-    one tile's, summed in the same order), and at 1 program per SM the programs walk several items."""
-    g, u, d, x, ids, tw = _case(T, E, H, I, k)
-    mw = prepare_moe_weights(*dev(g, u, d))
-    cfg = MoEConfig(BM=16, BN=16, num_stages=1, BN_down=16, **MMA_KW)
-    xd, idsd, twd = dev(x, ids, tw)
-    y = fused_moe(xd, mw, idsd, twd, act_quant=act_quant, config=cfg)
-    for p in (1, 3):
-        yp = fused_moe(xd, mw, idsd, twd, act_quant=act_quant, config=MoEConfig(**{**cfg.__dict__, "persistent": p}))
-        assert torch.equal(host(yp), host(y))
-
-
 def _moe_oracle(x, gate, up, down, ids, tw, act_quant=False, h_map=None):
     """kernels.reference.moe_fp4_reference with a hook on h = silu(g) * u (FP32, [T, I] per slot j)."""
     wg, wu, wd = (ref.nvfp4_dequantize(*t) for t in (gate, up, down))

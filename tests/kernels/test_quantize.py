@@ -91,7 +91,7 @@ def test_stochastic_contract():
     rtn = host(quantize_rows(xd, "nvfp4"))
     assert torch.equal(q1.scales, rtn.scales) and torch.equal(q1.outer, rtn.outer)
     v = ref.nvfp4_scaled(x, rtn.scales, rtn.outer)
-    lo = ref.e2m1_floor_index(v.abs()).clamp(max=6)
+    lo = ref.e2m1_floor_index(v.abs()).clamp(max=6).long()
     idx = (q1.codes() & 7).long()
     assert bool(((idx == lo) | (idx == lo + 1)).all())  # always a bracketing code
     # unbiased: the mean over seeds of the dequantized value approaches x
@@ -177,9 +177,9 @@ def test_fake_exact_is_bit_identical_to_the_reference(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fake_tile_is_exact(dtype):
-    """fake_tile (the MMA tile's activation operand, `GemmConfig.a_decoded`): q * s_b * 2^-7 from the kernel's
-    own codes and scales, exact in bf16 and fp32, so equal bit for bit to the reference's decode of them, in
-    either output dtype; times 2^7 / S_enc it is the dequantized row."""
+    """fake_tile (the W4A4 MMA tile's activation operand, `kernels.gemm.quantize_act_for_gemm`): q * s_b * 2^-7
+    from the kernel's own codes and scales, exact in bf16 and fp32, so equal bit for bit to the reference's decode
+    of them, in either output dtype; times 2^7 / S_enc it is the dequantized row."""
     x = _data(9, 2048 + 128, seed=6).to(dtype)
     for fd in (torch.float32, torch.bfloat16):
         q = host(quantize_rows(dev(x), "nvfp4", fake_dtype=fd, fake_tile=True))

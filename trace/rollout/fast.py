@@ -40,10 +40,10 @@ BACKENDS = ("auto", "torch", "triton")
 # the step quantizes the activation with the same kernel (same codes, one launch, its dequantized copy) and
 # multiplies on BF16 tensor cores with the dequantized weights, as prefill does. The sizes are the largest at
 # which a kernel beat that path at every timed shape on the H200 (results/kernels/crossover.md, kernels.csv
-# version v3b, `python benchmarks/crossover.py --version v3b`): dense rows up to 16, the largest timed (the
-# MMA tile 44.3-46.2 us against 47.2-51.1), and up to 16 (token, slot) rows per expert (T*k/E) for routed
-# experts (Qwen3-30B-A3B T256 401.5 against 557.7 us, Mixtral-8x7B T64 830.2 against 1091.8), where
-# Mixtral's 64 rows per expert lost (1436.0 against 1160.4). TRACE_FP4_CROSSOVER="ROWS,LOAD" overrides both
+# version v3c, `python benchmarks/crossover.py --version v3c`): dense rows up to 16, the largest timed (the
+# MMA tile 41.4-42.5 us against 47.8-51.6), and up to 16 (token, slot) rows per expert (T*k/E) for routed
+# experts (Qwen3-30B-A3B T256 345.5 against 559.9 us, Mixtral-8x7B T64 708.5 against 1110.9), where
+# Mixtral's 64 rows per expert lost (1120.4 against 1117.4). TRACE_FP4_CROSSOVER="ROWS,LOAD" overrides both
 # (e.g. "inf,inf": kernels at every size; "0,0": never), for benchmarks and tests.
 DENSE_KERNEL_ROWS = 16
 MOE_KERNEL_LOAD = 16.0
@@ -192,8 +192,9 @@ class TritonPath:
                 x = rand(T, m.H)
                 ids = torch.stack([torch.randperm(m.E, generator=g)[:k] for _ in range(T)])
                 wts = torch.rand(T, k, generator=g)
-                # The MMA kernels read the activation codes and keep h in x's dtype, which the oracle
-                # reproduces (h_dtype), so W4A4 is compared there. The GEMV kernels read the dequantized
+                # The MMA kernels multiply the activations' exact FP4 values (the quantize pass's tile values,
+                # S_enc applied after the MMA) and keep h in x's dtype, which the oracle reproduces (h_dtype), so
+                # W4A4 is compared there. The GEMV kernels read the dequantized
                 # activations rounded to x's dtype (a multiply by 1/S_enc, within an ulp), which moves h by
                 # about an ulp and can flip its FP4 codes; one flip at I = 64 is a ~10% output error, so
                 # they are compared in W4A16 (their activation quantize is the one checked bit-exact above).
