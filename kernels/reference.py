@@ -68,9 +68,13 @@ def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_floor_index(a: torch.Tensor) -> torch.Tensor:
-    """Largest code index whose grid value is <= a (a >= 0), as int64 in 0..7."""
-    g = _grid(a.device)
-    return (a.unsqueeze(-1) >= g[1:]).sum(-1)
+    """Largest code index whose grid value is <= a (a >= 0), as uint8 in 0..7 (index the grid with
+    `.long()`). One byte per element: the trainer's guided sites call it on [tokens, k, I] expert rows,
+    where a [..., 7] comparison tensor and an int64 result took GiBs."""
+    idx = torch.zeros(a.shape, dtype=torch.uint8, device=a.device)
+    for m in E2M1_GRID[1:]:
+        idx += (a >= m).to(torch.uint8)
+    return idx
 
 
 def e2m1_stochastic(v: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -78,7 +82,7 @@ def e2m1_stochastic(v: torch.Tensor, generator: torch.Generator | None = None) -
     between the two neighbouring grid points, so E[decode(code)] == v inside [-6, 6]."""
     g = _grid(v.device)
     a = v.abs().clamp(max=E2M1_MAX)
-    lo = e2m1_floor_index(a).clamp(max=6)
+    lo = e2m1_floor_index(a).clamp(max=6).long()
     glo, ghi = g[lo], g[lo + 1]
     p_up = (a - glo) / (ghi - glo)
     u = torch.rand(v.shape, generator=generator, device=v.device, dtype=torch.float32)
@@ -91,8 +95,8 @@ def e2m1_guided(v: torch.Tensor, mantissa: torch.Tensor) -> torch.Tensor:
     whose mantissa bit (code & 1) equals the recorded bit. Reproduces the recorded code whenever
     |v| lies within one grid step of the recorded value."""
     a = v.abs()
-    lo = e2m1_floor_index(a).clamp(max=6)
-    idx = torch.where((lo & 1) == mantissa.long(), lo, lo + 1).to(torch.uint8)
+    lo = e2m1_floor_index(a).clamp_(max=6)  # uint8 throughout: this runs on the largest activations
+    idx = torch.where((lo & 1) == mantissa.to(torch.uint8), lo, lo + 1)
     return idx | (torch.signbit(v).to(torch.uint8) << 3)
 
 

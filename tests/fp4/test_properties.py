@@ -27,7 +27,7 @@ outers = st.sampled_from(["tensor", "row"])
 
 def _half_step(a):
     """Half the distance to the next grid point above the nearest one below: the RTN error bound."""
-    lo = ref.e2m1_floor_index(a).clamp(max=6)
+    lo = ref.e2m1_floor_index(a).clamp(max=6).long()
     return (GRID[lo + 1] - GRID[lo]) / 2
 
 

@@ -99,6 +99,43 @@ def test_zero_scale_block_keeps_alignment_gradient_finite():
     assert torch.isfinite(x.grad).all()
 
 
+def test_alignment_gradient_is_the_terms_and_saves_only_the_inputs():
+    """The alignment term of a guided site is recomputed in the backward (a checkpoint): its value and
+    gradient equal the terms of trace/guidance/align.py computed directly, bit for bit, while the
+    forward keeps no fp32 intermediate of the site for the backward (those were half of the trainer's
+    saved memory on mixtral-small)."""
+    from kernels import reference as ref
+    from trace.guidance.align import alignment_loss, alignment_terms, scale_terms
+
+    g = torch.Generator().manual_seed(1)
+    x_roll = torch.randn(24, 128, generator=g)
+    rt, rec = Runtime(), Recorder()
+    with recording(rt, rec, *_rows(24)):
+        rt.act(2, "o_in", x_roll)
+    record = rec.finish()
+    x0 = x_roll * (1 + 0.1 * torch.randn(x_roll.shape, generator=g))
+    x = x0.clone().requires_grad_(True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        with replay(rt, record, *_rows(24), align=True) as st:
+            rt.act(2, "o_in", x)
+    loss = st.alignment_loss()
+    loss.backward()
+    big = [t for t in saved if t.dtype == torch.float32 and t.numel() >= x.numel() and t.data_ptr() != x.data_ptr()]
+    assert not big, [tuple(t.shape) for t in big]  # only x itself (and byte codes) kept
+    own = fp4.quantize(x0, "nvfp4", "row")
+    v = record.view(torch.zeros(24, dtype=torch.long), torch.arange(24)).guide(2, "o_in")
+    res = fp4.guided_quantize(x0, v.mantissa, v.scales, v.outer, "nvfp4")
+    xd = x0.clone().requires_grad_(True)
+    scaled = fp4.scaled_values(xd, v.scales, v.outer, "nvfp4")
+    c = alignment_terms(scaled, ref.e2m1_encode(scaled.detach()), res.tensor.codes)
+    sc = scale_terms(xd, own.scales, v.scales)
+    want = alignment_loss(c[0] + sc[0], c[1] + sc[1])
+    want.backward()
+    assert float(loss) > 0 and torch.equal(loss.detach(), want.detach())
+    assert torch.equal(x.grad, xd.grad) and bool(xd.grad.abs().sum() > 0)
+
+
 def test_flips_count_against_the_rollout_code_not_the_guided_code():
     """A compact record cannot tell the rollout's code, and the guided code is not it where the
     trainer is more than a grid step away; code flips are counted only against full codes: the

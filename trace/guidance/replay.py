@@ -36,6 +36,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from kernels import reference as ref
 from trace import fp4
@@ -198,9 +199,8 @@ class Runtime:
                 res = fp4.guided_quantize(xv.detach(), g.mantissa, g.scales, g.outer, self.fmt, check_values=False)
             vals = res.tensor.dequantize(x.dtype)
             target, target_scales = res.tensor.codes, g.scales
-            if rp.align or slots is not None:
-                scaled = fp4.scaled_values(xv, g.scales, g.outer, self.fmt)  # grad flows to x
-                own_enc = ref.e2m1_encode(scaled.detach())  # own RTN under the recorded scales
+            if rp.align or slots is not None:  # own RTN under the recorded scales
+                own_enc = ref.e2m1_encode(fp4.scaled_values(xv.detach(), g.scales, g.outer, self.fmt))
             if slots is not None:  # slots whose expert the rollout did not route to keep their own RTN
                 vals = torch.where(keep[..., None], vals, own.dequantize(x.dtype))
                 target = torch.where(keep[..., None], target, own_enc)
@@ -210,11 +210,16 @@ class Runtime:
         if res is None:
             return rtn
         if rp.align:
-            rp.stats.add_alignment(*alignment_terms(scaled, own_enc, target, margin=rp.align_margin),
-                                   part="codes", layer=layer)
-            if self.fmt == "nvfp4" and rp.align_scales:
-                rp.stats.add_alignment(*scale_terms(xv, own.scales, target_scales, margin=rp.align_margin),
-                                       part="scales", layer=layer)
+            with_scales = self.fmt == "nvfp4" and rp.align_scales
+            args = (xv, g.scales, g.outer, own_enc, target, own.scales, target_scales, self.fmt, rp.align_margin,
+                    with_scales)
+            # recomputed in the backward from these inputs: the term's fp32 intermediates over every element
+            # of the site were half the trainer forward's saved memory (mixtral-small, coding: docs/LOG.md)
+            terms = (checkpoint(_alignment_site, *args, use_reentrant=False)
+                     if torch.is_grad_enabled() and xv.requires_grad else _alignment_site(*args))
+            rp.stats.add_alignment(*terms[:2], part="codes", layer=layer)
+            if with_scales:
+                rp.stats.add_alignment(*terms[2:], part="scales", layer=layer)
         guided_vals = fp4.straight_through(xv, vals)
         if rows.all_valid:
             return guided_vals
@@ -307,6 +312,14 @@ class Runtime:
         if renorm:
             w = w / w.sum(-1, keepdim=True)
         return w, ids
+
+
+def _alignment_site(xv, scales, outer, own_enc, target, own_scales, target_scales, fmt, margin, with_scales):
+    """The alignment term's (sum, count) of one site's elements, then of its block scales if with_scales
+    (trace/guidance/align.py); differentiable in xv [n, *inner, K]."""
+    scaled = fp4.scaled_values(xv, scales, outer, fmt)  # grad flows to x
+    out = alignment_terms(scaled, own_enc, target, margin=margin)
+    return out + scale_terms(xv, own_scales, target_scales, margin=margin) if with_scales else out
 
 
 def _take_slots(t: torch.Tensor, src: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,92 @@
+"""What the RL trainer's forward keeps for the backward, by source line: the memory that decides how many
+runs share a GPU (the small profile's `gpu_slots_per_device`, lease_call.sh's SLOTS).
+
+One RL step of a profile's run config on the CPU (random initial weights unless --init-ckpt, so generations
+run to their length limit: an upper bound), with a saved-tensors hook around the trainer's forward that adds
+up the bytes of every tensor autograd keeps, keyed by the innermost trace/ or kernels/ line that made it.
+Parameters are not counted (they are kept anyway). Scale by prompts: saved memory is linear in the batch.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/trainer_memory.py --model mixtral-small --task coding --arm trace --prompts 8
+
+Compared against: the other arms of the same step (qat-independent, the same forward without guidance).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "workflow" / "scripts"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from runplan import Plan  # noqa: E402
+
+from trace import config as C  # noqa: E402
+from trace.rl.trainer import RLTrainer  # noqa: E402
+
+
+def _origin() -> str:
+    for f in reversed(traceback.extract_stack()[:-2]):
+        parts = Path(f.filename).parts
+        if len(parts) >= 2 and parts[-2] in ("rl", "qat", "guidance", "fp4", "rollout", "kernels", "models"):
+            return f"{parts[-2]}/{parts[-1]}:{f.lineno}"
+    return "elsewhere (transformers / torch)"
+
+
+def saved_bytes(cfg: dict) -> tuple[dict, int]:
+    """({(origin, dtype): bytes}, generated tokens) of one RL step of `cfg` (a validated run config)."""
+    with tempfile.TemporaryDirectory() as out:
+        tr = RLTrainer(cfg, out, progress=False)
+        by: collections.Counter = collections.Counter()
+
+        def pack(t):
+            if not isinstance(t, torch.nn.Parameter):
+                by[(_origin(), str(t.dtype).replace("torch.", ""))] += t.numel() * t.element_size()
+            return t
+
+        forward = tr._replayed_logprobs
+
+        def hooked(*a, **k):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                return forward(*a, **k)
+
+        tr._replayed_logprobs = hooked
+        m = tr.step(1)
+    return dict(by), int(m["n_tokens"])
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default="experiments/profiles/small.yaml")
+    ap.add_argument("--model", default="mixtral-small")
+    ap.add_argument("--task", default="coding")
+    ap.add_argument("--arm", default="trace")
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per step (the profile's value is scaled down)")
+    ap.add_argument("--init-ckpt", default=None)
+    ap.add_argument("--top", type=int, default=12)
+    a = ap.parse_args(argv)
+    with open(a.profile) as f:
+        plan = Plan(yaml.safe_load(f))
+    cfg = plan.run_config(a.model, a.task, a.arm, plan.config["seeds"][0])
+    full = cfg["rl"].get("prompts_per_step")
+    cfg.update(device="cpu", threads=torch.get_num_threads())
+    cfg["rl"].update(init_ckpt=a.init_ckpt, prompts_per_step=a.prompts, autocast="bf16")
+    by, n_gen = saved_bytes(C.validate(C.deep_merge(C.DEFAULTS, cfg)))
+    total = sum(by.values())
+    print(f"{a.model} {a.task} {a.arm}: {a.prompts} prompts, {n_gen} generated tokens, saved {total / 1e9:.2f} GB"
+          + (f" (x{full / a.prompts:g} at the profile's {full} prompts: {total * full / a.prompts / 1e9:.1f} GB)"
+             if full else ""))
+    for (where, dtype), b in sorted(by.items(), key=lambda kv: -kv[1])[: a.top]:
+        print(f"  {b / 1e6:9.1f} MB  {dtype:9s} {where}")
+
+
+if __name__ == "__main__":
+    main()
