@@ -41,6 +41,7 @@ def test_one_step_each_arm(tmp_path, method, sft_ckpt):
     changed = any(not torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
     assert changed, "the optimizer step changed nothing"
     assert rec["rollout_gen_tokens_per_s"] > 0
+    assert rec["gpu_peak_alloc_gb"] is None and rec["gpu_peak_reserved_gb"] is None  # on the CPU
     if method in ("qat-independent", "trace", "trace-fullcodes", "trace-noalign", "trace-noroutingreplay"):
         # one diagnostic for every arm whose trainer quantizes activations: all layers, routing too
         assert {int(k) for k in rec["code_flip_rate"]} == {0, 1, 2, 3}
@@ -189,6 +190,7 @@ def test_gpu_step_other_tasks(tmp_path, task):
     rec = tr.step(1)
     assert rec["n_tokens"] > 0 and rec["guidance_bytes_per_gen_token"] > 0
     assert all(torch.isfinite(torch.tensor(float(rec[k]))) for k in ("k3", "loss", "grad_norm"))
+    assert 0 < rec["gpu_peak_alloc_gb"] <= rec["gpu_peak_reserved_gb"]
 
 
 def test_wandb_offline_mirror(tmp_path):

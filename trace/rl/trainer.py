@@ -220,6 +220,9 @@ class RLTrainer:
 
     def _step(self, step: int) -> dict:
         rl, arm = self.rl, self.arm
+        cuda = torch.device(self.device).type == "cuda"
+        if cuda:  # the step's peak (allocator statistics: no device wait)
+            torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
         rec, diag_rec = arm_recorders(self.arm, self.num_layers, rl["rho"], rl["diag_flips"])
         both = Tee(rec, diag_rec) if rec is not None or diag_rec is not None else None
@@ -280,6 +283,10 @@ class RLTrainer:
             "grad_norm": float(gn),
             **gparts,
             "n_tokens": int(tb.mask.sum()),
+            # what sizes the runs that share a GPU (gpu_slots_per_device): the step's peak of allocated memory
+            # (rollout, trainer forward and backward) and of what the allocator held; None off a GPU
+            "gpu_peak_alloc_gb": torch.cuda.max_memory_allocated(self.device) / 2**30 if cuda else None,
+            "gpu_peak_reserved_gb": torch.cuda.max_memory_reserved(self.device) / 2**30 if cuda else None,
         }
 
     def _loss(self, lp_train: torch.Tensor, tb: TrainBatch, adv: torch.Tensor, stats):
