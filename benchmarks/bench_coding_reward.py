@@ -31,10 +31,13 @@ def main(argv=None) -> None:
     task = get_task("coding", difficulty="easy")
     rng = random.Random(0)
     batch, responses = [], []
-    for ex in task.make_split("train", a.prompts, 0):  # a policy's guesses: linear expressions, repeats in a group
+    # a policy's guesses: linear expressions, repeats in a group, and one in six with a misspelt name (a
+    # character-level SFT base sampled at temperature 1 wrote 84 such of 512 responses: `2*xk+1`, `-x-Mx+2`)
+    for ex in task.make_split("train", a.prompts, 0):
         for _ in range(a.samples):
             batch.append(ex)
-            responses.append(f" {rng.choice([-3, -2, -1, 1, 2, 3])}*x+{rng.randint(-3, 3)}\n")
+            name = "x" if rng.random() < 5 / 6 else rng.choice(["xk", "Mx", "y", "Q3"])
+            responses.append(f" {rng.choice([-3, -2, -1, 1, 2, 3])}*{name}+{rng.randint(-3, 3)}\n")
     fast, t_fast, c_fast = timed(lambda: task.score_batch(batch, responses))
     pure = coding.pure_arithmetic
     coding.pure_arithmetic = lambda expr: None

@@ -16,7 +16,7 @@ from trace.rl.trainer import NonFiniteError, RLTrainer, build_train_batch
 KEYS = ("step", "reward_mean", "accuracy", "response_len", "k1", "k3", "dlp_abs_mean", "dlp_abs_max",
         "ratio_out_frac", "chi2", "code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate",
         "guidance_bytes_per_gen_token", "guidance_bits_per_element", "rollout_gen_tokens_per_s", "record_overhead",
-        "time_rollout_s", "time_train_s", "time_step_s",
+        "time_rollout_s", "time_score_s", "time_train_s", "time_step_s",
         "loss", "grad_norm")
 
 

@@ -9,6 +9,7 @@ import pytest
 
 import trace.tasks.coding as coding
 from trace.tasks import Example, get_task
+from trace.tasks.sandbox import run_many
 
 
 def make_example(gold="2*x+1", fn=lambda x: 2 * x + 1, hidden=(4, 7, 11, 13, 20)):
@@ -118,10 +119,28 @@ def test_integer_arithmetic_is_scored_in_process_as_the_sandbox_scores_it(monkey
     assert fast[0] == 1.0 and fast[1] == 0.0 and any(0 < s < 1 for s in fast)  # all, none and some cases pass
 
 
-@pytest.mark.parametrize("expr", ["2**x", "x<<3", "x>>1", "x/2", "abs(x)", "x if x else 1", "x>1", "y+1",
-                                  "1.5*x", "True+x", "x.real", "[x][0]", "(lambda: x)()", "~x", "not x"])
-def test_anything_but_integer_arithmetic_goes_to_the_sandbox(expr):
+@pytest.mark.parametrize("expr", ["2**x", "x<<3", "x>>1", "abs(x)", "x if x else 1", "x.real", "[x][0]",
+                                  "(lambda: x)()", "'a'*x", "x is 1", "x in (1,)", "x@x", "abs", "_x+1", "f",
+                                  "__debug__+x", "__name__", "x*print"])
+def test_what_could_be_unbounded_or_see_the_harness_goes_to_the_sandbox(expr):
     assert coding.pure_arithmetic(expr) is None
+
+
+def test_in_process_outputs_are_the_sandboxes():
+    """Every kind of expression the verifier evaluates in-process prints, line for line, what the harness
+    prints in the sandbox: ints, T for other types (floats, bools, complex, None), E where it raises
+    (division by zero, a name the harness does not define, a type error); a chained comparison that stops
+    before an undefined name does not raise, in either."""
+    exprs = ["2*x+1", "x//0", "x/2", "x/0", "1.5*x", "True+x", "x>1", "1<0<y", "1<2<y", "not x", "~x",
+             "x or 2.5", "x and yy", "-x%4", "2*xk+1", "yy", "-None", "1j*x", "1j//x", "x==3.0", "None<x",
+             "99999999999999999999*x*x", "(x-7)%3.5", "x!=x"]
+    inputs = [0, 1, 4, 7, -3]
+    for e in exprs:
+        assert coding.pure_arithmetic(e) is not None, e
+    boxed = run_many([coding.harness(e, inputs) for e in exprs], timeout_s=5.0)
+    for e, r in zip(exprs, boxed, strict=True):
+        assert r.killed_reason is None, (e, r)
+        assert coding.run_pure(coding.pure_arithmetic(e), inputs) == r.stdout, e
 
 
 def test_hostile_expressions_score_zero_and_do_no_harm():

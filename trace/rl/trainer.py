@@ -276,6 +276,7 @@ class RLTrainer:
             "record_overhead": own_s / max(batch.generate_s, 1e-9),
             "time_generate_s": batch.generate_s,
             "time_record_s": own_s,
+            "time_score_s": ep.score_s,  # decoding and the task's verifier (the coding sandbox runs on the CPU)
             "time_rollout_s": t1 - t0,
             "time_train_s": t2 - t1,
             "loss": float(loss.detach()),

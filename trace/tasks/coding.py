@@ -3,10 +3,11 @@
 For tiny character-level policies the program is one Python expression in `x`:
 prompt ``"f(1)=3 f(2)=5 f(3)=7\\ndef f(x): return"``, gold response ``" 2*x+1\\n"``.
 The verifier builds ``def f(x): return <first response line>`` and runs it inside
-`trace.tasks.sandbox` on hidden inputs (never shown in the prompt); an expression that is integer
-arithmetic on ``x`` alone (``+ - * // %``, unary signs, int constants: nothing else parses past the
-check) is evaluated in this process instead, with the harness's exact outputs (its cost is bounded by its
-length, and it can do nothing but compute or divide by zero), because a fresh sandboxed interpreter costs
+`trace.tasks.sandbox` on hidden inputs (never shown in the prompt); an expression of arithmetic,
+comparison and boolean operators on ``x`` and numeric constants (names the harness does not define
+allowed: they raise there as here; no power, shift, string, call, attribute or subscript: `pure_arithmetic`)
+is evaluated in this process instead, with the harness's exact outputs (its cost is bounded by its
+length, and it can do nothing but compute or raise), because a fresh sandboxed interpreter costs
 ~20 ms of CPU per program and an RL batch of the coding task is mostly such expressions. Reward is all-or-nothing by
 default (every hidden case must return exactly the expected int, as in pass@1 unit testing);
 ``partial_credit=True`` gives the fraction of hidden cases passed instead.
@@ -23,6 +24,7 @@ are rewarded for working programs, and the sandbox contains anything worse.
 from __future__ import annotations
 
 import ast
+import builtins
 import json
 import random
 
@@ -93,35 +95,45 @@ def clean_expression(response: str) -> str | None:
     return expr
 
 
-# The nodes of an expression `score_batch` evaluates in-process: integer arithmetic on x. No power or shift
-# (their results' size is not bounded by the expression's length), no names but x, no calls, attributes,
-# subscripts or comparisons, so the value is an int or the evaluation raises ZeroDivisionError.
-_PURE_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Name, ast.Load,
-               ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.USub, ast.UAdd)
+# What `score_batch` evaluates in-process: arithmetic, comparisons and boolean operators on x and numeric
+# constants. No power or shift (their results' size is not bounded by the expression's length), no strings
+# (repetition is not either), no calls, attributes, subscripts, lambdas, conditionals or identity / membership
+# tests, so evaluating it can only compute a bounded number or raise. A name other than x is allowed when the
+# harness's function cannot see it either (not a builtin, not one of the harness's globals, no dunder): it
+# raises NameError there as here. An RL batch of a character-level policy is mostly such expressions, and its
+# misspelt names (`2*xk+1`) were most of what reached the sandbox.
+_PURE_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Constant, ast.Name, ast.Load,
+               ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.USub, ast.UAdd, ast.Invert, ast.Not,
+               ast.And, ast.Or, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+_PURE_CONSTANTS = (int, float, complex, bool, type(None))
+_HARNESS_NAMES = frozenset(dir(builtins)) | {"f", "_x", "_v"}  # what `harness`'s f(x) sees besides x
 
 
 def pure_arithmetic(expr: str):
-    """The compiled expression when it is integer arithmetic on x alone (`_PURE_NODES`, int constants),
-    else None (it goes to the sandbox)."""
+    """The compiled expression when `score_batch` may evaluate it in this process (`_PURE_NODES`, numeric
+    constants, x and names the harness does not define), else None (it goes to the sandbox)."""
     tree = ast.parse(expr, mode="eval")
     for node in ast.walk(tree):
         if not isinstance(node, _PURE_NODES):
             return None
-        if isinstance(node, ast.Name) and node.id != "x":
+        if isinstance(node, ast.Name) and node.id != "x" and (node.id in _HARNESS_NAMES or node.id.startswith("__")):
             return None
-        if isinstance(node, ast.Constant) and type(node.value) is not int:
+        if isinstance(node, ast.Constant) and type(node.value) not in _PURE_CONSTANTS:
             return None
     return compile(tree, "<expression>", "eval")
 
 
 def run_pure(code, inputs: list[int]) -> str:
-    """What `harness` prints for a `pure_arithmetic` expression: one line per input, repr of the int or E."""
+    """What `harness` prints for a `pure_arithmetic` expression: per input the repr of an int result, T for
+    any other type, E where it raises."""
     out = []
     for v in inputs:
         try:
-            out.append(repr(eval(code, {"__builtins__": {}}, {"x": v})))
-        except ZeroDivisionError:
+            r = eval(code, {"__builtins__": {}}, {"x": v})
+        except Exception:
             out.append("E")
+        else:
+            out.append(repr(r) if type(r) is int else "T")
     return "".join(line + "\n" for line in out)
 
 
