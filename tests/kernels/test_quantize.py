@@ -4,8 +4,11 @@ Every assertion holds on the GPU and in the interpreter alike (tests/kernels/con
 made on the CPU, the kernel runs on DEV, the oracle on the CPU copy."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels import reference as ref
+from kernels._common import e2m1_rtn_idx
 from kernels.quantize import QuantizedRows, quantize_rows
 from tests.kernels.conftest import DEV, ON_GPU, dev, host
 
@@ -223,6 +226,58 @@ def test_rtn_codes_at_rounding_midpoints():
     q = host(quantize_rows(dev(x), "nvfp4", guidance=True))
     c, s, o = ref.nvfp4_quantize(x, outer="row")
     assert torch.equal(o, torch.ones_like(o))
+    assert torch.equal(q.scales, s)
+    assert torch.equal(q.codes(), c)
+    assert torch.equal(q.mantissa, ref.pack_bits(c & 1))
+
+
+def _e2m1_edges() -> torch.Tensor:
+    """Values where the E2M1 rounding of a value already divided by its scale can go wrong: every grid
+    point and midpoint with the 3 floats on each side, the 1 / 2 regime boundary, 6 and above, zeros of
+    both signs, subnormals, the largest floats, inf and NaNs (several payloads), both signs."""
+    pts = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0,
+                        0.125, 1e-45, 2.0 ** -126, 2.0 ** -127, 1e-30, 3.4028234663852886e38])
+    vals = [pts]
+    up, down = pts.clone(), pts.clone()
+    for _ in range(3):
+        up = torch.nextafter(up, torch.full_like(up, float("inf")))
+        down = torch.nextafter(down, torch.zeros_like(down))
+        vals += [up, down]
+    v = torch.cat(vals)
+    v = torch.cat([v, -v, torch.tensor([float("inf"), float("nan")])])
+    nans = torch.tensor([0x7FC00000, 0x7F800001, 0x7FFFFFFF, -0x00400000, -1], dtype=torch.int32).view(torch.float32)
+    return torch.cat([v, -v[-2:-1], nans])
+
+
+@triton.jit
+def _e2m1_probe(v_ptr, out_ptr, N, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(v_ptr + o, mask=o < N, other=0.0)
+    sign = (v.to(tl.int32, bitcast=True) < 0).to(tl.int32)  # as the kernel: the code's sign bit
+    tl.store(out_ptr + o, (e2m1_rtn_idx(tl.abs(v)) | (sign << 3)).to(tl.uint8), mask=o < N)
+
+
+def test_e2m1_rtn_idx_edges():
+    """The kernels' E2M1 rounding of a value already divided by its scale (`kernels._common.e2m1_rtn_idx`) on
+    every edge of the grid, including inf and NaN (the kernel's NaN code: index 0 with the NaN's sign bit, as
+    the reference)."""
+    v = _e2m1_edges()
+    out = torch.empty(v.shape, dtype=torch.uint8, device=DEV)
+    _e2m1_probe[(triton.cdiv(v.numel(), 128),)](dev(v), out, v.numel(), BLOCK=128)
+    assert torch.equal(host(out), ref.e2m1_encode(v))
+
+
+def test_mxfp4_rtn_edges_at_scale_one():
+    """MXFP4 RTN through the kernel on the finite edges below 8 in magnitude, every 32-element block
+    holding a 6 so its scale is 2^0 (the kernel rounds x itself): codes bit-exact to the oracle."""
+    v = _e2m1_edges()
+    v = v[torch.isfinite(v) & (v.abs() < 8)]
+    pad = (-v.numel()) % 124  # 4 blocks of 31 values + a 6 per row
+    v = torch.cat([v, v[:pad]]).reshape(-1, 31)
+    x = torch.cat([torch.full((v.shape[0], 1), 6.0), v], dim=1).reshape(-1, 128)  # 4 blocks per row
+    q = host(quantize_rows(dev(x), "mxfp4", guidance=True))
+    c, s = ref.mxfp4_quantize(x)
+    assert torch.equal(s, torch.full_like(s, 127))
     assert torch.equal(q.scales, s)
     assert torch.equal(q.codes(), c)
     assert torch.equal(q.mantissa, ref.pack_bits(c & 1))

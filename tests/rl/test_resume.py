@@ -16,7 +16,7 @@ from tests.rl.conftest import small_cfg
 from trace import rundir
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMING = {"rollout_gen_tokens_per_s", "record_overhead", "time_generate_s", "time_record_s", "time_rollout_s",
+TIMING = {"rollout_gen_tokens_per_s", "record_overhead", "time_generate_s", "time_record_s", "time_rollout_s", "time_score_s",
           "time_train_s", "time_step_s"}
 
 
