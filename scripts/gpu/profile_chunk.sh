@@ -52,7 +52,9 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   [ "$gpus" -gt 0 ] || { echo "no GPU visible" >&2; exit 1; }
   rm -rf "$work" && mkdir -p "$work"
-  tar cf - --exclude='./.whl*' --exclude='./.venv' . | tar xf - -C "$work"   # .git travels: meta.json records the commit
+  # .git travels: meta.json records the commit. GNU tar exits 1 when a file changed while it read it (a git
+  # command refreshing .git/index beside it): the copy is still whole, so only 2 (fatal) stops the start
+  { tar cf - --warning=no-file-changed --exclude='./.whl*' --exclude='./.venv' . || [ $? -eq 1 ]; } | tar xf - -C "$work"
   cd "$work"
   # An SFT base that came back from an earlier lease without its checkpoint (done, no ckpt) is trained again
   # first, into a side dir; its logged losses must equal the committed ones bit for bit (the SFT is
