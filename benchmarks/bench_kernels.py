@@ -639,6 +639,14 @@ def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name):
     return len(body), ops, ck.asm["ttgir"].count("convert_layout"), ck.metadata.shared
 
 
+def _sass_row(rows, shape, provider, config, ops, **stats):
+    """One offline SASS row (the loop's stats and its 8 most frequent instructions in `note`), appended and logged."""
+    stats["top_ops"] = " ".join(f"{k}:{v}" for k, v in ops.most_common(8))
+    rows.append(dict(op="sass", shape=shape, provider=provider, config=config,
+                     note=";".join(f"{k}={v}" for k, v in stats.items())))
+    log(rows[-1])
+
+
 def sass_counts():
     from kernels.gemm import _fp4_gemm_kernel, _fp4_gemv2_kernel
     from kernels.moe import _moe_gemm_kernel
@@ -653,13 +661,9 @@ def sass_counts():
         cst = dict(BN=bn, BM=bm, U=u, SPLIT=1, NIT=16 // u, EVEN=not pf, PREFETCH=pf)  # K=4096: 16 groups
         n, ops, cvt, _ = _loop_sass(_fp4_gemv2_kernel, sig, aligned, cst, nw, 1, f"gemv2_{bn}_{bm}_{u}_{nw}_{int(pf)}")
         wpt = (bn // (4 * nw)) * 32 * u  # weights per thread per iteration (rows/thread * 32 * U)
-        stats = dict(ttgir_convert_layouts=cvt, loop_instr=n, weights_per_thread_iter=wpt,
-                     instr_per_weight=round(n / wpt, 3), instr_per_weight_row=round(n / wpt / bm, 3),
-                     top_ops=" ".join(f"{k}:{v}" for k, v in ops.most_common(8)))
-        rows.append(dict(op="sass", shape="K4096", provider="_fp4_gemv2_kernel",
-                         config=f"BN={bn};BM={bm};U={u};num_warps={nw};prefetch={pf}",
-                         note=";".join(f"{k}={v}" for k, v in stats.items())))
-        log(rows[-1])
+        _sass_row(rows, "K4096", "_fp4_gemv2_kernel", f"BN={bn};BM={bm};U={u};num_warps={nw};prefetch={pf}", ops,
+                  ttgir_convert_layouts=cvt, loop_instr=n, weights_per_thread_iter=wpt,
+                  instr_per_weight=round(n / wpt, 3), instr_per_weight_row=round(n / wpt / bm, 3))
     # MoE gate/up MMA kernel (GATED), K 2048, BN 64, BKW 16, 4 warps: the v3a tile (kernels/NOTES.md v3a: one dot
     # per K-tile), decoding in fp32 and in bf16 (BF16D: inline PTX, the weight words in pair_layout); A: bf16
     # (W4A16) or dec (W4A4: the tile values its quantize pass writes, times the row's 2^7 / S_enc after the MMA)
@@ -677,12 +681,10 @@ def sass_counts():
                 n, ops, cvt, shared = _loop_sass(_moe_gemm_kernel, sig, aligned, cst, 4, st,
                                                  f"moe_{tile}_{mode}_{bm}")
                 w_iter = 64 * 8 * bkw * 2  # weight elements per loop iteration (gate and up)
-                stats = dict(loop_instr=n, lane_instr_per_weight=round(n * 128 / w_iter, 2), shared_bytes=shared,
-                             ttgir_convert_layouts=cvt, top_ops=" ".join(f"{k}:{v}" for k, v in ops.most_common(8)))
-                rows.append(dict(op="sass", shape="K2048 gate+up", provider=f"_moe_gemm_kernel {tile}",
-                                 config=f"A={mode};BM={bm};BN=64;BKW={bkw};num_warps=4;num_stages={st}",
-                                 note=";".join(f"{k}={v}" for k, v in stats.items())))
-                log(rows[-1])
+                _sass_row(rows, "K2048 gate+up", f"_moe_gemm_kernel {tile}",
+                          f"A={mode};BM={bm};BN=64;BKW={bkw};num_warps=4;num_stages={st}", ops, loop_instr=n,
+                          lane_instr_per_weight=round(n * 128 / w_iter, 2), shared_bytes=shared,
+                          ttgir_convert_layouts=cvt)
     # dense MMA kernel, the default tile at 14336x4096, M 16: BM 16, BN 64, BKW 16, split-K 4 (FP32 atomics), 4 warps,
     # 3 stages, the bf16 decode; A as above
     for mode in ("bf16", "dec"):
@@ -693,12 +695,9 @@ def sass_counts():
         aligned = ["x_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm"]
         cst = dict(BM=16, BN=64, BKW=16, SPLIT=4, INTERP=False, NIT=8, BF16D=True, XF=mode != "bf16")
         n, ops, cvt, shared = _loop_sass(_fp4_gemm_kernel, sig, aligned, cst, 4, 3, f"dense_v3a-bf16_{mode}")
-        stats = dict(loop_instr=n, lane_instr_per_weight=round(n * 128 / (64 * 8 * 16), 2), shared_bytes=shared,
-                     ttgir_convert_layouts=cvt, top_ops=" ".join(f"{k}:{v}" for k, v in ops.most_common(8)))
-        rows.append(dict(op="sass", shape="K4096 split4", provider="_fp4_gemm_kernel v3a-bf16",
-                         config=f"A={mode};BM=16;BN=64;BKW=16;num_warps=4;num_stages=3",
-                         note=";".join(f"{k}={v}" for k, v in stats.items())))
-        log(rows[-1])
+        _sass_row(rows, "K4096 split4", "_fp4_gemm_kernel v3a-bf16", f"A={mode};BM=16;BN=64;BKW=16;num_warps=4;num_stages=3",
+                  ops, loop_instr=n, lane_instr_per_weight=round(n * 128 / (64 * 8 * 16), 2), shared_bytes=shared,
+                  ttgir_convert_layouts=cvt)
     # FP4-KV decode attention, D 128, 8 query heads per KV head (16 MMA rows), 64-token tiles, 4 warps (the
     # engine's default tile): loop instructions per K/V element (kernels/NOTES.md v2i, v3b)
     from kernels.attention import _decode_attn_kernel
@@ -711,11 +710,9 @@ def sass_counts():
     for bn in (32, 64, 128):
         cst = dict(G=8, GP=16, D=128, BLOCK_N=bn, NIT=8192 // bn, INTERP=False)
         n, ops, cvt, shared = _loop_sass(_decode_attn_kernel, sig, aligned, cst, 4, 1, f"attn_{bn}")
-        stats = dict(loop_instr=n, lane_instr_per_kv_element=round(n * 128 / (2 * bn * 128), 2), shared_bytes=shared,
-                     ttgir_convert_layouts=cvt, top_ops=" ".join(f"{k}:{v}" for k, v in ops.most_common(8)))
-        rows.append(dict(op="sass", shape="D128 G8", provider="_decode_attn_kernel", config=f"BLOCK_N={bn};num_warps=4",
-                         note=";".join(f"{k}={v}" for k, v in stats.items())))
-        log(rows[-1])
+        _sass_row(rows, "D128 G8", "_decode_attn_kernel", f"BLOCK_N={bn};num_warps=4", ops, loop_instr=n,
+                  lane_instr_per_kv_element=round(n * 128 / (2 * bn * 128), 2), shared_bytes=shared,
+                  ttgir_convert_layouts=cvt)
     RUN.update(gpu="sm_90 (offline ptxas)")
     for r in rows:
         _emit(r)

@@ -63,6 +63,19 @@ def saved_bytes(cfg: dict) -> tuple[dict, int]:
     return dict(by), int(m["n_tokens"])
 
 
+def step_config(profile: str, model: str, task: str, arm: str, prompts: int, *, init_ckpt: str | None = None,
+                threads: int | None = None, **rl) -> dict:
+    """(the validated run config of (model, task, arm) in `profile`, seed 0, for one step on the CPU at `prompts`
+    prompts per step with BF16 autocast as on a GPU and `rl` over its rl keys, the profile's prompts per step)."""
+    with open(profile) as f:
+        plan = Plan(yaml.safe_load(f))
+    cfg = plan.run_config(model, task, arm, plan.config["seeds"][0])
+    full = cfg["rl"].get("prompts_per_step")
+    cfg.update(device="cpu", threads=threads or torch.get_num_threads())
+    cfg["rl"].update(init_ckpt=init_ckpt, prompts_per_step=prompts, autocast="bf16", **rl)
+    return C.validate(C.deep_merge(C.DEFAULTS, cfg)), full
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="experiments/profiles/small.yaml")
@@ -73,13 +86,8 @@ def main(argv=None) -> None:
     ap.add_argument("--init-ckpt", default=None)
     ap.add_argument("--top", type=int, default=12)
     a = ap.parse_args(argv)
-    with open(a.profile) as f:
-        plan = Plan(yaml.safe_load(f))
-    cfg = plan.run_config(a.model, a.task, a.arm, plan.config["seeds"][0])
-    full = cfg["rl"].get("prompts_per_step")
-    cfg.update(device="cpu", threads=torch.get_num_threads())
-    cfg["rl"].update(init_ckpt=a.init_ckpt, prompts_per_step=a.prompts, autocast="bf16")
-    by, n_gen = saved_bytes(C.validate(C.deep_merge(C.DEFAULTS, cfg)))
+    cfg, full = step_config(a.profile, a.model, a.task, a.arm, a.prompts, init_ckpt=a.init_ckpt)
+    by, n_gen = saved_bytes(cfg)
     total = sum(by.values())
     print(f"{a.model} {a.task} {a.arm}: {a.prompts} prompts, {n_gen} generated tokens, saved {total / 1e9:.2f} GB"
           + (f" (x{full / a.prompts:g} at the profile's {full} prompts: {total * full / a.prompts / 1e9:.1f} GB)"

@@ -6,23 +6,16 @@ runs then ran out of GPU memory 6 to a GPU."""
 import os
 
 import pytest
-import yaml
 
-from benchmarks.trainer_memory import saved_bytes
+pytest.importorskip("trace.config")
+from benchmarks.trainer_memory import saved_bytes, step_config  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMOKE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                     "experiments", "profiles", "smoke.yaml")
 
 
 def _cfg(arm):
-    C = pytest.importorskip("trace.config")
-    from runplan import Plan  # workflow/scripts, on sys.path through benchmarks.trainer_memory
-
-    with open(os.path.join(ROOT, "experiments", "profiles", "smoke.yaml")) as f:
-        plan = Plan(yaml.safe_load(f))
-    cfg = plan.run_config("qwen3_moe-tiny", "reasoning", arm, 0)
-    cfg.update(device="cpu", threads=1)
-    cfg["rl"].update(init_ckpt=None, prompts_per_step=4, autocast="bf16", rho=1.0)
-    return C.validate(C.deep_merge(C.DEFAULTS, cfg))
+    return step_config(SMOKE, "qwen3_moe-tiny", "reasoning", arm, 4, threads=1, rho=1.0)[0]
 
 
 def test_trace_keeps_little_more_than_independent_qat():
