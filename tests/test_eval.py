@@ -31,6 +31,7 @@ def test_eval_cli_json(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["checkpoint"].endswith("model")
+    assert res["meta"]["start_time"] <= res["meta"]["end_time"]  # the evaluation's job interval (analysis/gputime.py)
     for mode in ("bf16", "fp4"):
         assert set(res[mode]) >= {"accuracy", "reward", "n"} and res[mode]["n"] == 16
         assert 0.0 <= res[mode]["accuracy"] <= 1.0

@@ -79,6 +79,21 @@ def test_resumed_run_says_so_on_stderr(tmp_path, capsys):
     assert "from step 7" in err and "finished, nothing to do" in err
 
 
+def test_done_run_records_its_end_time(tmp_path):
+    """mark_done writes meta.json's end_time (analysis/gputime.py's job end) before the done marker."""
+    d = rundir.prepare_run_dir(tmp_path / "run", C.load_config(None, []), kind="rl")
+    meta = json.loads((d / "meta.json").read_text())
+    assert "end_time" not in meta and {"gpu_device", "host_gpus", "boot_id"} <= set(meta)
+    rundir.mark_done(d, {"steps": 3})
+    after = json.loads((d / "meta.json").read_text())
+    assert after["end_time"] >= after["start_time"] and after == {**meta, "end_time": after["end_time"]}
+    assert json.loads((d / "done").read_text()) == {"steps": 3}
+    # started again (a finished run: nothing to do): that attempt's end is kept apart from the next's
+    rundir.prepare_run_dir(d, C.load_config(None, []), kind="rl")
+    again = json.loads((d / "meta.json").read_text())
+    assert again["attempt_ends"] == [after["end_time"]] and len(again["resumes"]) == 1 and "end_time" not in again
+
+
 def test_bad_inputs_create_no_run_dir(tmp_path):
     cfg = C.load_config(None, ["model=qwen9_moe-tiny"])
     with pytest.raises(C.ConfigError, match="config key 'model': unknown model 'qwen9_moe-tiny'"):

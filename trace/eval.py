@@ -13,7 +13,7 @@ fraction correct; se = the accuracy's standard error clustered by prompt. The ep
 trace/episode.py's (`evaluate_policy`), the same step RL training runs.
 
 Output: {"checkpoint": path, "task": ..., "bf16": {"accuracy", "se", "reward", "n", "n_prompts", "per_prompt"},
-"fp4": {...}}.
+"fp4": {...}, "meta": {... trace/rundir.py's run metadata, "start_time", "end_time" of the evaluation}}.
 `--ckpt` takes a model directory (config.json), a run directory or its ckpt/ (the latest checkpoint).
 Compared against: tests/test_eval.py (a gold-answer oracle scores 1, the stand-alone JSON shape).
 """
@@ -51,8 +51,11 @@ def main(argv=None) -> int:
         rundir.check_inputs(cfg, {"--ckpt": a.ckpt})
     except C.ConfigError as e:
         C.fail(e)
+    started = rundir.utc_now()
     res = evaluate_checkpoint(cfg, a.ckpt)
-    res["meta"] = rundir.collect_meta()
+    # start and end of the evaluation (analysis/gputime.py); files written before end_time existed have
+    # only start_time, taken here, i.e. when the evaluation had ended
+    res["meta"] = {**rundir.collect_meta(), "start_time": started, "end_time": rundir.utc_now()}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")

@@ -3,7 +3,8 @@
 Layout (the contract with the Snakemake pipeline and analysis/):
 
     DIR/config.yaml      resolved config (defaults filled in)
-    DIR/meta.json        git commit, library versions, host, CPU/GPU, python, start time (+ resumes)
+    DIR/meta.json        git commit, library versions, host, CPU/GPU (device, host's GPU count), python,
+                         start time (+ resumes, and the earlier attempts' ends), end time (written with `done`)
     DIR/metrics.jsonl    one JSON object per step; the source of truth (wandb only mirrors it)
     DIR/ckpt/step_XXXXXX model (safetensors) + tokenizer + trainer_state.pt (optimizer, step)
     DIR/ckpt/latest      name of the newest complete checkpoint (written atomically, last)
@@ -88,6 +89,29 @@ def _version(mod: str) -> str | None:
 ENV_KEYS = ("TRACE_ROLLOUT_BACKEND", "TRACE_FP4_CROSSOVER")
 
 
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat()
+
+
+def _host_gpus() -> int | None:
+    """GPUs of the machine, not only those CUDA_VISIBLE_DEVICES shows this process (nvidia-smi ignores it)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    n = sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+    return n if out.returncode == 0 and n else None
+
+
+def _boot_id() -> str | None:
+    """Tells apart machines of one hostname (fresh leased machines are all called alike)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def collect_meta() -> dict:
     import torch
     gpu = None
@@ -114,11 +138,16 @@ def collect_meta() -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "gpu": gpu,
+        # which of the machine's GPUs the job ran on (workflow/scripts/launch.py pins each job to one) and how
+        # many the machine has: analysis/gputime.py adds up GPU time per device from them
+        "gpu_device": os.environ.get("CUDA_VISIBLE_DEVICES") if gpu else None,
+        "host_gpus": _host_gpus() if gpu else None,
+        "boot_id": _boot_id(),
         "argv": sys.argv,
         # settings read from the environment that change what a run computes (the rollout's FP4 backend and
         # its kernels-vs-BF16 crossover, trace/rollout/fast.py)
         "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
-        "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "start_time": utc_now(),
     }
 
 
@@ -180,6 +209,9 @@ def prepare_run_dir(out: str | os.PathLike, cfg: dict, kind: str) -> Path:
     meta["kind"] = kind
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
+        # the attempt before this one keeps its own end (None where it was killed): a finished run started
+        # again must not count the time in between as run time (analysis/gputime.py)
+        old.setdefault("attempt_ends", []).append(old.pop("end_time", None))
         old.setdefault("resumes", []).append(meta["start_time"])
         meta = old
     _atomic_write(meta_path, json.dumps(meta, indent=2))
@@ -355,6 +387,13 @@ def load_trainer_state(ckpt_dir) -> dict:
 
 
 def mark_done(run_dir, info: dict | None = None) -> None:
+    """Write `done`, after meta.json's end_time: the marker is what the pipeline waits for, so a run that has
+    it always has its end time (analysis/gputime.py)."""
+    meta_path = Path(run_dir) / "meta.json"
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        meta["end_time"] = utc_now()
+        _atomic_write(meta_path, json.dumps(meta, indent=2))
     _atomic_write(Path(run_dir) / "done", json.dumps(info or {}) + "\n")
 
 
@@ -366,5 +405,5 @@ def set_threads(cfg: dict) -> None:
 
 __all__ = [
     "MetricsLog", "check_inputs", "checkpoint_step", "ckpt_root", "collect_meta", "commit_checkpoint", "latest_checkpoint", "load_trainer_state",
-    "mark_done", "prepare_run_dir", "read_metrics", "resolve_checkpoint", "save_run_checkpoint", "set_threads",
+    "mark_done", "prepare_run_dir", "read_metrics", "resolve_checkpoint", "save_run_checkpoint", "set_threads", "utc_now",
 ]
