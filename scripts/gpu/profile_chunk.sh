@@ -57,12 +57,14 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   { tar cf - --warning=no-file-changed --exclude='./.whl*' --exclude='./.venv' . || [ $? -eq 1 ]; } | tar xf - -C "$work"
   cd "$work"
   # An SFT base that came back from an earlier lease without its checkpoint (done, no ckpt) is trained again
-  # first, into a side dir; its logged losses must equal the committed ones bit for bit (the SFT is
-  # deterministic on one GPU model), then the checkpoint goes in place and snakemake, whose runs depend on
-  # ancient(sft/done), starts only what is missing.
-  # The rebuilds run side by side, round-robin over the GPUs (one after another they took ~200 s each), while
-  # the models that need none already run; the rebuilt models' snakemake joins them (--nolock: its targets
-  # are its own). GPU slots are flocks (workflow/scripts/launch.py), so both share the GPUs' slots.
+  # first, into a side dir; its logged losses must equal the committed ones bit for bit, then the checkpoint
+  # goes in place and snakemake, whose runs depend on ancient(sft/done), starts only what is missing.
+  # The rebuilds run before any other job, one at a time per GPU (GPUs side by side): a rebuild sharing its
+  # GPU with the GPU tests matched bit for bit, one sharing it with 6 RL runs and another SFT did not (the
+  # GPU's float reductions are then reordered), and a base that differs would start its arms from another
+  # model than the committed runs'. A mismatch prints where the losses part; the rebuild's metrics are packed.
+  # Then the models that need no rebuild and the rebuilt ones run together (--nolock: two snakemakes, each
+  # with its own targets); GPU slots are flocks (workflow/scripts/launch.py), so both share the GPUs' slots.
   # targets go before the options: --config takes every word after it
   sm="$py -m snakemake"; smo="--cores ${CORES:-$(nproc)} --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going --retries 2 ${SNAKEMAKE_EXTRA:-} --configfile $profile --config gpu_slots_per_device=$slots"
   cat > run.sh <<EOS
@@ -75,19 +77,34 @@ rebuild() {
   $py -c "import json, sys
 loss = lambda p: [json.loads(x).get('loss') for x in open(p)]
 a, b = loss(sys.argv[1] + '/metrics.jsonl'), loss(sys.argv[2] + '/metrics.jsonl')
-sys.exit(0 if a == b else 'SFT rebuild of %s: logged losses differ from the committed run; not starting' % sys.argv[1])" "\$1" "rebuild/\$1" \\
+if a == b:
+    sys.exit(0)
+d = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+gap = max((abs(x - y) for x, y in zip(a, b) if x is not None and y is not None), default=None)
+sys.exit('SFT rebuild of %s: logged losses differ from the committed run (%d of %d steps logged, %d rebuilt; '
+         'first at line %s, largest difference %s); not starting its runs' % (sys.argv[1], len(d), len(a), len(b),
+         d[0] if d else len(min(a, b, key=len)), gap))" "\$1" "rebuild/\$1" \\
     || return 1
   mv "rebuild/\$1/ckpt" "\$1/ckpt"
   echo "rebuilt \$1"
 }
-status=0; first=""
+rebuild_on() {  # rebuild_on GPU DIR...: one after another on that GPU
+  local g=\$1 ok=0; shift
+  for d in "\$@"; do rebuild "\$d" "\$g" || ok=1; done
+  return \$ok
+}
+status=0; failed=""; pids=""
+if [ -n "$sfts" ]; then
+  set -- $sfts
+  for g in \$(seq 0 \$(($gpus - 1))); do
+    mine=""; i=0
+    for d in "\$@"; do [ \$((i % $gpus)) -eq "\$g" ] && mine="\$mine \$d"; i=\$((i + 1)); done
+    [ -n "\$mine" ] && { rebuild_on "\$g" \$mine & pids="\$pids \$!"; }
+  done
+  for p in \$pids; do wait \$p || failed=1; done
+fi
+first=""
 if [ -n "$now" ]; then $sm $now $smo & first=\$!; fi
-i=0; pids=""
-for d in $sfts; do
-  rebuild "\$d" \$((i % $gpus)) & pids="\$pids \$!"; i=\$((i + 1))
-done
-failed=""
-for p in \$pids; do wait \$p || failed=1; done
 if [ -n "\$failed" ]; then
   echo "an SFT rebuild failed: not starting$later"; status=1
 elif [ -n "$later" ]; then
@@ -108,7 +125,8 @@ wait)
   if kill -0 "$pid" 2>/dev/null; then echo "still running after ${secs} s"; else echo "finished"; fi
   grep -E "Finished jobid|Error in rule" snakemake.log | sed 's/ jobid: [0-9]*//' | sort | uniq -c || true
   name=$(cat profile_name)
-  tar czf "$out" --exclude=ckpt "results/runs/$name" "logs/$name" snakemake.log 2>/dev/null || true
+  # rebuild/: the metrics and logs of SFT bases trained again (their checkpoints stay)
+  tar czf "$out" --exclude=ckpt "results/runs/$name" "logs/$name" snakemake.log $(ls -d rebuild 2>/dev/null) 2>/dev/null || true
   echo "packed $(tar tzf "$out" | grep -c -E '/(done|eval.json)$') done/eval.json files into $out";;
 *) sed -n 2,12p "$0"; exit 2;;
 esac

@@ -55,3 +55,63 @@ def test_a_task_list_runs_both_tasks(tmp_path):
     assert "qwen3_moe-small/coding/trace/seed2/eval.json" in log
     assert "qwen3_moe-small/long_horizon/trace/seed2/eval.json" in log
     assert "/reasoning/" not in log
+
+
+_FAKE_PY = """#!/bin/bash
+# trace.sft stands in for a rebuild: the committed base's metrics again (line 3's loss changed with
+# FAKE_SFT_DIFF) and a checkpoint; everything else is the real interpreter
+if [ "$1" = -m ] && [ "$2" = trace.sft ]; then
+  cfg=$4; out=$6
+  mkdir -p "$out/ckpt" && cp "$(dirname "$cfg")/metrics.jsonl" "$out/"
+  [ -n "${FAKE_SFT_DIFF:-}" ] && sed -i '3s/"loss": [^,]*/"loss": 9.5/' "$out/metrics.jsonl"
+  echo fake > "$out/ckpt/model"
+  sleep 2; exit 0
+fi
+exec REAL "$@"
+"""
+
+
+def _rebuild_chunk(tmp_path, **env):
+    """A dry chunk of mixtral-small coding (committed SFT base without its checkpoint: rebuilt, by a fake
+    trace.sft) and qwen3_moe-small coding (no base committed: runs at once)."""
+    fake = tmp_path / "fakepy"
+    fake.write_text(_FAKE_PY.replace("REAL", sys.executable))
+    fake.chmod(0o755)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-test)'\n")
+    smi.chmod(0o755)
+    work = tmp_path / "work"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", WORK=str(work), PYTHON=str(fake),
+               SNAKEMAKE_EXTRA="-n", SLOTS="2", **env)
+    start = subprocess.run(["bash", str(SCRIPT), "start", "experiments/profiles/small.yaml",
+                            "mixtral-small,qwen3_moe-small", "coding"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert start.returncode == 0, start.stderr
+    assert "1 SFT checkpoints to rebuild first" in start.stdout, start.stdout
+    out = tmp_path / "chunk.tgz"
+    wait = subprocess.run(["bash", str(SCRIPT), "wait", "240", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert "finished" in wait.stdout, wait.stdout + wait.stderr
+    return (work / "snakemake.log").read_text(), work, out
+
+
+def test_a_rebuilt_base_goes_in_place_before_any_job_starts(tmp_path):
+    log, work, out = _rebuild_chunk(tmp_path)
+    base = "results/runs/small/mixtral-small/coding/sft"
+    assert f"rebuilt {base}" in log, log[-3000:]
+    # no snakemake (the other model's runs included) shares the GPU with the rebuild
+    assert log.index(f"rebuilt {base}") < log.index("Building DAG"), log[:3000]
+    assert (work / base / "ckpt" / "model").read_text() == "fake\n"
+    assert "mixtral-small/coding/trace/seed0/eval.json" in log and "qwen3_moe-small/coding/trace/seed0" in log
+    with tarfile.open(out) as t:
+        assert f"rebuild/{base}/metrics.jsonl" in t.getnames()
+
+
+def test_a_rebuild_that_differs_says_where_and_starts_only_the_others(tmp_path):
+    log, work, _ = _rebuild_chunk(tmp_path, FAKE_SFT_DIFF="1")
+    assert "logged losses differ from the committed run (1 of 20 steps logged, 20 rebuilt; first at line 2" in log, log[-3000:]
+    assert "not starting" in log
+    assert not (work / "results/runs/small/mixtral-small/coding/sft/ckpt").exists()
+    assert "qwen3_moe-small/coding/trace/seed0" in log  # the model without a rebuild still runs
