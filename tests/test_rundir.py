@@ -130,3 +130,15 @@ def test_meta_records_the_rollout_settings_from_the_environment(monkeypatch):
     monkeypatch.setenv("TRACE_FP4_CROSSOVER", "inf,inf")
     monkeypatch.delenv("TRACE_ROLLOUT_BACKEND", raising=False)
     assert rundir.collect_meta()["env"] == {"TRACE_FP4_CROSSOVER": "inf,inf"}
+
+
+def test_note_meta_keeps_a_resumed_run_on_its_first_choice(tmp_path):
+    import json
+
+    from trace.config import ConfigError
+    (tmp_path / "meta.json").write_text(json.dumps({"kind": "sft"}))
+    rundir.note_meta(tmp_path, "sft_attention", "math")
+    rundir.note_meta(tmp_path, "sft_attention", "math")
+    assert json.loads((tmp_path / "meta.json").read_text()) == {"kind": "sft", "sft_attention": "math"}
+    with pytest.raises(ConfigError, match="resume it as it started"):
+        rundir.note_meta(tmp_path, "sft_attention", "auto")

@@ -68,6 +68,8 @@ def test_sft_crash_and_resume_matches_uninterrupted(tmp_path, monkeypatch):
     strip = lambda rs: [{k: v for k, v in r.items() if k != "time_step_s"} for r in rs]  # noqa: E731
     assert [r["step"] for r in b] == list(range(1, 11))
     assert strip(a) == strip(b)
+    import json
+    assert json.loads((tmp_path / "b" / "meta.json").read_text())["sft_attention"] == "auto"  # the CPU's choice
     from safetensors.torch import load_file
     wa = load_file(str(rundir.latest_checkpoint(tmp_path / "a") / "model.safetensors"))
     wb = load_file(str(rundir.latest_checkpoint(tmp_path / "b") / "model.safetensors"))
@@ -94,3 +96,31 @@ def test_sft_gives_nontrivial_base_policy(tmp_path):
     base = evaluate_policy(build_model("qwen3_moe-tiny", seed=0), cfg, build_task(cfg), build_tokenizer(), "bf16")
     assert base["accuracy"] < 0.05 and acc > base["accuracy"] + 0.1
     torch.manual_seed(0)
+
+
+def test_sft_attention_backend(monkeypatch):
+    """The GPU trains on the deterministic math SDPA backend unless told to train as earlier bases did; the CPU
+    keeps PyTorch's choice (every committed CPU base)."""
+    from trace.sft import sft_attention
+    monkeypatch.delenv("TRACE_SFT_ATTENTION", raising=False)
+    assert sft_attention("cpu") == "auto" and sft_attention("cuda") == "math" and sft_attention("cuda:1") == "math"
+    monkeypatch.setenv("TRACE_SFT_ATTENTION", "auto")
+    assert sft_attention("cuda") == "auto" and sft_attention("cpu") == "auto"
+    monkeypatch.setenv("TRACE_SFT_ATTENTION", "flash")
+    with pytest.raises(C.ConfigError, match="math or auto"):
+        sft_attention("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_sft_gpu_step_repeats_bit_for_bit(tmp_path):
+    """Two SFT runs of one config on the GPU log the same losses bit for bit (what a rebuilt base is checked
+    against), and meta.json says the math backend ran."""
+    import json
+    cfg = _cfg(["device=cuda", "model=mixtral-tiny", "sft.steps=12", "sft.log_every=1", "sft.eval_every=0"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in ("a", "b"):
+            run_sft(cfg, tmp_path / name, progress=False)
+    loss = lambda d: [r["loss"] for r in rundir.read_metrics(tmp_path / d / "metrics.jsonl")]  # noqa: E731
+    assert len(loss("a")) == 12 and loss("a") == loss("b")
+    assert json.loads((tmp_path / "a" / "meta.json").read_text())["sft_attention"] == "math"

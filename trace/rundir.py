@@ -386,6 +386,17 @@ def load_trainer_state(ckpt_dir) -> dict:
     return torch.load(Path(ckpt_dir) / "trainer_state.pt", weights_only=False)
 
 
+def note_meta(run_dir, key: str, value) -> None:
+    """Record how a run computes (a choice not in its config) in meta.json; a resumed run must make the same
+    choice, or its halves would differ in what they computed."""
+    meta_path = Path(run_dir) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    if key in meta and meta[key] != value:
+        raise ConfigError(f"{run_dir} was started with {key}={meta[key]!r}, now {value!r}; resume it as it started")
+    meta[key] = value
+    _atomic_write(meta_path, json.dumps(meta, indent=2))
+
+
 def mark_done(run_dir, info: dict | None = None) -> None:
     """Write `done`, after meta.json's end_time: the marker is what the pipeline waits for, so a run that has
     it always has its end time (analysis/gputime.py)."""
@@ -405,5 +416,5 @@ def set_threads(cfg: dict) -> None:
 
 __all__ = [
     "MetricsLog", "check_inputs", "checkpoint_step", "ckpt_root", "collect_meta", "commit_checkpoint", "latest_checkpoint", "load_trainer_state",
-    "mark_done", "prepare_run_dir", "read_metrics", "resolve_checkpoint", "save_run_checkpoint", "set_threads", "utc_now",
+    "mark_done", "note_meta", "prepare_run_dir", "read_metrics", "resolve_checkpoint", "save_run_checkpoint", "set_threads", "utc_now",
 ]

@@ -10,12 +10,20 @@ CPU (the tiny models are small enough; BF16 autocast is used in RL where the FP4
 AdamW, linear warmup then cosine decay to 10 %, gradient clipping. Batches are drawn from a generator
 seeded by (seed, step), so a resumed run sees exactly the batches an uninterrupted run would.
 
+On a GPU the attention runs on PyTorch's math SDPA backend: the default there for an FP32 step, the
+memory-efficient kernel, sums its backward's key splits with atomics, and a base trained beside other jobs
+on one H200 did not reproduce its logged losses bit for bit on a later lease (docs/LOG.md), which the
+pipeline needs to train a base again where a lease kept no checkpoint (scripts/gpu/profile_chunk.sh).
+meta.json's `sft_attention` says which ran; bases without it (trained before) ran "auto", and
+TRACE_SFT_ATTENTION=auto trains one as they were.
+
 Writes a run directory (see trace/rundir.py): checkpoints in ckpt/ are what `rl.init_ckpt` points at
 (the run dir itself is accepted). Prompts are encoded by `trace.episode.encode_prompt`, as in RL and eval.
 Compared against: nothing upstream; tests/test_sft.py checks the base policy is non-trivial.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -81,6 +89,22 @@ def sft_loss(model, ids, lm, att, label_smoothing: float = 0.0):
     return (nll * m).sum() / m.sum().clamp(min=1)
 
 
+def sft_attention(device) -> str:
+    """'math' (deterministic SDPA backend) on a GPU unless TRACE_SFT_ATTENTION says otherwise; on the CPU
+    'auto' (PyTorch's choice, as every CPU base was trained)."""
+    if not str(device).startswith("cuda"):
+        return "auto"
+    choice = os.environ.get("TRACE_SFT_ATTENTION", "math")
+    if choice not in ("math", "auto"):
+        raise C.ConfigError(f"TRACE_SFT_ATTENTION must be math or auto, got {choice!r}")
+    return choice
+
+
+def attention_context(choice: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel(SDPBackend.MATH) if choice == "math" else contextlib.nullcontext()
+
+
 def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
     """Train (or resume) an SFT run into `out`; returns the final checkpoint directory."""
     from tqdm import tqdm
@@ -89,6 +113,8 @@ def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
 
     rundir.set_threads(cfg)
     out = rundir.prepare_run_dir(out, cfg, kind="sft")
+    attention = sft_attention(cfg["device"])
+    rundir.note_meta(out, "sft_attention", attention)
     s = cfg["sft"]
     task = build_task(cfg)
     tok = build_tokenizer()
@@ -121,7 +147,8 @@ def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
         lr = lr_at(step, total, s["warmup"], s["lr"])
         for gr in opt.param_groups:
             gr["lr"] = lr
-        loss = sft_loss(model, ids, lm, att, s["label_smoothing"])
+        with attention_context(attention):  # the backward follows the forward's backend
+            loss = sft_loss(model, ids, lm, att, s["label_smoothing"])
         if not torch.isfinite(loss):
             raise FloatingPointError(f"SFT step {step + 1}: non-finite loss; step not applied")
         opt.zero_grad(set_to_none=True)

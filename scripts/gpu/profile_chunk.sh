@@ -71,8 +71,11 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
 rebuild() {
   local log="rebuild/\$1.log"
   mkdir -p "\$(dirname "\$log")"
-  echo "rebuilding the SFT checkpoint of \$1 on GPU \$2"
-  CUDA_VISIBLE_DEVICES=\$2 $py -m trace.sft --config "\$1/config.yaml" --out "rebuild/\$1" > "\$log" 2>&1 \\
+  # trained as the committed base was: its attention backend (trace/sft.py; "auto" before meta.json said)
+  local att
+  att=\$($py -c "import json, sys; print(json.load(open(sys.argv[1])).get('sft_attention', 'auto'))" "\$1/meta.json")
+  echo "rebuilding the SFT checkpoint of \$1 on GPU \$2 (attention \$att)"
+  TRACE_SFT_ATTENTION=\$att CUDA_VISIBLE_DEVICES=\$2 $py -m trace.sft --config "\$1/config.yaml" --out "rebuild/\$1" > "\$log" 2>&1 \\
     || { tail -20 "\$log"; return 1; }
   $py -c "import json, sys
 loss = lambda p: [json.loads(x).get('loss') for x in open(p)]

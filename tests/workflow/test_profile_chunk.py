@@ -64,7 +64,7 @@ if [ "$1" = -m ] && [ "$2" = trace.sft ]; then
   cfg=$4; out=$6
   mkdir -p "$out/ckpt" && cp "$(dirname "$cfg")/metrics.jsonl" "$out/"
   [ -n "${FAKE_SFT_DIFF:-}" ] && sed -i '3s/"loss": [^,]*/"loss": 9.5/' "$out/metrics.jsonl"
-  echo fake > "$out/ckpt/model"
+  echo fake > "$out/ckpt/model"; echo "${TRACE_SFT_ATTENTION:-unset}" > "$out/attention"
   sleep 2; exit 0
 fi
 exec REAL "$@"
@@ -107,6 +107,8 @@ def test_a_rebuilt_base_goes_in_place_before_any_job_starts(tmp_path):
     assert "mixtral-small/coding/trace/seed0/eval.json" in log and "qwen3_moe-small/coding/trace/seed0" in log
     with tarfile.open(out) as t:
         assert f"rebuild/{base}/metrics.jsonl" in t.getnames()
+        # the committed base predates meta.json's sft_attention: trained again with PyTorch's own choice, as it was
+        assert t.extractfile(f"rebuild/{base}/attention").read() == b"auto\n"
 
 
 def test_a_rebuild_that_differs_says_where_and_starts_only_the_others(tmp_path):
