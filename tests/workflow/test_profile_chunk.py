@@ -100,7 +100,7 @@ def _rebuild_chunk(tmp_path, **env):
 def test_a_rebuilt_base_goes_in_place_before_any_job_starts(tmp_path):
     log, work, out = _rebuild_chunk(tmp_path)
     base = "results/runs/small/mixtral-small/coding/sft"
-    assert f"rebuilt {base}" in log, log[-3000:]
+    assert f"rebuilt {base}" in log and f"SFT rebuild of {base}: identical (20 logged losses)" in log, log[-3000:]
     # no snakemake (the other model's runs included) shares the GPU with the rebuild
     assert log.index(f"rebuilt {base}") < log.index("Building DAG"), log[:3000]
     assert (work / base / "ckpt" / "model").read_text() == "fake\n"
@@ -113,7 +113,16 @@ def test_a_rebuilt_base_goes_in_place_before_any_job_starts(tmp_path):
 
 def test_a_rebuild_that_differs_says_where_and_starts_only_the_others(tmp_path):
     log, work, _ = _rebuild_chunk(tmp_path, FAKE_SFT_DIFF="1")
-    assert "logged losses differ from the committed run (1 of 20 steps logged, 20 rebuilt; first at line 2" in log, log[-3000:]
-    assert "not starting" in log
+    base = "results/runs/small/mixtral-small/coding/sft"
+    assert f"SFT rebuild of {base}: 1 of 20 logged losses differ, first at line 3" in log, log[-3000:]
+    assert "not starting its runs" in log
     assert not (work / "results/runs/small/mixtral-small/coding/sft/ckpt").exists()
     assert "qwen3_moe-small/coding/trace/seed0" in log  # the model without a rebuild still runs
+
+
+def test_a_tolerance_lets_a_close_rebuild_start_its_runs_and_says_so(tmp_path):
+    log, work, out = _rebuild_chunk(tmp_path, FAKE_SFT_DIFF="1", SFT_REBUILD_TOL="10")
+    base = "results/runs/small/mixtral-small/coding/sft"
+    assert f"SFT rebuild of {base}: within 10: 1 of 20 logged losses differ" in log, log[-3000:]
+    assert f"rebuilt {base}" in log and (work / base / "ckpt").exists()
+    assert (work / "rebuild" / "notes").read_text().startswith(f"SFT rebuild of {base}: within 10")
