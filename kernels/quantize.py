@@ -164,7 +164,7 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
                        BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
                        NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
                        FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, HAS_DST: tl.constexpr, SINGLE: tl.constexpr,
-                       CH: tl.constexpr, NCH: tl.constexpr, INTERP: tl.constexpr):
+                       CH: tl.constexpr, NCH: tl.constexpr, INTERP: tl.constexpr, GIVEN: tl.constexpr = False):
     pid = tl.program_id(0)
     rows = pid * BM + tl.arange(0, BM)  # [BM]
     rmask = rows < M
@@ -173,16 +173,18 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
     else:
         drow = rows
     s_enc = tl.full([BM], 1.0, tl.float32)
+    if GIVEN:  # the caller's S_enc per row (a tensor's or an expert's outer scale), read from outer
+        s_enc = tl.load(outer_ptr + drow, mask=rmask, other=1.0)
     if SINGLE:
         xb, kk, mask = _load_chunk(x_ptr, rows, rmask, stride_xm, 0, K, NB, BLOCK)
-        if IS_NV:
+        if IS_NV and not GIVEN:
             amax = tl.max(tl.max(tl.abs(xb), axis=2), axis=1)
             s_enc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(2688.0, tl.maximum(amax, amax_min)))
             tl.store(outer_ptr + drow, s_enc, mask=rmask)
         _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, 0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
                      BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP)
     else:
-        if IS_NV:
+        if IS_NV and not GIVEN:
             amax = tl.zeros([BM], tl.float32)
             for c in range(NCH):
                 k0 = c * CH
@@ -211,7 +213,7 @@ def _config(M: int, K: int, block: int, interpret: bool = INTERPRET):
     # one row per program on a GPU: with several rows per program and 32 elements per thread, Triton 3.6
     # miscompiled the bf16-input kernel on an H200 (every nonzero code saturated; fp32 input, one row, or
     # 16 elements per thread were exact; kernels/NOTES.md)
-    bm = 1 if not interpret else max(1, min(8, 1024 // ch))
+    bm = 1 if not interpret else max(1, min(32, 4096 // ch))
     bm = min(bm, triton.next_power_of_2(max(M, 1)))
     return bm, ch // block, single, nw
 
@@ -219,7 +221,8 @@ def _config(M: int, K: int, block: int, interpret: bool = INTERPRET):
 def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *, seed: int = 0,
                   guidance: bool = False, mx_rule: str = "floor", out: QuantizedRows | None = None,
                   dst_rows: torch.Tensor | None = None, fake_dtype: torch.dtype | None = None,
-                  fake_exact: bool = False, fake_tile: bool = False, check_finite: bool = True) -> QuantizedRows:
+                  fake_exact: bool = False, fake_tile: bool = False, check_finite: bool = True,
+                  s_enc: torch.Tensor | None = None) -> QuantizedRows:
     """Quantize x [..., K] (fp32/bf16/fp16) per row. Returns QuantizedRows (see class docstring).
 
     out/dst_rows: write into caller-owned flat buffers (packed [R, K/2], scales [R, K/b], outer [R],
@@ -230,7 +233,10 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
     cast to fake_dtype, at twice the kernel's time), else multiplies by its reciprocal (within an ulp).
     fake_tile (NVFP4): the fake rows are instead q * s_b * 2^-7, exact in bf16 and fp32, the values the MMA
     tile decodes from the codes (`kernels._common.dequant_tile_words`); times the row's 2^7 / S_enc they are
-    the dequantized values."""
+    the dequantized values.
+    s_enc (NVFP4): the outer scale S_enc of each row given, float32 [M] (rows of x flattened), instead of each
+    row's own 2688 / amax: a per-tensor or per-expert scale spread over the rows (trace/fp4's weights); the
+    returned `outer` holds it."""
     check_tensor(x, "x", (torch.float32, torch.bfloat16, torch.float16), finite=check_finite)
     if fmt not in ("nvfp4", "mxfp4"):
         raise ValueError(f"fmt must be 'nvfp4' or 'mxfp4', got {fmt!r}")
@@ -275,6 +281,12 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
                 raise ValueError(f"dst_rows has {dst_rows.shape[0]} entries, x has {M} rows")
             if scales.numel() // (K // block) != rows_avail or outer.numel() != rows_avail:
                 raise ValueError("out buffers disagree on the number of rows")
+    if s_enc is not None:
+        if fmt != "nvfp4" or out is not None:
+            raise ValueError("s_enc is for NVFP4 without out= buffers")
+        if s_enc.dtype != torch.float32 or s_enc.numel() != M or s_enc.device != dev:
+            raise ValueError(f"s_enc must be float32 with one value per row ({M}) on {dev}")
+        outer = s_enc.reshape(M).contiguous()
     if fake_dtype is not None and dst_rows is not None:
         raise ValueError("fake_dtype is not supported with dst_rows")
     if fake_tile and (fmt != "nvfp4" or fake_dtype not in (torch.bfloat16, torch.float32)):
@@ -291,6 +303,7 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
         fq if fq is not None else x2, M, K, x2.stride(0), int(seed), _AMAX_MIN,
         BM=bm, NB=nb, BLOCK=block, IS_NV=fmt == "nvfp4", NOCLIP=mx_rule == "noclip",
         STOCH=rounding == "stochastic", GUIDE=guidance, FAKE=fq is not None, FAKE_EXACT=fake_exact, FAKE_TILE=fake_tile, HAS_DST=dst_rows is not None, SINGLE=single, CH=nb * block, NCH=triton.cdiv(K, nb * block), INTERP=INTERPRET,
+        GIVEN=s_enc is not None,
         num_warps=nw,
     )
     if out is not None:

@@ -86,7 +86,7 @@ def _version(mod: str) -> str | None:
         return None
 
 
-ENV_KEYS = ("TRACE_ROLLOUT_BACKEND", "TRACE_FP4_CROSSOVER", "TRACE_SFT_REBUILD")
+ENV_KEYS = ("TRACE_ROLLOUT_BACKEND", "TRACE_FP4_CROSSOVER", "TRACE_FP4_KERNELS", "TRACE_SFT_REBUILD")
 
 
 def utc_now() -> str:
@@ -145,7 +145,7 @@ def collect_meta() -> dict:
         "boot_id": _boot_id(),
         "argv": sys.argv,
         # settings read from the environment that change what a run computes (the rollout's FP4 backend and
-        # its kernels-vs-BF16 crossover, trace/rollout/fast.py) and how the SFT base it starts from was trained
+        # its kernels-vs-BF16 crossover, trace/rollout/fast.py; the FP4 library's RTN path, trace/fp4) and how the SFT base it starts from was trained
         # again on a lease (scripts/gpu/profile_chunk.sh)
         "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
         "start_time": utc_now(),

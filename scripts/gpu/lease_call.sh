@@ -51,13 +51,15 @@ elif [ ! -e "$work/tests_done" ]; then
   # the kernels and the recording graphs at the families' shapes (tests/rollout/test_gpu.py) and the plain
   # activation quantize, the KV decode attention and the routing sort at the GPU's sizes (tests/kernels/) and one trace step
   # of the coding and long-horizon tasks on the GPU path (tests/rl/test_steps.py) and an SFT that repeats bit for
-  # bit on the GPU (tests/test_sft.py), beside the chunk's
+  # bit on the GPU (tests/test_sft.py) and the trainer's FP4 fake quant on the Triton kernel against the reference
+  # ops (tests/fp4/test_kernel_path.py, tests/qat/test_patch.py -k kernel_path), beside the chunk's
   # first minutes (SFT); a failure stops the chunk, whose jobs are one process group (setsid). GPU_TESTS
   # narrows them (a -k expression; the default took ~135 s on two H200s before the recording test ran twice,
   # above the engine's crossover and with the kernels forced; most of it the recording graphs).
   if ! timeout 450 python3 -m pytest tests/rollout/test_gpu.py tests/kernels/test_quantize.py tests/kernels/test_attention.py \
-      tests/kernels/test_moe.py tests/rl/test_steps.py tests/test_sft.py -q -p no:cacheprovider \
-      -k "${GPU_TESTS:-self_test or recording or plain_variant or every_gpu_tile or stable_sort or gpu_step}" > "$out/gpu_tests.log" 2>&1; then
+      tests/kernels/test_moe.py tests/rl/test_steps.py tests/test_sft.py tests/fp4/test_kernel_path.py tests/qat/test_patch.py \
+      -q -p no:cacheprovider \
+      -k "${GPU_TESTS:-self_test or recording or plain_variant or every_gpu_tile or stable_sort or gpu_step or kernel_path}" > "$out/gpu_tests.log" 2>&1; then
     tail -40 "$out/gpu_tests.log"
     kill -- -"$(cat "$work/pid")" 2>/dev/null; rm -f "$work/pid"
     echo "GPU tests failed: the chunk is stopped"; exit 1

@@ -174,3 +174,38 @@ def test_fake_quant_sites_do_not_read_values_on_the_host(monkeypatch, name):
     assert calls == []
     T.quantize(torch.ones(2, 16))  # the library's own entry still checks
     assert calls == ["input"]
+
+
+def test_the_kernel_path_trains_bit_for_bit_like_the_reference(monkeypatch, name="mixtral-tiny"):
+    """A w4a4kv4 model under BF16 autocast, plain (qat-independent) and recording then replaying with
+    partial guidance and the alignment term (trace): logits, alignment loss and every gradient equal with
+    the FP4 library on the Triton quantize kernel (TRACE_FP4_KERNELS=on, the default on a GPU) and on the
+    reference ops."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU: the compiled kernel
+    ids, seq, pos = (t.to(dev) for t in _batch())
+    results = {}
+    for mode in ("off", "on"):
+        monkeypatch.setenv("TRACE_FP4_KERNELS", mode)
+        m = build_model(name, seed=0, device=dev)
+        patch_model(m, "w4a4kv4")
+        out = {}
+        with torch.autocast(dev, dtype=torch.bfloat16):
+            lp = _token_lp(m, ids)
+            lp.sum().backward()
+            out["plain"] = (lp.detach(), {k: p.grad.clone() for k, p in m.named_parameters()})
+            m.zero_grad(set_to_none=True)
+            rec = Recorder()
+            with torch.no_grad(), recording(m, rec, seq, pos):
+                _token_lp(m, ids)
+            layers = guided_layer_indices(len(m.model.layers), 0.5)
+            with replay(m, rec.finish(), seq, pos, guide_layers=layers, align=True) as st:
+                lp = _token_lp(m, ids)
+                al = st.alignment_loss()
+            (lp.sum() + al).backward()
+            out["trace"] = (torch.cat([lp.detach().flatten(), al.detach().reshape(1)]),
+                            {k: p.grad.clone() for k, p in m.named_parameters()})
+        results[mode] = out
+    for arm in ("plain", "trace"):
+        (a, ga), (b, gb) = results["off"][arm], results["on"][arm]
+        assert torch.equal(a, b), arm
+        assert ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga), arm

@@ -11,6 +11,7 @@ from trace.fp4.tensor import (  # noqa: F401
     fake_quant,
     fake_quant_weight,
     guided_quantize,
+    kernels_on,
     pack,
     pack_bits,
     quantize,

@@ -14,6 +14,7 @@ fake-quant used by QAT. Compared against torchao 0.18 `nvfp4_quantize` in tests/
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
@@ -147,6 +148,49 @@ def _make_generator(generator, seed, device) -> torch.Generator | None:
 
 
 # ----------------------------------------------------------------------------------------------
+# The Triton kernel (kernels/quantize.py) for RTN on a GPU
+# ----------------------------------------------------------------------------------------------
+def kernels_on(x: torch.Tensor) -> bool:
+    """Whether RTN of `x` runs on the Triton quantize kernel: TRACE_FP4_KERNELS=auto (default: CUDA
+    tensors), on (any device, e.g. the CPU interpreter in the tests) or off (the reference ops). The
+    kernel's codes, scales, outer scales and dequantized values are the reference's bit for bit
+    (tests/fp4/test_kernel_path.py, tests/kernels/test_quantize.py); it is one pass over x where the
+    reference is ~60 tensor ops per call, which were most of the QAT trainer's forward (docs/LOG.md)."""
+    mode = os.environ.get("TRACE_FP4_KERNELS", "auto")
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"TRACE_FP4_KERNELS must be auto, on or off, got {mode!r}")
+    return mode == "on" or (mode == "auto" and x.is_cuda)
+
+
+def _kernel_rtn(x: torch.Tensor, fmt: str, outer: str, mx_rule: str, check_values: bool,
+                fake_dtype: torch.dtype | None = None, codes: bool = True):
+    """RTN of x [..., K] on the kernel -> (FP4Tensor or None without `codes`, dequantized values in
+    fake_dtype or None). Per-tensor and per-expert NVFP4 outer scales are the reference's (its amax and
+    S_enc ops), handed to the kernel row by row."""
+    from kernels.quantize import quantize_rows
+
+    s_rows = s = None
+    if fmt == "nvfp4" and outer != "row":
+        s = ref.nvfp4_outer_scale(ref.outer_amax(x, outer))  # [] or [E, 1, ..., 1]
+        rows = x.numel() // x.shape[-1]
+        s_rows = s.reshape(-1, 1).expand(s.numel(), rows // s.numel()).reshape(rows)
+    q = quantize_rows(x, fmt, mx_rule=mx_rule, fake_dtype=fake_dtype, fake_exact=fake_dtype is not None,
+                      check_finite=check_values, s_enc=s_rows)
+    t = None
+    if codes:
+        if fmt == "nvfp4":
+            s_enc = q.outer if s is None else s  # [..., 1] per row, as the reference's
+        else:
+            s_enc = torch.ones((), device=x.device)
+        t = FP4Tensor(ref.unpack_fp4(q.packed), q.scales, s_enc, fmt, False, x.dtype)
+    return t, q.fake
+
+
+def _kernel_ok(x, rounding, outer, block_2d) -> bool:
+    return rounding == "rtn" and not block_2d and isinstance(outer, str) and x.numel() > 0 and kernels_on(x)
+
+
+# ----------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------
 def quantize(
@@ -174,6 +218,8 @@ def quantize(
     if rounding not in ("rtn", "stochastic"):
         raise ValueError(f"rounding must be 'rtn' or 'stochastic' here (guided: use guided_quantize), got {rounding!r}")
     _check_input(x, fmt, block_2d, outer, values=check_values)
+    if _kernel_ok(x, rounding, outer, block_2d):
+        return _kernel_rtn(x, fmt, outer, mx_rule, check_values=False)[0]  # checked above
     gen = _make_generator(generator, seed, x.device)
     xf = x.float()
     if fmt == "nvfp4":
@@ -278,6 +324,10 @@ def quantize_weight(w: torch.Tensor, fmt: str = "nvfp4", check_values: bool = Tr
 
 def fake_quant_weight(w: torch.Tensor, fmt: str = "nvfp4", check_values: bool = True) -> torch.Tensor:
     """`quantize_weight` dequantized in w's dtype, with a straight-through gradient to w."""
+    outer = "expert" if w.dim() == 3 else "tensor"
+    if _kernel_ok(w, "rtn", outer, False):
+        _check_input(w, fmt, False, outer, values=check_values)
+        return _STE.apply(w, _kernel_rtn(w.detach(), fmt, outer, "floor", False, w.dtype, codes=False)[1])
     return _STE.apply(w, quantize_weight(w, fmt, check_values).dequantize(w.dtype))
 
 
@@ -311,6 +361,9 @@ def fake_quant(
             raise ValueError("rounding='guided' needs guide=Guide(mantissa, scales, outer)")
         q = guided_quantize(x.detach(), guide.mantissa, guide.scales, guide.outer, fmt, block_2d=block_2d,
                             check_values=check_values).tensor
+    elif _kernel_ok(x, rounding, outer, block_2d):
+        _check_input(x, fmt, block_2d, outer, values=check_values)
+        return _STE.apply(x, _kernel_rtn(x.detach(), fmt, outer, mx_rule, False, x.dtype, codes=False)[1])
     else:
         q = quantize(x.detach(), fmt, outer, rounding, block_2d=block_2d, mx_rule=mx_rule, seed=seed,
                      generator=generator, check_values=check_values)

@@ -162,6 +162,8 @@ class Runtime:
 
     def act(self, layer: int, site: str, x: torch.Tensor) -> torch.Tensor:
         """Fake-quantize activation rows x [N, *inner, K] at (layer, site), in x's dtype."""
+        if self.recording is None and self.replaying is None:  # plain RTN: one kernel pass on a GPU
+            return fp4.fake_quant(x, self.fmt, "row", check_values=False)
         # [N, *inner, K] the trainer's own RTN; unchecked: a check per site is a device wait per site, and
         # a non-finite activation reaches the logits and the loss, which the trainers check every step
         own = fp4.quantize(x.detach(), self.fmt, "row", check_values=False)

@@ -1,0 +1,67 @@
+"""trace/fp4 on the Triton quantize kernel (TRACE_FP4_KERNELS=on; the CPU runs it in Triton's interpreter)
+against the reference ops (TRACE_FP4_KERNELS=off): codes, scale bytes, outer scales and the fake-quantized
+values bit for bit, per row, per tensor and per expert, NVFP4 and MXFP4, fp32 and bf16, with zero rows
+and blocks, and the straight-through gradient. On a GPU the default (auto) takes the kernel path, and this file compares
+the compiled kernel with the reference ops on the GPU (lease_call.sh runs it before a chunk's runs use it)."""
+import pytest
+import torch
+
+from trace import fp4
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU: the compiled kernel against the reference there
+
+
+def _inputs(seed: int, shape, dtype):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-6, 7, shape[:-1], generator=g).float())[..., None]
+    x[..., :16] *= 40.0  # blocks far above the row's typical scale
+    x.view(-1, shape[-1])[1] = 0.0  # an all-zero row
+    x[..., 16:32] = 0.0  # a zero block
+    return x.to(DEV, dtype)
+
+
+def _both(monkeypatch, fn):
+    monkeypatch.setenv("TRACE_FP4_KERNELS", "off")
+    a = fn()
+    monkeypatch.setenv("TRACE_FP4_KERNELS", "on")
+    b = fn()
+    return a, b
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("outer,shape", [("row", (6, 5, 96)), ("tensor", (12, 64)), ("expert", (3, 8, 64))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_and_fake_quant_match_the_reference(monkeypatch, fmt, outer, shape, dtype):
+    for seed in range(2):
+        x = _inputs(seed, shape, dtype)
+        ref, ker = _both(monkeypatch, lambda: fp4.quantize(x, fmt, outer))  # noqa: B023
+        assert ker.codes.dtype == torch.uint8 and ker.codes.shape == ref.codes.shape
+        assert torch.equal(ker.codes, ref.codes) and torch.equal(ker.scales, ref.scales)
+        assert ker.outer.shape == ref.outer.shape and torch.equal(ker.outer, ref.outer)
+        assert ker.dtype == ref.dtype and ker.fmt == ref.fmt
+        f_ref, f_ker = _both(monkeypatch, lambda: fp4.fake_quant(x, fmt, outer))  # noqa: B023
+        assert f_ker.dtype == dtype and torch.equal(f_ker, f_ref)
+        assert torch.equal(f_ker, ref.dequantize(dtype))
+
+
+@pytest.mark.parametrize("shape", [(48, 32), (4, 32, 48)])
+def test_weights_match_the_reference_with_a_straight_through_gradient(monkeypatch, shape):
+    w = _inputs(3, shape, torch.bfloat16).requires_grad_(True)
+    ref, ker = _both(monkeypatch, lambda: fp4.fake_quant_weight(w))
+    assert torch.equal(ker, ref)
+    g = torch.randn(shape).to(DEV, torch.bfloat16)
+    ker.backward(g)
+    assert torch.equal(w.grad, g)
+
+
+def test_the_switch(monkeypatch):
+    x = torch.zeros(2, 16)
+    monkeypatch.delenv("TRACE_FP4_KERNELS", raising=False)
+    assert not fp4.kernels_on(x)  # auto: CUDA tensors only
+    if torch.cuda.is_available():
+        assert fp4.kernels_on(x.cuda())
+    monkeypatch.setenv("TRACE_FP4_KERNELS", "on")
+    assert fp4.kernels_on(x)
+    monkeypatch.setenv("TRACE_FP4_KERNELS", "sometimes")
+    with pytest.raises(ValueError, match="auto, on or off"):
+        fp4.kernels_on(x)
