@@ -1,0 +1,102 @@
+"""One RL step per arm, timed in one process on an otherwise idle device: the like-for-like step time and
+TRACE's overhead over qat-independent that the main table's s/step (runs sharing a GPU, different stretches)
+cannot give, and the FP4 library's RTN on the quantize kernel against the reference ops (TRACE_FP4_KERNELS).
+
+    PYTHONPATH=. python benchmarks/bench_trainer_step.py --device cuda --model mixtral-small --task long_horizon \
+        [--init-ckpt DIR] [--steps 6] [--prompts 64] [--kernels auto off]
+
+Each (arm, kernels) builds a trainer from the profile's run config (seed 0; random weights unless --init-ckpt,
+so generations run to their length limit), runs --steps RL steps and keeps the medians of the steps after
+the first (warm-up: CUDA graphs, Triton compiles). Rows are APPENDED to --out
+(default results/trainer/trainer_step.csv): the step's rollout, train (forward, backward, optimizer, weight
+sync) and whole-step seconds, the train time over qat-independent's and over bf16's with the same kernels
+setting, and the trainer's GPU memory peak. Compared against: the bf16 arm (no FP4 in the trainer) and
+qat-independent (the FP4 trainer without guidance).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.results_table import append, git_commit, today  # noqa: E402
+from benchmarks.trainer_memory import step_config  # noqa: E402
+from trace.rl.trainer import RLTrainer  # noqa: E402
+
+FIELDS = ("version", "commit", "gpu", "date", "model", "task", "arm", "fp4_kernels", "prompts", "steps",
+          "step_s", "rollout_s", "train_s", "train_vs_qat_independent", "train_vs_bf16", "peak_gb", "note")
+FP4_TRAINER_ARMS = ("qat-independent", "trace")  # the arms whose trainer quantizes (fp4-naive's is BF16)
+
+
+def time_arm(cfg: dict, steps: int) -> dict:
+    """Medians over steps 2..steps of one trainer's step, rollout and train seconds, and its GPU peak."""
+    with tempfile.TemporaryDirectory() as out:
+        tr = RLTrainer(cfg, out, progress=False)
+        ms = [tr.step(i) for i in range(1, steps + 1)][1:]
+    med = lambda k: statistics.median(m[k] for m in ms)  # noqa: E731
+    peak = max((m["gpu_peak_alloc_gb"] or 0.0) for m in ms) if ms[0]["gpu_peak_alloc_gb"] is not None else None
+    return {"step_s": med("time_step_s") if "time_step_s" in ms[0] else med("time_rollout_s") + med("time_train_s"),
+            "rollout_s": med("time_rollout_s"), "train_s": med("time_train_s"), "peak_gb": peak}
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default="experiments/profiles/small.yaml")
+    ap.add_argument("--model", default="mixtral-small")
+    ap.add_argument("--task", default="long_horizon")
+    ap.add_argument("--arms", nargs="+", default=["bf16", "fp4-naive", "qat-independent", "trace"])
+    ap.add_argument("--kernels", nargs="+", default=["auto", "off"], choices=["auto", "on", "off"],
+                    help="TRACE_FP4_KERNELS settings to time the FP4 trainers with (the others run once, auto)")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the profile's)")
+    ap.add_argument("--init-ckpt", default=None)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--version", default="dev")
+    ap.add_argument("--out", default="results/trainer/trainer_step.csv")
+    a = ap.parse_args(argv)
+    if a.steps < 2:
+        ap.error("--steps must be at least 2 (the first is warm-up)")
+    rows, before = [], os.environ.get("TRACE_FP4_KERNELS")
+    gpu = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu"
+    try:
+        for arm in a.arms:
+            for k in (a.kernels if arm in FP4_TRAINER_ARMS else ["auto"]):
+                cfg, full = step_config(a.profile, a.model, a.task, arm, a.prompts or 1, init_ckpt=a.init_ckpt)
+                if not a.prompts:
+                    cfg, _ = step_config(a.profile, a.model, a.task, arm, full, init_ckpt=a.init_ckpt)
+                cfg["device"] = a.device
+                os.environ["TRACE_FP4_KERNELS"] = k
+                t0 = time.perf_counter()
+                r = time_arm(cfg, a.steps)
+                rows.append({"version": a.version, "commit": git_commit(), "gpu": gpu, "date": today(),
+                             "model": a.model, "task": a.task, "arm": arm, "fp4_kernels": k,
+                             "prompts": cfg["rl"]["prompts_per_step"], "steps": a.steps, **r,
+                             "note": f"{time.perf_counter() - t0:.0f} s with setup"})
+                print({k2: (round(v, 3) if isinstance(v, float) else v) for k2, v in rows[-1].items()}, flush=True)
+    finally:
+        if before is None:
+            os.environ.pop("TRACE_FP4_KERNELS", None)
+        else:
+            os.environ["TRACE_FP4_KERNELS"] = before
+    for r in rows:
+        for base, col in (("qat-independent", "train_vs_qat_independent"), ("bf16", "train_vs_bf16")):
+            ref = [b for b in rows if b["arm"] == base and b["fp4_kernels"] in (r["fp4_kernels"], "auto")]
+            ref = [b for b in ref if b["fp4_kernels"] == r["fp4_kernels"]] or ref
+            r[col] = round(r["train_s"] / ref[0]["train_s"], 3) if ref else None
+    append(a.out, rows, FIELDS)
+    print(f"appended {len(rows)} rows to {a.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""benchmarks/bench_trainer_step.py on the CPU with a tiny model: every (arm, kernels) row is written with
+its medians and the ratios against qat-independent and bf16 of the same kernels setting."""
+import csv
+
+import pytest
+
+from benchmarks.bench_trainer_step import main
+
+
+@pytest.mark.slow
+def test_rows_and_ratios(tmp_path):
+    out = tmp_path / "t.csv"
+    rows = main(["--profile", "experiments/profiles/smoke.yaml", "--model", "mixtral-tiny", "--task", "reasoning",
+                 "--arms", "bf16", "qat-independent", "--kernels", "off", "on", "--steps", "2",
+                 "--prompts", "2", "--device", "cpu", "--out", str(out)])
+    got = [(r["arm"], r["fp4_kernels"]) for r in rows]
+    assert got == [("bf16", "auto"), ("qat-independent", "off"), ("qat-independent", "on")]
+    for r in rows:
+        assert r["train_s"] > 0 and r["rollout_s"] > 0 and r["step_s"] >= r["train_s"]
+        assert r["peak_gb"] is None  # no GPU
+    assert rows[1]["train_vs_qat_independent"] == 1.0 and rows[2]["train_vs_qat_independent"] == 1.0
+    assert rows[2]["train_vs_bf16"] == round(rows[2]["train_s"] / rows[0]["train_s"], 3)  # bf16 ran once (auto)
+    with open(out, newline="") as f:
+        assert [r["fp4_kernels"] for r in csv.DictReader(f)] == ["auto", "off", "on"]
