@@ -11,26 +11,32 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu" / "profile_chunk.sh"
 
 
-def _dry_chunk(tmp_path, task="coding", **env_extra):
-    """`start` then `wait` a dry-run chunk of qwen3_moe-small's coding task (its SFT base is not committed:
-    no checkpoint to rebuild, snakemake starts at once) on one fake GPU x 2 slots.
-    -> (start's stdout, the chunk's snakemake.log, the packed archive)."""
+def _run_chunk(tmp_path, models: str, task: str, python: str = sys.executable, **env_extra):
+    """`start` then `wait` a dry-run chunk (SNAKEMAKE_EXTRA=-n) on one fake GPU x 2 slots, run by `python`.
+    -> (start's stdout, the chunk's work dir, the packed archive)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     smi = bin_dir / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-test)'\n")
     smi.chmod(0o755)
     work = tmp_path / "work"
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", WORK=str(work), PYTHON=sys.executable,
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", WORK=str(work), PYTHON=python,
                SNAKEMAKE_EXTRA="-n", SLOTS="2", **env_extra)
-    start = subprocess.run(["bash", str(SCRIPT), "start", "experiments/profiles/small.yaml", "qwen3_moe-small", task],
+    start = subprocess.run(["bash", str(SCRIPT), "start", "experiments/profiles/small.yaml", models, task],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert start.returncode == 0, start.stderr
     out = tmp_path / "chunk.tgz"
     wait = subprocess.run(["bash", str(SCRIPT), "wait", "240", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert "finished" in wait.stdout, wait.stdout + wait.stderr
-    return start.stdout, (work / "snakemake.log").read_text(), out
+    return start.stdout, work, out
+
+
+def _dry_chunk(tmp_path, task="coding", **env_extra):
+    """A dry chunk of qwen3_moe-small's `task` (its SFT base is not committed: no checkpoint to rebuild,
+    snakemake starts at once). -> (start's stdout, the chunk's snakemake.log, the packed archive)."""
+    started, work, out = _run_chunk(tmp_path, "qwen3_moe-small", task, **env_extra)
+    return started, (work / "snakemake.log").read_text(), out
 
 
 def test_start_builds_a_snakemake_call_that_parses(tmp_path):
@@ -77,23 +83,8 @@ def _rebuild_chunk(tmp_path, **env):
     fake = tmp_path / "fakepy"
     fake.write_text(_FAKE_PY.replace("REAL", sys.executable))
     fake.chmod(0o755)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-test)'\n")
-    smi.chmod(0o755)
-    work = tmp_path / "work"
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", WORK=str(work), PYTHON=str(fake),
-               SNAKEMAKE_EXTRA="-n", SLOTS="2", **env)
-    start = subprocess.run(["bash", str(SCRIPT), "start", "experiments/profiles/small.yaml",
-                            "mixtral-small,qwen3_moe-small", "coding"], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=300)
-    assert start.returncode == 0, start.stderr
-    assert "1 SFT checkpoints to rebuild first" in start.stdout, start.stdout
-    out = tmp_path / "chunk.tgz"
-    wait = subprocess.run(["bash", str(SCRIPT), "wait", "240", str(out)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert "finished" in wait.stdout, wait.stdout + wait.stderr
+    started, work, out = _run_chunk(tmp_path, "mixtral-small,qwen3_moe-small", "coding", python=str(fake), **env)
+    assert "1 SFT checkpoints to rebuild first" in started, started
     return (work / "snakemake.log").read_text(), work, out
 
 
