@@ -321,3 +321,78 @@ def fake_rows(x: torch.Tensor, on_quant=None) -> torch.Tensor:
     if on_quant is not None:
         on_quant(q)
     return q.fake
+
+
+@triton.jit
+def _guided_rows_kernel(x_ptr, m_ptr, s_ptr, o_ptr, codes_ptr, own_ptr, fq_ptr, M, K, stride_xm,
+                        BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
+                        OWN: tl.constexpr, INTERP: tl.constexpr):
+    # program (row block, K chunk): the scales and S_enc are given, so chunks are independent
+    CH: tl.constexpr = NB * BLOCK
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM]
+    rmask = rows < M
+    k0 = tl.program_id(1) * CH
+    xb, kk, mask = _load_chunk(x_ptr, rows, rmask, stride_xm, k0, K, NB, BLOCK)  # [BM, NB, BLOCK] fp32
+    sk = k0 // BLOCK + tl.arange(0, NB)
+    smask = rmask[:, None] & (sk[None, :] < K // BLOCK)
+    sbyte = tl.load(s_ptr + rows[:, None].to(tl.int64) * (K // BLOCK) + sk[None, :], mask=smask, other=0)
+    if IS_NV:
+        s_enc = tl.load(o_ptr + rows, mask=rmask, other=1.0)
+        s_b = e4m3_value(sbyte)[:, :, None]  # [BM, NB, 1]
+        zero = s_b == 0.0
+        v = tl.where(zero, 0.0, tl.math.div_rn(xb * s_enc[:, None, None], tl.where(zero, 1.0, s_b)))
+    else:
+        inv = ((254 - sbyte.to(tl.int32)) << 23).to(tl.float32, bitcast=True)[:, :, None]  # 2^-e, exact
+        v = xb * inv
+        s_b = 1.0 / inv
+    off = rows[:, None, None].to(tl.int64) * K + kk
+    m = tl.load(m_ptr + off, mask=mask, other=0).to(tl.int32)
+    a = tl.abs(v)
+    lo = tl.minimum(e2m1_floor_idx(a), 6)
+    idx = tl.where((lo & 1) == m, lo, lo + 1)  # the grid neighbour with the recorded mantissa bit
+    sign = (v.to(tl.int32, bitcast=True) < 0).to(tl.int32)
+    tl.store(codes_ptr + off, (idx | (sign << 3)).to(tl.uint8), mask=mask)
+    if OWN:  # this forward's own RTN under the recorded scales (what the alignment term compares)
+        tl.store(own_ptr + off, (e2m1_rtn_idx(a) | (sign << 3)).to(tl.uint8), mask=mask)
+    g = tl.where(sign == 1, -e2m1_grid(idx), e2m1_grid(idx)) * s_b
+    if IS_NV:
+        g = tl.math.div_rn(g, tl.broadcast_to(s_enc[:, None, None], g.shape))
+    if INTERP and fq_ptr.dtype.element_ty == tl.bfloat16:  # the interpreter's cast truncates: round (RNE) here
+        b = g.to(tl.int32, bitcast=True)
+        g = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    tl.store(fq_ptr + off, g.to(fq_ptr.dtype.element_ty), mask=mask)
+
+
+def guided_rows(x: torch.Tensor, mantissa: torch.Tensor, scales: torch.Tensor, outer: torch.Tensor,
+                fmt: str = "nvfp4", *, fake_dtype: torch.dtype, own: bool = False):
+    """TRACE's guided rounding of x [..., K] under recorded scale bytes [..., K/block] and (NVFP4) per-row
+    S_enc `outer` (broadcastable to [..., 1]), each element taking the grid neighbour whose mantissa bit is
+    `mantissa` [..., K] (uint8 0/1), in one pass: -> (codes uint8 [..., K], the RTN codes of x under the same
+    scales or None, the dequantized guided values [..., K] in fake_dtype). Bit for bit
+    `kernels.reference.e2m1_guided` / `e2m1_encode` of the reference's scaled values and its dequantization
+    (tests/fp4/test_kernel_path.py)."""
+    check_tensor(x, "x", (torch.float32, torch.bfloat16, torch.float16))
+    if fmt not in ("nvfp4", "mxfp4"):
+        raise ValueError(f"fmt must be 'nvfp4' or 'mxfp4', got {fmt!r}")
+    block = ref.NVFP4_BLOCK if fmt == "nvfp4" else ref.MXFP4_BLOCK
+    K = x.shape[-1]
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    m2 = mantissa.reshape(M, K).to(torch.uint8).contiguous()
+    s2 = scales.reshape(M, K // block).contiguous()
+    o2 = (outer.to(torch.float32).expand(*lead, 1).reshape(M).contiguous() if fmt == "nvfp4" else s2)
+    codes = torch.empty((M, K), dtype=torch.uint8, device=x.device)
+    own_c = torch.empty((M, K), dtype=torch.uint8, device=x.device) if own else codes
+    fq = torch.empty((M, K), dtype=fake_dtype, device=x.device)
+    if M:
+        nb = max(1, min(4096, triton.next_power_of_2(K)) // block)
+        bm = 1 if not INTERPRET else max(1, min(32, 4096 // (nb * block)))
+        grid = (triton.cdiv(M, bm), triton.cdiv(K, nb * block))
+        _guided_rows_kernel[grid](x2, m2, s2, o2, codes, own_c, fq, M, K, x2.stride(0), BM=bm, NB=nb, BLOCK=block,
+                                  IS_NV=fmt == "nvfp4", OWN=own, INTERP=INTERPRET,
+                                  num_warps=max(1, min(8, nb * block // 256)))
+    shape = (*lead, K)
+    return codes.reshape(shape), own_c.reshape(shape) if own else None, fq.reshape(shape)

@@ -65,3 +65,21 @@ def test_the_switch(monkeypatch):
     monkeypatch.setenv("TRACE_FP4_KERNELS", "sometimes")
     with pytest.raises(ValueError, match="auto, on or off"):
         fp4.kernels_on(x)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_guided_dequantize_matches_the_reference(monkeypatch, fmt, dtype):
+    """Replay's guided sites: a record of x, replayed on a perturbed copy (elements within and beyond a grid
+    step, zero blocks and rows), gives the same guided codes, values and own RTN codes on both paths."""
+    x = _inputs(5, (7, 3, 96), torch.float32)
+    rec = fp4.quantize(x, fmt, "row")
+    g = torch.Generator().manual_seed(6)
+    y = (x * (1 + 0.3 * torch.randn(x.shape, generator=g).to(DEV))).to(dtype)
+    args = (y, rec.mantissa(), rec.scales, rec.outer, fmt)
+    (r0, v0, o0), (r1, v1, o1) = _both(monkeypatch, lambda: fp4.guided_dequantize(*args, dtype=dtype, rtn_codes=True))
+    assert torch.equal(r1.tensor.codes, r0.tensor.codes) and torch.equal(v1, v0) and torch.equal(o1, o0)
+    assert v1.dtype == dtype and torch.equal(r0.tensor.codes, fp4.guided_quantize(*args).tensor.codes)
+    assert bool((r0.tensor.codes != o0).any())  # the perturbation moved some elements off their RTN code
+    _, _, none = fp4.guided_dequantize(*args, dtype=dtype)
+    assert none is None

@@ -10,6 +10,7 @@ from trace.fp4.tensor import (  # noqa: F401
     dequantize,
     fake_quant,
     fake_quant_weight,
+    guided_dequantize,
     guided_quantize,
     kernels_on,
     pack,

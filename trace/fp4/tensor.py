@@ -296,6 +296,24 @@ def guided_quantize(
     return GuidedResult(t, unrec)
 
 
+def guided_dequantize(x: torch.Tensor, mantissa: torch.Tensor, scales: torch.Tensor, outer: torch.Tensor,
+                      fmt: str = "nvfp4", *, dtype: torch.dtype, rtn_codes: bool = False):
+    """`guided_quantize` of x [..., K] (1x16 blocks, values unchecked: the replay runtime's hot path) with its
+    values dequantized in `dtype` and, with rtn_codes, the RTN codes of x under the same recorded scales (what
+    the alignment term compares). One kernel pass where `kernels_on(x)`, the reference ops elsewhere, bit for
+    bit alike. -> (GuidedResult without ref codes, dequantized values, RTN codes or None)."""
+    _check_input(x, fmt, False, "tensor", values=False)
+    _check_record(x, mantissa, scales, outer, fmt, False, values=False)
+    if kernels_on(x) and x.numel() > 0:
+        from kernels.quantize import guided_rows
+
+        codes, own, vals = guided_rows(x, mantissa, scales, outer, fmt, fake_dtype=dtype, own=rtn_codes)
+        return GuidedResult(FP4Tensor(codes, scales, outer, fmt, False, x.dtype), None), vals, own
+    res = guided_quantize(x, mantissa, scales, outer, fmt, check_values=False)
+    own = ref.e2m1_encode(scaled_values(x, scales, outer, fmt)) if rtn_codes else None
+    return res, res.tensor.dequantize(dtype), own
+
+
 class _STE(torch.autograd.Function):
     """Forward returns the quantized value exactly; backward passes the gradient unchanged
     (straight-through). Dynamic scaling keeps every element inside the representable range, so

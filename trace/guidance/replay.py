@@ -191,18 +191,21 @@ class Runtime:
                 src, keep = slots
                 g = fp4.Guide(*(_take_slots(t, src) for t in (g.mantissa, g.scales, g.outer)))
                 rec_codes = _take_slots(rec_codes, src) if rec_codes is not None else None
+            own_rtn = rp.align or slots is not None  # own RTN under the recorded scales, for the term / slots
             if rp.full_codes:
                 if rec_codes is None:
                     raise RecordMismatch("full-codes replay needs a record made with Recorder(full_codes=True)")
                 # the rollout's own operands: nothing left to recover
                 res = fp4.GuidedResult(fp4.FP4Tensor(rec_codes, g.scales, g.outer, self.fmt, False, x.dtype), None)
+                vals = res.tensor.dequantize(x.dtype)
+                if own_rtn:
+                    own_enc = ref.e2m1_encode(fp4.scaled_values(xv.detach(), g.scales, g.outer, self.fmt))
             else:
-                # the bits were unpacked from the record; x is checked through the logits (above)
-                res = fp4.guided_quantize(xv.detach(), g.mantissa, g.scales, g.outer, self.fmt, check_values=False)
-            vals = res.tensor.dequantize(x.dtype)
+                # the bits were unpacked from the record; x is checked through the logits (above); one kernel
+                # pass on a GPU for the guided codes, their values and the own RTN codes
+                res, vals, own_enc = fp4.guided_dequantize(xv.detach(), g.mantissa, g.scales, g.outer, self.fmt,
+                                                           dtype=x.dtype, rtn_codes=own_rtn)
             target, target_scales = res.tensor.codes, g.scales
-            if rp.align or slots is not None:  # own RTN under the recorded scales
-                own_enc = ref.e2m1_encode(fp4.scaled_values(xv.detach(), g.scales, g.outer, self.fmt))
             if slots is not None:  # slots whose expert the rollout did not route to keep their own RTN
                 vals = torch.where(keep[..., None], vals, own.dequantize(x.dtype))
                 target = torch.where(keep[..., None], target, own_enc)
