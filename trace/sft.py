@@ -10,10 +10,12 @@ CPU (the tiny models are small enough; BF16 autocast is used in RL where the FP4
 AdamW, linear warmup then cosine decay to 10 %, gradient clipping. Batches are drawn from a generator
 seeded by (seed, step), so a resumed run sees exactly the batches an uninterrupted run would.
 
-On a GPU the attention runs on PyTorch's math SDPA backend: the default there for an FP32 step, the
-memory-efficient kernel, sums its backward's key splits with atomics, and a base trained beside other jobs
-on one H200 did not reproduce its logged losses bit for bit on a later lease (docs/LOG.md), which the
-pipeline needs to train a base again where a lease kept no checkpoint (scripts/gpu/profile_chunk.sh).
+On a GPU the attention runs on PyTorch's math SDPA backend, which has no atomics: the default there for an
+FP32 step, the memory-efficient kernel, may sum its backward's key splits with atomics, and a base trained
+beside other jobs on one H200 did not reproduce its logged losses bit for bit on a later lease (which kernel
+reordered is not established: docs/LOG.md), which the pipeline needs to train a base again where a lease kept
+no checkpoint (scripts/gpu/profile_chunk.sh). Two GPU runs on the math backend log the same losses
+(tests/test_sft.py, passed on an H200).
 meta.json's `sft_attention` says which ran; bases without it (trained before) ran "auto", and
 TRACE_SFT_ATTENTION=auto trains one as they were.
 
