@@ -64,12 +64,12 @@ def test_a_task_list_runs_both_tasks(tmp_path):
 
 
 _FAKE_PY = """#!/bin/bash
-# trace.sft stands in for a rebuild: the committed base's metrics again (line 3's loss changed with
-# FAKE_SFT_DIFF) and a checkpoint; everything else is the real interpreter
+# trace.sft stands in for a rebuild: the committed base's metrics again (line 3's loss changed where the
+# config's path contains FAKE_SFT_DIFF) and a checkpoint; everything else is the real interpreter
 if [ "$1" = -m ] && [ "$2" = trace.sft ]; then
   cfg=$4; out=$6
   mkdir -p "$out/ckpt" && cp "$(dirname "$cfg")/metrics.jsonl" "$out/"
-  [ -n "${FAKE_SFT_DIFF:-}" ] && sed -i '3s/"loss": [^,]*/"loss": 9.5/' "$out/metrics.jsonl"
+  case "$cfg" in *"${FAKE_SFT_DIFF:-no such base}"*) sed -i '3s/"loss": [^,]*/"loss": 9.5/' "$out/metrics.jsonl";; esac
   echo fake > "$out/ckpt/model"; echo "${TRACE_SFT_ATTENTION:-unset}" > "$out/attention"
   sleep 2; exit 0
 fi
@@ -77,14 +77,14 @@ exec REAL "$@"
 """
 
 
-def _rebuild_chunk(tmp_path, **env):
-    """A dry chunk of mixtral-small coding (committed SFT base without its checkpoint: rebuilt, by a fake
-    trace.sft) and qwen3_moe-small coding (no base committed: runs at once)."""
+def _rebuild_chunk(tmp_path, models="mixtral-small,qwen3_moe-small", task="coding", rebuilds=1, **env):
+    """A dry chunk whose committed SFT bases without their checkpoints are rebuilt by a fake trace.sft; by
+    default mixtral-small coding (rebuilt) and qwen3_moe-small coding (no base committed: runs at once)."""
     fake = tmp_path / "fakepy"
     fake.write_text(_FAKE_PY.replace("REAL", sys.executable))
     fake.chmod(0o755)
-    started, work, out = _run_chunk(tmp_path, "mixtral-small,qwen3_moe-small", "coding", python=str(fake), **env)
-    assert "1 SFT checkpoints to rebuild first" in started, started
+    started, work, out = _run_chunk(tmp_path, models, task, python=str(fake), **env)
+    assert f"{rebuilds} SFT checkpoints to rebuild first" in started, started
     return (work / "snakemake.log").read_text(), work, out
 
 
@@ -103,7 +103,7 @@ def test_a_rebuilt_base_goes_in_place_before_any_job_starts(tmp_path):
 
 
 def test_a_rebuild_that_differs_says_where_and_starts_only_the_others(tmp_path):
-    log, work, _ = _rebuild_chunk(tmp_path, FAKE_SFT_DIFF="1")
+    log, work, _ = _rebuild_chunk(tmp_path, FAKE_SFT_DIFF="coding")
     base = "results/runs/small/mixtral-small/coding/sft"
     assert f"SFT rebuild of {base}: 1 of 20 logged losses differ, first at line 3" in log, log[-3000:]
     assert "not starting its runs" in log
@@ -112,8 +112,17 @@ def test_a_rebuild_that_differs_says_where_and_starts_only_the_others(tmp_path):
 
 
 def test_a_tolerance_lets_a_close_rebuild_start_its_runs_and_says_so(tmp_path):
-    log, work, out = _rebuild_chunk(tmp_path, FAKE_SFT_DIFF="1", SFT_REBUILD_TOL="10")
+    log, work, out = _rebuild_chunk(tmp_path, FAKE_SFT_DIFF="coding", SFT_REBUILD_TOL="10")
     base = "results/runs/small/mixtral-small/coding/sft"
     assert f"SFT rebuild of {base}: within 10: 1 of 20 logged losses differ" in log, log[-3000:]
     assert f"rebuilt {base}" in log and (work / base / "ckpt").exists()
     assert (work / "rebuild" / "notes").read_text().startswith(f"SFT rebuild of {base}: within 10")
+
+
+def test_a_failed_rebuild_holds_back_only_the_runs_on_that_base(tmp_path):
+    log, work, _ = _rebuild_chunk(tmp_path, "mixtral-small", "coding,long_horizon", rebuilds=2, FAKE_SFT_DIFF="coding")
+    base = "results/runs/small/mixtral-small"
+    assert f"rebuilt {base}/long_horizon/sft" in log and f"rebuilt {base}/coding/sft" not in log, log[-3000:]
+    assert f"an SFT rebuild failed: not starting {base}/coding/" in log
+    dag = log[log.index("Building DAG"):]
+    assert f"{base}/long_horizon/trace/seed0/eval.json" in dag and f"{base}/coding/trace/seed0" not in dag
