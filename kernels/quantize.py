@@ -79,6 +79,15 @@ def _load_chunk(x_ptr, rows, rmask, stride_xm, k0, K, NB: tl.constexpr, BLOCK: t
 
 
 @triton.jit
+def _store_values(ptr, offs, g, mask, INTERP: tl.constexpr):
+    """Store fp32 values g in ptr's dtype (one RNE cast)."""
+    if INTERP and ptr.dtype.element_ty == tl.bfloat16:  # the interpreter's cast truncates: round (RNE) here
+        b = g.to(tl.int32, bitcast=True)
+        g = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    tl.store(ptr + offs, g.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
                  codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
                  BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
@@ -133,10 +142,7 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
             g = tl.math.div_rn(g, tl.broadcast_to(s_enc[:, None, None], g.shape))
         elif IS_NV:  # times the row's reciprocal, not a per-element division (that doubled the kernel's time)
             g = g * tl.math.div_rn(1.0, s_enc)[:, None, None]
-        if INTERP and fq_ptr.dtype.element_ty == tl.bfloat16:  # the interpreter's cast truncates: round (RNE) here
-            b = g.to(tl.int32, bitcast=True)
-            g = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
-        tl.store(fq_ptr + drow[:, None, None].to(tl.int64) * K + kk, g.to(fq_ptr.dtype.element_ty), mask=mask)
+        _store_values(fq_ptr, drow[:, None, None].to(tl.int64) * K + kk, g, mask, INTERP)
     # scales [BM, NB]
     sk = k0 // BLOCK + tl.arange(0, NB)
     nblk = K // BLOCK
@@ -357,10 +363,7 @@ def _guided_rows_kernel(x_ptr, m_ptr, s_ptr, o_ptr, codes_ptr, own_ptr, fq_ptr, 
     g = tl.where(sign == 1, -e2m1_grid(idx), e2m1_grid(idx)) * s_b
     if IS_NV:
         g = tl.math.div_rn(g, tl.broadcast_to(s_enc[:, None, None], g.shape))
-    if INTERP and fq_ptr.dtype.element_ty == tl.bfloat16:  # the interpreter's cast truncates: round (RNE) here
-        b = g.to(tl.int32, bitcast=True)
-        g = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
-    tl.store(fq_ptr + off, g.to(fq_ptr.dtype.element_ty), mask=mask)
+    _store_values(fq_ptr, off, g, mask, INTERP)
 
 
 def guided_rows(x: torch.Tensor, mantissa: torch.Tensor, scales: torch.Tensor, outer: torch.Tensor,
@@ -388,11 +391,9 @@ def guided_rows(x: torch.Tensor, mantissa: torch.Tensor, scales: torch.Tensor, o
     own_c = torch.empty((M, K), dtype=torch.uint8, device=x.device) if own else codes
     fq = torch.empty((M, K), dtype=fake_dtype, device=x.device)
     if M:
-        nb = max(1, min(4096, triton.next_power_of_2(K)) // block)
-        bm = 1 if not INTERPRET else max(1, min(32, 4096 // (nb * block)))
+        bm, nb, _, nw = _config(M, K, block)  # the quantize kernel's tiles (its chunks: the grid's second axis)
         grid = (triton.cdiv(M, bm), triton.cdiv(K, nb * block))
         _guided_rows_kernel[grid](x2, m2, s2, o2, codes, own_c, fq, M, K, x2.stride(0), BM=bm, NB=nb, BLOCK=block,
-                                  IS_NV=fmt == "nvfp4", OWN=own, INTERP=INTERPRET,
-                                  num_warps=max(1, min(8, nb * block // 256)))
+                                  IS_NV=fmt == "nvfp4", OWN=own, INTERP=INTERPRET, num_warps=nw)
     shape = (*lead, K)
     return codes.reshape(shape), own_c.reshape(shape) if own else None, fq.reshape(shape)

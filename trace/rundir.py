@@ -145,8 +145,8 @@ def collect_meta() -> dict:
         "boot_id": _boot_id(),
         "argv": sys.argv,
         # settings read from the environment that change what a run computes (the rollout's FP4 backend and
-        # its kernels-vs-BF16 crossover, trace/rollout/fast.py; the FP4 library's RTN path, trace/fp4) and how the SFT base it starts from was trained
-        # again on a lease (scripts/gpu/profile_chunk.sh)
+        # its kernels-vs-BF16 crossover, trace/rollout/fast.py; the FP4 library's RTN path, trace/fp4) and how
+        # the SFT base it starts from was trained again on a lease (scripts/gpu/profile_chunk.sh)
         "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
         "start_time": utc_now(),
     }

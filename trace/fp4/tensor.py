@@ -342,11 +342,7 @@ def quantize_weight(w: torch.Tensor, fmt: str = "nvfp4", check_values: bool = Tr
 
 def fake_quant_weight(w: torch.Tensor, fmt: str = "nvfp4", check_values: bool = True) -> torch.Tensor:
     """`quantize_weight` dequantized in w's dtype, with a straight-through gradient to w."""
-    outer = "expert" if w.dim() == 3 else "tensor"
-    if _kernel_ok(w, "rtn", outer, False):
-        _check_input(w, fmt, False, outer, values=check_values)
-        return _STE.apply(w, _kernel_rtn(w.detach(), fmt, outer, "floor", False, w.dtype, codes=False)[1])
-    return _STE.apply(w, quantize_weight(w, fmt, check_values).dequantize(w.dtype))
+    return fake_quant(w, fmt, "expert" if w.dim() == 3 else "tensor", check_values=check_values)
 
 
 @dataclass(frozen=True)
