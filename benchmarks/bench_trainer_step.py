@@ -8,9 +8,9 @@ cannot give, and the FP4 library's RTN on the quantize kernel against the refere
 Each (arm, kernels) builds a trainer from the profile's run config (seed 0; random weights unless --init-ckpt,
 so generations run to their length limit), runs --steps RL steps and keeps the medians of the steps after
 the first (warm-up: CUDA graphs, Triton compiles). Rows are APPENDED to --out
-(default results/trainer/trainer_step.csv): the step's rollout, train (forward, backward, optimizer, weight
-sync) and step seconds (step_s: the two medians' sum), the train time over qat-independent's and over bf16's with the same kernels
-setting, and the trainer's GPU memory peak. Compared against: the bf16 arm (no FP4 in the trainer) and
+(default results/trainer/trainer_step.csv): the step's rollout and train (forward, backward, optimizer,
+weight sync) seconds and their sum (step_s), the train time over qat-independent's and over bf16's with the
+same kernels setting, and the trainer's GPU memory peak. Compared against: the bf16 arm (no FP4 in the trainer) and
 qat-independent (the FP4 trainer without guidance).
 """
 from __future__ import annotations
