@@ -10,7 +10,8 @@ so generations run to their length limit), runs --steps RL steps and keeps the m
 the first (warm-up: CUDA graphs, Triton compiles). Rows are APPENDED to --out
 (default results/trainer/trainer_step.csv): the step's rollout and train (forward, backward, optimizer,
 weight sync) seconds and their sum (step_s), the train time over qat-independent's and over bf16's with the
-same kernels setting, and the trainer's GPU memory peak. Compared against: the bf16 arm (no FP4 in the trainer) and
+same kernels setting, the trainer's GPU memory peak, and the rollout/trainer mismatch k3 of the first step and
+over all steps (the kernel path is bit for bit the reference's, so its k3 must be the reference ops' k3). Compared against: the bf16 arm (no FP4 in the trainer) and
 qat-independent (the FP4 trainer without guidance).
 """
 from __future__ import annotations
@@ -34,19 +35,24 @@ from benchmarks.trainer_memory import step_config  # noqa: E402
 from trace.rl.trainer import RLTrainer  # noqa: E402
 
 FIELDS = ("version", "commit", "gpu", "date", "model", "task", "arm", "fp4_kernels", "prompts", "steps",
-          "step_s", "rollout_s", "train_s", "train_vs_qat_independent", "train_vs_bf16", "peak_gb", "note")
-FP4_TRAINER_ARMS = ("qat-independent", "trace")  # the arms whose trainer quantizes (fp4-naive's is BF16)
+          "step_s", "rollout_s", "train_s", "train_vs_qat_independent", "train_vs_bf16", "peak_gb", "k3_first", "k3", "note")
+FP4_ARMS = ("fp4-naive", "qat-independent", "trace")  # the engine quantizes its weights (and these trainers but fp4-naive's)
 
 
 def time_arm(cfg: dict, steps: int) -> dict:
-    """Medians over steps 2..steps of one trainer's step, rollout and train seconds, and its GPU peak."""
+    """Medians over steps 2..steps of one trainer's step, rollout and train seconds, its GPU peak, and the
+    rollout/trainer mismatch k3 of its first step (before any update: the same weights on both sides) and its
+    median over all steps."""
     with tempfile.TemporaryDirectory() as out:
         tr = RLTrainer(cfg, out, progress=False)
-        ms = [tr.step(i) for i in range(1, steps + 1)][1:]
+        ms = [tr.step(i) for i in range(1, steps + 1)]
+    k3 = [m["k3"] for m in ms]
+    ms = ms[1:]
     med = lambda k: statistics.median(m[k] for m in ms)  # noqa: E731
     peak = max((m["gpu_peak_alloc_gb"] or 0.0) for m in ms) if ms[0]["gpu_peak_alloc_gb"] is not None else None
     return {"step_s": med("time_rollout_s") + med("time_train_s"), "rollout_s": med("time_rollout_s"),
-            "train_s": med("time_train_s"), "peak_gb": peak}
+            "train_s": med("time_train_s"), "peak_gb": peak,
+            "k3_first": k3[0], "k3": statistics.median(k3)}
 
 
 def main(argv=None) -> list[dict]:
@@ -56,7 +62,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--task", default="long_horizon")
     ap.add_argument("--arms", nargs="+", default=["bf16", "fp4-naive", "qat-independent", "trace"])
     ap.add_argument("--kernels", nargs="+", default=["auto", "off"], choices=["auto", "on", "off"],
-                    help="TRACE_FP4_KERNELS settings to time the FP4 trainers with (the others run once, auto)")
+                    help="TRACE_FP4_KERNELS settings to run the FP4 arms with (bf16 runs once, auto)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the profile's)")
     ap.add_argument("--init-ckpt", default=None)
@@ -70,7 +76,7 @@ def main(argv=None) -> list[dict]:
     gpu = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu"
     try:
         for arm in a.arms:
-            for k in (a.kernels if arm in FP4_TRAINER_ARMS else ["auto"]):
+            for k in (a.kernels if arm in FP4_ARMS else ["auto"]):
                 cfg, full = step_config(a.profile, a.model, a.task, arm, a.prompts or 1, init_ckpt=a.init_ckpt)
                 if not a.prompts:
                     cfg, _ = step_config(a.profile, a.model, a.task, arm, full, init_ckpt=a.init_ckpt)

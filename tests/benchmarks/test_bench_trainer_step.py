@@ -1,5 +1,6 @@
 """benchmarks/bench_trainer_step.py on the CPU with a tiny model: every (arm, kernels) row is written with
-its medians and the ratios against qat-independent and bf16 of the same kernels setting."""
+its medians, the ratios against qat-independent and bf16 of the same kernels setting, and a k3 that the
+kernel path leaves unchanged."""
 import csv
 
 import pytest
@@ -19,6 +20,8 @@ def test_rows_and_ratios(tmp_path):
         assert r["train_s"] > 0 and r["rollout_s"] > 0 and r["step_s"] >= r["train_s"]
         assert r["peak_gb"] is None  # no GPU
     assert rows[1]["train_vs_qat_independent"] == 1.0 and rows[2]["train_vs_qat_independent"] == 1.0
+    # the kernel path is the reference bit for bit: the same rollout and trainer, the same mismatch
+    assert rows[1]["k3_first"] is not None and rows[1]["k3_first"] == rows[2]["k3_first"] and rows[1]["k3"] == rows[2]["k3"]
     assert rows[2]["train_vs_bf16"] == round(rows[2]["train_s"] / rows[0]["train_s"], 3)  # bf16 ran once (auto)
     with open(out, newline="") as f:
         assert [r["fp4_kernels"] for r in csv.DictReader(f)] == ["auto", "off", "on"]

@@ -1,8 +1,8 @@
 """trace/fp4 on the Triton quantize kernel (TRACE_FP4_KERNELS=on; the CPU runs it in Triton's interpreter)
 against the reference ops (TRACE_FP4_KERNELS=off): codes, scale bytes, outer scales and the fake-quantized
 values bit for bit, per row, per tensor and per expert, NVFP4 and MXFP4, fp32 and bf16, with zero rows
-and blocks, and the straight-through gradient. On a GPU the default (auto) takes the kernel path, and this file compares
-the compiled kernel with the reference ops on the GPU (lease_call.sh runs it before a chunk's runs use it)."""
+and blocks, and the straight-through gradient. On a GPU this file compares the compiled kernel with the reference ops
+(lease_call.sh runs it before a chunk's runs), at the tests' shapes and at the small flavors' weight shapes."""
 import pytest
 import torch
 
@@ -57,6 +57,10 @@ def test_weights_match_the_reference_with_a_straight_through_gradient(monkeypatc
 def test_the_switch(monkeypatch):
     x = torch.zeros(2, 16)
     monkeypatch.delenv("TRACE_FP4_KERNELS", raising=False)
+    assert not fp4.kernels_on(x)  # default: the reference ops, on every device
+    if torch.cuda.is_available():
+        assert not fp4.kernels_on(x.cuda())
+    monkeypatch.setenv("TRACE_FP4_KERNELS", "auto")
     assert not fp4.kernels_on(x)  # auto: CUDA tensors only
     if torch.cuda.is_available():
         assert fp4.kernels_on(x.cuda())
@@ -83,3 +87,28 @@ def test_guided_dequantize_matches_the_reference(monkeypatch, fmt, dtype):
     assert bool((r0.tensor.codes != o0).any())  # the perturbation moved some elements off their RTN code
     _, _, none = fp4.guided_dequantize(*args, dtype=dtype)
     assert none is None
+
+
+@pytest.mark.parametrize("name", ["mixtral-small", "qwen3_moe-small"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weights_at_the_small_flavors_shapes(monkeypatch, name, dtype):
+    """Every quantized weight shape of a small flavor (K up to the experts' intermediate size, not a power of
+    two, per-expert outer scales over thousands of rows): the engine's codes (`quantize_weight`) and the
+    trainer's values (`fake_quant_weight`) on the kernel equal the reference's. On a GPU the whole tensors
+    (the runs' launches); on the CPU's interpreter the first 2 experts' or 64 rows' slice of each."""
+    from trace.models import build_model
+
+    model = build_model(name, seed=0)
+    seen = set()
+    for pname, p in model.named_parameters():
+        if p.dim() < 2 or tuple(p.shape) in seen or any(s in pname for s in ("embed", "lm_head", "norm", "mlp.gate.")):
+            continue
+        seen.add(tuple(p.shape))
+        w = p.detach() if DEV == "cuda" else (p.detach()[:2, :64] if p.dim() == 3 else p.detach()[:64])
+        w = (w * torch.exp2(torch.linspace(-3, 3, w.shape[-1]))).to(DEV, dtype)  # blocks of unequal scale
+        ref, ker = _both(monkeypatch, lambda: fp4.quantize_weight(w))  # noqa: B023
+        assert torch.equal(ker.codes, ref.codes) and torch.equal(ker.scales, ref.scales), pname
+        assert torch.equal(ker.outer, ref.outer), pname
+        f_ref, f_ker = _both(monkeypatch, lambda: fp4.fake_quant_weight(w))  # noqa: B023
+        assert torch.equal(f_ker, f_ref) and torch.equal(f_ker, ref.dequantize(dtype)), pname
+    assert len(seen) >= 4

@@ -179,7 +179,7 @@ def test_fake_quant_sites_do_not_read_values_on_the_host(monkeypatch, name):
 def test_the_kernel_path_trains_bit_for_bit_like_the_reference(monkeypatch, name="mixtral-tiny"):
     """A w4a4kv4 model under BF16 autocast, plain (qat-independent) and recording then replaying with
     partial guidance and the alignment term (trace): logits, alignment loss and every gradient equal with
-    the FP4 library on the Triton quantize kernel (TRACE_FP4_KERNELS=on, the default on a GPU) and on the
+    the FP4 library on the Triton quantize kernel (TRACE_FP4_KERNELS=on) and on the
     reference ops."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU: the compiled kernel
     ids, seq, pos = (t.to(dev) for t in _batch())

@@ -77,9 +77,10 @@ exec REAL "$@"
 """
 
 
-def _rebuild_chunk(tmp_path, models="mixtral-small,qwen3_moe-small", task="coding", rebuilds=1, **env):
+def _rebuild_chunk(tmp_path, models="mixtral-small,qwen3_moe-small", task="long_horizon", rebuilds=1, **env):
     """A dry chunk whose committed SFT bases without their checkpoints are rebuilt by a fake trace.sft; by
-    default mixtral-small coding (rebuilt) and qwen3_moe-small coding (no base committed: runs at once)."""
+    default mixtral-small long-horizon (rebuilt) and qwen3_moe-small long-horizon (no base committed: runs at
+    once)."""
     fake = tmp_path / "fakepy"
     fake.write_text(_FAKE_PY.replace("REAL", sys.executable))
     fake.chmod(0o755)
@@ -90,39 +91,47 @@ def _rebuild_chunk(tmp_path, models="mixtral-small,qwen3_moe-small", task="codin
 
 def test_a_rebuilt_base_goes_in_place_before_any_job_starts(tmp_path):
     log, work, out = _rebuild_chunk(tmp_path)
-    base = "results/runs/small/mixtral-small/coding/sft"
+    base = "results/runs/small/mixtral-small/long_horizon/sft"
     assert f"rebuilt {base}" in log and f"SFT rebuild of {base}: identical (20 logged losses)" in log, log[-3000:]
     # no snakemake (the other model's runs included) shares the GPU with the rebuild
     assert log.index(f"rebuilt {base}") < log.index("Building DAG"), log[:3000]
     assert (work / base / "ckpt" / "model").read_text() == "fake\n"
-    assert "mixtral-small/coding/trace/seed0/eval.json" in log and "qwen3_moe-small/coding/trace/seed0" in log
+    assert "mixtral-small/long_horizon/trace/seed0/eval.json" in log and "qwen3_moe-small/long_horizon/trace/seed0" in log
     with tarfile.open(out) as t:
         assert f"rebuild/{base}/metrics.jsonl" in t.getnames()
-        # the committed base predates meta.json's sft_attention: trained again with PyTorch's own choice, as it was
+        assert t.extractfile(f"rebuild/{base}/attention").read() == b"math\n"  # as meta.json's sft_attention says
+
+
+def test_a_base_from_before_sft_attention_is_rebuilt_with_pytorchs_choice(tmp_path):
+    log, _, out = _rebuild_chunk(tmp_path, "olmoe-small", "reasoning")
+    base = "results/runs/small/olmoe-small/reasoning/sft"
+    assert f"SFT rebuild of {base}: identical (20 logged losses)" in log, log[-3000:]
+    with tarfile.open(out) as t:  # its meta.json predates sft_attention: trained with PyTorch's own choice
         assert t.extractfile(f"rebuild/{base}/attention").read() == b"auto\n"
 
 
 def test_a_rebuild_that_differs_says_where_and_starts_only_the_others(tmp_path):
-    log, work, _ = _rebuild_chunk(tmp_path, FAKE_SFT_DIFF="coding")
-    base = "results/runs/small/mixtral-small/coding/sft"
+    log, work, _ = _rebuild_chunk(tmp_path, FAKE_SFT_DIFF="long_horizon")
+    base = "results/runs/small/mixtral-small/long_horizon/sft"
     assert f"SFT rebuild of {base}: 1 of 20 logged losses differ, first at line 3" in log, log[-3000:]
     assert "not starting its runs" in log
-    assert not (work / "results/runs/small/mixtral-small/coding/sft/ckpt").exists()
-    assert "qwen3_moe-small/coding/trace/seed0" in log  # the model without a rebuild still runs
+    assert not (work / f"{base}/ckpt").exists()
+    assert "qwen3_moe-small/long_horizon/trace/seed0" in log  # the model without a rebuild still runs
 
 
 def test_a_tolerance_lets_a_close_rebuild_start_its_runs_and_says_so(tmp_path):
-    log, work, out = _rebuild_chunk(tmp_path, FAKE_SFT_DIFF="coding", SFT_REBUILD_TOL="10")
-    base = "results/runs/small/mixtral-small/coding/sft"
-    assert f"SFT rebuild of {base}: within 10: 1 of 20 logged losses differ" in log, log[-3000:]
+    log, work, out = _rebuild_chunk(tmp_path, FAKE_SFT_DIFF="long_horizon", SFT_REBUILD_TOL="20")
+    base = "results/runs/small/mixtral-small/long_horizon/sft"
+    assert f"SFT rebuild of {base}: within 20: 1 of 20 logged losses differ" in log, log[-3000:]
     assert f"rebuilt {base}" in log and (work / base / "ckpt").exists()
-    assert (work / "rebuild" / "notes").read_text().startswith(f"SFT rebuild of {base}: within 10")
+    assert (work / "rebuild" / "notes").read_text().startswith(f"SFT rebuild of {base}: within 20")
 
 
 def test_a_failed_rebuild_holds_back_only_the_runs_on_that_base(tmp_path):
-    log, work, _ = _rebuild_chunk(tmp_path, "mixtral-small", "coding,long_horizon", rebuilds=2, FAKE_SFT_DIFF="coding")
+    log, work, _ = _rebuild_chunk(tmp_path, "mixtral-small", "reasoning,long_horizon", rebuilds=2,
+                                  FAKE_SFT_DIFF="long_horizon", ARMS="trace")
     base = "results/runs/small/mixtral-small"
-    assert f"rebuilt {base}/long_horizon/sft" in log and f"rebuilt {base}/coding/sft" not in log, log[-3000:]
-    assert f"an SFT rebuild failed: not starting {base}/coding/" in log
-    dag = log[log.index("Building DAG"):]
-    assert f"{base}/long_horizon/trace/seed0/eval.json" in dag and f"{base}/coding/trace/seed0" not in dag
+    assert f"rebuilt {base}/reasoning/sft" in log and f"rebuilt {base}/long_horizon/sft" not in log, log[-3000:]
+    assert f"an SFT rebuild failed: not starting {base}/long_horizon/" in log
+    assert (work / f"{base}/reasoning/sft/ckpt").exists()  # (its runs are all committed: nothing else to do)
+    assert f"{base}/long_horizon/trace/seed0" not in log[log.index("Building DAG"):]
