@@ -94,7 +94,8 @@ def test_guided_dequantize_matches_the_reference(monkeypatch, fmt, dtype):
 def test_weights_at_the_small_flavors_shapes(monkeypatch, name, dtype):
     """Every quantized weight shape of a small flavor (K up to the experts' intermediate size, not a power of
     two, per-expert outer scales over thousands of rows): the engine's codes (`quantize_weight`) and the
-    trainer's values (`fake_quant_weight`) on the kernel equal the reference's. On a GPU the whole tensors
+    trainer's values (`fake_quant_weight`) on the kernel equal the reference's, and so do the per-row fake
+    quantized activations of each weight's input width. On a GPU the whole tensors
     (the runs' launches); on the CPU's interpreter the first 2 experts' or 64 rows' slice of each."""
     from trace.models import build_model
 
@@ -111,4 +112,11 @@ def test_weights_at_the_small_flavors_shapes(monkeypatch, name, dtype):
         assert torch.equal(ker.outer, ref.outer), pname
         f_ref, f_ker = _both(monkeypatch, lambda: fp4.fake_quant_weight(w))  # noqa: B023
         assert torch.equal(f_ker, f_ref) and torch.equal(f_ker, ref.dequantize(dtype)), pname
+        # the activations that meet this weight (K = its input width, e.g. the experts' 1792), per row as the
+        # trainer's plain sites quantize them
+        g = torch.Generator().manual_seed(len(seen))
+        x = (torch.randn(4096 if DEV == "cuda" else 48, w.shape[-1], generator=g) * 3).to(DEV, dtype)
+        x[:, :16] *= 50.0
+        f_ref, f_ker = _both(monkeypatch, lambda: fp4.fake_quant(x, "nvfp4", "row"))  # noqa: B023
+        assert torch.equal(f_ker, f_ref), (pname, "activations")
     assert len(seen) >= 4
