@@ -209,3 +209,52 @@ def test_the_kernel_path_trains_bit_for_bit_like_the_reference(monkeypatch, name
         (a, ga), (b, gb) = results["off"][arm], results["on"][arm]
         assert torch.equal(a, b), arm
         assert ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga), arm
+
+
+def _layer_outputs(name: str, dev: str) -> dict[str, list[torch.Tensor]]:
+    """Each decoder layer's output of a w4a4kv4 `name` under BF16 autocast: plain, and replaying a record
+    with partial guidance."""
+    ids, seq, pos = (t.to(dev) for t in _batch())
+    m = build_model(name, seed=0, device=dev)
+    patch_model(m, "w4a4kv4")
+    got: dict[str, list] = {"plain": [], "trace": []}
+    arm: list = ["plain"]
+
+    def keep(_mod, _inp, out):
+        if arm[0] is not None:
+            got[arm[0]].append((out[0] if isinstance(out, tuple) else out).detach())
+
+    hooks = [layer.register_forward_hook(keep) for layer in m.model.layers]
+    with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
+        _token_lp(m, ids)
+        rec = Recorder()
+        arm[0] = None  # the recording forward is the plain one again
+        with recording(m, rec, seq, pos):
+            _token_lp(m, ids)
+        arm[0] = "trace"
+        with replay(m, rec.finish(), seq, pos, guide_layers=guided_layer_indices(len(m.model.layers), 0.5)):
+            _token_lp(m, ids)
+    for h in hooks:
+        h.remove()
+    return got
+
+
+@pytest.mark.parametrize("name", [
+    "mixtral-tiny",  # the CPU runs the kernel in the interpreter; a small flavor there takes minutes
+    pytest.param("mixtral-small", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+    pytest.param("qwen3_moe-small", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+])
+def test_the_kernel_path_forward_layer_by_layer(monkeypatch, name):
+    """The forward at the runs' widths (small flavors: the experts' 1792, thousands of rows per expert), plain
+    and replaying: every decoder layer's output equal on the kernel path and on the reference ops; a failure
+    names the first layer that differs."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    outs = {}
+    for mode in ("off", "on"):
+        monkeypatch.setenv("TRACE_FP4_KERNELS", mode)
+        outs[mode] = _layer_outputs(name, dev)
+    for arm in ("plain", "trace"):
+        a, b = outs["off"][arm], outs["on"][arm]
+        assert len(a) == len(b) > 0
+        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if not torch.equal(x, y)), None)
+        assert first is None, f"{arm}: layer {first} is the first whose output differs"
