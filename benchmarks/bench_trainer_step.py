@@ -11,8 +11,9 @@ the first (warm-up: CUDA graphs, Triton compiles). Rows are APPENDED to --out
 (default results/trainer/trainer_step.csv): the step's rollout and train (forward, backward, optimizer,
 weight sync) seconds and their sum (step_s), the train time over qat-independent's and over bf16's with the
 same kernels setting, the trainer's GPU memory peak, and the rollout/trainer mismatch k3 of the first step and
-over all steps (the kernel path is bit for bit the reference's, so its k3 must be the reference ops' k3). Compared against: the bf16 arm (no FP4 in the trainer) and
-qat-independent (the FP4 trainer without guidance).
+its median over all steps (the kernel path is bit for bit the reference's, so its k3 must be the reference
+ops' k3). Compared against: the bf16 arm (no FP4 in the trainer) and qat-independent (the FP4 trainer without
+guidance).
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ from benchmarks.trainer_memory import step_config  # noqa: E402
 from trace.rl.trainer import RLTrainer  # noqa: E402
 
 FIELDS = ("version", "commit", "gpu", "date", "model", "task", "arm", "fp4_kernels", "prompts", "steps",
-          "step_s", "rollout_s", "train_s", "train_vs_qat_independent", "train_vs_bf16", "peak_gb", "k3_first", "k3", "note")
+          "step_s", "rollout_s", "train_s", "train_vs_qat_independent", "train_vs_bf16", "peak_gb", "k3_first", "k3",
+          "note")
 FP4_ARMS = ("fp4-naive", "qat-independent", "trace")  # the engine quantizes its weights (and these trainers but fp4-naive's)
 
 
