@@ -69,7 +69,7 @@ def test_sft_crash_and_resume_matches_uninterrupted(tmp_path, monkeypatch):
     assert [r["step"] for r in b] == list(range(1, 11))
     assert strip(a) == strip(b)
     import json
-    assert json.loads((tmp_path / "b" / "meta.json").read_text())["sft_attention"] == "auto"  # the CPU's choice
+    assert json.loads((tmp_path / "b" / "meta.json").read_text())["sft_determinism"] == "none"  # the CPU's
     from safetensors.torch import load_file
     wa = load_file(str(rundir.latest_checkpoint(tmp_path / "a") / "model.safetensors"))
     wb = load_file(str(rundir.latest_checkpoint(tmp_path / "b") / "model.safetensors"))
@@ -98,23 +98,31 @@ def test_sft_gives_nontrivial_base_policy(tmp_path):
     torch.manual_seed(0)
 
 
-def test_sft_attention_backend(monkeypatch):
-    """The GPU trains on the deterministic math SDPA backend unless told to train as earlier bases did; the CPU
-    keeps PyTorch's choice (every committed CPU base)."""
-    from trace.sft import sft_attention
-    monkeypatch.delenv("TRACE_SFT_ATTENTION", raising=False)
-    assert sft_attention("cpu") == "auto" and sft_attention("cuda") == "math" and sft_attention("cuda:1") == "math"
-    monkeypatch.setenv("TRACE_SFT_ATTENTION", "auto")
-    assert sft_attention("cuda") == "auto" and sft_attention("cpu") == "auto"
-    monkeypatch.setenv("TRACE_SFT_ATTENTION", "flash")
-    with pytest.raises(C.ConfigError, match="math or auto"):
-        sft_attention("cuda")
+def test_sft_determinism_modes(monkeypatch):
+    """The GPU trains in the strict mode unless told to train as an earlier base did; the CPU as every
+    committed CPU base; a rebuild reads the mode from the base's meta.json, older keys included; the
+    context restores PyTorch's global determinism setting."""
+    from trace.sft import determinism, rebuild_determinism, sft_determinism
+    monkeypatch.delenv("TRACE_SFT_DETERMINISM", raising=False)
+    assert sft_determinism("cpu") == "none" and sft_determinism("cuda") == "strict" and sft_determinism("cuda:1") == "strict"
+    monkeypatch.setenv("TRACE_SFT_DETERMINISM", "math")
+    assert sft_determinism("cuda") == "math" and sft_determinism("cpu") == "none"
+    monkeypatch.setenv("TRACE_SFT_DETERMINISM", "flash")
+    with pytest.raises(C.ConfigError, match="TRACE_SFT_DETERMINISM"):
+        sft_determinism("cuda")
+    assert rebuild_determinism({"sft_determinism": "strict"}) == "strict"
+    assert rebuild_determinism({"sft_attention": "math"}) == "math"  # the key before
+    assert rebuild_determinism({"sft_attention": "auto"}) == "none" and rebuild_determinism({}) == "none"
+    assert not torch.are_deterministic_algorithms_enabled()
+    with determinism("strict"):
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+    assert not torch.are_deterministic_algorithms_enabled()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_sft_gpu_step_repeats_bit_for_bit(tmp_path):
     """Two SFT runs of one config on the GPU log the same losses bit for bit (what a rebuilt base is checked
-    against), and meta.json says the math backend ran."""
+    against), and meta.json says the strict mode ran."""
     import json
     cfg = _cfg(["device=cuda", "model=mixtral-tiny", "sft.steps=12", "sft.log_every=1", "sft.eval_every=0"])
     with warnings.catch_warnings():
@@ -123,4 +131,4 @@ def test_sft_gpu_step_repeats_bit_for_bit(tmp_path):
             run_sft(cfg, tmp_path / name, progress=False)
     loss = lambda d: [r["loss"] for r in rundir.read_metrics(tmp_path / d / "metrics.jsonl")]  # noqa: E731
     assert len(loss("a")) == 12 and loss("a") == loss("b")
-    assert json.loads((tmp_path / "a" / "meta.json").read_text())["sft_attention"] == "math"
+    assert json.loads((tmp_path / "a" / "meta.json").read_text())["sft_determinism"] == "strict"

@@ -10,14 +10,18 @@ CPU (the tiny models are small enough; BF16 autocast is used in RL where the FP4
 AdamW, linear warmup then cosine decay to 10 %, gradient clipping. Batches are drawn from a generator
 seeded by (seed, step), so a resumed run sees exactly the batches an uninterrupted run would.
 
-On a GPU the attention runs on PyTorch's math SDPA backend, which has no atomics: the default there for an
-FP32 step, the memory-efficient kernel, may sum its backward's key splits with atomics, and a base trained
-beside other jobs on one H200 did not reproduce its logged losses bit for bit on a later lease (which kernel
-reordered is not established: docs/LOG.md), which the pipeline needs to train a base again where a lease kept
-no checkpoint (scripts/gpu/profile_chunk.sh). Two GPU runs on the math backend log the same losses
-(tests/test_sft.py, passed on an H200).
-meta.json's `sft_attention` says which ran; bases without it (trained before) ran "auto", and
-TRACE_SFT_ATTENTION=auto trains one as they were.
+On a GPU a base must train again to the same losses where a lease kept no checkpoint
+(scripts/gpu/profile_chunk.sh). Its determinism mode, `sft_determinism` in meta.json, says how it trained:
+- "strict", the GPU default: attention on the math SDPA backend, `torch.use_deterministic_algorithms(True,
+  warn_only=True)` (ops with a deterministic variant take it; any without one warns in the run's log),
+  `CUBLAS_WORKSPACE_CONFIG=:4096:8`.
+- "math": the math SDPA backend only. It was introduced after a base trained beside other jobs on one H200
+  failed to reproduce its logged losses. Two later bases trained that way also failed to reproduce, even with
+  nothing else on the GPU (docs/LOG.md, fourteenth session), so the math backend alone was not the cause.
+- "none": PyTorch's own choices. Every CPU base, and GPU bases from before meta.json recorded any of this
+  (`rebuild_determinism` maps a run's meta.json to its mode).
+TRACE_SFT_DETERMINISM picks another mode, for a rebuild to train a base as it was trained. Two GPU runs log
+the same losses (tests/test_sft.py).
 
 Writes a run directory (see trace/rundir.py): checkpoints in ckpt/ are what `rl.init_ckpt` points at
 (the run dir itself is accepted). Prompts are encoded by `trace.episode.encode_prompt`, as in RL and eval.
@@ -91,20 +95,42 @@ def sft_loss(model, ids, lm, att, label_smoothing: float = 0.0):
     return (nll * m).sum() / m.sum().clamp(min=1)
 
 
-def sft_attention(device) -> str:
-    """'math' (deterministic SDPA backend) on a GPU unless TRACE_SFT_ATTENTION says otherwise; on the CPU
-    'auto' (PyTorch's choice, as every CPU base was trained)."""
+MODES = ("strict", "math", "none")
+
+
+def sft_determinism(device) -> str:
+    """The determinism mode of an SFT run on `device`: TRACE_SFT_DETERMINISM, else 'strict' on a GPU; the CPU
+    always 'none' (deterministic as it is; every CPU base trained so)."""
     if not str(device).startswith("cuda"):
-        return "auto"
-    choice = os.environ.get("TRACE_SFT_ATTENTION", "math")
-    if choice not in ("math", "auto"):
-        raise C.ConfigError(f"TRACE_SFT_ATTENTION must be math or auto, got {choice!r}")
-    return choice
+        return "none"
+    mode = os.environ.get("TRACE_SFT_DETERMINISM", "strict")
+    if mode not in MODES:
+        raise C.ConfigError(f"TRACE_SFT_DETERMINISM must be one of {MODES}, got {mode!r}")
+    return mode
 
 
-def attention_context(choice: str):
+def rebuild_determinism(meta: dict) -> str:
+    """The mode a base recorded in `meta` (its meta.json) trained with; bases from before the key said their
+    attention backend ('math') or nothing ('none')."""
+    return meta.get("sft_determinism") or ("math" if meta.get("sft_attention") == "math" else "none")
+
+
+@contextlib.contextmanager
+def determinism(mode: str):
+    """Run an SFT step (forward and backward) in `mode`; restores PyTorch's global settings afterwards."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel(SDPBackend.MATH) if choice == "math" else contextlib.nullcontext()
+
+    if mode == "none":
+        yield
+        return
+    was, was_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        if mode == "strict":
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=was_warn)
 
 
 def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
@@ -115,8 +141,10 @@ def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
 
     rundir.set_threads(cfg)
     out = rundir.prepare_run_dir(out, cfg, kind="sft")
-    attention = sft_attention(cfg["device"])
-    rundir.note_meta(out, "sft_attention", attention)
+    mode = sft_determinism(cfg["device"])
+    if mode == "strict":  # cuBLAS's deterministic workspace; read when the process first creates a handle
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    rundir.note_meta(out, "sft_determinism", mode)
     s = cfg["sft"]
     task = build_task(cfg)
     tok = build_tokenizer()
@@ -149,12 +177,12 @@ def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
         lr = lr_at(step, total, s["warmup"], s["lr"])
         for gr in opt.param_groups:
             gr["lr"] = lr
-        with attention_context(attention):  # the backward follows the forward's backend
+        with determinism(mode):
             loss = sft_loss(model, ids, lm, att, s["label_smoothing"])
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"SFT step {step + 1}: non-finite loss; step not applied")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"SFT step {step + 1}: non-finite loss; step not applied")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"])
         if not torch.isfinite(gn):
             raise FloatingPointError(f"SFT step {step + 1}: non-finite gradient norm; step not applied")

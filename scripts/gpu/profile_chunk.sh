@@ -77,11 +77,11 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
 rebuild() {
   local log="rebuild/\$1.log"
   mkdir -p "\$(dirname "\$log")"
-  # trained as the committed base was: its attention backend (trace/sft.py; "auto" before meta.json said)
-  local att
-  att=\$($py -c "import json, sys; print(json.load(open(sys.argv[1])).get('sft_attention', 'auto'))" "\$1/meta.json")
-  echo "rebuilding the SFT checkpoint of \$1 on GPU \$2 (attention \$att)"
-  TRACE_SFT_ATTENTION=\$att CUDA_VISIBLE_DEVICES=\$2 $py -m trace.sft --config "\$1/config.yaml" --out "rebuild/\$1" > "\$log" 2>&1 \\
+  # trained as the committed base was: its determinism mode (trace/sft.py rebuild_determinism)
+  local mode
+  mode=\$($py -c "import json, sys; from trace.sft import rebuild_determinism; print(rebuild_determinism(json.load(open(sys.argv[1]))))" "\$1/meta.json")
+  echo "rebuilding the SFT checkpoint of \$1 on GPU \$2 (determinism \$mode)"
+  TRACE_SFT_DETERMINISM=\$mode CUDA_VISIBLE_DEVICES=\$2 $py -m trace.sft --config "\$1/config.yaml" --out "rebuild/\$1" > "\$log" 2>&1 \\
     || { tail -20 "\$log"; return 1; }
   local line
   line=\$($py workflow/scripts/rebuild_check.py "\$1" "rebuild/\$1" --tol "${SFT_REBUILD_TOL:-0}")

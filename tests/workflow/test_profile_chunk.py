@@ -70,7 +70,7 @@ if [ "$1" = -m ] && [ "$2" = trace.sft ]; then
   cfg=$4; out=$6
   mkdir -p "$out/ckpt" && cp "$(dirname "$cfg")/metrics.jsonl" "$out/"
   case "$cfg" in *"${FAKE_SFT_DIFF:-no such base}"*) sed -i '3s/"loss": [^,]*/"loss": 9.5/' "$out/metrics.jsonl";; esac
-  echo fake > "$out/ckpt/model"; echo "${TRACE_SFT_ATTENTION:-unset}" > "$out/attention"
+  echo fake > "$out/ckpt/model"; echo "${TRACE_SFT_DETERMINISM:-unset}" > "$out/determinism"
   sleep 2; exit 0
 fi
 exec REAL "$@"
@@ -99,15 +99,15 @@ def test_a_rebuilt_base_goes_in_place_before_any_job_starts(tmp_path):
     assert "mixtral-small/long_horizon/trace/seed0/eval.json" in log and "qwen3_moe-small/long_horizon/trace/seed0" in log
     with tarfile.open(out) as t:
         assert f"rebuild/{base}/metrics.jsonl" in t.getnames()
-        assert t.extractfile(f"rebuild/{base}/attention").read() == b"math\n"  # as meta.json's sft_attention says
+        assert t.extractfile(f"rebuild/{base}/determinism").read() == b"math\n"  # as its meta.json's sft_attention says
 
 
-def test_a_base_from_before_sft_attention_is_rebuilt_with_pytorchs_choice(tmp_path):
+def test_a_base_from_before_the_modes_is_rebuilt_with_pytorchs_choices(tmp_path):
     log, _, out = _rebuild_chunk(tmp_path, "olmoe-small", "reasoning")
     base = "results/runs/small/olmoe-small/reasoning/sft"
     assert f"SFT rebuild of {base}: identical (20 logged losses)" in log, log[-3000:]
-    with tarfile.open(out) as t:  # its meta.json predates sft_attention: trained with PyTorch's own choice
-        assert t.extractfile(f"rebuild/{base}/attention").read() == b"auto\n"
+    with tarfile.open(out) as t:  # its meta.json predates the modes: trained with PyTorch's own choices
+        assert t.extractfile(f"rebuild/{base}/determinism").read() == b"none\n"
 
 
 def test_a_rebuild_that_differs_says_where_and_starts_only_the_others(tmp_path):
