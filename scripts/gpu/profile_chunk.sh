@@ -64,11 +64,11 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   # goes in place and snakemake, whose runs depend on ancient(sft/done), starts only what is missing.
   # SFT_REBUILD_TOL (relative, default 0) accepts a base whose losses differ by at most that much
   # (workflow/scripts/rebuild_check.py): for bases trained before the SFT was deterministic on a GPU.
-  # The rebuilds run before any other job, one at a time per GPU (GPUs side by side): a rebuild sharing its
-  # GPU with the GPU tests matched bit for bit, one sharing it with 6 RL runs and another SFT did not (why is
-  # not established: docs/LOG.md), and a base that differs would start its arms from another model than the
-  # committed runs'. A mismatch prints where the losses part and holds back only the runs on that base; the
-  # rebuild's metrics are packed.
+  # The rebuilds run before any other job, one at a time per GPU (GPUs side by side), each in the determinism
+  # mode its base trained in (trace/sft.py): bases trained with PyTorch's own choices did not train again to
+  # their losses on later leases, alone on the GPU or not (docs/LOG.md), and a base that differs would start
+  # its arms from another model than the committed runs'. A mismatch prints where the losses part and holds
+  # back only the runs on that base; the rebuild's metrics are packed.
   # Then the models that need no rebuild and the rebuilt ones run together (--nolock: two snakemakes, each
   # with its own targets); GPU slots are flocks (workflow/scripts/launch.py), so both share the GPUs' slots.
   # targets go before the options: --config takes every word after it

@@ -164,11 +164,12 @@ def kernels_on(x: torch.Tensor) -> bool:
     return mode == "on" or (mode == "auto" and x.is_cuda)
 
 
-def _kernel_rtn(x: torch.Tensor, fmt: str, outer: str, mx_rule: str, check_values: bool,
+def _kernel_rtn(x: torch.Tensor, fmt: str, outer: str, mx_rule: str,
                 fake_dtype: torch.dtype | None = None, codes: bool = True):
     """RTN of x [..., K] on the kernel -> (FP4Tensor or None without `codes`, dequantized values in
-    fake_dtype or None). Per-tensor and per-expert NVFP4 outer scales are the reference's (its amax and
-    S_enc ops), handed to the kernel row by row."""
+    fake_dtype or None). x's values are not checked here (its callers check them, `_check_input`).
+    Per-tensor and per-expert NVFP4 outer scales are the reference's (its amax and S_enc ops), handed to the
+    kernel row by row."""
     from kernels.quantize import quantize_rows
 
     s_rows = s = None
@@ -177,7 +178,7 @@ def _kernel_rtn(x: torch.Tensor, fmt: str, outer: str, mx_rule: str, check_value
         rows = x.numel() // x.shape[-1]
         s_rows = s.reshape(-1, 1).expand(s.numel(), rows // s.numel()).reshape(rows)
     q = quantize_rows(x, fmt, mx_rule=mx_rule, fake_dtype=fake_dtype, fake_exact=fake_dtype is not None,
-                      check_finite=check_values, s_enc=s_rows)
+                      check_finite=False, s_enc=s_rows)
     t = None
     if codes:
         if fmt == "nvfp4":
@@ -221,7 +222,7 @@ def quantize(
         raise ValueError(f"rounding must be 'rtn' or 'stochastic' here (guided: use guided_quantize), got {rounding!r}")
     _check_input(x, fmt, block_2d, outer, values=check_values)
     if _kernel_ok(x, rounding, outer, block_2d):
-        return _kernel_rtn(x, fmt, outer, mx_rule, check_values=False)[0]  # checked above
+        return _kernel_rtn(x, fmt, outer, mx_rule)[0]
     gen = _make_generator(generator, seed, x.device)
     xf = x.float()
     if fmt == "nvfp4":
@@ -379,7 +380,7 @@ def fake_quant(
                             check_values=check_values).tensor
     elif _kernel_ok(x, rounding, outer, block_2d):
         _check_input(x, fmt, block_2d, outer, values=check_values)
-        return _STE.apply(x, _kernel_rtn(x.detach(), fmt, outer, mx_rule, False, x.dtype, codes=False)[1])
+        return _STE.apply(x, _kernel_rtn(x.detach(), fmt, outer, mx_rule, x.dtype, codes=False)[1])
     else:
         q = quantize(x.detach(), fmt, outer, rounding, block_2d=block_2d, mx_rule=mx_rule, seed=seed,
                      generator=generator, check_values=check_values)
