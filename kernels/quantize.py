@@ -213,9 +213,14 @@ def _config(M: int, K: int, block: int, interpret: bool = INTERPRET):
     whose own choice keeps programs small)."""
     ch = max(block, triton.next_power_of_2(K))
     single = ch <= 4096 or (ch <= 16384 and M <= 64 and not interpret)
-    nw = max(4, ch // 1024) if single else 4
     if not single:
         ch = 2048
+    nw = max(4, ch // 1024)
+    if ch == 2048:
+        # 8 warps, not 4: at 2048-wide chunks and 4 warps (16 elements per thread) Triton 3.6 miscompiled the
+        # fp32-input kernel on an H200 (the first 1024 columns' codes 0 or saturated, scales exact; 2, 8 and 16
+        # warps were exact; kernels/NOTES.md, v2k)
+        nw = 8
     # one row per program on a GPU: with several rows per program and 32 elements per thread, Triton 3.6
     # miscompiled the bf16-input kernel on an H200 (every nonzero code saturated; fp32 input, one row, or
     # 16 elements per thread were exact; kernels/NOTES.md)
