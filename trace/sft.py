@@ -16,12 +16,14 @@ On a GPU a base must train again to the same losses where a lease kept no checkp
   warn_only=True)` (ops with a deterministic variant take it; any without one warns in the run's log),
   `CUBLAS_WORKSPACE_CONFIG=:4096:8`.
 - "math": the math SDPA backend only. It was introduced after a base trained beside other jobs on one H200
-  failed to reproduce its logged losses. Two later bases trained that way also failed to reproduce, even with
-  nothing else on the GPU (docs/LOG.md, fourteenth session), so the math backend alone was not the cause.
+  failed to reproduce its logged losses, and it is not enough: two bases trained that way failed to reproduce
+  too, and two processes of mixtral-small's long-horizon SFT on one H200 parted at step 4 of 100 in this mode,
+  while two in the strict mode logged the same 100 losses bit for bit, with no op warning that it lacks a
+  deterministic variant (docs/LOG.md, fifteenth session).
 - "none": PyTorch's own choices. Every CPU base, and GPU bases from before meta.json recorded any of this
   (`rebuild_determinism` maps a run's meta.json to its mode).
-TRACE_SFT_DETERMINISM picks another mode, for a rebuild to train a base as it was trained. Two GPU runs log
-the same losses (tests/test_sft.py).
+TRACE_SFT_DETERMINISM picks another mode, for a rebuild to train a base as it was trained. Two GPU runs in
+fresh processes log the same losses (tests/test_sft.py).
 
 Writes a run directory (see trace/rundir.py): checkpoints in ckpt/ are what `rl.init_ckpt` points at
 (the run dir itself is accepted). Prompts are encoded by `trace.episode.encode_prompt`, as in RL and eval.
