@@ -17,6 +17,7 @@ from trace.fp4.tensor import (  # noqa: F401
     pack_bits,
     quantize,
     quantize_weight,
+    rtn_codes_under,
     scaled_values,
     straight_through,
     unpack,

@@ -269,6 +269,12 @@ def scaled_values(x: torch.Tensor, scales: torch.Tensor, outer: torch.Tensor, fm
     return ref.nvfp4_scaled(x, scales, outer, block_2d) if fmt == "nvfp4" else ref.mxfp4_scaled(x, scales)
 
 
+def rtn_codes_under(x: torch.Tensor, scales: torch.Tensor, outer: torch.Tensor, fmt: str = "nvfp4") -> torch.Tensor:
+    """RTN codes of x [..., K] (1x16 blocks) under GIVEN block scales and outer scale: the codes x would take
+    under a recorded quantization's scales (what TRACE's alignment term compares with the recorded codes)."""
+    return ref.e2m1_encode(scaled_values(x, scales, outer, fmt))
+
+
 def guided_quantize(
     x: torch.Tensor,
     mantissa: torch.Tensor,
@@ -315,7 +321,7 @@ def guided_dequantize(x: torch.Tensor, mantissa: torch.Tensor, scales: torch.Ten
         codes, own, vals = guided_rows(x, mantissa, scales, outer, fmt, fake_dtype=dtype, own=rtn_codes)
         return GuidedResult(FP4Tensor(codes, scales, outer, fmt, False, x.dtype), None), vals, own
     res = guided_quantize(x, mantissa, scales, outer, fmt, check_values=False)
-    own = ref.e2m1_encode(scaled_values(x, scales, outer, fmt)) if rtn_codes else None
+    own = rtn_codes_under(x, scales, outer, fmt) if rtn_codes else None
     return res, res.tensor.dequantize(dtype), own
 
 

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from kernels import reference as ref
 from trace import fp4
 from trace.guidance.align import MARGIN, alignment_terms, scale_terms
 from trace.guidance.record import GuidanceRecord, Recorder, RecordMismatch, RecordView
@@ -199,7 +198,7 @@ class Runtime:
                 res = fp4.GuidedResult(fp4.FP4Tensor(rec_codes, g.scales, g.outer, self.fmt, False, x.dtype), None)
                 vals = res.tensor.dequantize(x.dtype)
                 if own_rtn:
-                    own_enc = ref.e2m1_encode(fp4.scaled_values(xv.detach(), g.scales, g.outer, self.fmt))
+                    own_enc = fp4.rtn_codes_under(xv.detach(), g.scales, g.outer, self.fmt)
             else:
                 # the bits were unpacked from the record; x is checked through the logits (above); one kernel
                 # pass on a GPU for the guided codes, their values and the own RTN codes
