@@ -99,7 +99,7 @@ def test_a_rebuilt_base_goes_in_place_before_any_job_starts(tmp_path):
     assert "mixtral-small/long_horizon/trace/seed0/eval.json" in log and "qwen3_moe-small/long_horizon/trace/seed0" in log
     with tarfile.open(out) as t:
         assert f"rebuild/{base}/metrics.jsonl" in t.getnames()
-        assert t.extractfile(f"rebuild/{base}/determinism").read() == b"math\n"  # as its meta.json's sft_attention says
+        assert t.extractfile(f"rebuild/{base}/determinism").read() == b"strict\n"  # as its meta.json says
 
 
 def test_a_base_from_before_the_modes_is_rebuilt_with_pytorchs_choices(tmp_path):
