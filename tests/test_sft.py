@@ -138,8 +138,9 @@ def test_sft_gpu_step_repeats_bit_for_bit(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(root), "TQDM_DISABLE": "1"}
     env.pop("TRACE_SFT_DETERMINISM", None)
     for name in ("a", "b"):
-        subprocess.run([sys.executable, str(root / "trace" / "sft.py"), "--config", str(tmp_path / "cfg.yaml"),
-                        "--out", str(tmp_path / name)], cwd=root, env=env, check=True, capture_output=True)
+        r = subprocess.run([sys.executable, str(root / "trace" / "sft.py"), "--config", str(tmp_path / "cfg.yaml"),
+                            "--out", str(tmp_path / name)], cwd=root, env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
     loss = lambda d: [r["loss"] for r in rundir.read_metrics(tmp_path / d / "metrics.jsonl")]  # noqa: E731
     assert len(loss("a")) == 16 and loss("a") == loss("b")
     assert json.loads((tmp_path / "a" / "meta.json").read_text())["sft_determinism"] == "strict"
