@@ -17,7 +17,8 @@
 # ablation runs failed again and again where 6 ran clean) bounds SLOTS; a failed attempt's log is kept in LOG.failed;
 # a run that fails (e.g. out of memory next to others) is tried twice more and resumes from its checkpoint.
 # ARMS (space-separated arm names, e.g. "trace-rho0 trace-alignelements") narrows the chunk to those arms' runs,
-# so a short lease spends its time on them first (snakemake's --prioritize did not).
+# so a short lease spends its time on them first (snakemake's --prioritize did not). Within a chunk the rules'
+# priorities order the jobs: evaluations before new runs, the longest arms first (workflow/rules/train.smk).
 # SNAKEMAKE_EXTRA adds snakemake options (`-n`: a dry run, as tests/workflow/test_profile_chunk.py does). Snakemake runs with the greedy scheduler, so
 # PuLP's solver binaries are not needed (scripts/gpu/offline_wheels.sh SET all leaves them out).
 set -euo pipefail

@@ -4,7 +4,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(workflow.basedir, "workflow", "scripts"))
-from runplan import Plan  # noqa: E402
+from runplan import EVAL_PRIORITY, Plan  # noqa: E402
 
 PLAN = Plan(config)
 PROFILE = PLAN.profile

@@ -16,9 +16,13 @@ def _dump_yaml(d, path):
         yaml.safe_dump(d, f, sort_keys=False, default_flow_style=False)
 
 
+# Priorities (the greedy scheduler starts the highest first among the jobs whose inputs exist): configs 200
+# (instant, and a run becomes ready only once its config exists, so the runs' own order below needs them all
+# first), SFT 100, evaluations EVAL_PRIORITY, RL runs Plan.rl_priority (workflow/scripts/runplan.py).
 rule sft_config:
     output:
         f"{RUNS}/configs/{{model}}/{{task}}/sft.yaml",
+    priority: 200
     params:
         # the config itself is a param, so editing the profile reruns exactly the affected runs
         cfg=lambda wc: json.dumps(PLAN.sft_config(wc.model, wc.task), sort_keys=True),
@@ -29,6 +33,7 @@ rule sft_config:
 rule run_config:
     output:
         f"{RUNS}/configs/{{model}}/{{task}}/{{arm}}-seed{{seed}}.yaml",
+    priority: 200
     params:
         cfg=lambda wc: json.dumps(PLAN.run_config(wc.model, wc.task, wc.arm, int(wc.seed)), sort_keys=True),
     run:
@@ -74,6 +79,8 @@ rule rl:
         f"{RUNS}/{{model}}/{{task}}/{{arm}}/seed{{seed}}/done",
     log:
         f"{LOGS}/rl/{{model}}/{{task}}/{{arm}}-seed{{seed}}.log",
+    # the longest arms first (Plan.rl_priority: trace 3, other FP4 arms 2, bf16 1)
+    priority: lambda wc: PLAN.rl_priority(wc.arm)
     params:
         cmd=config["launcher"]["rl"],
         out=lambda wc, output: os.path.dirname(output[0]),
@@ -97,6 +104,7 @@ rule eval:
         f"{RUNS}/{{model}}/{{task}}/{{arm}}/seed{{seed}}/eval.json",
     log:
         f"{LOGS}/eval/{{model}}/{{task}}/{{arm}}-seed{{seed}}.log",
+    priority: EVAL_PRIORITY
     params:
         cmd=config["launcher"]["eval"],
         ckpt=lambda wc, input: os.path.join(os.path.dirname(input.done), "ckpt"),
@@ -119,6 +127,7 @@ rule eval_base:
         f"{RUNS}/{{model}}/{{task}}/sft/eval.json",
     log:
         f"{LOGS}/eval/{{model}}/{{task}}/sft.log",
+    priority: EVAL_PRIORITY
     params:
         cmd=config["launcher"]["eval"],
         ckpt=lambda wc, input: os.path.join(os.path.dirname(input.done), "ckpt"),

@@ -28,7 +28,7 @@ from typing import Any
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _ROOT not in sys.path:  # the repo root: the arm table lives in the trainer's package
     sys.path.insert(0, _ROOT)
-from trace.arms import METHODS  # noqa: E402
+from trace.arms import ARMS, METHODS  # noqa: E402
 
 DATA_SEED = 0  # the task data (train/test splits) is shared by every arm and seed
 
@@ -67,6 +67,12 @@ def set_dotted(cfg: dict, dotted: str, value: Any) -> None:
         if not isinstance(node, dict):
             raise ValueError(f"cannot set {dotted!r}: {p!r} is not a mapping")
     node[parts[-1]] = copy.deepcopy(value)
+
+
+# Snakemake priority of the evaluations (rules eval, eval_base): above every RL run, so a finished run is
+# evaluated before another run takes its GPU slot. A run whose evaluation has not run when a lease ends is lost
+# with the machine's checkpoint (scripts/gpu/unpack_chunk.sh leaves it out). The SFT rule's is 100.
+EVAL_PRIORITY = 50
 
 
 class Plan:
@@ -132,6 +138,16 @@ class Plan:
 
     def sft_config_path(self, model, task) -> str:
         return f"{self.runs_dir}/configs/{model}/{task}/sft.yaml"
+
+    def rl_priority(self, arm: str) -> int:
+        """Snakemake priority of an arm's RL runs (rule rl): the longest runs start first, so that the runs of a
+        chunk end close together and fewer are cut off when a lease ends (longest processing time first). The
+        cost order, 1 + FP4 rollout + guidance record, is the measured one: on one H200 at 4 runs per GPU,
+        mixtral-small long-horizon's trace runs took ~11 min and its fp4-naive and qat-independent runs 6.2-6.9
+        min (docs/LOG.md, fourteenth session); on reasoning the bf16 arm's steps took about half an FP4 arm's
+        (results/tables/small/main.md, s/step)."""
+        a = ARMS[self.arm_spec(arm)["method"]]
+        return 1 + int(a.engine_mode != "bf16") + int(a.record == "guide")
 
     def arm_spec(self, arm: str) -> dict:
         if arm in self.arms:
