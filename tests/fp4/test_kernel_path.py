@@ -89,7 +89,7 @@ def test_guided_dequantize_matches_the_reference(monkeypatch, fmt, dtype):
     assert none is None
 
 
-@pytest.mark.parametrize("name", ["mixtral-small", "qwen3_moe-small"])
+@pytest.mark.parametrize("name", ["mixtral-small", "qwen3_moe-small", "qwen2_moe-small", "olmoe-small"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_weights_at_the_small_flavors_shapes(monkeypatch, name, dtype):
     """Every quantized weight shape of a small flavor (K up to the experts' intermediate size, not a power of
@@ -119,4 +119,4 @@ def test_weights_at_the_small_flavors_shapes(monkeypatch, name, dtype):
         x[:, :16] *= 50.0
         f_ref, f_ker = _both(monkeypatch, lambda: fp4.fake_quant(x, "nvfp4", "row"))  # noqa: B023
         assert torch.equal(f_ker, f_ref), (pname, "activations")
-    assert len(seen) >= 4
+    assert len(seen) >= 3  # attention, experts in and out (olmoe-small has no other shape)
