@@ -14,12 +14,19 @@ same kernels setting, the trainer's GPU memory peak, and the rollout/trainer mis
 its median over all steps (the kernel path is bit for bit the reference's, so its k3 must be the reference
 ops' k3). Compared against: the bf16 arm (no FP4 in the trainer) and qat-independent (the FP4 trainer without
 guidance).
+
+--procs N runs each (arm, kernels) in N processes at once on the device, as N runs of a profile chunk share a
+GPU (gpu_slots_per_device): the row's times are the medians over the N processes, and steps_per_s = N / step_s
+is the device's throughput in RL steps. One process against N tells whether the device is saturated by N runs
+(N times the throughput: not saturated; the same: saturated). The processes start together but build their
+trainers in their own time, so use enough --steps that the timed steps overlap.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,13 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.results_table import append, git_commit, today  # noqa: E402
+from benchmarks.results_table import append, git_commit, read, today  # noqa: E402
 from benchmarks.trainer_memory import step_config  # noqa: E402
 from trace.rl.trainer import RLTrainer  # noqa: E402
 
 FIELDS = ("version", "commit", "gpu", "date", "model", "task", "arm", "fp4_kernels", "prompts", "steps",
           "step_s", "rollout_s", "train_s", "train_vs_qat_independent", "train_vs_bf16", "peak_gb", "k3_first", "k3",
-          "note")
+          "procs", "steps_per_s", "note")
 FP4_ARMS = ("fp4-naive", "qat-independent", "trace")  # the engine quantizes its weights (and these trainers but fp4-naive's)
 
 
@@ -57,6 +64,27 @@ def time_arm(cfg: dict, steps: int) -> dict:
             "k3_first": k3[0], "k3": statistics.median(k3)}
 
 
+def time_arm_in_procs(argv: list[str], arm: str, kernels: str, procs: int) -> dict:
+    """time_arm's fields for one (arm, kernels) run in `procs` processes of this script at once (each --procs 1):
+    medians over the processes of their step, rollout and train seconds, the largest peak, the first process's
+    k3 (the same in all: same config, same seed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [os.path.join(tmp, f"p{i}.csv") for i in range(procs)]
+        jobs = [subprocess.Popen([sys.executable, __file__, *argv, "--arms", arm, "--kernels", kernels, "--procs", "1",
+                                  "--out", o], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                for o in outs]
+        errs = [j.communicate()[1] for j in jobs]
+        for j, e in zip(jobs, errs, strict=True):
+            if j.returncode != 0:
+                raise RuntimeError(f"a process of {arm} ({kernels}) failed:\n{e[-3000:]}")
+        rows = [read(o)[0] for o in outs]
+    med = lambda k: statistics.median(float(r[k]) for r in rows)  # noqa: E731
+    peaks = [float(r["peak_gb"]) for r in rows if r["peak_gb"] not in ("", "None")]
+    return {"step_s": med("step_s"), "rollout_s": med("rollout_s"), "train_s": med("train_s"),
+            "peak_gb": max(peaks) if peaks else None, "k3_first": float(rows[0]["k3_first"]),
+            "k3": float(rows[0]["k3"])}
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="experiments/profiles/small.yaml")
@@ -71,7 +99,14 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--version", default="dev")
     ap.add_argument("--out", default="results/trainer/trainer_step.csv")
+    ap.add_argument("--procs", type=int, default=1, help="processes at once per (arm, kernels), as runs share a GPU")
     a = ap.parse_args(argv)
+    if a.procs < 1:
+        ap.error("--procs must be at least 1")
+    # what each process of --procs gets: these arguments less the arms, kernels, processes and output
+    child = ["--profile", a.profile, "--model", a.model, "--task", a.task, "--steps", str(a.steps), "--device",
+             a.device, "--version", a.version] + (["--prompts", str(a.prompts)] if a.prompts else []) + (
+             ["--init-ckpt", a.init_ckpt] if a.init_ckpt else [])
     if a.steps < 2:
         ap.error("--steps must be at least 2 (the first is warm-up)")
     rows, before = [], os.environ.get("TRACE_FP4_KERNELS")
@@ -85,10 +120,11 @@ def main(argv=None) -> list[dict]:
                 cfg["device"] = a.device
                 os.environ["TRACE_FP4_KERNELS"] = k
                 t0 = time.perf_counter()
-                r = time_arm(cfg, a.steps)
+                r = time_arm(cfg, a.steps) if a.procs == 1 else time_arm_in_procs(child, arm, k, a.procs)
                 rows.append({"version": a.version, "commit": git_commit(), "gpu": gpu, "date": today(),
                              "model": a.model, "task": a.task, "arm": arm, "fp4_kernels": k,
-                             "prompts": cfg["rl"]["prompts_per_step"], "steps": a.steps, **r,
+                             "prompts": cfg["rl"]["prompts_per_step"], "steps": a.steps, **r, "procs": a.procs,
+                             "steps_per_s": round(a.procs / r["step_s"], 4),
                              "note": f"{time.perf_counter() - t0:.0f} s with setup"})
                 print({k2: (round(v, 3) if isinstance(v, float) else v) for k2, v in rows[-1].items()}, flush=True)
     finally:

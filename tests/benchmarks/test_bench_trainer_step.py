@@ -25,3 +25,16 @@ def test_rows_and_ratios(tmp_path):
     assert rows[2]["train_vs_bf16"] == round(rows[2]["train_s"] / rows[0]["train_s"], 3)  # bf16 ran once (auto)
     with open(out, newline="") as f:
         assert [r["fp4_kernels"] for r in csv.DictReader(f)] == ["auto", "off", "on"]
+
+
+@pytest.mark.slow
+def test_processes_at_once(tmp_path):
+    """--procs 2: the arm runs in two processes at once; the row has their median times, the throughput of both,
+    and the k3 of one process alone (same config and seed: the same first step)."""
+    args = ["--profile", "experiments/profiles/smoke.yaml", "--model", "mixtral-tiny", "--task", "reasoning",
+            "--arms", "qat-independent", "--kernels", "off", "--steps", "2", "--prompts", "2", "--device", "cpu"]
+    one = main(args + ["--out", str(tmp_path / "one.csv")])[0]
+    two = main(args + ["--procs", "2", "--out", str(tmp_path / "two.csv")])[0]
+    assert one["procs"] == 1 and two["procs"] == 2
+    assert two["steps_per_s"] == round(2 / two["step_s"], 4) and one["steps_per_s"] == round(1 / one["step_s"], 4)
+    assert two["k3_first"] == one["k3_first"] and two["train_s"] > 0
