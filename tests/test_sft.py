@@ -135,7 +135,9 @@ def test_sft_gpu_step_repeats_bit_for_bit(tmp_path):
     cfg = _cfg(["device=cuda", "model=mixtral-small", "task.name=long_horizon", "task.difficulty=easy",
                 "task.n_train=2048", "sft.batch_size=64", "sft.steps=16", "sft.log_every=1", "sft.eval_every=0"])
     (tmp_path / "cfg.yaml").write_text(C.dump_config(cfg))
-    env = {**os.environ, "PYTHONPATH": str(root), "TQDM_DISABLE": "1"}
+    # the root first, then what the caller had (a GPU lease's packages live in /tmp/site)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "TQDM_DISABLE": "1"}
     env.pop("TRACE_SFT_DETERMINISM", None)
     for name in ("a", "b"):
         r = subprocess.run([sys.executable, str(root / "trace" / "sft.py"), "--config", str(tmp_path / "cfg.yaml"),
