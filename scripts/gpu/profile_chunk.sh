@@ -135,6 +135,9 @@ wait)
   cd "$work"
   if kill -0 "$pid" 2>/dev/null; then echo "still running after ${secs} s"; else echo "finished"; fi
   grep -E "Finished jobid|Error in rule" snakemake.log | sed 's/ jobid: [0-9]*//' | sort | uniq -c || true
+  # how each SFT rebuild matched its committed losses, and what a failed one held back (a chunk that ends at
+  # once after a failed rebuild says why here, not only in the packed log)
+  grep -E "^SFT rebuild of|^an SFT rebuild failed" snakemake.log | cut -c1-300 || true
   name=$(cat profile_name)
   # rebuild/: the metrics and logs of SFT bases trained again (their checkpoints stay)
   tar czf "$out" --exclude=ckpt "results/runs/$name" "logs/$name" snakemake.log $(ls -d rebuild 2>/dev/null) 2>/dev/null || true

@@ -29,6 +29,7 @@ def _run_chunk(tmp_path, models: str, task: str, python: str = sys.executable, *
     wait = subprocess.run(["bash", str(SCRIPT), "wait", "240", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert "finished" in wait.stdout, wait.stdout + wait.stderr
+    (tmp_path / "wait.txt").write_text(wait.stdout)  # what a lease call prints at its end
     return start.stdout, work, out
 
 
@@ -115,6 +116,8 @@ def test_a_rebuild_that_differs_says_where_and_starts_only_the_others(tmp_path):
     base = "results/runs/small/mixtral-small/long_horizon/sft"
     assert f"SFT rebuild of {base}: 1 of 20 logged losses differ, first at line 3" in log, log[-3000:]
     assert "not starting its runs" in log
+    said = (tmp_path / "wait.txt").read_text()  # the call's own output says why, not only the packed log
+    assert f"SFT rebuild of {base}: 1 of 20 logged losses differ" in said and "an SFT rebuild failed" in said, said
     assert not (work / f"{base}/ckpt").exists()
     assert "qwen3_moe-small/long_horizon/trace/seed0" in log  # the model without a rebuild still runs
 
