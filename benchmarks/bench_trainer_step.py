@@ -103,12 +103,11 @@ def main(argv=None) -> list[dict]:
     a = ap.parse_args(argv)
     if a.procs < 1:
         ap.error("--procs must be at least 1")
-    # what each process of --procs gets: these arguments less the arms, kernels, processes and output
-    child = ["--profile", a.profile, "--model", a.model, "--task", a.task, "--steps", str(a.steps), "--device",
-             a.device, "--version", a.version] + (["--prompts", str(a.prompts)] if a.prompts else []) + (
-             ["--init-ckpt", a.init_ckpt] if a.init_ckpt else [])
     if a.steps < 2:
         ap.error("--steps must be at least 2 (the first is warm-up)")
+    # what each process of --procs gets: every given argument but the arms, kernels, processes and output
+    child = [w for k, v in vars(a).items() if v is not None and k not in ("arms", "kernels", "procs", "out")
+             for w in (f"--{k.replace('_', '-')}", str(v))]
     rows, before = [], os.environ.get("TRACE_FP4_KERNELS")
     gpu = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu"
     try:
