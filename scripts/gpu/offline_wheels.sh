@@ -7,9 +7,10 @@
 #                                                           # a second install of the same DIR there is a no-op
 #   export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH   # then run as usual
 # SET is `openrlhf` (default: scripts/gpu/openrlhf_small.sh), `pipeline` (Snakemake 9.27.1 and its
-# dependencies, 28 MB, for `snakemake --configfile experiments/profiles/small.yaml` there) or `all` (both,
-# 51 MB: one package each, and PuLP without its bundled CBC solver binaries, 16 MB of them, which only
-# Snakemake's ILP scheduler runs; there, run snakemake with `--scheduler greedy`).
+# dependencies, 12 MB, for `snakemake --configfile experiments/profiles/small.yaml` there) or `all` (both,
+# 51 MB: one package each). Either drops PuLP's bundled CBC solver binaries (16 MB), which only Snakemake's
+# ILP scheduler runs: there, run snakemake with `--scheduler greedy` (scripts/gpu/profile_chunk.sh does); the
+# repository's own results had grown past what a 64 MiB carry leaves for the untrimmed 28 MB.
 # What travels: Ray 2.55.0 without its Java jars, rllib/tune/train/serve/data/llm and the dashboard's web
 # build (73.8 MB -> 35 MB; OpenRLHF and the plugin use ray core, ray.util.collective, placement groups and
 # queues only), DeepSpeed 0.19.6 as its sdist (built there without isolation against the local torch),
@@ -31,7 +32,6 @@ download)
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY_VER" --implementation cp \
       "${plat[@]}" -d "$dir" annotated-types==0.8.0 argparse-dataclass==2.0.0 attrs==26.1.0 certifi==2026.10.19.post1 charset-normalizer==3.5.3 conda-inject==1.3.2 configargparse==1.9.0 docutils==0.22.4 dpath==2.2.0 fastjsonschema==2.22.3 gitdb==4.0.12 gitpython==3.2.1 greenlet==3.5.6 humanfriendly==10.0 idna==3.20 immutables==0.21 jinja2==3.1.6 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 jupyter-core==5.9.1 markupsafe==3.0.4 nbformat==5.11.1 packaging==25.0 platformdirs==4.14.8 psutil==7.2.2 pulp==3.3.2 pydantic==2.14.4 pydantic-core==2.50.5 pyyaml==6.0.3 referencing==0.37.0 requests==2.34.2 rpds-py==2026.9.1 smart-open==7.7.1 smmap==5.0.3 snakemake==9.27.1 snakemake-interface-common==1.23.0 snakemake-interface-executor-plugins==9.4.0 snakemake-interface-logger-plugins==2.1.0 snakemake-interface-report-plugins==1.3.0 snakemake-interface-scheduler-plugins==2.0.2 snakemake-interface-storage-plugins==4.4.1 sqlalchemy==2.0.58 sqlmodel==0.0.37 tabulate==0.10.0 tenacity==9.2.1 throttler==1.2.3 traitlets==5.16.1 typing-extensions==4.16.0 typing-inspection==0.4.5 urllib3==2.8.0 wrapt==2.5.2 yte==1.9.4
     python3 -m pip download -q --no-deps --no-binary=:all: -d "$dir" connection-pool==0.0.3  # sdist only
-    if [ "$set_" = pipeline ]; then du -sh "$dir"; exit 0; fi
     python3 - "$dir"/pulp-*.whl <<'PY'
 import os, sys, zipfile
 path = sys.argv[1]
@@ -42,6 +42,7 @@ with zipfile.ZipFile(path) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATE
             dst.writestr(item, src.read(item.filename))
 os.replace(tmp, path)
 PY
+    if [ "$set_" = pipeline ]; then du -sh "$dir"; exit 0; fi
   fi
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY_VER" --implementation cp "${plat[@]}" \
     -d "$dir" ray==2.55.0 openrlhf==0.11.2 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 \
