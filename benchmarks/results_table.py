@@ -80,9 +80,10 @@ def main(argv=None) -> None:
     ap.add_argument("src", nargs="+", help="run tables (CSV with a header) to append, in order")
     ap.add_argument("--into", required=True, help="the long table, e.g. results/kernels/kernels.csv")
     a = ap.parse_args(argv)
-    fields = ROLLOUT_FIELDS if "rollout" in os.path.basename(a.into) else KERNEL_FIELDS
     for s in a.src:
         rows = read(s)
+        with open(s, newline="") as f:
+            fields = next(csv.reader(f), [])  # the run table's own columns: only those widen the long table
         append(a.into, rows, fields)
         print(f"appended {len(rows)} rows of {s} to {a.into}")
 

@@ -79,7 +79,7 @@ def test_committed_tables_of_a_partly_run_profile_do_not_hide_its_missing_runs(t
     runs = ([f"{plan.run_dir(done.model, done.task, done.arm, done.seed)}/{f}" for f in ("done", "eval.json")]
             + [plan.run_config_path(done.model, done.task, done.arm, done.seed),
                plan.sft_config_path(done.model, done.task), f"{plan.sft_dir(done.model, done.task)}/done"])
-    made = ([f"results/tables/{prof}/{n}.{e}" for n in ("main", "ablation", "learning", "gputime")
+    made = ([f"results/tables/{prof}/{n}.{e}" for n in ("main", "ablation", "learning", "gputime", "compare")
              for e in ("csv", "md")]
             + [f"results/tables/{prof}/runs.csv"]
             + [f"figures/{prof}/{n}.{e}" for n in ("curves_reward", "curves_mismatch", "flip_rates",

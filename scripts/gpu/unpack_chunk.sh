@@ -4,7 +4,7 @@
 # RL run with `done` and `eval.json` (its checkpoint stayed on the leased machine, so a run without its
 # evaluation could never be evaluated: it is left out and reruns), an SFT base with `done` (the next chunk
 # rebuilds its checkpoint and checks it against these logged losses). Run dirs already here are never
-# overwritten.
+# overwritten; a base here without its evaluation gains the one that came back, if its logged losses match.
 #   bash scripts/gpu/unpack_chunk.sh OUT/chunk.tgz
 # then `.venv/bin/snakemake figures --cores 2 --configfile experiments/profiles/PROFILE.yaml` and commit.
 set -euo pipefail
@@ -15,7 +15,15 @@ tar xzf "$tgz" -C "$tmp"
 new=0; skipped=0; present=0
 while IFS= read -r d; do
   d=${d#"$tmp"/}; d=${d%/done}
-  if [ -e "$d/done" ]; then present=$((present + 1)); continue; fi
+  if [ -e "$d/done" ]; then
+    present=$((present + 1))
+    # a base committed before its evaluation ran gets the evaluation of that same base (same logged losses)
+    if [ "$(basename "$d")" = sft ] && [ ! -e "$d/eval.json" ] && [ -e "$tmp/$d/eval.json" ] \
+        && cmp -s "$d/metrics.jsonl" "$tmp/$d/metrics.jsonl"; then
+      cp "$tmp/$d/eval.json" "$d/eval.json"; echo "added the base evaluation: $d/eval.json"
+    fi
+    continue
+  fi
   if [ "$(basename "$d")" != sft ] && [ ! -e "$tmp/$d/eval.json" ]; then
     echo "left out (no evaluation): $d"; skipped=$((skipped + 1)); continue
   fi

@@ -46,6 +46,16 @@ def test_table_cli_appends_run_tables(tmp_path):
     assert [r["version"] for r in read(home)] == ["old", "new", "new"]
 
 
+def test_cli_widens_only_by_the_run_tables_columns(tmp_path):
+    """A trainer-step table gains the run's new columns, never the kernel table's."""
+    run, home = str(tmp_path / "run.csv"), str(tmp_path / "trainer_step.csv")
+    append(home, [dict(version="old", arm="trace", step_s=1.0)], ("version", "arm", "step_s"))
+    append(run, [dict(version="new", arm="trace", step_s=2.0, procs=4)], ("version", "arm", "step_s", "procs"))
+    table_main([run, "--into", home])
+    assert _header(home) == ["version", "arm", "step_s", "procs"]
+    assert [r["procs"] for r in read(home)] == ["", "4"]
+
+
 def test_bench_rows_follow_the_schema(tmp_path, monkeypatch):
     p = str(tmp_path / "k.csv")
     monkeypatch.setattr(bk, "ROWS", [])

@@ -38,3 +38,22 @@ def test_unpacks_complete_new_runs_only(tmp_path):
     configs = repo / "results/runs/small/configs/m-small/reasoning"
     assert (configs / "bf16-seed0.yaml").read_text() == "new config" and (configs / "qat-seed0.yaml").read_text() == "old"
     assert "unpacked 2 run dirs and 1 configs; 1 already here; 1 left out" in out
+
+
+def test_base_gains_its_later_evaluation_only(tmp_path):
+    """A base committed before its evaluation ran gets that evaluation; a different base's never."""
+    src, repo = tmp_path / "src", tmp_path / "repo"
+    for task, losses in (("reasoning", "same"), ("coding", "other")):
+        base = f"results/runs/small/m-small/{task}/sft"
+        _write(src, f"{base}/done")
+        _write(src, f"{base}/metrics.jsonl", "same")
+        _write(src, f"{base}/eval.json", "{}")
+        _write(repo, f"{base}/done")
+        _write(repo, f"{base}/metrics.jsonl", losses)
+    with tarfile.open(tmp_path / "chunk.tgz", "w:gz") as t:
+        t.add(src / "results", arcname="results")
+    out = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "chunk.tgz")], cwd=repo, capture_output=True,
+                         text=True, check=True).stdout
+    assert (repo / "results/runs/small/m-small/reasoning/sft/eval.json").exists()
+    assert not (repo / "results/runs/small/m-small/coding/sft/eval.json").exists()
+    assert "added the base evaluation" in out and "0 run dirs" in out and "2 already here" in out

@@ -48,7 +48,8 @@ rule tables:
     threads: 1
     shell:
         "(" + ENV + " python -m analysis.tables --runs {RUNS} --manifest {input.manifest} --out {TABLES}"
-        " --strict {params.learning} && python -m analysis.gputime --runs {RUNS} --out {TABLES}) > {log} 2>&1"
+        " --strict {params.learning} && python -m analysis.gputime --runs {RUNS} --out {TABLES}"
+        " && python -m analysis.compare --runs {RUNS} --manifest {input.manifest} --out {TABLES}) > {log} 2>&1"
 
 
 rule plot:
@@ -74,5 +75,6 @@ rule figures:
         write_manifest(MANIFEST)
         shell(ENV + " python -m analysis.tables --runs {RUNS} --out {TABLES}" + _learning_cmd(strict=False) +
         " && python -m analysis.gputime --runs {RUNS} --out {TABLES}"
+        " && python -m analysis.compare --runs {RUNS} --out {TABLES}"
         " && python -m figures.plot_all --runs {RUNS} --tables {TABLES}"
         " --kernels results/kernels --rollout results/rollout --out {FIGS}")

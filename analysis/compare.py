@@ -1,0 +1,126 @@
+"""Arm against arm on held-out accuracy, paired by seed and prompt: the differences the main table's
+columns only suggest, with their standard errors.
+
+    python -m analysis.compare --runs results/runs/small --out results/tables/small
+
+Inputs: ``<runs>/<model>/<task>/<arm>/seed<k>/eval.json`` of the main arms (ablation arms are not
+compared), whose ``bf16`` and ``fp4`` blocks hold per-prompt accuracies. Every final evaluation of a
+model/task scores the same unique held-out prompts with the same sampling seed, and seed k of two arms
+starts from the same SFT base with the same data order, so arm A's run of seed k is paired with arm B's run
+of seed k, prompt by prompt.
+
+Per comparison (``COMPARISONS``: arm and deployment on each side) and model/task, over the seeds both arms
+have: the per-seed difference ``d_k = acc_A - acc_B`` and its prompt-clustered SE ``e_k`` (sd over prompts of
+the per-prompt difference / sqrt(prompts)); the difference is their mean, and its SE the main table's
+convention for a mean over seeds, sqrt(max(variance of d_k over seeds, mean e_k^2) / seeds): the
+evaluation SE is a floor, since 3 seeds can agree by chance more closely than one evaluation resolves.
+``z`` = difference / SE; ``A > B`` counts the seeds whose difference is positive. Nothing corrects for the
+several comparisons per model/task. Writes ``compare.csv`` and ``compare.md`` into --out.
+Compared against: the main table (analysis/tables.py), whose per-arm means and SEs these differences are
+consistent with (difference of the means; a smaller SE where seeds and prompts are shared).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+
+import numpy as np
+import pandas as pd
+
+from analysis.runs import load_runs, se_clustered
+
+# (arm A, its deployment, arm B, its deployment): the method's claims at this scale (DESIGN.md §4)
+COMPARISONS = [
+    ("trace", "fp4", "qat-independent", "fp4"),  # guidance beyond QAT alone
+    ("trace", "fp4", "fp4-naive", "fp4"),        # FP4 rollout with vs without the method
+    ("qat-independent", "fp4", "fp4-naive", "fp4"),
+    ("trace", "fp4", "bf16", "fp4"),             # against the BF16 policy quantized after training (posthoc-fp4)
+    ("trace", "fp4", "bf16", "bf16"),            # back to the BF16 curve: FP4-deployed TRACE vs BF16 RL in BF16
+]
+
+
+def _per_prompt(eval_json: dict | None, deploy: str) -> np.ndarray | None:
+    blk = (eval_json or {}).get(deploy) or {}
+    return np.asarray(blk["per_prompt"], dtype=float) if isinstance(blk.get("per_prompt"), list) else None
+
+
+def paired(a: list[np.ndarray], b: list[np.ndarray]) -> dict:
+    """Seed-paired difference of two arms' per-prompt accuracies (a[k], b[k]: seed k, same prompts)."""
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    if any(x.shape != y.shape for x, y in zip(a, b, strict=False)):
+        raise ValueError("paired runs scored different prompt sets")
+    per_seed = np.array([x.mean() for x in d])
+    e = np.array([se_clustered(x) for x in d])
+    n = len(d)
+    var_seed = float(np.var(per_seed, ddof=1)) if n > 1 else 0.0
+    se = math.sqrt(max(var_seed, float(np.mean(e**2))) / n)
+    diff = float(per_seed.mean())
+    return {"acc_a": float(np.mean([x.mean() for x in a])), "acc_b": float(np.mean([y.mean() for y in b])),
+            "diff": diff, "se": se, "z": diff / se if se > 0 else math.nan, "n_seeds": n,
+            "a_better": int((per_seed > 0).sum()), "per_seed": " ".join(f"{v:+.3f}" for v in per_seed),
+            "n_prompts": int(a[0].size)}
+
+
+def compare_table(runs_dir: str, manifest: str | None = None) -> pd.DataFrame:
+    evals: dict[tuple[str, str, str, int], dict] = {}
+    for r in load_runs(runs_dir, manifest):
+        if not r.ablation and r.eval:
+            evals[(r.model, r.task, r.arm, r.seed)] = r.eval
+    rows = []
+    for model, task in dict.fromkeys((m, t) for m, t, _, _ in evals):
+        for arm_a, dep_a, arm_b, dep_b in COMPARISONS:
+            seeds = sorted(s for m, t, arm, s in evals if (m, t, arm) == (model, task, arm_a)
+                           and (model, task, arm_b, s) in evals)
+            a = [_per_prompt(evals[(model, task, arm_a, s)], dep_a) for s in seeds]
+            b = [_per_prompt(evals[(model, task, arm_b, s)], dep_b) for s in seeds]
+            keep = [i for i in range(len(seeds)) if a[i] is not None and b[i] is not None]
+            if not keep:
+                continue
+            rows.append({"model": model, "task": task, "a": f"{arm_a} ({dep_a.upper()})",
+                         "b": f"{arm_b} ({dep_b.upper()})", **paired([a[i] for i in keep], [b[i] for i in keep])})
+    return pd.DataFrame(rows)
+
+
+NOTES = ("Held-out accuracy of arm A minus arm B (deployment in brackets; bf16 (FP4) is the posthoc-fp4 row of the "
+         "main table), paired by seed (same SFT base and data order) and by prompt (same held-out prompts and "
+         "sampling seed). Difference: mean over the seeds both arms have; ± its SE, sqrt(max(seed variance of the "
+         "per-seed differences, mean squared prompt-clustered SE of a seed's difference) / seeds); z = difference / "
+         "SE; A > B: seeds whose difference is positive; per seed: the differences, seed 0 first. No correction "
+         "for the several comparisons per model/task.")
+
+
+def to_markdown(t: pd.DataFrame, profile: str) -> str:
+    lines = [f"### Paired arm comparisons ({profile} profile): held-out accuracy, A - B", "",
+             "| model | task | A | B | prompts | acc A | acc B | A - B | z | A > B | per seed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for _, r in t.iterrows():
+        lines.append(f"| {r.model} | {r.task} | {r.a} | {r.b} | {r.n_prompts} | {r.acc_a:.3f} | {r.acc_b:.3f} | "
+                     f"{r['diff']:+.3f} ± {r.se:.3f} | {r.z:+.1f} | {r.a_better}/{r.n_seeds} | {r.per_seed} |")
+    return "\n".join(lines + ["", NOTES, ""])
+
+
+def build(runs_dir: str, out: str, manifest: str | None = None) -> pd.DataFrame:
+    t = compare_table(runs_dir, manifest)
+    profile = os.path.basename(os.path.normpath(runs_dir))
+    os.makedirs(out, exist_ok=True)
+    t.to_csv(os.path.join(out, "compare.csv"), index=False, float_format="%.6g")
+    with open(os.path.join(out, "compare.md"), "w") as f:
+        f.write(to_markdown(t, profile) if not t.empty
+                else f"### Paired arm comparisons ({profile} profile)\n\nno pair of arms with evaluations\n")
+    return t
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--manifest", default=None)
+    a = ap.parse_args(argv)
+    t = build(a.runs, a.out, a.manifest)
+    print(json.dumps({"comparisons": len(t)}))
+
+
+if __name__ == "__main__":
+    main()

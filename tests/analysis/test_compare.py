@@ -1,0 +1,53 @@
+"""analysis.compare: arm-vs-arm differences of held-out accuracy, paired by seed and prompt, with the main
+table's SE convention, on synthetic eval.json files (tests/analysis/synthetic.py)."""
+import json
+
+import numpy as np
+import pytest
+
+from analysis.compare import build, paired
+from tests.analysis.synthetic import eval_block, write_profile
+
+
+def test_paired_difference_and_its_standard_error():
+    """Seed 0: A - B per prompt (0.5, 0, 0.5, 0): +0.25, clustered SE 0.1443; seed 1: (0, 0, 0.5, 0.5): +0.25,
+    SE 0.1443. Seed variance 0 < mean e^2, so SE = sqrt(0.1443^2 / 2) = 0.1021; z = 2.45; 2 of 2 seeds A > B."""
+    a = [np.array([0.5, 0.5, 1, 1]), np.array([0.5, 0.5, 1, 1])]
+    b = [np.array([0, 0.5, 0.5, 1]), np.array([0.5, 0.5, 0.5, 0.5])]
+    r = paired(a, b)
+    assert r["diff"] == pytest.approx(0.25) and r["se"] == pytest.approx(0.1021, abs=1e-4)
+    assert r["z"] == pytest.approx(2.449, abs=1e-3) and (r["a_better"], r["n_seeds"]) == (2, 2)
+    assert r["per_seed"] == "+0.250 +0.250"
+
+
+def test_seed_spread_dominates_when_seeds_disagree():
+    """Every prompt moves by the same amount within a seed (prompt SE 0), +0.3 and -0.1 across seeds: the SE is
+    the seed spread's, sd 0.2828 / sqrt(2) = 0.2, and only one seed has A > B."""
+    a = [np.full(8, 0.6), np.full(8, 0.4)]
+    b = [np.full(8, 0.3), np.full(8, 0.5)]
+    r = paired(a, b)
+    assert r["diff"] == pytest.approx(0.1) and r["se"] == pytest.approx(0.2) and r["a_better"] == 1
+    with pytest.raises(ValueError):
+        paired([np.zeros(3)], [np.zeros(4)])
+
+
+def test_table_pairs_seeds_and_deployments(tmp_path):
+    """trace (FP4) - qat-independent (FP4) over the seeds both have; ablation arms are never compared; the
+    bf16 arm's FP4 block is the posthoc comparison."""
+    runs = tmp_path / "runs" / "smoke"
+    write_profile(runs, models=["qwen3_moe-tiny"], seeds=[0, 1], steps=2)
+    base = runs / "qwen3_moe-tiny" / "reasoning"
+    for arm, dep, pp in (("trace", "fp4", [0.5, 0.75, 1.0]), ("qat-independent", "fp4", [0.25, 0.5, 1.0]),
+                         ("bf16", "fp4", [0.5, 0.5, 0.5])):
+        for seed in (0, 1):
+            p = base / arm / f"seed{seed}" / "eval.json"
+            ev = json.loads(p.read_text())
+            ev[dep] = eval_block(pp)
+            p.write_text(json.dumps(ev))
+    (base / "qat-independent" / "seed1" / "eval.json").unlink()
+    t = build(str(runs), str(tmp_path / "t")).set_index(["a", "b"])
+    row = t.loc[("trace (FP4)", "qat-independent (FP4)")]
+    assert row["n_seeds"] == 1 and row["diff"] == pytest.approx(1 / 6)
+    assert t.loc[("trace (FP4)", "bf16 (FP4)"), "diff"] == pytest.approx(0.25)
+    assert not any("rho" in a or "rho" in b for a, b in t.index)
+    assert "| qwen3_moe-tiny | reasoning | trace (FP4) | qat-independent (FP4) | 3 |" in (tmp_path / "t" / "compare.md").read_text()
