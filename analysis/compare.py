@@ -48,9 +48,9 @@ def _per_prompt(eval_json: dict | None, deploy: str) -> np.ndarray | None:
 
 def paired(a: list[np.ndarray], b: list[np.ndarray]) -> dict:
     """Seed-paired difference of two arms' per-prompt accuracies (a[k], b[k]: seed k, same prompts)."""
-    d = [x - y for x, y in zip(a, b, strict=True)]
-    if any(x.shape != y.shape for x, y in zip(a, b, strict=False)):
+    if any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
         raise ValueError("paired runs scored different prompt sets")
+    d = [x - y for x, y in zip(a, b, strict=True)]
     per_seed = np.array([x.mean() for x in d])
     e = np.array([se_clustered(x) for x in d])
     n = len(d)

@@ -27,7 +27,7 @@ def test_seed_spread_dominates_when_seeds_disagree():
     b = [np.full(8, 0.3), np.full(8, 0.5)]
     r = paired(a, b)
     assert r["diff"] == pytest.approx(0.1) and r["se"] == pytest.approx(0.2) and r["a_better"] == 1
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="different prompt sets"):
         paired([np.zeros(3)], [np.zeros(4)])
 
 
