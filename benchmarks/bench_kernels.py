@@ -239,7 +239,8 @@ def run_quantize(dev, quick):
                     det.update(kernel_scale=int(q.scales[r0, b0]), ref_scale=int(s[r0, b0]),
                                amax=float(xc[r0, b0 * 16:(b0 + 1) * 16].float().abs().max()), outer=float(o[r0, 0]) if fmt == "nvfp4" else 0)
             check(f"quantize {fmt} {M}x{K} bit-exact", all(parts.values()), json.dumps(det))
-    shapes = [(8192, 4096)] + ([] if quick else [(256, 2048), (4096, 14336)])
+    # 16384x2048: one 2048-wide chunk per row, the tile v2k moved to 8 warps (Qwen3-30B-A3B's hidden width)
+    shapes = [(8192, 4096), (16384, 2048)] + ([] if quick else [(256, 2048), (4096, 14336)])
     for M, K in shapes:
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
         for fmt, guide, fake in (("nvfp4", False, False), ("nvfp4", True, False), ("mxfp4", False, False),
