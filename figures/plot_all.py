@@ -3,7 +3,8 @@
     python -m figures.plot_all --runs results/runs/smoke --tables results/tables/smoke \
         --kernels results/kernels --rollout results/rollout --out figures/smoke
 
-Runs figures.plot_runs (curves_reward, curves_mismatch, flip_rates, mismatch_vs_bytes, final_accuracy)
+Runs figures.plot_runs (curves_reward, curves_mismatch, flip_rates, mismatch_vs_bytes, final_accuracy,
+paired_differences)
 figures.plot_speedups (speedups) and figures.plot_rollout (rollout); PNG + PDF each. This is what the pipeline's `plot` rule and the
 `figures` target call; no GPU and no training needed.
 """

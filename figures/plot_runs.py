@@ -14,7 +14,9 @@ Writes (PNG + PDF each), one panel per model x task, one line per arm (mean over
 * ``final_accuracy``: final test accuracy under BF16 and FP4 deployment per arm (from main.csv), with
   error bars of one standard error: over seeds (std/sqrt(n_seeds)) where there are several seeds, else
   the binomial sqrt(p(1-p)/n) over the n evaluation samples in eval.json (the samples of one prompt are
-  correlated, so this understates the spread across prompts).
+  correlated, so this understates the spread across prompts);
+* ``paired_differences``: the paired arm comparisons of compare.csv (analysis/compare.py), one row per
+  model/task and comparison: A - B with a bar of 2 standard errors each side, and the line at 0.
 Compared against: the paper's figures (TRACE tracks the bf16 curves while naive FP4 drifts; k3 drops
 with guided layers; compact guidance near full codes at a fraction of the bytes).
 """
@@ -34,7 +36,7 @@ from analysis.runs import MAIN_METHODS, load_runs
 from figures import style
 from figures.style import plt
 
-NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy"]
+NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy", "paired_differences"]
 
 
 def _groups(runs):
@@ -335,6 +337,52 @@ def plot_final_accuracy(main_df: pd.DataFrame, out: str, n_eval: dict | None = N
     return style.save(final_accuracy_figure(main_df, n_eval), out, "final_accuracy")
 
 
+def paired_figure(cmp: pd.DataFrame):
+    """cmp: compare.csv rows (model, task, a, b, diff, se, n_seeds). One row per comparison, grouped by
+    model/task (top to bottom in the table's order), A - B with 2 SE either side."""
+    keys = list(dict.fromkeys(zip(cmp["model"], cmp["task"], strict=True)))
+    fig, ax = plt.subplots(figsize=(8.4, 0.26 * (len(cmp) + 1.2 * len(keys)) + 1.4))
+    seeds = sorted({int(n) for n in cmp["n_seeds"]})
+    one_n = len(seeds) == 1
+    y, ticks, labels = 0.0, [], []
+    for model, task in keys:
+        g = cmp[(cmp["model"] == model) & (cmp["task"] == task)]
+        ax.text(0.0, y, f"{model} / {task}", transform=ax.get_yaxis_transform(), ha="left", va="center",
+                fontsize=8, fontweight="bold")
+        y -= 1.0
+        for _, r in g.iterrows():
+            arm = r["a"].split(" (")[0]
+            lo_hi = 2 * float(r["se"])
+            ax.errorbar(float(r["diff"]), y, xerr=lo_hi, fmt="o", ms=4, color=style.arm_color(arm), capsize=2,
+                        elinewidth=1.0)
+            ticks.append(y)
+            labels.append(f"{r['a']} - {r['b']}" + ("" if one_n else f"  ({int(r['n_seeds'])} seeds)"))
+            y -= 1.0
+        y -= 0.2
+    ax.axvline(0.0, color="black", lw=0.8)
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_ylim(y + 0.4, 0.8)
+    ax.set_xlabel("held-out accuracy, A - B; bars: 2 standard errors")
+    over = f"{seeds[0]} seed{'s' if seeds[0] > 1 else ''}" if one_n else "the seeds both arms have"
+    ax.set_title(f"Paired arm comparisons (compare.md): paired by seed and prompt, over {over}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_paired(runs_dir: str, tables_dir: str | None, out: str, manifest: str | None = None) -> list[str]:
+    path = os.path.join(tables_dir, "compare.csv") if tables_dir else ""
+    if path and os.path.exists(path) and os.path.getsize(path) > 1:
+        cmp = pd.read_csv(path)
+    else:
+        from analysis.compare import compare_table
+
+        cmp = compare_table(runs_dir, manifest)
+    if cmp.empty:
+        return style.placeholder(out, "paired_differences", "Paired arm comparisons", "no pair of arms with evaluations")
+    return style.save(paired_figure(cmp), out, "paired_differences")
+
+
 def plot_all_runs(runs_dir: str, tables_dir: str | None, out: str, manifest: str | None = None) -> list[str]:
     style.setup()
     runs = load_runs(runs_dir, manifest)
@@ -353,6 +401,7 @@ def plot_all_runs(runs_dir: str, tables_dir: str | None, out: str, manifest: str
         main_df = main_table(runs_df) if not runs_df.empty else None
     written += plot_mismatch_vs_bytes(runs_df, out)
     written += plot_final_accuracy(main_df, out, eval_sample_counts(runs))
+    written += plot_paired(runs_dir, tables_dir, out, manifest)
     return written
 
 

@@ -83,7 +83,8 @@ def test_committed_tables_of_a_partly_run_profile_do_not_hide_its_missing_runs(t
              for e in ("csv", "md")]
             + [f"results/tables/{prof}/runs.csv"]
             + [f"figures/{prof}/{n}.{e}" for n in ("curves_reward", "curves_mismatch", "flip_rates",
-                                                   "mismatch_vs_bytes", "final_accuracy", "speedups")
+                                                   "mismatch_vs_bytes", "final_accuracy", "paired_differences",
+                                                   "speedups")
                for e in ("png", "pdf")])
     later = time.time() + 60
     for rel in runs + made:
@@ -240,8 +241,11 @@ def test_reduced_smoke_pipeline_end_to_end(tmp_path):
     assert list(learning["seed"].astype(str)) == ["0", "mean"] and (learning["n_prompts"] == 8).all()
     abl = pd.read_csv(work / "results" / "tables" / "ci" / "ablation.csv")
     assert {"trace", "trace-noalign", "qat-independent"} <= set(abl.arm)
-    for name in ("curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy", "speedups"):
+    for name in ("curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy",
+                 "paired_differences", "speedups"):
         assert (work / "figures" / "ci" / f"{name}.png").exists()
+    cmp = pd.read_csv(work / "results" / "tables" / "ci" / "compare.csv")
+    assert {"trace (FP4)"} <= set(cmp["a"]) and (cmp["n_seeds"] == 1).all()
     bench = (work / "results" / "bench" / "ci" / "kernels.json").read_text()
     assert '"ran": false' in bench
 

@@ -8,8 +8,8 @@ from analysis.tables import build
 from figures.plot_all import main as plot_all_main
 from tests.analysis.synthetic import write_profile
 
-NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy", "speedups",
-         "rollout"]
+NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy",
+         "paired_differences", "speedups", "rollout"]
 
 # the long tables benchmarks/bench_kernels.py and bench_rollout.py append to (benchmarks/results_table.py)
 KERNEL_CSV = """version,commit,gpu,date,op,shape,provider,median_us,ratio_vs_bf16,pct_copy_bw

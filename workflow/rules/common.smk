@@ -50,6 +50,6 @@ TABLE_FILES = [f"{TABLES}/{name}.{ext}" for name in ("main", "ablation", "gputim
     f"{TABLES}/runs.csv"
 ] + ([f"{TABLES}/learning.{ext}" for ext in ("csv", "md")] if LEARNING else [])
 FIGURE_NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy",
-                "speedups"]
+                "paired_differences", "speedups"]
 FIGURE_FILES = [f"{FIGS}/{n}.{ext}" for n in FIGURE_NAMES for ext in ("png", "pdf")]
 BENCH_STATUS = [f"results/bench/{PROFILE}/{what}.json" for what in ("kernels", "rollout")]
