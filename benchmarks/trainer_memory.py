@@ -3,7 +3,8 @@ runs share a GPU (the small profile's `gpu_slots_per_device`, lease_call.sh's SL
 
 One RL step of a profile's run config on the CPU (random initial weights unless --init-ckpt, so generations
 run to their length limit: an upper bound), with a saved-tensors hook around the trainer's forward that adds
-up the bytes of every tensor autograd keeps, keyed by the innermost trace/ or kernels/ line that made it.
+up the bytes of every storage autograd keeps (each once, whole: a saved view keeps its base alive, and a tensor
+saved by two ops is one allocation), keyed by the innermost trace/ or kernels/ line that first saved it.
 Parameters are not counted (they are kept anyway). Scale by prompts: saved memory is linear in the batch.
 
     PYTHONPATH=. .venv/bin/python benchmarks/trainer_memory.py --model mixtral-small --task coding --arm trace --prompts 8
@@ -41,26 +42,40 @@ def _origin() -> str:
     return "elsewhere (transformers / torch)"
 
 
+class SavedStorages:
+    """Saved-tensors hook that adds up the storages autograd keeps for the backward, by origin and dtype: each
+    storage once and whole (a saved view keeps all of its base alive; one tensor saved by two ops, e.g. silu's
+    input and then mul's, is one allocation), at the first save that keeps it. Parameters are not counted."""
+
+    def __init__(self):
+        self.by: collections.Counter = collections.Counter()
+        self._seen: dict[int, torch.Tensor] = {}  # storage address -> a tensor on it (kept: the address stays its)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if not isinstance(t, torch.nn.Parameter) and st.data_ptr() not in self._seen:
+            self._seen[st.data_ptr()] = t
+            self.by[(_origin(), str(t.dtype).replace("torch.", ""))] += st.nbytes()
+        return t
+
+    def __call__(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+
+
 def saved_bytes(cfg: dict) -> tuple[dict, int]:
     """({(origin, dtype): bytes}, generated tokens) of one RL step of `cfg` (a validated run config)."""
     with tempfile.TemporaryDirectory() as out:
         tr = RLTrainer(cfg, out, progress=False)
-        by: collections.Counter = collections.Counter()
-
-        def pack(t):
-            if not isinstance(t, torch.nn.Parameter):
-                by[(_origin(), str(t.dtype).replace("torch.", ""))] += t.numel() * t.element_size()
-            return t
-
+        saved = SavedStorages()
         forward = tr._replayed_logprobs
 
         def hooked(*a, **k):
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with saved():
                 return forward(*a, **k)
 
         tr._replayed_logprobs = hooked
         m = tr.step(1)
-    return dict(by), int(m["n_tokens"])
+    return dict(saved.by), int(m["n_tokens"])
 
 
 def step_config(profile: str, model: str, task: str, arm: str, prompts: int, *, init_ckpt: str | None = None,

@@ -8,7 +8,9 @@ import os
 import pytest
 
 pytest.importorskip("trace.config")
-from benchmarks.trainer_memory import saved_bytes, step_config  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks.trainer_memory import SavedStorages, saved_bytes, step_config  # noqa: E402
 
 SMOKE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                      "experiments", "profiles", "smoke.yaml")
@@ -24,3 +26,20 @@ def test_trace_keeps_little_more_than_independent_qat():
     assert n_trace == n_qat > 0  # the same samples: both arms roll out in FP4 from the same weights and seed
     assert any(where.startswith("qat/") for where, _ in trace)
     assert sum(trace.values()) < 1.5 * sum(qat.values()), (sum(trace.values()), sum(qat.values()))
+
+
+def test_a_storage_counts_once_and_whole():
+    """sigmoid saves its output and the product saves it twice more: one storage of 4,000 bytes. A saved view of
+    half of a [10, 100] fp32 tensor keeps the whole 4,000-byte base alive."""
+    x = torch.randn(1000, requires_grad=True)
+    a = torch.randn(10, 100, requires_grad=True)
+    saved = SavedStorages()
+    with saved():
+        y = x.sigmoid()
+        (y * y).sum().backward()
+    assert sum(saved.by.values()) == 4000
+    saved = SavedStorages()
+    with saved():
+        b = a * 2
+        b[:, :50].sin().sum().backward()
+    assert sum(saved.by.values()) == 4000
