@@ -42,6 +42,7 @@ ARM_ORDER = list(MAIN_METHODS) + [POSTHOC]
 MAIN_COLUMNS = [
     ("acc_bf16", "Acc BF16 deploy"),
     ("acc_fp4", "Acc FP4 deploy"),
+    ("reward_final", "Train reward (last third)"),
     ("k3_mean", "k3 mean"),
     ("k3_final", "k3 final (last third)"),
     ("guidance_bytes_per_gen_token", "Guidance B / generated token"),
@@ -68,7 +69,7 @@ ABLATION_COLUMNS = [
 FACTOR_COLUMNS = ["rho", "guidance", "align_coef", "align_parts", "routing_replay"]
 ACC_COLUMNS = ("acc_bf16", "acc_fp4")
 # columns shown with the range over seeds beside the mean
-RANGE_COLUMNS = ("k3_mean", "k3_final", "dlp_abs_max", "align_grad_ratio", "align_scale_share", "code_flip_rate",
+RANGE_COLUMNS = ("reward_final", "k3_mean", "k3_final", "dlp_abs_max", "align_grad_ratio", "align_scale_share", "code_flip_rate",
                  "step_s", "step_overhead_vs_qat")
 # logged by the trainer only since a later commit: n/a in older runs, so never required
 DIAGNOSTIC_COLUMNS = ("align_grad_ratio", "align_scale_share")
@@ -186,7 +187,7 @@ def _isnan(v) -> bool:
 
 
 def _num(v, col: str) -> str:
-    if col.startswith("acc"):
+    if col.startswith("acc") or col == "reward_final":
         return f"{v:.3f}"
     if col in ("k3_mean", "k3_final", "code_flip_rate", "unrecoverable_rate", "dlp_abs_max"):
         return f"{v:.2e}" if abs(v) < 1e-2 and v != 0 else f"{v:.3f}"
@@ -255,7 +256,9 @@ COMMON_NOTES = (
     "what must travel per trained token (0 without guidance). n/a: the column does not apply to the arm."
 )
 MAIN_NOTES = COMMON_NOTES + (
-    " Generation tok/s: generated tokens over generation time with recording excluded, median over steps "
+    " Train reward: mean rollout reward over the last third of the RL steps, i.e. on the training prompts as the "
+    "arm's own rollout samples them (at the sampling temperature); far above the held-out accuracy, it says the "
+    "run fit (or memorized) its training prompts. Generation tok/s: generated tokens over generation time with recording excluded, median over steps "
     "on the profile's device; speedup relative to the bf16 arm of the same model/task/seed. Recording "
     "overhead: time spent recording the arm's own guidance record over generation time (diagnostic "
     "records are never counted); where decode steps record inside CUDA graphs (GPU runs after commit "

@@ -15,7 +15,7 @@ from analysis.tables import build
 from tests.analysis.synthetic import ABLATIONS, METHODS, STEP_S, write_profile
 from trace.rundir import read_metrics
 
-MAIN_NUM = ["acc_bf16", "acc_fp4", "k3_mean", "k3_final", "guidance_bytes_per_gen_token",
+MAIN_NUM = ["acc_bf16", "acc_fp4", "reward_final", "k3_mean", "k3_final", "guidance_bytes_per_gen_token",
             "rollout_gen_tokens_per_s", "rollout_speedup", "record_overhead", "step_s"]
 TRAINING = [c for c in MAIN_NUM if c != "acc_fp4"] + ["step_overhead_vs_qat"]
 
@@ -43,6 +43,12 @@ def test_main_table_has_every_arm_with_finite_numbers(profile):
     assert len(t["runs"]) == 2 * 2 * 5 + 2 * len(ABLATIONS)
     md = (out / "main.md").read_text()
     assert "posthoc-fp4" in md and "trace" in md
+    # the training reward: the seeds' mean of each run's last-third mean reward (synthetic accuracy 0.2 + 0.05 s
+    # + noise < 0.02 over steps 0-7, whose last third is steps 5-7: 0.45 to 0.57)
+    r = pd.read_csv(out / "runs.csv")
+    r = r[(r.model == "qwen3_moe-tiny") & (r.arm == "trace")]
+    assert q.loc["trace", "reward_final"] == pytest.approx(r["reward_final"].mean())
+    assert 0.45 <= q.loc["trace", "reward_final"] <= 0.57
 
 
 def test_posthoc_row_has_only_its_fp4_accuracy(profile):
