@@ -3,7 +3,7 @@ TRACE's overhead over qat-independent that the main table's s/step (runs sharing
 cannot give, and the FP4 library's RTN on the quantize kernel against the reference ops (TRACE_FP4_KERNELS).
 
     PYTHONPATH=. python benchmarks/bench_trainer_step.py --device cuda --model mixtral-small --task long_horizon \
-        [--init-ckpt DIR] [--steps 6] [--prompts 64] [--kernels auto off]
+        [--init-ckpt DIR] [--steps 6] [--prompts 64] [--kernels auto off] [--procs N] [--recompute-experts]
 
 Each (arm, kernels) builds a trainer from the profile's run config (seed 0; random weights unless --init-ckpt,
 so generations run to their length limit), runs --steps RL steps and keeps the medians of the steps after
@@ -44,7 +44,7 @@ from trace.rl.trainer import RLTrainer  # noqa: E402
 
 FIELDS = ("version", "commit", "gpu", "date", "model", "task", "arm", "fp4_kernels", "prompts", "steps",
           "step_s", "rollout_s", "train_s", "train_vs_qat_independent", "train_vs_bf16", "peak_gb", "k3_first", "k3",
-          "procs", "steps_per_s", "note")
+          "procs", "steps_per_s", "recompute_experts", "note")
 FP4_ARMS = ("fp4-naive", "qat-independent", "trace")  # the engine quantizes its weights (and these trainers but fp4-naive's)
 
 
@@ -55,13 +55,14 @@ def time_arm(cfg: dict, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
         tr = RLTrainer(cfg, out, progress=False)
         ms = [tr.step(i) for i in range(1, steps + 1)]
+        recompute = tr.model._trace_rt.recompute_experts  # what the trainer ran, not what was asked
     k3 = [m["k3"] for m in ms]
     ms = ms[1:]
     med = lambda k: statistics.median(m[k] for m in ms)  # noqa: E731
     peak = max((m["gpu_peak_alloc_gb"] or 0.0) for m in ms) if ms[0]["gpu_peak_alloc_gb"] is not None else None
     return {"step_s": med("time_rollout_s") + med("time_train_s"), "rollout_s": med("time_rollout_s"),
             "train_s": med("time_train_s"), "peak_gb": peak,
-            "k3_first": k3[0], "k3": statistics.median(k3)}
+            "k3_first": k3[0], "k3": statistics.median(k3), "recompute_experts": recompute}
 
 
 def time_arm_in_procs(argv: list[str], arm: str, kernels: str, procs: int) -> dict:
@@ -82,7 +83,7 @@ def time_arm_in_procs(argv: list[str], arm: str, kernels: str, procs: int) -> di
     peaks = [float(r["peak_gb"]) for r in rows if r["peak_gb"] not in ("", "None")]
     return {"step_s": med("step_s"), "rollout_s": med("rollout_s"), "train_s": med("train_s"),
             "peak_gb": max(peaks) if peaks else None, "k3_first": float(rows[0]["k3_first"]),
-            "k3": float(rows[0]["k3"])}
+            "k3": float(rows[0]["k3"]), "recompute_experts": all(r["recompute_experts"] == "True" for r in rows)}
 
 
 def main(argv=None) -> list[dict]:
@@ -100,22 +101,26 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--version", default="dev")
     ap.add_argument("--out", default="results/trainer/trainer_step.csv")
     ap.add_argument("--procs", type=int, default=1, help="processes at once per (arm, kernels), as runs share a GPU")
+    ap.add_argument("--recompute-experts", action="store_true",
+                    help="rl.recompute_experts on: less trainer memory, one more expert forward per step")
     a = ap.parse_args(argv)
     if a.procs < 1:
         ap.error("--procs must be at least 1")
     if a.steps < 2:
         ap.error("--steps must be at least 2 (the first is warm-up)")
     # what each process of --procs gets: every given argument but the arms, kernels, processes and output
-    child = [w for k, v in vars(a).items() if v is not None and k not in ("arms", "kernels", "procs", "out")
-             for w in (f"--{k.replace('_', '-')}", str(v))]
+    child = [w for k, v in vars(a).items() if v is not None and v is not False
+             and k not in ("arms", "kernels", "procs", "out")
+             for w in ((f"--{k.replace('_', '-')}",) if v is True else (f"--{k.replace('_', '-')}", str(v)))]
     rows, before = [], os.environ.get("TRACE_FP4_KERNELS")
     gpu = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu"
     try:
         for arm in a.arms:
             for k in (a.kernels if arm in FP4_ARMS else ["auto"]):
-                cfg, full = step_config(a.profile, a.model, a.task, arm, a.prompts or 1, init_ckpt=a.init_ckpt)
+                rc = {"init_ckpt": a.init_ckpt, "recompute_experts": a.recompute_experts}
+                cfg, full = step_config(a.profile, a.model, a.task, arm, a.prompts or 1, **rc)
                 if not a.prompts:
-                    cfg, _ = step_config(a.profile, a.model, a.task, arm, full, init_ckpt=a.init_ckpt)
+                    cfg, _ = step_config(a.profile, a.model, a.task, arm, full, **rc)
                 cfg["device"] = a.device
                 os.environ["TRACE_FP4_KERNELS"] = k
                 t0 = time.perf_counter()

@@ -100,8 +100,10 @@ def main(argv=None) -> None:
     ap.add_argument("--prompts", type=int, default=8, help="prompts per step (the profile's value is scaled down)")
     ap.add_argument("--init-ckpt", default=None)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--recompute-experts", action="store_true", help="rl.recompute_experts on")
     a = ap.parse_args(argv)
-    cfg, full = step_config(a.profile, a.model, a.task, a.arm, a.prompts, init_ckpt=a.init_ckpt)
+    cfg, full = step_config(a.profile, a.model, a.task, a.arm, a.prompts, init_ckpt=a.init_ckpt,
+                            recompute_experts=a.recompute_experts)
     by, n_gen = saved_bytes(cfg)
     total = sum(by.values())
     print(f"{a.model} {a.task} {a.arm}: {a.prompts} prompts, {n_gen} generated tokens, saved {total / 1e9:.2f} GB"

@@ -41,7 +41,7 @@ DEFAULTS: dict[str, Any] = {
         "temperature": 1.0, "lr": 1.0e-4, "weight_decay": 0.0, "grad_clip": 1.0, "clip_eps": 0.2,
         "kl_coef": 0.0, "advantage": "group_norm", "tis_cap": 2.0, "icepop": None, "ppo_ratio": "trainer",
         "rho": 0.5, "align_coef": 0.1, "align_scales": True, "fmt": "nvfp4", "autocast": "bf16", "init_ckpt": None,
-        "ckpt_every": 5, "eval_every": 0, "max_turns": 8, "diag_flips": True,
+        "ckpt_every": 5, "eval_every": 0, "max_turns": 8, "diag_flips": True, "recompute_experts": False,
     },
     "eval": {"n_test": None, "samples_per_prompt": 4, "temperature": 1.0, "max_new_tokens": None,
              "modes": ["bf16", "fp4"], "seed": 1234},
@@ -94,7 +94,7 @@ SCHEMA: dict = _obj({
         "align_scales": {"type": "boolean"},
         "fmt": {"enum": ["nvfp4", "mxfp4"]}, "autocast": {"enum": ["bf16", "none"]},
         "init_ckpt": {"type": ["string", "null"]}, "ckpt_every": _pos_int, "eval_every": _nonneg_int,
-        "max_turns": _pos_int, "diag_flips": {"type": "boolean"},
+        "max_turns": _pos_int, "diag_flips": {"type": "boolean"}, "recompute_experts": {"type": "boolean"},
     }),
     "eval": _obj({
         "n_test": {"oneOf": [{"type": "null"}, _pos_int]}, "samples_per_prompt": _pos_int,

@@ -34,7 +34,9 @@ def test_processes_at_once(tmp_path):
     args = ["--profile", "experiments/profiles/smoke.yaml", "--model", "mixtral-tiny", "--task", "reasoning",
             "--arms", "qat-independent", "--kernels", "off", "--steps", "2", "--prompts", "2", "--device", "cpu"]
     one = main(args + ["--out", str(tmp_path / "one.csv")])[0]
-    two = main(args + ["--procs", "2", "--out", str(tmp_path / "two.csv")])[0]
+    two = main(args + ["--procs", "2", "--recompute-experts", "--out", str(tmp_path / "two.csv")])[0]
     assert one["procs"] == 1 and two["procs"] == 2
+    # the children got the flag (recomputing changes nothing the step computes: the same first k3)
+    assert two["recompute_experts"] is True and one["recompute_experts"] is False
     assert two["steps_per_s"] == round(2 / two["step_s"], 4) and one["steps_per_s"] == round(1 / one["step_s"], 4)
     assert two["k3_first"] == one["k3_first"] and two["train_s"] > 0

@@ -258,3 +258,37 @@ def test_the_kernel_path_forward_layer_by_layer(monkeypatch, name):
         assert len(a) == len(b) > 0
         first = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if not torch.equal(x, y)), None)
         assert first is None, f"{arm}: layer {first} is the first whose output differs"
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("autocast", [False, True])
+def test_recomputed_experts_change_nothing_but_what_is_kept(name, autocast):
+    """`recompute_experts` (the trainer's rl.recompute_experts): the expert MLPs run again in the backward, so
+    the forward, every gradient and the guided replay's alignment term are bit-identical to keeping them, under
+    BF16 autocast too; and autograd keeps less."""
+    m, ids, seq, pos, record, _ = _recorded_fp32(name)
+    results = []
+    for recompute in (False, True):
+        m.zero_grad(set_to_none=True)
+        m._trace_rt.recompute_experts = recompute
+        kept = {}  # storage address -> bytes, each once; the parameters' own storages are not counted
+        params = {p.untyped_storage().data_ptr() for p in m.parameters()}
+
+        def pack(t, kept=kept, params=params):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                kept[st.data_ptr()] = (st.nbytes(), t)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
+                replay(m, record, seq, pos, align=True, guide_layers=guided_layer_indices(4, 0.5)) as stats:
+            logits = m(ids).logits.float()
+            loss = logits.pow(2).mean() + 0.1 * stats.alignment_loss()
+        loss.backward()
+        results.append((logits.detach(), loss.detach(), {k: p.grad.clone() for k, p in m.named_parameters()
+                                                          if p.grad is not None}, sum(n for n, _ in kept.values())))
+    (l0, s0, g0, kept0), (l1, s1, g1, kept1) = results
+    assert torch.equal(l0, l1) and torch.equal(s0, s1)
+    assert g0.keys() == g1.keys() and all(torch.equal(g0[k], g1[k]) for k in g0), name
+    assert kept1 < kept0

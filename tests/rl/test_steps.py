@@ -82,6 +82,23 @@ def test_trace_with_all_layers_guided_cuts_mismatch(tmp_path, sft_ckpt):
     assert out["trace"]["dlp_abs_mean"] < out["qat-independent"]["dlp_abs_mean"]
 
 
+def test_recompute_experts_repeats_the_step_exactly(tmp_path, sft_ckpt):
+    """rl.recompute_experts trades memory for a second expert forward: the same step (rollout, loss, gradient
+    norm, the alignment term's split) and bit-identical weights after it."""
+    out = {}
+    for on in (False, True):
+        cfg = small_cfg(["rl.method=trace", "rl.steps=1", "rl.prompts_per_step=8", f"rl.recompute_experts={on}"],
+                        init_ckpt=sft_ckpt)
+        tr = RLTrainer(cfg, tmp_path / str(on), progress=False)
+        assert tr.model._trace_rt.recompute_experts is on
+        rec = tr.step(1)
+        out[on] = (rec, {k: v.clone() for k, v in tr.model.state_dict().items()})
+    (r0, w0), (r1, w1) = out[False], out[True]
+    for k in ("reward_mean", "k3", "loss", "grad_norm", "grad_norm_align", "grad_norm_rest", "align_loss"):
+        assert r0[k] == r1[k], k
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+
+
 def test_train_batch_alignment(tmp_path, sft_ckpt):
     """Trainer log-probs line up with the rollout's: with the trainer in FP32 (no autocast) and the
     engine in FP32, the bf16 arm's log-probs agree to float rounding on every trainable token."""

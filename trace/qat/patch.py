@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import AttentionInterface
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -45,6 +46,9 @@ class QATRuntime(Runtime):
     """The guidance runtime of one patched model plus its mode (which sites are quantized)."""
 
     mode: str = "w4a4"
+    # recompute each expert's gate/up GEMM and SiLU product in the backward instead of keeping them (the
+    # trainer's largest saved activations on the small MoE flavors; values and gradients unchanged)
+    recompute_experts: bool = False
 
     @property
     def weights(self) -> bool:
@@ -125,6 +129,12 @@ def _router_forward_factory(orig_cls):
 _ROUTER_CLASSES: dict[type, type] = {}
 
 
+def _expert_mlp(act_fn, x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
+    """x [n_e, H], w_gu [2I, H] (gate rows, then up rows) -> act_fn(gate) * up [n_e, I]."""
+    gate, up = F.linear(x, w_gu).chunk(2, dim=-1)
+    return act_fn(gate) * up
+
+
 def trace_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """Eager expert loop with FP4 sites. hidden_states [N, H], top_k_index/weights [N, k]. In bf16 mode the
     same loop without FP4 (bit-identical to transformers' loop, forward and gradients; faster backward)."""
@@ -142,10 +152,19 @@ def trace_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     mask = F.one_hot(top_k_index, self.num_experts).permute(2, 1, 0)  # [E, k, N]
     hit = (mask.sum(dim=(1, 2)) > 0).nonzero().flatten().tolist()
     pairs, h_all = {}, None
+    recompute = rt.recompute_experts and torch.is_grad_enabled()
     for e in hit:
         slot, tok = torch.where(mask[e])
-        gate, up = F.linear(x[tok], w_gu[e]).chunk(2, dim=-1)
-        h = self.act_fn(gate) * up  # [n_e, I] (bf16 under autocast)
+        if recompute:
+            # autograd keeps the GEMM's two inputs as it reads them: cast here as autocast would cast them inside
+            # (same values), so neither the fp32 rows nor the fake-quantized fp32 weight is kept for the recompute
+            xe, w = x[tok], w_gu[e]
+            dev = w.device.type
+            if torch.is_autocast_enabled(dev):
+                xe, w = xe.to(torch.get_autocast_dtype(dev)), w.to(torch.get_autocast_dtype(dev))
+            h = checkpoint(_expert_mlp, self.act_fn, xe, w, use_reentrant=False)
+        else:
+            h = _expert_mlp(self.act_fn, x[tok], w_gu[e])  # [n_e, I] (bf16 under autocast)
         if h_all is None:
             h_all = h.new_zeros(n, k, inter)  # [N, k, I]: the down input per (token, slot)
         h_all = h_all.index_put((tok, slot), h)

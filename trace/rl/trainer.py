@@ -166,7 +166,7 @@ class RLTrainer:
             state, self.start_step = None, 0
         self.resumed = latest is not None
         self.model.train()
-        patch_model(self.model, self.arm.trainer_mode, self.rl["fmt"])
+        patch_model(self.model, self.arm.trainer_mode, self.rl["fmt"]).recompute_experts = self.rl["recompute_experts"]
         self.ref = None
         if self.rl["kl_coef"] > 0:
             # the reference is the initial policy (SFT checkpoint), unquantized and frozen
