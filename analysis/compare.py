@@ -41,6 +41,10 @@ COMPARISONS = [
 ]
 
 
+COLUMNS = ["model", "task", "a", "b", "acc_a", "acc_b", "diff", "se", "z", "n_seeds", "a_better", "per_seed",
+           "n_prompts"]
+
+
 def _per_prompt(eval_json: dict | None, deploy: str) -> np.ndarray | None:
     blk = (eval_json or {}).get(deploy) or {}
     return np.asarray(blk["per_prompt"], dtype=float) if isinstance(blk.get("per_prompt"), list) else None
@@ -80,7 +84,7 @@ def compare_table(runs_dir: str, manifest: str | None = None) -> pd.DataFrame:
                 continue
             rows.append({"model": model, "task": task, "a": f"{arm_a} ({dep_a.upper()})",
                          "b": f"{arm_b} ({dep_b.upper()})", **paired([a[i] for i in keep], [b[i] for i in keep])})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=COLUMNS)  # the header even without a pair, so the CSV always reads back
 
 
 NOTES = ("Held-out accuracy of arm A minus arm B (deployment in brackets; bf16 (FP4) is the posthoc-fp4 row of the "

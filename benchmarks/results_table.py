@@ -82,9 +82,8 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     for s in a.src:
         rows = read(s)
-        with open(s, newline="") as f:
-            fields = next(csv.reader(f), [])  # the run table's own columns: only those widen the long table
-        append(a.into, rows, fields)
+        # the run table's own columns (a row's keys, in its header's order): only those widen the long table
+        append(a.into, rows, list(rows[0]) if rows else [])
         print(f"appended {len(rows)} rows of {s} to {a.into}")
 
 

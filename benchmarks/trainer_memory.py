@@ -45,16 +45,19 @@ def _origin() -> str:
 class SavedStorages:
     """Saved-tensors hook that adds up the storages autograd keeps for the backward, by origin and dtype: each
     storage once and whole (a saved view keeps all of its base alive; one tensor saved by two ops, e.g. silu's
-    input and then mul's, is one allocation), at the first save that keeps it. Parameters are not counted."""
+    input and then mul's, is one allocation), at the first save that keeps it. Parameters are not counted, nor
+    views of `params` (e.g. a model's per-expert weight views): they are kept anyway."""
 
-    def __init__(self):
+    def __init__(self, params=()):
         self.by: collections.Counter = collections.Counter()
         self._seen: dict[int, torch.Tensor] = {}  # storage address -> a tensor on it (kept: the address stays its)
+        self._params = {p.untyped_storage().data_ptr() for p in params}
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         st = t.untyped_storage()
-        if not isinstance(t, torch.nn.Parameter) and st.data_ptr() not in self._seen:
-            self._seen[st.data_ptr()] = t
+        ptr = st.data_ptr()
+        if not isinstance(t, torch.nn.Parameter) and ptr not in self._params and ptr not in self._seen:
+            self._seen[ptr] = t
             self.by[(_origin(), str(t.dtype).replace("torch.", ""))] += st.nbytes()
         return t
 
@@ -66,7 +69,7 @@ def saved_bytes(cfg: dict) -> tuple[dict, int]:
     """({(origin, dtype): bytes}, generated tokens) of one RL step of `cfg` (a validated run config)."""
     with tempfile.TemporaryDirectory() as out:
         tr = RLTrainer(cfg, out, progress=False)
-        saved = SavedStorages()
+        saved = SavedStorages(tr.model.parameters())
         forward = tr._replayed_logprobs
 
         def hooked(*a, **k):

@@ -372,7 +372,7 @@ def paired_figure(cmp: pd.DataFrame):
 
 def plot_paired(runs_dir: str, tables_dir: str | None, out: str, manifest: str | None = None) -> list[str]:
     path = os.path.join(tables_dir, "compare.csv") if tables_dir else ""
-    if path and os.path.exists(path) and os.path.getsize(path) > 1:
+    if path and os.path.exists(path):
         cmp = pd.read_csv(path)
     else:
         from analysis.compare import compare_table

@@ -3,6 +3,7 @@ table's SE convention, on synthetic eval.json files (tests/analysis/synthetic.py
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analysis.compare import build, paired
@@ -51,3 +52,13 @@ def test_table_pairs_seeds_and_deployments(tmp_path):
     assert t.loc[("trace (FP4)", "bf16 (FP4)"), "diff"] == pytest.approx(0.25)
     assert not any("rho" in a or "rho" in b for a, b in t.index)
     assert "| qwen3_moe-tiny | reasoning | trace (FP4) | qat-independent (FP4) | 3 |" in (tmp_path / "t" / "compare.md").read_text()
+
+
+def test_no_pair_still_writes_a_readable_table(tmp_path):
+    """A profile without two arms to pair writes compare.csv with its header (the figure reads it back)."""
+    runs = tmp_path / "runs" / "smoke"
+    runs.mkdir(parents=True)
+    t = build(str(runs), str(tmp_path / "t"))
+    assert t.empty
+    back = pd.read_csv(tmp_path / "t" / "compare.csv")
+    assert back.empty and {"a", "b", "diff", "se"} <= set(back.columns)

@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 
+from benchmarks.trainer_memory import SavedStorages
 from trace.guidance import Recorder, guided_layer_indices
 from trace.models import build_model
 from trace.qat import patch_model, recording, replay
@@ -271,23 +272,15 @@ def test_recomputed_experts_change_nothing_but_what_is_kept(name, autocast):
     for recompute in (False, True):
         m.zero_grad(set_to_none=True)
         m._trace_rt.recompute_experts = recompute
-        kept = {}  # storage address -> bytes, each once; the parameters' own storages are not counted
-        params = {p.untyped_storage().data_ptr() for p in m.parameters()}
-
-        def pack(t, kept=kept, params=params):
-            st = t.untyped_storage()
-            if st.data_ptr() not in params:
-                kept[st.data_ptr()] = (st.nbytes(), t)
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+        kept = SavedStorages(m.parameters())  # each storage once; the parameters' own are not counted
+        with kept(), \
                 torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
                 replay(m, record, seq, pos, align=True, guide_layers=guided_layer_indices(4, 0.5)) as stats:
             logits = m(ids).logits.float()
             loss = logits.pow(2).mean() + 0.1 * stats.alignment_loss()
         loss.backward()
         results.append((logits.detach(), loss.detach(), {k: p.grad.clone() for k, p in m.named_parameters()
-                                                          if p.grad is not None}, sum(n for n, _ in kept.values())))
+                                                          if p.grad is not None}, sum(kept.by.values())))
     (l0, s0, g0, kept0), (l1, s1, g1, kept1) = results
     assert torch.equal(l0, l1) and torch.equal(s0, s1)
     assert g0.keys() == g1.keys() and all(torch.equal(g0[k], g1[k]) for k in g0), name
