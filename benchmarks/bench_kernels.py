@@ -608,9 +608,9 @@ def run_attention(dev, quick):
 # ------------------------------------------------------------------------------------------------
 # Offline SASS (no GPU needed: Triton compiles for sm_90 with its bundled ptxas; cuobjdump disassembles):
 # the main loop's instructions per weight of the v1 GEMV kernel and of the MoE and dense MMA kernels (the v3a tile).
-def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name):
-    """Compile fn for sm_90 -> (instructions of the loop (the span of the last backward branch), op counts,
-    TTGIR convert_layout count, shared bytes)."""
+def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name, whole=False):
+    """Compile fn for sm_90 -> (instructions of the loop (the span of the last backward branch; with whole, of
+    the kernel), op counts, TTGIR convert_layout count, shared bytes)."""
     import glob
     import re
     from collections import Counter
@@ -631,12 +631,14 @@ def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name):
         m = re.match(r"\s+/\*([0-9a-f]{4})\*/\s+(.*?);", line)
         if m:
             ins.append((int(m.group(1), 16), m.group(2).strip()))
-    body = []
-    for a, t in ins:
+    body = [x for _, x in ins] if whole else []
+    for a, t in ins if not whole else ():
         tg = re.search(r"BRA\s+0x([0-9a-f]+)", t)
         if tg and int(tg.group(1), 16) < a:
             body = [x for b, x in ins if int(tg.group(1), 16) <= b <= a]
-    ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", x).split()[0].split(".")[0] for x in body)
+    # memory and barrier instructions keep their width suffix (LDG.E.128 against STG.E.U8), the rest are grouped
+    ops = Counter(op if op.startswith(("LDG", "STG", "LDS", "STS", "BAR")) else op.split(".")[0]
+                  for op in (re.sub(r"^@!?U?P\w+\s+", "", x).split()[0] for x in body))
     return len(body), ops, ck.asm["ttgir"].count("convert_layout"), ck.metadata.shared
 
 
@@ -714,6 +716,23 @@ def sass_counts():
         _sass_row(rows, "D128 G8", "_decode_attn_kernel", f"BLOCK_N={bn};num_warps=4", ops, loop_instr=n,
                   lane_instr_per_kv_element=round(n * 128 / (2 * bn * 128), 2), shared_bytes=shared,
                   ttgir_convert_layouts=cvt)
+    # activation quantize, one row of 4096 per program (the GPU's tile at 8192x4096), bf16 in, RTN, codes and scales
+    # out: whole-kernel instructions per element and the widths of its loads and stores (kernels/NOTES.md, quantize)
+    from kernels.quantize import _quant_rows_kernel
+    sig = {"x_ptr": "*bf16", "codes_ptr": "*u8", "scales_ptr": "*u8", "outer_ptr": "*fp32", "mbits_ptr": "*u8",
+           "dst_ptr": "*u8", "fq_ptr": "*bf16", "M": "i32", "K": "i32", "stride_xm": "i32", "seed": "i32",
+           "amax_min": "fp32"}
+    aligned = ["x_ptr", "codes_ptr", "scales_ptr", "outer_ptr", "mbits_ptr", "fq_ptr", "K", "stride_xm"]
+    for fmt, block in (("nvfp4", 16), ("mxfp4", 32)):
+        cst = dict(BM=1, NB=4096 // block, BLOCK=block, IS_NV=fmt == "nvfp4", NOCLIP=False, STOCH=False, GUIDE=False,
+                   FAKE=False, FAKE_EXACT=False, FAKE_TILE=False, HAS_DST=False, SINGLE=True, CH=4096, NCH=1,
+                   INTERP=False, GIVEN=False)
+        sig.update({k: "constexpr" for k in cst})
+        n, ops, cvt, shared = _loop_sass(_quant_rows_kernel, sig, aligned, cst, 4, 1, f"quant_{fmt}", whole=True)
+        mem = {k: v for k, v in ops.items() if k.startswith(("LDG", "STG", "BAR"))}
+        _sass_row(rows, "8192x4096", f"_quant_rows_kernel {fmt}", "BM=1;CH=4096;num_warps=4", ops, kernel_instr=n,
+                  instr_per_element=round(n * 128 / 4096, 2), shared_bytes=shared, ttgir_convert_layouts=cvt,
+                  memory_ops=" ".join(f"{k}:{v}" for k, v in sorted(mem.items())))
     RUN.update(gpu="sm_90 (offline ptxas)")
     for r in rows:
         _emit(r)
