@@ -15,7 +15,10 @@ the per-prompt difference / sqrt(prompts)); the difference is their mean, and it
 convention for a mean over seeds, sqrt(max(variance of d_k over seeds, mean e_k^2) / seeds): the
 evaluation SE is a floor, since 3 seeds can agree by chance more closely than one evaluation resolves.
 ``z`` = difference / SE; ``A > B`` counts the seeds whose difference is positive. Nothing corrects for the
-several comparisons per model/task. Writes ``compare.csv`` and ``compare.md`` into --out.
+several comparisons per model/task. Writes ``compare.csv`` and ``compare.md`` into --out, and for tasks with a
+per-prompt difficulty label (``GROUPS``: long-horizon's bisection guesses) the same comparisons within each
+label's prompts into ``compare_groups.csv`` / ``.md`` (the prompts are the run config's held-out examples, in
+the order eval.json scores them).
 Compared against: the main table (analysis/tables.py), whose per-arm means and SEs these differences are
 consistent with (difference of the means; a smaller SE where seeds and prompts are shared).
 """
@@ -30,6 +33,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.runs import load_runs, se_clustered
+from trace.episode import build_task, heldout_examples
+from trace.tasks.long_horizon import bisection_guesses
 
 # (arm A, its deployment, arm B, its deployment): the method's claims at this scale (DESIGN.md §4)
 COMPARISONS = [
@@ -39,6 +44,9 @@ COMPARISONS = [
     ("trace", "fp4", "bf16", "fp4"),             # against the BF16 policy quantized after training (posthoc-fp4)
     ("trace", "fp4", "bf16", "bf16"),            # back to the BF16 curve: FP4-deployed TRACE vs BF16 RL in BF16
 ]
+
+# per-prompt breakdowns: task -> (what the label is, held-out Example -> label)
+GROUPS = {"long_horizon": ("bisection guesses", bisection_guesses)}
 
 
 COLUMNS = ["model", "task", "a", "b", "acc_a", "acc_b", "diff", "se", "z", "n_seeds", "a_better", "per_seed",
@@ -67,24 +75,57 @@ def paired(a: list[np.ndarray], b: list[np.ndarray]) -> dict:
             "n_prompts": int(a[0].size)}
 
 
-def compare_table(runs_dir: str, manifest: str | None = None) -> pd.DataFrame:
+def _main_evals(runs_dir: str, manifest: str | None):
+    """-> ({(model, task, arm, seed): eval.json}, {(model, task): a run's config}) of the main arms' runs."""
     evals: dict[tuple[str, str, str, int], dict] = {}
+    configs: dict[tuple[str, str], dict] = {}
     for r in load_runs(runs_dir, manifest):
         if not r.ablation and r.eval:
             evals[(r.model, r.task, r.arm, r.seed)] = r.eval
+            configs.setdefault((r.model, r.task), r.config)
+    return evals, configs
+
+
+def _pairs(evals: dict, model: str, task: str):
+    """-> per comparison: (arm A's label, arm B's label, A's per-prompt arrays, B's), seeds both arms evaluated."""
+    for arm_a, dep_a, arm_b, dep_b in COMPARISONS:
+        seeds = sorted(s for m, t, arm, s in evals if (m, t, arm) == (model, task, arm_a)
+                       and (model, task, arm_b, s) in evals)
+        a = [_per_prompt(evals[(model, task, arm_a, s)], dep_a) for s in seeds]
+        b = [_per_prompt(evals[(model, task, arm_b, s)], dep_b) for s in seeds]
+        keep = [i for i in range(len(seeds)) if a[i] is not None and b[i] is not None]
+        if keep:
+            yield (f"{arm_a} ({dep_a.upper()})", f"{arm_b} ({dep_b.upper()})",
+                   [a[i] for i in keep], [b[i] for i in keep])
+
+
+def compare_table(runs_dir: str, manifest: str | None = None) -> pd.DataFrame:
+    evals, _ = _main_evals(runs_dir, manifest)
     rows = []
     for model, task in dict.fromkeys((m, t) for m, t, _, _ in evals):
-        for arm_a, dep_a, arm_b, dep_b in COMPARISONS:
-            seeds = sorted(s for m, t, arm, s in evals if (m, t, arm) == (model, task, arm_a)
-                           and (model, task, arm_b, s) in evals)
-            a = [_per_prompt(evals[(model, task, arm_a, s)], dep_a) for s in seeds]
-            b = [_per_prompt(evals[(model, task, arm_b, s)], dep_b) for s in seeds]
-            keep = [i for i in range(len(seeds)) if a[i] is not None and b[i] is not None]
-            if not keep:
-                continue
-            rows.append({"model": model, "task": task, "a": f"{arm_a} ({dep_a.upper()})",
-                         "b": f"{arm_b} ({dep_b.upper()})", **paired([a[i] for i in keep], [b[i] for i in keep])})
+        for la, lb, a, b in _pairs(evals, model, task):
+            rows.append({"model": model, "task": task, "a": la, "b": lb, **paired(a, b)})
     return pd.DataFrame(rows, columns=COLUMNS)  # the header even without a pair, so the CSV always reads back
+
+
+def group_table(runs_dir: str, manifest: str | None = None) -> pd.DataFrame:
+    """The comparisons within each difficulty label's held-out prompts (tasks in GROUPS): column ``group``."""
+    evals, configs = _main_evals(runs_dir, manifest)
+    rows = []
+    for model, task in dict.fromkeys((m, t) for m, t, _, _ in evals):
+        if task not in GROUPS:
+            continue
+        what, label = GROUPS[task]
+        cfg = configs[(model, task)]
+        groups = np.array([label(e) for e in heldout_examples(cfg, build_task(cfg))])  # [prompts]
+        for la, lb, a, b in _pairs(evals, model, task):
+            if a[0].size != groups.size:
+                raise ValueError(f"{model}/{task}: eval.json scored {a[0].size} prompts, the config holds {groups.size}")
+            for g in sorted(set(groups.tolist())):
+                sel = groups == g
+                rows.append({"model": model, "task": task, "group": f"{what} = {g}", "a": la, "b": lb,
+                             **paired([x[sel] for x in a], [y[sel] for y in b])})
+    return pd.DataFrame(rows, columns=COLUMNS[:2] + ["group"] + COLUMNS[2:])
 
 
 NOTES = ("Held-out accuracy of arm A minus arm B (deployment in brackets; bf16 (FP4) is the posthoc-fp4 row of the "
@@ -95,14 +136,23 @@ NOTES = ("Held-out accuracy of arm A minus arm B (deployment in brackets; bf16 (
          "for the several comparisons per model/task.")
 
 
-def to_markdown(t: pd.DataFrame, profile: str) -> str:
-    lines = [f"### Paired arm comparisons ({profile} profile): held-out accuracy, A - B", "",
-             "| model | task | A | B | prompts | acc A | acc B | A - B | z | A > B | per seed |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+GROUP_NOTES = ("The comparisons above within the held-out prompts of one difficulty label (long-horizon: the guesses "
+               "a bisection needs to find the secret, 1 at the range's midpoint), same conventions; the prompt-"
+               "weighted mean of a comparison's group differences is its overall difference. Few prompts per "
+               "group: a diagnostic of where a difference comes from, not a test of its own.")
+
+
+def to_markdown(t: pd.DataFrame, profile: str, groups: bool = False) -> str:
+    g = "group | " if groups else ""
+    lines = [f"### Paired arm comparisons ({profile} profile){' by prompt group' if groups else ''}: held-out "
+             "accuracy, A - B", "",
+             f"| model | task | {g}A | B | prompts | acc A | acc B | A - B | z | A > B | per seed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if groups else "")]
     for _, r in t.iterrows():
-        lines.append(f"| {r.model} | {r.task} | {r.a} | {r.b} | {r.n_prompts} | {r.acc_a:.3f} | {r.acc_b:.3f} | "
-                     f"{r['diff']:+.3f} ± {r.se:.3f} | {r.z:+.1f} | {r.a_better}/{r.n_seeds} | {r.per_seed} |")
-    return "\n".join(lines + ["", NOTES, ""])
+        lines.append(f"| {r.model} | {r.task} | {r.group + ' | ' if groups else ''}{r.a} | {r.b} | {r.n_prompts} | "
+                     f"{r.acc_a:.3f} | {r.acc_b:.3f} | {r['diff']:+.3f} ± {r.se:.3f} | {r.z:+.1f} | "
+                     f"{r.a_better}/{r.n_seeds} | {r.per_seed} |")
+    return "\n".join(lines + ["", GROUP_NOTES if groups else NOTES, ""])
 
 
 def build(runs_dir: str, out: str, manifest: str | None = None) -> pd.DataFrame:
@@ -113,6 +163,12 @@ def build(runs_dir: str, out: str, manifest: str | None = None) -> pd.DataFrame:
     with open(os.path.join(out, "compare.md"), "w") as f:
         f.write(to_markdown(t, profile) if not t.empty
                 else f"### Paired arm comparisons ({profile} profile)\n\nno pair of arms with evaluations\n")
+    tg = group_table(runs_dir, manifest)
+    tg.to_csv(os.path.join(out, "compare_groups.csv"), index=False, float_format="%.6g")
+    with open(os.path.join(out, "compare_groups.md"), "w") as f:
+        f.write(to_markdown(tg, profile, groups=True) if not tg.empty
+                else f"### Paired arm comparisons ({profile} profile) by prompt group\n\nno task with prompt "
+                     f"groups ({', '.join(GROUPS)}) has a pair of arms with evaluations\n")
     return t
 
 

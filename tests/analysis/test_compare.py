@@ -62,3 +62,38 @@ def test_no_pair_still_writes_a_readable_table(tmp_path):
     assert t.empty
     back = pd.read_csv(tmp_path / "t" / "compare.csv")
     assert back.empty and {"a", "b", "diff", "se"} <= set(back.columns)
+
+
+def test_prompt_groups_split_each_comparison(tmp_path):
+    """Long-horizon comparisons within each bisection-guesses group: the groups partition the held-out prompts
+    of the run config, and the prompt-weighted mean of a comparison's group differences is its difference."""
+    import yaml
+
+    from trace.episode import build_task, heldout_examples
+    from trace.tasks.long_horizon import bisection_guesses
+
+    runs = tmp_path / "runs" / "smoke"
+    write_profile(runs, models=["mixtral-tiny"], tasks=("long_horizon",), seeds=[0, 1], ablations=(), steps=2)
+    base = runs / "mixtral-tiny" / "long_horizon"
+    cfg = None
+    rng = np.random.default_rng(0)
+    for arm in ("trace", "qat-independent", "fp4-naive", "bf16"):
+        for seed in (0, 1):
+            d = base / arm / f"seed{seed}"
+            cfg = yaml.safe_load((d / "config.yaml").read_text())
+            cfg["eval"] = {"n_test": 0, "samples_per_prompt": 4, "temperature": 1.0, "max_new_tokens": 16, "seed": 1}
+            (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+            n = len(heldout_examples(cfg, build_task(cfg)))
+            ev = json.loads((d / "eval.json").read_text())
+            for dep in ("bf16", "fp4"):
+                ev[dep] = eval_block((rng.integers(0, 5, n) / 4).tolist())
+            (d / "eval.json").write_text(json.dumps(ev))
+    t = build(str(runs), str(tmp_path / "t")).set_index(["a", "b"])
+    g = pd.read_csv(tmp_path / "t" / "compare_groups.csv")
+    labels = sorted({bisection_guesses(e) for e in heldout_examples(cfg, build_task(cfg))})
+    assert sorted(g["group"].unique()) == [f"bisection guesses = {v}" for v in labels] and len(labels) > 1
+    for (a, b), rows in g.groupby(["a", "b"]):
+        assert rows["n_prompts"].sum() == t.loc[(a, b), "n_prompts"]
+        weighted = (rows["diff"] * rows["n_prompts"]).sum() / rows["n_prompts"].sum()
+        assert weighted == pytest.approx(t.loc[(a, b), "diff"], abs=1e-5)  # the CSV keeps 6 significant digits
+    assert "| bisection guesses = 1 | trace (FP4) | qat-independent (FP4) |" in (tmp_path / "t" / "compare_groups.md").read_text()

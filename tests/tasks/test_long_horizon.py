@@ -5,7 +5,7 @@ import warnings
 import pytest
 
 from trace.tasks import Example, get_task
-from trace.tasks.long_horizon import GuessNumberEnv, binary_search_policy, run_episode
+from trace.tasks.long_horizon import GuessNumberEnv, binary_search_policy, bisection_guesses, run_episode
 
 
 def example(secret=11, lo=3, hi=17, turns=5):
@@ -102,6 +102,19 @@ def test_run_episode_cuts_actions_like_the_engine():
     ex4 = example(secret=5, lo=3, hi=17, turns=4)  # 15 numbers need ceil(log2(16)) = 4 guesses
     assert run_episode(ex4, binary_search_policy(ex4))[2] == 1.0
     assert run_episode(ex, binary_search_policy(ex))[2] == 0.0  # 3 turns are not always enough
+
+
+def test_bisection_guesses_count_the_gold_policys_turns():
+    # every secret of a few ranges, widths 1 to 15: the gold policy, given turns to spare, wins in exactly
+    # bisection_guesses turns (the transcript has one guess line and one feedback line per turn)
+    for lo, hi in [(3, 3), (0, 6), (10, 16), (40, 54), (5, 12)]:
+        for secret in range(lo, hi + 1):
+            ex = example(secret=secret, lo=lo, hi=hi, turns=8)
+            text, _, reward = run_episode(ex, binary_search_policy(ex))
+            assert reward == 1.0
+            assert bisection_guesses(ex) == text.count("\n") // 2
+    assert bisection_guesses(example(secret=3, lo=0, hi=6)) == 1  # the midpoint
+    assert bisection_guesses(example(secret=0, lo=0, hi=6)) == 3
 
 
 def test_bad_knobs():

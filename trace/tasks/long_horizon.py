@@ -115,6 +115,16 @@ def run_episode(example: Example, policy: Callable[[str], str], shaping: float =
     return text, mask, reward
 
 
+def bisection_guesses(example: Example) -> int:
+    """Guesses the gold policy (bisection, below) needs to find the secret: 1 for the midpoint, up to
+    ceil(log2(width + 1)) at the edges. A difficulty label for per-prompt breakdowns (analysis/compare.py)."""
+    d = parse_label(example)
+    lo, hi, n = d["lo"], d["hi"], 1
+    while (g := (lo + hi) // 2) != d["secret"]:
+        lo, hi, n = (g + 1, hi, n + 1) if g < d["secret"] else (lo, g - 1, n + 1)
+    return n
+
+
 def binary_search_policy(example: Example) -> Callable[[str], str]:
     """The gold policy: guess the midpoint of the interval consistent with the feedback so far."""
     d = parse_label(example)

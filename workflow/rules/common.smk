@@ -45,8 +45,8 @@ MANIFEST = f"{RUNS}/manifest.json"
 LEARNING = PLAN.learning
 BASE_EVAL = PLAN.base_evals()
 # gputime: the GPU time of the profile's jobs (analysis/gputime.py; no job on a GPU: an empty table);
-# compare: arm against arm, paired by seed and prompt (analysis/compare.py)
-TABLE_FILES = [f"{TABLES}/{name}.{ext}" for name in ("main", "ablation", "gputime", "compare") for ext in ("csv", "md")] + [
+# compare: arm against arm, paired by seed and prompt, and within prompt groups (analysis/compare.py)
+TABLE_FILES = [f"{TABLES}/{name}.{ext}" for name in ("main", "ablation", "gputime", "compare", "compare_groups") for ext in ("csv", "md")] + [
     f"{TABLES}/runs.csv"
 ] + ([f"{TABLES}/learning.{ext}" for ext in ("csv", "md")] if LEARNING else [])
 FIGURE_NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy",
