@@ -608,6 +608,13 @@ def run_attention(dev, quick):
 # ------------------------------------------------------------------------------------------------
 # Offline SASS (no GPU needed: Triton compiles for sm_90 with its bundled ptxas; cuobjdump disassembles):
 # the main loop's instructions per weight of the v1 GEMV kernel and of the MoE and dense MMA kernels (the v3a tile).
+# sm_90's ALU pipe (integer and logic ops, compares, selects, min/max, byte permutes) takes 16 lanes per clock
+# per SM sub-partition, half the issue rate, so a kernel made mostly of them is bound by their count at 2 cycles
+# per warp instruction (kernels/NOTES.md, quantize: the pipe model); FFMA/FMUL/FADD/IMAD go to the FMA pipes.
+SASS_ALU_OPS = {"LOP3", "SHF", "IADD3", "SEL", "FSEL", "FSETP", "ISETP", "PRMT", "FMNMX", "IMNMX", "VIMNMX", "SGXT",
+                "LEA", "MOV", "P2R", "R2P", "PLOP3", "BMSK", "FLO", "POPC", "BREV", "VIADD", "IABS", "I2FP", "F2FP"}
+
+
 def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name, whole=False):
     """Compile fn for sm_90 -> (instructions of the loop (the span of the last backward branch; with whole, of
     the kernel), op counts, TTGIR convert_layout count, shared bytes)."""
@@ -730,9 +737,11 @@ def sass_counts():
         sig.update({k: "constexpr" for k in cst})
         n, ops, cvt, shared = _loop_sass(_quant_rows_kernel, sig, aligned, cst, 4, 1, f"quant_{fmt}", whole=True)
         mem = {k: v for k, v in ops.items() if k.startswith(("LDG", "STG", "BAR"))}
+        alu = sum(v for k, v in ops.items() if k in SASS_ALU_OPS)
         _sass_row(rows, "8192x4096", f"_quant_rows_kernel {fmt}", "BM=1;CH=4096;num_warps=4", ops, kernel_instr=n,
                   instr_per_element=round(n * 128 / 4096, 2), shared_bytes=shared, ttgir_convert_layouts=cvt,
-                  memory_ops=" ".join(f"{k}:{v}" for k, v in sorted(mem.items())))
+                  memory_ops=" ".join(f"{k}:{v}" for k, v in sorted(mem.items())), alu_ops=alu,
+                  alu_bound_us=round(8192 * 4 * 2 * alu / (132 * 4 * 1.98e9) * 1e6, 1))
     RUN.update(gpu="sm_90 (offline ptxas)")
     for r in rows:
         _emit(r)
