@@ -35,6 +35,43 @@ def e2m1_rtn_idx(a):
 
 
 @triton.jit
+def _sat_fma_b40(a, c, ASM: tl.constexpr):
+    """min(max(a * 2^40 + c, 0), 1), rounded once; NaN -> 0. ASM (GPU): one `fma.rn.sat.f32` (FFMA.SAT, on the
+    FMA pipe). Else a * 2^40, exact for |a| < 2^88, then one rounded add: the same value."""
+    if ASM:
+        return tl.inline_asm_elementwise("fma.rn.sat.f32 $0, $1, 0f53800000, $2;", "=f,f,f", [a, c],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        y = a * 1099511627776.0 + c
+        return tl.where(y > 0.0, tl.minimum(y, 1.0), 0.0)
+
+
+@triton.jit
+def _neg_midpoint_b40(m, s, STRICT: tl.constexpr):
+    """-(t * 2^40) with t = m * s (exact: m has at most 3 significant bits, s at most 4) for a `>` midpoint, or
+    the float just below m * s for a `>=` one (a >= t exactly when a > that float); s = +inf gives -inf."""
+    t = m * s
+    if not STRICT:
+        t = (t.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True)
+    return t * -1099511627776.0
+
+
+@triton.jit
+def e2m1_rtn_idx_fma(a, s, ASM: tl.constexpr):
+    """`e2m1_rtn_idx_scaled(a, s)` with the seven midpoint compares on the FMA pipe: index = the number of
+    midpoints t (or the float below a `>=` midpoint) that a exceeds, each a saturating FMA sat((a - t) * 2^40).
+    Exact: a > t implies a - t >= ulp(min(a, t)) >= 2^-34 (t >= 0.25 * 2^-9, E4M3's smallest scale), so
+    (a - t) * 2^40 >= 64 saturates to 1; a <= t gives <= 0. NaN -> 0, inf -> 7, as the compares. s: the block
+    scale (fp32 > 0, broadcast to a's blocks), +inf for a zero-scale block (index 0, as the kernel's mask).
+    Not the default: fma.rn.sat's mapping is checked on a GPU only (kernels/NOTES.md, the ALU pipe)."""
+    idx = _sat_fma_b40(a, _neg_midpoint_b40(0.25, s, True), ASM) + _sat_fma_b40(a, _neg_midpoint_b40(0.75, s, False), ASM)
+    idx += _sat_fma_b40(a, _neg_midpoint_b40(1.25, s, True), ASM) + _sat_fma_b40(a, _neg_midpoint_b40(1.75, s, False), ASM)
+    idx += _sat_fma_b40(a, _neg_midpoint_b40(2.5, s, True), ASM) + _sat_fma_b40(a, _neg_midpoint_b40(3.5, s, False), ASM)
+    idx += _sat_fma_b40(a, _neg_midpoint_b40(5.0, s, True), ASM)
+    return (idx + 8388608.0).to(tl.int32, bitcast=True) & 15  # 2^23 + idx: the index in the low bits
+
+
+@triton.jit
 def e2m1_rtn_idx_scaled(p, s):
     """E2M1 index of RN(p / s), p >= 0 and s > 0 fp32, without the division: RN(p / s) > m exactly when
     p > m * s, and RN(p / s) == m exactly when p == m * s, for every midpoint m of the grid (m has at

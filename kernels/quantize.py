@@ -36,6 +36,7 @@ from kernels._common import (
     e2m1_floor_idx,
     e2m1_grid,
     e2m1_rtn_idx,
+    e2m1_rtn_idx_fma,
     e2m1_rtn_idx_scaled,
     e4m3_byte,
     e4m3_value,
@@ -92,7 +93,7 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
                  codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
                  BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
                  NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
-                 FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, INTERP: tl.constexpr):
+                 FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, INTERP: tl.constexpr, FMA_RTN: tl.constexpr):
     CH: tl.constexpr = NB * BLOCK
     amax_blk = tl.max(tl.abs(xb), axis=2)  # [BM, NB]
     if IS_NV:
@@ -128,8 +129,12 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
         p_up = (a - glo) / (ghi - glo)
         u = tl.rand(seed, rows[:, None, None] * K + kk)
         idx = lo + (u < p_up).to(tl.int32)
+    elif IS_NV and FMA_RTN:  # the compares on the FMA pipe; a zero scale's block gets +inf midpoints (index 0)
+        idx = e2m1_rtn_idx_fma(a, tl.where(zero, float("inf"), s_b[:, :, None]), not INTERP)
     elif IS_NV:
         idx = tl.where(zero, 0, e2m1_rtn_idx_scaled(a, s_b[:, :, None]))
+    elif FMA_RTN:
+        idx = e2m1_rtn_idx_fma(a, tl.full([BM, NB, 1], 1.0, tl.float32), not INTERP)
     else:
         idx = e2m1_rtn_idx(a)
     sign = (v.to(tl.int32, bitcast=True) < 0).to(tl.int32)
@@ -170,7 +175,8 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
                        BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
                        NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
                        FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, HAS_DST: tl.constexpr, SINGLE: tl.constexpr,
-                       CH: tl.constexpr, NCH: tl.constexpr, INTERP: tl.constexpr, GIVEN: tl.constexpr = False):
+                       CH: tl.constexpr, NCH: tl.constexpr, INTERP: tl.constexpr, GIVEN: tl.constexpr = False,
+                       FMA_RTN: tl.constexpr = False):
     pid = tl.program_id(0)
     rows = pid * BM + tl.arange(0, BM)  # [BM]
     rmask = rows < M
@@ -188,7 +194,7 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
             s_enc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(2688.0, tl.maximum(amax, amax_min)))
             tl.store(outer_ptr + drow, s_enc, mask=rmask)
         _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, 0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
-                     BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP)
+                     BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP, FMA_RTN)
     else:
         if IS_NV and not GIVEN:
             amax = tl.zeros([BM], tl.float32)
@@ -202,7 +208,7 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
             k0 = c * CH
             xb, kk, mask = _load_chunk(x_ptr, rows, rmask, stride_xm, k0, K, NB, BLOCK)
             _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
-                         BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP)
+                         BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP, FMA_RTN)
 
 
 def _config(M: int, K: int, block: int, interpret: bool = INTERPRET):
@@ -233,7 +239,7 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
                   guidance: bool = False, mx_rule: str = "floor", out: QuantizedRows | None = None,
                   dst_rows: torch.Tensor | None = None, fake_dtype: torch.dtype | None = None,
                   fake_exact: bool = False, fake_tile: bool = False, check_finite: bool = True,
-                  s_enc: torch.Tensor | None = None) -> QuantizedRows:
+                  s_enc: torch.Tensor | None = None, fma_rtn: bool = False) -> QuantizedRows:
     """Quantize x [..., K] (fp32/bf16/fp16) per row. Returns QuantizedRows (see class docstring).
 
     out/dst_rows: write into caller-owned flat buffers (packed [R, K/2], scales [R, K/b], outer [R],
@@ -247,7 +253,10 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
     the dequantized values.
     s_enc (NVFP4): the outer scale S_enc of each row given, float32 [M] (rows of x flattened), instead of each
     row's own 2688 / amax: a per-tensor or per-expert scale spread over the rows (trace/fp4's weights); the
-    returned `outer` holds it."""
+    returned `outer` holds it.
+    fma_rtn ('rtn'): the E2M1 rounding as saturating FMAs (`kernels._common.e2m1_rtn_idx_fma`), the same codes
+    with the work on the FMA pipe instead of the ALU pipe; opt-in until its GPU timing and checks are in
+    (benchmarks/bench_kernels.py, kernels/NOTES.md)."""
     check_tensor(x, "x", (torch.float32, torch.bfloat16, torch.float16), finite=check_finite)
     if fmt not in ("nvfp4", "mxfp4"):
         raise ValueError(f"fmt must be 'nvfp4' or 'mxfp4', got {fmt!r}")
@@ -314,7 +323,7 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
         fq if fq is not None else x2, M, K, x2.stride(0), int(seed), _AMAX_MIN,
         BM=bm, NB=nb, BLOCK=block, IS_NV=fmt == "nvfp4", NOCLIP=mx_rule == "noclip",
         STOCH=rounding == "stochastic", GUIDE=guidance, FAKE=fq is not None, FAKE_EXACT=fake_exact, FAKE_TILE=fake_tile, HAS_DST=dst_rows is not None, SINGLE=single, CH=nb * block, NCH=triton.cdiv(K, nb * block), INTERP=INTERPRET,
-        GIVEN=s_enc is not None,
+        GIVEN=s_enc is not None, FMA_RTN=fma_rtn and rounding == "rtn",
         num_warps=nw,
     )
     if out is not None:
