@@ -71,25 +71,29 @@ def test_every_gpu_tile_bit_exact(M, K, dtype):
     row's own S_enc, with a given per-tensor S_enc (trace/fp4's weights), with mantissa bits, and the
     dequantized rows. Triton 3.6 miscompiled two of these tiles on an H200 while the interpreter ran them
     exactly (kernels/NOTES.md, v2d and v2k), so this runs on the GPU only."""
+    _check_every_variant(M, K, dtype, fma_rtn=False)
+
+
+def _check_every_variant(M, K, dtype, fma_rtn):
     if not ON_GPU:
         pytest.skip("the GPU's tiles; the interpreter picks its own (covered above)")
     x = _data(M, K, seed=K + M).to(dtype)
     xf = x.float()
     c, s, o = ref.nvfp4_quantize(xf, outer="row")
-    q = host(quantize_rows(dev(x), "nvfp4"))
+    q = host(quantize_rows(dev(x), "nvfp4", fma_rtn=fma_rtn))
     assert torch.equal(q.scales, s) and torch.equal(q.outer, o)
     assert torch.equal(q.packed, ref.pack_fp4(c)), ("plain", int((q.codes() != c).sum()))
-    q = host(quantize_rows(dev(x), "nvfp4", guidance=True, fake_dtype=dtype, fake_exact=True))
+    q = host(quantize_rows(dev(x), "nvfp4", guidance=True, fake_dtype=dtype, fake_exact=True, fma_rtn=fma_rtn))
     assert torch.equal(q.packed, ref.pack_fp4(c)), ("guidance", int((q.codes() != c).sum()))
     assert torch.equal(q.mantissa, ref.pack_bits(c & 1))
     assert torch.equal(q.fake, ref.nvfp4_dequantize(c, s, o).to(dtype))
     given = ref.nvfp4_outer_scale(ref.outer_amax(xf, "tensor"))
     c, s, _ = ref.nvfp4_quantize(xf, "tensor", s_enc=given)
-    q = host(quantize_rows(dev(x), "nvfp4", s_enc=dev(given.expand(M).contiguous())))
+    q = host(quantize_rows(dev(x), "nvfp4", s_enc=dev(given.expand(M).contiguous()), fma_rtn=fma_rtn))
     assert torch.equal(q.scales, s)
     assert torch.equal(q.packed, ref.pack_fp4(c)), ("given S_enc", int((q.codes() != c).sum()))
     c, s = ref.mxfp4_quantize(xf)
-    q = host(quantize_rows(dev(x), "mxfp4"))
+    q = host(quantize_rows(dev(x), "mxfp4", fma_rtn=fma_rtn))
     assert torch.equal(q.scales, s) and torch.equal(q.packed, ref.pack_fp4(c)), "mxfp4"
 
 
@@ -335,6 +339,14 @@ def test_fma_rounding_bit_exact(fmt, M, K, dtype):
         assert torch.equal(q.codes(), c), int((q.codes() != c).sum())
         if guide:
             assert torch.equal(q.mantissa, ref.pack_bits(c & 1))
+
+
+@pytest.mark.parametrize("M,K", [(300, 512), (300, 1024), (300, 1536), (300, 1792), (300, 2048), (300, 2560),
+                                 (300, 4096), (64, 6144), (64, 14336), (200, 6144)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fma_rounding_at_every_tile(M, K, dtype):
+    """test_every_gpu_tile_bit_exact's tiles and variants with the rounding on the FMA pipe (GPU only)."""
+    _check_every_variant(M, K, dtype, fma_rtn=True)
 
 
 def test_fma_rounding_at_the_midpoints_of_every_scale():
