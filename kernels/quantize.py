@@ -170,16 +170,8 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
 
 
 @triton.jit
-def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_ptr, fq_ptr,
-                       M, K, stride_xm, seed, amax_min,
-                       BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
-                       NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
-                       FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, HAS_DST: tl.constexpr, SINGLE: tl.constexpr,
-                       CH: tl.constexpr, NCH: tl.constexpr, INTERP: tl.constexpr, GIVEN: tl.constexpr = False,
-                       FMA_RTN: tl.constexpr = False):
-    pid = tl.program_id(0)
-    rows = pid * BM + tl.arange(0, BM)  # [BM]
-    rmask = rows < M
+def _row_setup(dst_ptr, outer_ptr, rows, rmask, BM: tl.constexpr, HAS_DST: tl.constexpr, GIVEN: tl.constexpr):
+    """-> (the rows' destination rows [BM], their S_enc: 1 until computed, or the caller's from outer)."""
     if HAS_DST:
         drow = tl.load(dst_ptr + rows, mask=rmask, other=0)
     else:
@@ -187,14 +179,56 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
     s_enc = tl.full([BM], 1.0, tl.float32)
     if GIVEN:  # the caller's S_enc per row (a tensor's or an expert's outer scale), read from outer
         s_enc = tl.load(outer_ptr + drow, mask=rmask, other=1.0)
+    return drow, s_enc
+
+
+@triton.jit
+def _single_chunk(xb, kk, mask, rows, drow, rmask, s_enc, K, seed, amax_min, codes_ptr, scales_ptr, outer_ptr,
+                  mbits_ptr, fq_ptr, BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
+                  NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
+                  FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, INTERP: tl.constexpr, FMA_RTN: tl.constexpr,
+                  GIVEN: tl.constexpr):
+    """Whole rows in one chunk: the row's S_enc from its amax (NVFP4, not given), then the chunk's codes."""
+    if IS_NV and not GIVEN:
+        amax = tl.max(tl.max(tl.abs(xb), axis=2), axis=1)
+        s_enc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(2688.0, tl.maximum(amax, amax_min)))
+        tl.store(outer_ptr + drow, s_enc, mask=rmask)
+    _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, 0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
+                 BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP, FMA_RTN)
+
+
+@triton.jit
+def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_ptr, fq_ptr,
+                       M, K, stride_xm, seed, amax_min,
+                       BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
+                       NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
+                       FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, HAS_DST: tl.constexpr, SINGLE: tl.constexpr,
+                       CH: tl.constexpr, NCH: tl.constexpr, INTERP: tl.constexpr, GIVEN: tl.constexpr = False,
+                       FMA_RTN: tl.constexpr = False, ROWS: tl.constexpr = 1):
+    pid = tl.program_id(0)
+    if ROWS > 1:  # BM == 1, one chunk: ROWS rows in turn, the next row's load issued before this one is rounded
+        r0 = pid * ROWS
+        nxt = r0 + tl.arange(0, BM)  # [1]
+        xn, kk, mask_n = _load_chunk(x_ptr, nxt, nxt < M, stride_xm, 0, K, NB, BLOCK)
+        for r in range(ROWS):
+            rows = r0 + r + tl.arange(0, BM)
+            rmask = rows < M
+            xb, mask = xn, mask_n
+            nxt = rows + 1
+            xn, _, mask_n = _load_chunk(x_ptr, nxt, (nxt < M) & (r + 1 < ROWS), stride_xm, 0, K, NB, BLOCK)
+            drow, s_enc = _row_setup(dst_ptr, outer_ptr, rows, rmask, BM, HAS_DST, GIVEN)
+            _single_chunk(xb, kk, mask, rows, drow, rmask, s_enc, K, seed, amax_min, codes_ptr, scales_ptr, outer_ptr,
+                          mbits_ptr, fq_ptr, BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE,
+                          INTERP, FMA_RTN, GIVEN)
+        return
+    rows = pid * BM + tl.arange(0, BM)  # [BM]
+    rmask = rows < M
+    drow, s_enc = _row_setup(dst_ptr, outer_ptr, rows, rmask, BM, HAS_DST, GIVEN)
     if SINGLE:
         xb, kk, mask = _load_chunk(x_ptr, rows, rmask, stride_xm, 0, K, NB, BLOCK)
-        if IS_NV and not GIVEN:
-            amax = tl.max(tl.max(tl.abs(xb), axis=2), axis=1)
-            s_enc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(2688.0, tl.maximum(amax, amax_min)))
-            tl.store(outer_ptr + drow, s_enc, mask=rmask)
-        _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, 0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
-                     BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP, FMA_RTN)
+        _single_chunk(xb, kk, mask, rows, drow, rmask, s_enc, K, seed, amax_min, codes_ptr, scales_ptr, outer_ptr,
+                      mbits_ptr, fq_ptr, BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE,
+                      INTERP, FMA_RTN, GIVEN)
     else:
         if IS_NV and not GIVEN:
             amax = tl.zeros([BM], tl.float32)
@@ -239,7 +273,7 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
                   guidance: bool = False, mx_rule: str = "floor", out: QuantizedRows | None = None,
                   dst_rows: torch.Tensor | None = None, fake_dtype: torch.dtype | None = None,
                   fake_exact: bool = False, fake_tile: bool = False, check_finite: bool = True,
-                  s_enc: torch.Tensor | None = None, fma_rtn: bool = False) -> QuantizedRows:
+                  s_enc: torch.Tensor | None = None, fma_rtn: bool = False, rows_per_program: int = 1) -> QuantizedRows:
     """Quantize x [..., K] (fp32/bf16/fp16) per row. Returns QuantizedRows (see class docstring).
 
     out/dst_rows: write into caller-owned flat buffers (packed [R, K/2], scales [R, K/b], outer [R],
@@ -256,7 +290,9 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
     returned `outer` holds it.
     fma_rtn ('rtn'): the E2M1 rounding as saturating FMAs (`kernels._common.e2m1_rtn_idx_fma`), the same codes
     with the work on the FMA pipe instead of the ALU pipe; opt-in until its GPU timing and checks are in
-    (benchmarks/bench_kernels.py, kernels/NOTES.md)."""
+    (benchmarks/bench_kernels.py, kernels/NOTES.md).
+    rows_per_program (> 1, rows that fit one chunk): each program quantizes that many rows in turn, one row at a
+    time, loading the next row before rounding this one; opt-in like fma_rtn."""
     check_tensor(x, "x", (torch.float32, torch.bfloat16, torch.float16), finite=check_finite)
     if fmt not in ("nvfp4", "mxfp4"):
         raise ValueError(f"fmt must be 'nvfp4' or 'mxfp4', got {fmt!r}")
@@ -317,13 +353,16 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
                              outer.reshape(*lead, 1), None if mant is None else mant.reshape(*lead, K // 8), fmt,
                              None if fq is None else fq.reshape(*lead, K))
     bm, nb, single, nw = _config(M, K, block)
-    grid = (triton.cdiv(M, bm),)
+    rpp = rows_per_program if single and rows_per_program > 1 else 1
+    if rpp > 1:
+        bm = 1
+    grid = (triton.cdiv(M, bm * rpp),)
     _quant_rows_kernel[grid](
         x2, packed, scales, outer, mant if guidance else packed, dst_rows if dst_rows is not None else packed,
         fq if fq is not None else x2, M, K, x2.stride(0), int(seed), _AMAX_MIN,
         BM=bm, NB=nb, BLOCK=block, IS_NV=fmt == "nvfp4", NOCLIP=mx_rule == "noclip",
         STOCH=rounding == "stochastic", GUIDE=guidance, FAKE=fq is not None, FAKE_EXACT=fake_exact, FAKE_TILE=fake_tile, HAS_DST=dst_rows is not None, SINGLE=single, CH=nb * block, NCH=triton.cdiv(K, nb * block), INTERP=INTERPRET,
-        GIVEN=s_enc is not None, FMA_RTN=fma_rtn and rounding == "rtn",
+        GIVEN=s_enc is not None, FMA_RTN=fma_rtn and rounding == "rtn", ROWS=rpp,
         num_warps=nw,
     )
     if out is not None:

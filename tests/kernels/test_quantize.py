@@ -384,3 +384,34 @@ def test_fma_rounding_mxfp4_edges_at_scale_one():
     c, s = ref.mxfp4_quantize(x)
     assert torch.equal(q.scales, s)
     assert torch.equal(q.codes(), c)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("fma", [False, True])
+def test_rows_per_program_prefetch_bit_exact(fmt, fma):
+    """Several rows per program, the next row's load issued before this one is rounded (opt-in): M not a multiple
+    of the rows per program, zero and negative rows, guidance bits, a given S_enc, rows scattered to dst_rows."""
+    M, K = 11, 64
+    x = _data(M, K, seed=5)
+    for rpp in (2, 4):
+        q = host(quantize_rows(dev(x), fmt, guidance=True, fma_rtn=fma, rows_per_program=rpp))
+        if fmt == "nvfp4":
+            c, s, o = ref.nvfp4_quantize(x, outer="row")
+            assert torch.equal(q.outer, o)
+        else:
+            c, s = ref.mxfp4_quantize(x)
+        assert torch.equal(q.scales, s) and torch.equal(q.codes(), c)
+        assert torch.equal(q.mantissa, ref.pack_bits(c & 1))
+    if fmt == "nvfp4":
+        given = ref.nvfp4_outer_scale(ref.outer_amax(x, "tensor"))
+        c, s, _ = ref.nvfp4_quantize(x, "tensor", s_enc=given)
+        q = host(quantize_rows(dev(x), fmt, s_enc=dev(given.expand(M).contiguous()), fma_rtn=fma, rows_per_program=4))
+        assert torch.equal(q.scales, s) and torch.equal(q.codes(), c)
+        R, dst = 14, torch.tensor([13, 0, 3, 5, 1, 7, 2, 9, 12, 4, 10])
+        u8 = dict(dtype=torch.uint8, device=DEV)
+        out = QuantizedRows(torch.zeros(R, K // 2, **u8), torch.zeros(R, K // 16, **u8), torch.ones(R, device=DEV),
+                            torch.zeros(R, K // 8, **u8), "nvfp4")
+        out = host(quantize_rows(dev(x), fmt, guidance=True, out=out, dst_rows=dev(dst), fma_rtn=fma, rows_per_program=4))
+        c, s, o = ref.nvfp4_quantize(x, outer="row")
+        assert torch.equal(out.packed[dst], ref.pack_fp4(c)) and torch.equal(out.scales[dst], s)
+        assert torch.equal(out.outer[dst], o.squeeze(-1)) and int(out.packed[6].sum()) == 0
