@@ -660,10 +660,11 @@ def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name, whole=
         if m:
             ins.append((int(m.group(1), 16), m.group(2).strip()))
     body = [x for _, x in ins] if whole else []
-    for a, t in ins if not whole else ():
-        tg = re.search(r"BRA\s+0x([0-9a-f]+)", t)
-        if tg and int(tg.group(1), 16) < a:
-            body = [x for b, x in ins if int(tg.group(1), 16) <= b <= a]
+    if not whole:
+        for a, t in ins:
+            tg = re.search(r"BRA\s+0x([0-9a-f]+)", t)
+            if tg and int(tg.group(1), 16) < a:
+                body = [x for b, x in ins if int(tg.group(1), 16) <= b <= a]
     # memory and barrier instructions keep their width suffix (LDG.E.128 against STG.E.U8), the rest are grouped
     ops = Counter(op if op.startswith(("LDG", "STG", "LDS", "STS", "BAR")) else op.split(".")[0]
                   for op in (re.sub(r"^@!?U?P\w+\s+", "", x).split()[0] for x in body))
@@ -762,12 +763,13 @@ def sass_counts():
                                          whole=rpp == 1)
         mem = {k: v for k, v in ops.items() if k.startswith(("LDG", "STG", "BAR"))}
         alu = sum(v for k, v in ops.items() if k in SASS_ALU_OPS)
+        # us for 8192 rows x 4 warps at c clocks per row-warp on 132 SMs x 4 sub-partitions at 1.98 GHz
+        bound_us = lambda c: round(8192 * 4 * c / (132 * 4 * 1.98e9) * 1e6, 1)  # noqa: E731
         _sass_row(rows, "8192x4096", f"_quant_rows_kernel {fmt}{'-fma' if fma else ''}{f'-r{rpp}' if rpp > 1 else ''}",
                   f"BM=1;CH=4096;num_warps=4;rows_per_program={rpp}", ops, kernel_instr=n,
                   instr_per_element=round(n * 128 / 4096, 2), shared_bytes=shared, ttgir_convert_layouts=cvt,
                   memory_ops=" ".join(f"{k}:{v}" for k, v in sorted(mem.items())), alu_ops=alu,
-                  alu_bound_us=round(8192 * 4 * 2 * alu / (132 * 4 * 1.98e9) * 1e6, 1),
-                  issue_bound_us=round(8192 * 4 * n / (132 * 4 * 1.98e9) * 1e6, 1))
+                  alu_bound_us=bound_us(2 * alu), issue_bound_us=bound_us(n))
     RUN.update(gpu="sm_90 (offline ptxas)")
     for r in rows:
         _emit(r)
