@@ -239,10 +239,9 @@ def run_quantize(dev, quick):
                     det.update(kernel_scale=int(q.scales[r0, b0]), ref_scale=int(s[r0, b0]),
                                amax=float(xc[r0, b0 * 16:(b0 + 1) * 16].float().abs().max()), outer=float(o[r0, 0]) if fmt == "nvfp4" else 0)
             check(f"quantize {fmt} {M}x{K} bit-exact", all(parts.values()), json.dumps(det))
-            # the opt-in variants (the rounding on the FMA pipe, rows per program with the next row prefetched),
-            # plain and with guidance bits, against the oracle
-            for name, kw in (("fma_rtn", dict(fma_rtn=True)), ("fma_rtn rows4", dict(fma_rtn=True, rows_per_program=4)),
-                             ("rows4", dict(rows_per_program=4))):
+            # the rounding by threshold compares (fma_rtn=False; the default rounds on the FMA pipe), plain and with
+            # guidance bits, against the oracle
+            for name, kw in (("compares", dict(fma_rtn=False)),):
                 qf, qg = quantize_rows(x, fmt, **kw), quantize_rows(x, fmt, guidance=True, **kw)
                 fparts = dict(codes=torch.equal(qf.packed.cpu(), ref.pack_fp4(c)), scales=torch.equal(qf.scales.cpu(), s),
                               guide_codes=torch.equal(qg.packed.cpu(), ref.pack_fp4(c)),
@@ -256,22 +255,18 @@ def run_quantize(dev, quick):
     shapes = [(8192, 4096), (16384, 2048)] + ([] if quick else [(256, 2048), (4096, 14336)])
     for M, K in shapes:
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-        # (format, guidance bits, dequantized rows, rounding on the FMA pipe, rows per program)
-        for fmt, guide, fake, fma, rpp in (("nvfp4", False, False, False, 1), ("nvfp4", True, False, False, 1),
-                                           ("mxfp4", False, False, False, 1), ("nvfp4", False, True, False, 1),
-                                           ("nvfp4", False, False, True, 1), ("nvfp4", True, False, True, 1),
-                                           ("mxfp4", False, False, True, 1), ("nvfp4", False, False, False, 4),
-                                           ("nvfp4", False, False, True, 2), ("nvfp4", False, False, True, 4),
-                                           ("nvfp4", False, False, True, 8), ("nvfp4", True, False, True, 4),
-                                           ("mxfp4", False, False, True, 4)):
+        # (format, guidance bits, dequantized rows, rounding on the FMA pipe (the default) or by compares ("-cmp"))
+        for fmt, guide, fake, fma in (("nvfp4", False, False, True), ("nvfp4", True, False, True),
+                                      ("mxfp4", False, False, True), ("nvfp4", False, True, True),
+                                      ("nvfp4", False, False, False), ("nvfp4", True, False, False),
+                                      ("mxfp4", False, False, False)):
             blk = 16 if fmt == "nvfp4" else 32
             nbytes = (M * K * 2 + M * K // 2 + M * K // blk + (4 * M if fmt == "nvfp4" else 0) + (M * K // 8 if guide else 0)
                       + (M * K * 2 if fake else 0))
             fd = torch.bfloat16 if fake else None
-            t = bench(lambda: quantize_rows(x, fmt, guidance=guide, fake_dtype=fd, check_finite=False, fma_rtn=fma,
-                                            rows_per_program=rpp))
+            t = bench(lambda: quantize_rows(x, fmt, guidance=guide, fake_dtype=fd, check_finite=False, fma_rtn=fma))
             record("quantize", f"{M}x{K}", f"triton-{fmt}{'+guide' if guide else ''}{'+dequant' if fake else ''}"
-                   f"{'-fma' if fma else ''}{f'-r{rpp}' if rpp > 1 else ''}", t, nbytes)
+                   f"{'' if fma else '-cmp'}", t, nbytes)
         if M * K <= 8192 * 4096 and not quick:
             t = bench(lambda: ref.nvfp4_quantize(x.float(), outer="row"))
             record("quantize", f"{M}x{K}", "torch-reference-nvfp4", t, M * K * 2 + M * K // 2 + M * K // 16 + 4 * M)
@@ -752,21 +747,19 @@ def sass_counts():
            "dst_ptr": "*u8", "fq_ptr": "*bf16", "M": "i32", "K": "i32", "stride_xm": "i32", "seed": "i32",
            "amax_min": "fp32"}
     aligned = ["x_ptr", "codes_ptr", "scales_ptr", "outer_ptr", "mbits_ptr", "fq_ptr", "K", "stride_xm"]
-    for fmt, block, fma, rpp in (("nvfp4", 16, False, 1), ("mxfp4", 32, False, 1), ("nvfp4", 16, True, 1),
-                                 ("mxfp4", 32, True, 1), ("nvfp4", 16, True, 4)):
+    for fmt, block, fma in (("nvfp4", 16, False), ("mxfp4", 32, False), ("nvfp4", 16, True), ("mxfp4", 32, True)):
         cst = dict(BM=1, NB=4096 // block, BLOCK=block, IS_NV=fmt == "nvfp4", NOCLIP=False, STOCH=False, GUIDE=False,
                    FAKE=False, FAKE_EXACT=False, FAKE_TILE=False, HAS_DST=False, SINGLE=True, CH=4096, NCH=1,
-                   INTERP=False, GIVEN=False, FMA_RTN=fma, ROWS=rpp)
+                   INTERP=False, GIVEN=False, FMA_RTN=fma)
         sig.update({k: "constexpr" for k in cst})
-        # rows per program > 1: the loop over rows (one row's work and the next row's load) instead of the kernel
-        n, ops, cvt, shared = _loop_sass(_quant_rows_kernel, sig, aligned, cst, 4, 1, f"quant_{fmt}_{int(fma)}_{rpp}",
-                                         whole=rpp == 1)
+        n, ops, cvt, shared = _loop_sass(_quant_rows_kernel, sig, aligned, cst, 4, 1, f"quant_{fmt}_{int(fma)}",
+                                         whole=True)
         mem = {k: v for k, v in ops.items() if k.startswith(("LDG", "STG", "BAR"))}
         alu = sum(v for k, v in ops.items() if k in SASS_ALU_OPS)
         # us for 8192 rows x 4 warps at c clocks per row-warp on 132 SMs x 4 sub-partitions at 1.98 GHz
         bound_us = lambda c: round(8192 * 4 * c / (132 * 4 * 1.98e9) * 1e6, 1)  # noqa: E731
-        _sass_row(rows, "8192x4096", f"_quant_rows_kernel {fmt}{'-fma' if fma else ''}{f'-r{rpp}' if rpp > 1 else ''}",
-                  f"BM=1;CH=4096;num_warps=4;rows_per_program={rpp}", ops, kernel_instr=n,
+        _sass_row(rows, "8192x4096", f"_quant_rows_kernel {fmt}{'' if fma else '-cmp'}",
+                  "BM=1;CH=4096;num_warps=4", ops, kernel_instr=n,
                   instr_per_element=round(n * 128 / 4096, 2), shared_bytes=shared, ttgir_convert_layouts=cvt,
                   memory_ops=" ".join(f"{k}:{v}" for k, v in sorted(mem.items())), alu_ops=alu,
                   alu_bound_us=bound_us(2 * alu), issue_bound_us=bound_us(n))

@@ -63,7 +63,8 @@ def e2m1_rtn_idx_fma(a, s, ASM: tl.constexpr):
     Exact: a > t implies a - t >= ulp(min(a, t)) >= 2^-34 (t >= 0.25 * 2^-9, E4M3's smallest scale), so
     (a - t) * 2^40 >= 64 saturates to 1; a <= t gives <= 0. NaN -> 0, inf -> 7, as the compares. s: the block
     scale (fp32 > 0, broadcast to a's blocks), +inf for a zero-scale block (index 0, as the kernel's mask).
-    Opt-in (`quantize_rows(..., fma_rtn=True)`): the PTX path is checked on a GPU only (kernels/NOTES.md v2l)."""
+    The quantize kernel's default (`quantize_rows(..., fma_rtn=True)`); its PTX path runs on a GPU only, where
+    tests/kernels/test_quantize.py's every_gpu_tile tests check it (kernels/NOTES.md v2l, v2n)."""
     idx = _sat_fma_b40(a, _neg_midpoint_b40(0.25, s, True), ASM) + _sat_fma_b40(a, _neg_midpoint_b40(0.75, s, False), ASM)
     idx += _sat_fma_b40(a, _neg_midpoint_b40(1.25, s, True), ASM) + _sat_fma_b40(a, _neg_midpoint_b40(1.75, s, False), ASM)
     idx += _sat_fma_b40(a, _neg_midpoint_b40(2.5, s, True), ASM) + _sat_fma_b40(a, _neg_midpoint_b40(3.5, s, False), ASM)

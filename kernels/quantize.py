@@ -204,23 +204,8 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
                        NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
                        FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, HAS_DST: tl.constexpr, SINGLE: tl.constexpr,
                        CH: tl.constexpr, NCH: tl.constexpr, INTERP: tl.constexpr, GIVEN: tl.constexpr = False,
-                       FMA_RTN: tl.constexpr = False, ROWS: tl.constexpr = 1):
+                       FMA_RTN: tl.constexpr = True):
     pid = tl.program_id(0)
-    if ROWS > 1:  # BM == 1, one chunk: ROWS rows in turn, the next row's load issued before this one is rounded
-        r0 = pid * ROWS
-        nxt = r0 + tl.arange(0, BM)  # [1]
-        xn, kk, mask_n = _load_chunk(x_ptr, nxt, nxt < M, stride_xm, 0, K, NB, BLOCK)
-        for r in range(ROWS):
-            rows = r0 + r + tl.arange(0, BM)
-            rmask = rows < M
-            xb, mask = xn, mask_n
-            nxt = rows + 1
-            xn, _, mask_n = _load_chunk(x_ptr, nxt, (nxt < M) & (r + 1 < ROWS), stride_xm, 0, K, NB, BLOCK)
-            drow, s_enc = _row_setup(dst_ptr, outer_ptr, rows, rmask, BM, HAS_DST, GIVEN)
-            _single_chunk(xb, kk, mask, rows, drow, rmask, s_enc, K, seed, amax_min, codes_ptr, scales_ptr, outer_ptr,
-                          mbits_ptr, fq_ptr, BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE,
-                          INTERP, FMA_RTN, GIVEN)
-        return
     rows = pid * BM + tl.arange(0, BM)  # [BM]
     rmask = rows < M
     drow, s_enc = _row_setup(dst_ptr, outer_ptr, rows, rmask, BM, HAS_DST, GIVEN)
@@ -273,7 +258,7 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
                   guidance: bool = False, mx_rule: str = "floor", out: QuantizedRows | None = None,
                   dst_rows: torch.Tensor | None = None, fake_dtype: torch.dtype | None = None,
                   fake_exact: bool = False, fake_tile: bool = False, check_finite: bool = True,
-                  s_enc: torch.Tensor | None = None, fma_rtn: bool = False, rows_per_program: int = 1) -> QuantizedRows:
+                  s_enc: torch.Tensor | None = None, fma_rtn: bool = True) -> QuantizedRows:
     """Quantize x [..., K] (fp32/bf16/fp16) per row. Returns QuantizedRows (see class docstring).
 
     out/dst_rows: write into caller-owned flat buffers (packed [R, K/2], scales [R, K/b], outer [R],
@@ -288,11 +273,9 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
     s_enc (NVFP4): the outer scale S_enc of each row given, float32 [M] (rows of x flattened), instead of each
     row's own 2688 / amax: a per-tensor or per-expert scale spread over the rows (trace/fp4's weights); the
     returned `outer` holds it.
-    fma_rtn ('rtn'): the E2M1 rounding as saturating FMAs (`kernels._common.e2m1_rtn_idx_fma`), the same codes
-    with the work on the FMA pipe instead of the ALU pipe (NVFP4 8192x4096 on an H200: 59.0 -> 46.8 us); opt-in
-    until every GPU tile has run it (`tests/kernels/test_quantize.py -k fma`; kernels/NOTES.md v2l).
-    rows_per_program (> 1, rows that fit one chunk): each program quantizes that many rows in turn, one row at a
-    time, loading the next row before rounding this one; opt-in like fma_rtn."""
+    fma_rtn ('rtn'; the default): the E2M1 rounding as saturating FMAs (`kernels._common.e2m1_rtn_idx_fma`), the
+    same codes as the seven threshold compares (`e2m1_rtn_idx_scaled`, fma_rtn=False) with the work on the FMA pipe
+    instead of the ALU pipe (NVFP4 8192x4096 on an H200: 59.0 -> 46.7 us; kernels/NOTES.md v2l, v2n)."""
     check_tensor(x, "x", (torch.float32, torch.bfloat16, torch.float16), finite=check_finite)
     if fmt not in ("nvfp4", "mxfp4"):
         raise ValueError(f"fmt must be 'nvfp4' or 'mxfp4', got {fmt!r}")
@@ -353,16 +336,13 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
                              outer.reshape(*lead, 1), None if mant is None else mant.reshape(*lead, K // 8), fmt,
                              None if fq is None else fq.reshape(*lead, K))
     bm, nb, single, nw = _config(M, K, block)
-    rpp = rows_per_program if single and rows_per_program > 1 else 1
-    if rpp > 1:
-        bm = 1
-    grid = (triton.cdiv(M, bm * rpp),)
+    grid = (triton.cdiv(M, bm),)
     _quant_rows_kernel[grid](
         x2, packed, scales, outer, mant if guidance else packed, dst_rows if dst_rows is not None else packed,
         fq if fq is not None else x2, M, K, x2.stride(0), int(seed), _AMAX_MIN,
         BM=bm, NB=nb, BLOCK=block, IS_NV=fmt == "nvfp4", NOCLIP=mx_rule == "noclip",
         STOCH=rounding == "stochastic", GUIDE=guidance, FAKE=fq is not None, FAKE_EXACT=fake_exact, FAKE_TILE=fake_tile, HAS_DST=dst_rows is not None, SINGLE=single, CH=nb * block, NCH=triton.cdiv(K, nb * block), INTERP=INTERPRET,
-        GIVEN=s_enc is not None, FMA_RTN=fma_rtn and rounding == "rtn", ROWS=rpp,
+        GIVEN=s_enc is not None, FMA_RTN=fma_rtn and rounding == "rtn",
         num_warps=nw,
     )
     if out is not None:

@@ -70,8 +70,9 @@ def test_every_gpu_tile_bit_exact(M, K, dtype):
     beyond the decode sizes), fp32 and bf16 inputs, each of the kernel's variants: codes and scales with the
     row's own S_enc, with a given per-tensor S_enc (trace/fp4's weights), with mantissa bits, and the
     dequantized rows. Triton 3.6 miscompiled two of these tiles on an H200 while the interpreter ran them
-    exactly (kernels/NOTES.md, v2d and v2k), so this runs on the GPU only."""
-    _check_every_variant(M, K, dtype, fma_rtn=False)
+    exactly (kernels/NOTES.md, v2d and v2k), so this runs on the GPU only. The rounding on the FMA pipe (the
+    default); `test_every_gpu_tile_bit_exact_by_compares` runs the threshold compares."""
+    _check_every_variant(M, K, dtype, fma_rtn=True)
 
 
 def _check_every_variant(M, K, dtype, fma_rtn):
@@ -318,18 +319,19 @@ def test_mxfp4_rtn_edges_at_scale_one():
     assert torch.equal(q.mantissa, ref.pack_bits(c & 1))
 
 
-# The E2M1 rounding on the FMA pipe (`fma_rtn`, saturating FMAs; opt-in, kernels/NOTES.md): the same codes as the
-# compares. In the interpreter the saturating FMA is a multiply by 2^40 (exact) and one rounded add, the value
-# `fma.rn.sat.f32` gives on the GPU; test names avoid the lease's GPU test selection until it is the default.
+# The E2M1 rounding on the FMA pipe (`fma_rtn`, saturating FMAs; the default, kernels/NOTES.md v2l): the same codes
+# as the compares. In the interpreter the saturating FMA is a multiply by 2^40 (exact) and one rounded add, the value
+# `fma.rn.sat.f32` gives on the GPU.
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("M,K", [(7, 96), (3, 4096 + 64), (128, 1792), (300, 2048)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fma_rounding_bit_exact(fmt, M, K, dtype):
+@pytest.mark.parametrize("fma", [True, False])
+def test_fma_rounding_bit_exact(fmt, M, K, dtype, fma):
     if not ON_GPU and M * K > 16384:
         pytest.skip("the GPU's tiles; the interpreter covers the rounding at the smaller shapes")
     x = _data(M, K, seed=M * 7 + K).to(dtype)
     for guide in (False, True):
-        q = host(quantize_rows(dev(x), fmt, guidance=guide, fma_rtn=True))
+        q = host(quantize_rows(dev(x), fmt, guidance=guide, fma_rtn=fma))
         if fmt == "nvfp4":
             c, s, o = ref.nvfp4_quantize(x.float(), outer="row")
             assert torch.equal(q.outer, o)
@@ -344,14 +346,16 @@ def test_fma_rounding_bit_exact(fmt, M, K, dtype):
 @pytest.mark.parametrize("M,K", [(300, 512), (300, 1024), (300, 1536), (300, 1792), (300, 2048), (300, 2560),
                                  (300, 4096), (64, 6144), (64, 14336), (200, 6144)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fma_rounding_at_every_tile(M, K, dtype):
-    """test_every_gpu_tile_bit_exact's tiles and variants with the rounding on the FMA pipe (GPU only)."""
-    _check_every_variant(M, K, dtype, fma_rtn=True)
+def test_every_gpu_tile_bit_exact_by_compares(M, K, dtype):
+    """test_every_gpu_tile_bit_exact's tiles and variants with the rounding by threshold compares (fma_rtn=False,
+    GPU only)."""
+    _check_every_variant(M, K, dtype, fma_rtn=False)
 
 
-def test_fma_rounding_at_the_midpoints_of_every_scale():
+@pytest.mark.parametrize("fma", [True, False])
+def test_fma_rounding_at_the_midpoints_of_every_scale(fma):
     x = _midpoint_edges()
-    q = host(quantize_rows(dev(x), "nvfp4", fma_rtn=True))
+    q = host(quantize_rows(dev(x), "nvfp4", fma_rtn=fma))
     c, s, _ = ref.nvfp4_quantize(x, outer="row")
     assert torch.equal(q.scales, s)
     assert torch.equal(q.codes(), c)
@@ -384,34 +388,3 @@ def test_fma_rounding_mxfp4_edges_at_scale_one():
     c, s = ref.mxfp4_quantize(x)
     assert torch.equal(q.scales, s)
     assert torch.equal(q.codes(), c)
-
-
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("fma", [False, True])
-def test_rows_per_program_prefetch_bit_exact(fmt, fma):
-    """Several rows per program, the next row's load issued before this one is rounded (opt-in): M not a multiple
-    of the rows per program, zero and negative rows, guidance bits, a given S_enc, rows scattered to dst_rows."""
-    M, K = 11, 64
-    x = _data(M, K, seed=5)
-    for rpp in (2, 4):
-        q = host(quantize_rows(dev(x), fmt, guidance=True, fma_rtn=fma, rows_per_program=rpp))
-        if fmt == "nvfp4":
-            c, s, o = ref.nvfp4_quantize(x, outer="row")
-            assert torch.equal(q.outer, o)
-        else:
-            c, s = ref.mxfp4_quantize(x)
-        assert torch.equal(q.scales, s) and torch.equal(q.codes(), c)
-        assert torch.equal(q.mantissa, ref.pack_bits(c & 1))
-    if fmt == "nvfp4":
-        given = ref.nvfp4_outer_scale(ref.outer_amax(x, "tensor"))
-        c, s, _ = ref.nvfp4_quantize(x, "tensor", s_enc=given)
-        q = host(quantize_rows(dev(x), fmt, s_enc=dev(given.expand(M).contiguous()), fma_rtn=fma, rows_per_program=4))
-        assert torch.equal(q.scales, s) and torch.equal(q.codes(), c)
-        R, dst = 14, torch.tensor([13, 0, 3, 5, 1, 7, 2, 9, 12, 4, 10])
-        u8 = dict(dtype=torch.uint8, device=DEV)
-        out = QuantizedRows(torch.zeros(R, K // 2, **u8), torch.zeros(R, K // 16, **u8), torch.ones(R, device=DEV),
-                            torch.zeros(R, K // 8, **u8), "nvfp4")
-        out = host(quantize_rows(dev(x), fmt, guidance=True, out=out, dst_rows=dev(dst), fma_rtn=fma, rows_per_program=4))
-        c, s, o = ref.nvfp4_quantize(x, outer="row")
-        assert torch.equal(out.packed[dst], ref.pack_fp4(c)) and torch.equal(out.scales[dst], s)
-        assert torch.equal(out.outer[dst], o.squeeze(-1)) and int(out.packed[6].sum()) == 0
