@@ -62,6 +62,7 @@ from kernels.moe import (
     prepare_moe_weights,
 )
 from kernels.quantize import fake_rows, quantize_rows
+from kernels.wgmma import fp4_linear_wgmma, fused_moe_wgmma, prepare_moe_wgmma, prepare_wgmma, wgmma_config
 from trace.rollout.forward import routed_experts
 
 FAMILIES = {  # name: (H, I, E, topk); trace/models/registry.py
@@ -331,11 +332,18 @@ def run_dense(dev, quick):
                 e = relerr(fp4_linear(x, pw, act_quant=aq, config=cm), r)
                 check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} mma {'bf16' if bd else 'fp32'}-decode", e < 1e-2,
                       f"rel err {e:.2e} (tol 1e-2)")
+            if N % 64 == 0 and K % 64 == 0:  # the v4a wgmma kernel (decoded weights as the register A operand)
+                try:
+                    e = relerr(fp4_linear_wgmma(x, prepare_wgmma(c, s, o), act_quant=aq), r)
+                    check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} wgmma", e < 1e-2, f"rel err {e:.2e} (tol 1e-2)")
+                except Exception as ex:
+                    check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} wgmma", False, f"{type(ex).__name__}: {str(ex)[:300]}")
     tk = load_anchor()
     shapes = [(14336, 4096), (4096, 14336)] + ([] if quick else [(11264, 2048), (2048, 5632)])
     for N, K in shapes:
         c, s, o = nv_weight((N, K), dev)
         pw = prepare_weight(c, s, o)
+        wg = prepare_wgmma(c, s, o) if N % 64 == 0 and K % 64 == 0 else None
         wb = ref.nvfp4_dequantize(c, s, o).to(torch.bfloat16)  # [N, K]
         anc = None
         if tk is not None:
@@ -366,6 +374,15 @@ def run_dense(dev, quick):
                    a_ms, "default")
             record("dense", shape, "fp4-w4a4", bench(lambda: fp4_linear(x, pw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+act-quant launch")
+            if wg is not None:  # v4a: the decoded weights as the wgmma A operand in registers (kernels/wgmma.py)
+                bm, split = wgmma_config(M, N, K, x.device)
+                for aq in (False, True):
+                    try:
+                        record("dense", shape, f"fp4-w4a{4 if aq else 16}-wgmma",
+                               bench(lambda aq=aq: fp4_linear_wgmma(x, wg, act_quant=aq, check_finite=False)), fp4_bytes,
+                               base, a_ms, f"BM={bm};split={split}" + (";+act-quant launch" if aq else ""))
+                    except Exception as ex:
+                        note("dense", f"wgmma {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
             if auto_config(M, N, K, x.device, pw.gv_words is not None).kind != "mma":
                 # the default is the decode GEMV: the MMA tile too, for the crossover (best of a few tiles)
                 for aq in (False, True):
@@ -451,6 +468,12 @@ def run_moe(dev, quick):
             e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
             tol = moe_tol(aq)
             check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'}", e < tol, f"rel err {e:.2e} (tol {tol:g}, bf16 h and output)")
+            try:  # v4a (kernels/wgmma.py), the decoded weights as the wgmma A operand in registers
+                e = relerr(fused_moe_wgmma(x, prepare_moe_wgmma(g, u, d), ids, tw, act_quant=aq),
+                           ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
+                check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'} wgmma", e < tol, f"rel err {e:.2e} (tol {tol:g})")
+            except Exception as ex:
+                check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'} wgmma", False, f"{type(ex).__name__}: {str(ex)[:300]}")
             for bd in (False, True):  # the MMA tile (the default above 1.5 rows per expert), both decodes
                 cm = MoEConfig(BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, bf16_decode=bd)
                 e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq, config=cm),
@@ -468,6 +491,7 @@ def run_moe(dev, quick):
         H, I, E, k = FAMILIES[fam]
         g, u, d = nv_weight((E, I, H), dev, "expert"), nv_weight((E, I, H), dev, "expert"), nv_weight((E, H, I), dev, "expert")
         mw = prepare_moe_weights(g, u, d)
+        mwg = prepare_moe_wgmma(g, u, d) if H % 64 == 0 and I % 64 == 0 else None
         w13 = torch.cat([ref.nvfp4_dequantize(*g), ref.nvfp4_dequantize(*u)], 1).to(torch.bfloat16)  # [E, 2I, H]
         w2 = ref.nvfp4_dequantize(*d).to(torch.bfloat16)  # [E, H, I]
         w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)  # [E, H, 2I], [E, I, H] (K-major views)
@@ -518,6 +542,14 @@ def run_moe(dev, quick):
                    fp4_bytes, base, a_ms, cfg_str(cfg), f"experts_hit={hit}")
             record("moe", shape, "fp4-w4a4", bench(lambda: fused_moe(x, mw, ids, tw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+2 act-quant launches;routing align inside", f"experts_hit={hit}")
+            if mwg is not None:  # v4a (kernels/wgmma.py); the routing sort inside, as the W4A4 row above
+                for aq in (False, True):
+                    try:
+                        record("moe", shape, f"fp4-w4a{4 if aq else 16}-wgmma",
+                               bench(lambda aq=aq: fused_moe_wgmma(x, mwg, ids, tw, act_quant=aq)), fp4_bytes, base, a_ms,
+                               "v4a;routing align inside" + (";+2 act-quant launches" if aq else ""), f"experts_hit={hit}")
+                    except Exception as ex:
+                        note("moe", f"wgmma {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
             if cfg.kind != "mma":  # the default is the decode GEMV: the MMA tile too, for the crossover
                 for aq in (False, True):
                     prov = f"fp4-w4a{4 if aq else 16}-mma"

@@ -1,19 +1,34 @@
 """scripts/gpu/profile_chunk.sh on the CPU: `start` with a fake nvidia-smi and snakemake in dry-run mode
 (SNAKEMAKE_EXTRA=-n), then `wait`: the command line it builds must be one snakemake accepts (a chunk once
-failed on a lease because its targets came after `--config`, which took them as config entries)."""
+failed on a lease because its targets came after `--config`, which took them as config entries).
+Each chunk runs in a copy of the repository's files with qwen3_moe-small's long-horizon and coding run dirs left
+out, so that family stands for one whose SFT base is not committed, whatever has been committed since."""
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "gpu" / "profile_chunk.sh"
+HIDDEN = ("results/runs/small/qwen3_moe-small/long_horizon", "results/runs/small/qwen3_moe-small/coding")
+
+
+def _repo_copy(tmp_path) -> Path:
+    """The repository's files (no .git, environments or caches) without the HIDDEN run dirs."""
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".git", ".venv", ".anchors", ".whl*", "_scr_*",
+                                                               ".snakemake", "__pycache__", ".pytest_cache"))
+    for d in HIDDEN:
+        shutil.rmtree(repo / d, ignore_errors=True)
+    return repo
 
 
 def _run_chunk(tmp_path, models: str, task: str, python: str = sys.executable, **env_extra):
     """`start` then `wait` a dry-run chunk (SNAKEMAKE_EXTRA=-n) on one fake GPU x 2 slots, run by `python`.
     -> (start's stdout, the chunk's work dir, the packed archive)."""
+    repo = _repo_copy(tmp_path)
+    script = repo / "scripts" / "gpu" / "profile_chunk.sh"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     smi = bin_dir / "nvidia-smi"
@@ -22,11 +37,11 @@ def _run_chunk(tmp_path, models: str, task: str, python: str = sys.executable, *
     work = tmp_path / "work"
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", WORK=str(work), PYTHON=python,
                SNAKEMAKE_EXTRA="-n", SLOTS="2", **env_extra)
-    start = subprocess.run(["bash", str(SCRIPT), "start", "experiments/profiles/small.yaml", models, task],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    start = subprocess.run(["bash", str(script), "start", "experiments/profiles/small.yaml", models, task],
+                           cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert start.returncode == 0, start.stderr
     out = tmp_path / "chunk.tgz"
-    wait = subprocess.run(["bash", str(SCRIPT), "wait", "240", str(out)], cwd=ROOT, env=env, capture_output=True,
+    wait = subprocess.run(["bash", str(script), "wait", "240", str(out)], cwd=repo, env=env, capture_output=True,
                           text=True, timeout=300)
     assert "finished" in wait.stdout, wait.stdout + wait.stderr
     (tmp_path / "wait.txt").write_text(wait.stdout)  # what a lease call prints at its end
@@ -34,7 +49,7 @@ def _run_chunk(tmp_path, models: str, task: str, python: str = sys.executable, *
 
 
 def _dry_chunk(tmp_path, task="coding", **env_extra):
-    """A dry chunk of qwen3_moe-small's `task` (its SFT base is not committed: no checkpoint to rebuild,
+    """A dry chunk of qwen3_moe-small's `task` (its SFT base is left out of the copy: no checkpoint to rebuild,
     snakemake starts at once). -> (start's stdout, the chunk's snakemake.log, the packed archive)."""
     started, work, out = _run_chunk(tmp_path, "qwen3_moe-small", task, **env_extra)
     return started, (work / "snakemake.log").read_text(), out
@@ -80,8 +95,8 @@ exec REAL "$@"
 
 def _rebuild_chunk(tmp_path, models="mixtral-small,qwen3_moe-small", task="long_horizon", rebuilds=1, **env):
     """A dry chunk whose committed SFT bases without their checkpoints are rebuilt by a fake trace.sft; by
-    default mixtral-small long-horizon (rebuilt) and qwen3_moe-small long-horizon (no base committed: runs at
-    once)."""
+    default mixtral-small long-horizon (rebuilt) and qwen3_moe-small long-horizon (its base left out of the copy:
+    runs at once)."""
     fake = tmp_path / "fakepy"
     fake.write_text(_FAKE_PY.replace("REAL", sys.executable))
     fake.chmod(0o755)

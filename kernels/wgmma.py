@@ -1,0 +1,408 @@
+"""NVFP4 dense GEMM whose decoded weights are the wgmma A operand in registers (Gluon, Hopper only; v4a).
+
+What: y [M, N] = x [M, K] @ dequant(W)^T, swap-AB (weights are the MMA's M side: acc [64 weight rows, BM tokens]).
+The weight's nibbles are re-laid offline (`wgmma_layout`) so that the 16-byte-per-row-tile load of a thread
+holds exactly the E2M1 codes of its wgmma A fragment: the in-register decode (bf16x2 multiply by the block scale,
+`_DECODE8_WG`) feeds `warpgroup_mma` with no shared-memory round trip (`gl.convert_layout(..., assert_trivial=True)`
+fails the compile otherwise). The Triton-language MMA tile (`kernels.gemm._fp4_tile_dot_v3`) stores its decoded
+tile to shared memory and reads it back with ldmatrix (kernels/NOTES.md, "Where the MoE tile's instructions go").
+The activation tile goes through shared memory as the wgmma B operand. W4A4: with `act_quant`, x is first
+quantized per row (`kernels.gemm.quantize_act_for_gemm`: the trainer's codes, the tile values q * s_b * 2^-7 that
+are exact in bf16) and the row factor 2^7 / S_enc multiplies the output, as in the Triton tile.
+
+Layout of a 64-wide K tile of row n (`wgmma_layout`): word c = 2 q + sh holds the 8 elements
+k = 32 sh + 16 s0 + 8 h + 2 q + p (j = 4 s0 + 2 h + p), element j at bits 4 (j // 2) + 16 (j % 2) (the bf16 decode's
+pair layout, `kernels.gemm.pair_layout`). The wgmma A fragment of a thread (lane 4 g + q, bf16, k_width 2) is rows
+g and g + 8 of its warp's 16, and k = 2 q + {0, 1} + 8 h + 16 s (s = 0..3): 4 words per thread and K tile, two
+8-byte loads.
+
+Compared against: `kernels.reference.fp4_linear` (FP32 dequantize-then-matmul) in tests/kernels/test_wgmma.py
+(GPU only: Gluon has no interpreter); the layout itself against an element-wise formula on the CPU. Timing beside
+cuBLAS BF16, our Triton kernels and `triton_kernels` in benchmarks/bench_kernels.py (`--only dense`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from kernels import reference as ref
+from kernels._common import check_tensor, num_sms
+from kernels.gemm import EPI_POW, quantize_act_for_gemm
+
+try:  # Gluon ships with Triton >= 3.5; its kernels compile for sm_90 only
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+except ImportError:  # pragma: no cover - older Triton
+    gluon = None
+
+BN = 64  # weight rows per program: one m64 wgmma
+BK = 64  # K per tile: 4 k16 wgmmas, 4 words per thread
+
+
+def wgmma_layout(codes: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes uint8 [..., N, K] (K % 64 == 0) -> int32 words [..., N, K / 8] in the v4a layout (module
+    docstring): per 64-wide tile, word c = 2 q + sh holds element j = 4 s0 + 2 h + p of k = 32 sh + 16 s0 + 8 h +
+    2 q + p at bits 4 (j // 2) + 16 (j % 2)."""
+    *lead, N, K = codes.shape
+    if K % BK:
+        raise ValueError(f"K={K} must be a multiple of {BK}")
+    c = codes.to(torch.int64).reshape(*lead, N, K // BK, 2, 2, 2, 4, 2)  # [..., t, sh, s0, h, q, p]
+    nd = c.dim()
+    t = nd - 6
+    c = c.permute(*range(t + 1), t + 4, t + 1, t + 2, t + 3, t + 5)  # [..., t, q, sh, s0, h, p]
+    c = c.reshape(*lead, N, K // BK, 8, 8)  # word 2 q + sh, element 4 s0 + 2 h + p
+    j = torch.arange(8, device=codes.device)
+    shift = 4 * (j // 2) + 16 * (j % 2)
+    w = (c << shift).sum(-1)  # the 8 nibbles occupy disjoint bits
+    w = torch.where(w >= 2**31, w - 2**32, w)
+    return w.to(torch.int32).reshape(*lead, N, K // 8).contiguous()
+
+
+# A v4a scale byte: the exponent of s_b * 2^119 as a bf16, less 237, over its 3 mantissa bits (E4M3's subnormal
+# scales m * 2^-9 are bf16 normals there: every E4M3 value from 2^-9 to 448 is exponent 237..254), so one integer
+# multiply-add turns a byte into the bf16x2 pair (s_b * 2^119, s_b * 2^119): byte * 0x100010 + 0x76807680.
+SCALE_EXP0 = 237
+SCALE_MAD = (SCALE_EXP0 << 7) * 0x10001  # 0x76807680: the exponent offset under both halves
+
+
+def wgmma_scales(scales: torch.Tensor) -> torch.Tensor:
+    """E4M3 scale bytes uint8 [..., N, K/16] -> v4a scale bytes viewed as int16 [..., N, K/32] (blocks 2i, 2i + 1
+    of a row in one 16-bit load, low byte first). A zero scale (its block's codes are all zero) becomes byte 0."""
+    s = ref.e4m3_decode(scales)
+    bits = (s * 2.0**119).to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF  # exact: 4 significant bits
+    exp, man = bits >> 7, (bits >> 4) & 7
+    byte = torch.where(s > 0, ((exp - SCALE_EXP0) << 3) | man, torch.zeros_like(bits))
+    if bool(((exp < SCALE_EXP0) & (s > 0)).any()) or bool((exp > SCALE_EXP0 + 31).any()):
+        raise ValueError("a scale outside E4M3's positive range")
+    return byte.to(torch.uint8).contiguous().view(torch.int16)
+
+
+@dataclass
+class WgmmaWeight:
+    """A dense NVFP4 weight for `fp4_linear_wgmma`: words [N, K/8] (`wgmma_layout`), scales int16 [N, K/32]
+    (`wgmma_scales`), factor [1] = 2^7 / S_enc."""
+
+    words: torch.Tensor
+    scales: torch.Tensor
+    factor: torch.Tensor
+    N: int
+    K: int
+
+
+def prepare_wgmma(codes: torch.Tensor, scales: torch.Tensor, outer: torch.Tensor) -> WgmmaWeight:
+    """codes uint8 [N, K], scales uint8 [N, K/16], outer (S_enc) fp32 scalar: `trace.fp4.FP4Tensor` fields. N and
+    K multiples of 64."""
+    check_tensor(codes, "codes", (torch.uint8,), dim=2)
+    check_tensor(scales, "scales", (torch.uint8,), dim=2)
+    check_tensor(outer, "outer", (torch.float32,), finite=True)
+    N, K = codes.shape
+    if N % BN or K % BK:
+        raise ValueError(f"N={N} and K={K} must be multiples of {BN} and {BK}")
+    if tuple(scales.shape) != (N, K // 16):
+        raise ValueError(f"scales must have shape {(N, K // 16)}, got {tuple(scales.shape)}")
+    if outer.numel() != 1 or float(outer) <= 0:
+        raise ValueError("outer must be one positive S_enc")
+    factor = (EPI_POW / outer.reshape(1).to(torch.float64)).to(torch.float32)
+    return WgmmaWeight(wgmma_layout(codes), wgmma_scales(scales), factor, N, K)
+
+
+if gluon is not None:
+    # One int32 word (v4a layout) and the two v4a scale bytes of its blocks (s0 = 0, 1; `wgmma_scales`) -> its 8
+    # values * s_b * 2^-7 in bf16. Each byte becomes the bf16x2 (s_b * 2^119, s_b * 2^119) by one multiply-add; per
+    # pair (p = 0, 1 share a word's pair slot) one shift and mask put both magnitudes under a bf16x2's exponent
+    # fields, one mul.rn.bf16x2 scales them (an E2M1 subnormal becomes a bf16 subnormal, which bf16 arithmetic
+    # keeps), one shift and mask-xor sets both signs (the scale is positive). Pairs 0-1 are block s0 = 0, 2-3 s0 = 1.
+    _DECODE8_WG = gl.constexpr("{\n.reg .b32 sa, sb, m, g;\ncvt.u32.u16 sa, $9;\nshr.u32 sb, sa, 8;\n"
+                               f"and.b32 sa, sa, 255;\nmad.lo.u32 sa, sa, 0x100010, {SCALE_MAD};\n"
+                               f"mad.lo.u32 sb, sb, 0x100010, {SCALE_MAD};\n" + "".join(
+        (f"shl.b32 m, $8, {6 - 4 * p};\n" if p < 2 else f"shr.u32 m, $8, {4 * p - 6};\n")
+        + f"and.b32 m, m, 0x01C001C0;\nmul.rn.bf16x2 m, m, {'sa' if p < 2 else 'sb'};\n"
+        + (f"shl.b32 g, $8, {12 - 4 * p};\n" if p < 3 else "mov.b32 g, $8;\n")
+        + f"and.b32 g, g, 0x80008000;\nxor.b32 m, m, g;\nmov.b32 {{${2 * p}, ${2 * p + 1}}}, m;\n" for p in range(4))
+        + "}")
+
+    @gluon.jit
+    def _decode_a(w, s_ptrs, a_l: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
+        """words [BN, 8] (v4a layout) and pointers to each word's two scale bytes (int16) -> the A operand [BN, BK]
+        bf16 in the wgmma register layout, without data movement between threads."""
+        n0, n1, n2, n3, n4, n5, n6, n7 = gl.inline_asm_elementwise(
+            _DECODE8_WG, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, gl.load(s_ptrs)], dtype=(gl.bfloat16,) * 8, is_pure=True,
+            pack=1)
+        # element j = 4 s0 + 2 h + p: the first join's index is the last dim -> [BN, 8, 2 (p), 2 (h), 2 (s0)]
+        v = gl.join(gl.join(gl.join(n0, n1), gl.join(n2, n3)), gl.join(gl.join(n4, n5), gl.join(n6, n7)))
+        v = gl.reshape(v, [BN, 4, 2, 2, 2, 2])  # [n, q, sh, p, h, s0] (word c = 2 q + sh)
+        v = gl.permute(v, (0, 2, 5, 4, 1, 3))  # [n, sh, s0, h, q, p]: k = 32 sh + 16 s0 + 8 h + 2 q + p
+        return gl.convert_layout(gl.reshape(v, [BN, BK]), a_l, assert_trivial=True)
+
+    @gluon.jit
+    def _w4_wgmma_kernel(x_ptr, xf_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, M, N, K, stride_xm, kt_per_split,
+                         BM: gl.constexpr, SPLIT: gl.constexpr, XF: gl.constexpr, num_warps: gl.constexpr):
+        """Grid (N / 64, M / BM, split-K): out[m, n] (+)= the program's K tiles of x @ dequant(W)^T, times 2^7 / S_enc
+        and, with XF (x holds W4A4 tile values), the row's factor. The next tile's words, scale bytes and activations
+        are loaded before this tile is decoded (one tile in flight beside the MMA)."""
+        BN: gl.constexpr = 64
+        BK: gl.constexpr = 64
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        # words [BN, 8]: word bit 0 (sh) and row bit 3 in registers, word bits 1-2 (q) and row bits 0-2 over lanes,
+        # row bits 4-5 over warps: the A fragment's rows and k-quads (module docstring)
+        w_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [8, 0]], lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BN, 8])
+        x_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
+                                             order=[1, 0])
+        b_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+        pid_n = gl.program_id(0)
+        pid_m = gl.program_id(1)
+        pid_k = gl.program_id(2)
+        t0 = pid_k * kt_per_split
+        n_it = gl.minimum(kt_per_split, K // BK - t0)
+        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, w_l))
+        rc = gl.arange(0, 8, layout=gl.SliceLayout(0, w_l))
+        w_ptrs = w_ptr + rn[:, None].to(gl.int64) * (K // 8) + (t0 * 8 + rc)[None, :]
+        # a word's two scale blocks, 2 sh and 2 sh + 1 of its tile (sh = c & 1): one int16
+        s_ptrs = s_ptr + rn[:, None].to(gl.int64) * (K // 32) + (t0 * 2 + (rc & 1))[None, :]
+        rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
+        rk = gl.arange(0, BK, layout=gl.SliceLayout(0, x_l))
+        x_ptrs = x_ptr + rm[:, None].to(gl.int64) * stride_xm + (t0 * BK + rk)[None, :]
+        xmask = (rm < M)[:, None]
+        b_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], b_sl)
+        acc = gl.zeros([BN, BM], gl.float32, layout=mma)
+        w = gl.load(w_ptrs)
+        xv = gl.load(x_ptrs, mask=xmask, other=0.0)
+        for it in range(n_it):
+            more = it + 1 < n_it
+            w_next = gl.load(w_ptrs + BK // 8, mask=more, other=0)
+            x_next = gl.load(x_ptrs + BK, mask=xmask & more, other=0.0)
+            a = _decode_a(w, s_ptrs, a_l, BN, BK)
+            b_smem.store(xv.to(gl.bfloat16))
+            fence_async_shared()
+            acc = warpgroup_mma(a, b_smem.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            w, xv = w_next, x_next
+            w_ptrs += BK // 8
+            s_ptrs += BK // 32
+            x_ptrs += BK
+        on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+        om = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+        acc = acc * gl.load(wf_ptr)
+        if XF:
+            acc = acc * gl.load(xf_ptr + om, mask=om < M, other=0.0)[None, :]
+        o_ptrs = out_ptr + om[None, :].to(gl.int64) * N + on[:, None]  # out [M, N], the tile transposed
+        omask = (om < M)[None, :] & (on < N)[:, None]
+        if SPLIT > 1:
+            gl.atomic_add(o_ptrs, acc, mask=omask, sem="relaxed")
+        else:
+            gl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=omask)
+
+    @gluon.jit
+    def _moe_wgmma_kernel(x_ptr, xf_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr, S, N, K, stride_xm,
+                          A_DIV, BM: gl.constexpr, GATED: gl.constexpr, ROUTE_W: gl.constexpr, XF: gl.constexpr,
+                          num_warps: gl.constexpr):
+        """Grid (blocks of BM expert-sorted slots (`kernels.moe.moe_align`), N / 64): out[slot, n] for one block of
+        one expert; with GATED, the gate rows [0, N) and up rows [N, 2N) of the expert read one activation tile and
+        the SiLU product is written; ROUTE_W scales each slot by its routing weight (down); XF as the dense kernel.
+        Padding blocks (expert -1) exit at once."""
+        BN: gl.constexpr = 64
+        BK: gl.constexpr = 64
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        w_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [8, 0]], lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BN, 8])
+        x_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
+                                             order=[1, 0])
+        b_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+        pid_b = gl.program_id(0)
+        pid_n = gl.program_id(1)
+        e = gl.load(bexp_ptr + pid_b)
+        if e >= 0:
+            e64 = e.to(gl.int64)
+            NW = 2 * N if GATED else N  # weight rows per expert
+            rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, w_l))
+            rc = gl.arange(0, 8, layout=gl.SliceLayout(0, w_l))
+            w_ptrs = w_ptr + (e64 * NW + rn[:, None]) * (K // 8) + rc[None, :]
+            s_ptrs = s_ptr + (e64 * NW + rn[:, None]) * (K // 32) + (rc & 1)[None, :]
+            up_w = N * (K // 8)  # the up rows' offset from the gate rows'
+            up_s = N * (K // 32)
+            sl = gl.load(slots_ptr + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, x_l)))
+            rows = gl.where(sl < S, sl // A_DIV, 0)
+            rk = gl.arange(0, BK, layout=gl.SliceLayout(0, x_l))
+            x_ptrs = x_ptr + rows[:, None].to(gl.int64) * stride_xm + rk[None, :]
+            xmask = (sl < S)[:, None]
+            b_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], b_sl)
+            acc = gl.zeros([BN, BM], gl.float32, layout=mma)
+            acc_u = gl.zeros([BN, BM], gl.float32, layout=mma)
+            n_it = K // BK
+            w = gl.load(w_ptrs)
+            w_u = gl.load(w_ptrs + up_w, mask=GATED, other=0)
+            xv = gl.load(x_ptrs, mask=xmask, other=0.0)
+            for it in range(n_it):
+                more = it + 1 < n_it
+                w_next = gl.load(w_ptrs + BK // 8, mask=more, other=0)
+                wu_next = gl.load(w_ptrs + up_w + BK // 8, mask=more & GATED, other=0)
+                x_next = gl.load(x_ptrs + BK, mask=xmask & more, other=0.0)
+                a = _decode_a(w, s_ptrs, a_l, BN, BK)
+                b_smem.store(xv.to(gl.bfloat16))
+                fence_async_shared()
+                acc = warpgroup_mma(a, b_smem.permute((1, 0)), acc, is_async=True)
+                if GATED:
+                    a_u = _decode_a(w_u, s_ptrs + up_s, a_l, BN, BK)
+                    acc_u = warpgroup_mma(a_u, b_smem.permute((1, 0)), acc_u, is_async=True)
+                    acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_u))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                w, w_u, xv = w_next, wu_next, x_next
+                w_ptrs += BK // 8
+                s_ptrs += BK // 32
+                x_ptrs += BK
+            on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+            so = gl.load(slots_ptr + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma)))
+            smask = so < S
+            if GATED:
+                acc = acc * gl.load(wf_ptr + e * 2)
+                acc_u = acc_u * gl.load(wf_ptr + e * 2 + 1)
+            else:
+                acc = acc * gl.load(wf_ptr + e)
+            if XF:
+                xf = gl.load(xf_ptr + gl.where(smask, so // A_DIV, 0), mask=smask, other=0.0)[None, :]
+                acc = acc * xf
+                if GATED:
+                    acc_u = acc_u * xf
+            if GATED:
+                acc = acc / (1.0 + gl.exp(-acc)) * acc_u  # silu(g) * u
+            if ROUTE_W:
+                acc = acc * gl.load(rw_ptr + so, mask=smask, other=0.0)[None, :]
+            o_ptrs = out_ptr + so[None, :].to(gl.int64) * N + on[:, None]  # out [S, N]
+            gl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=smask[None, :] & (on < N)[:, None])
+
+
+def wgmma_config(M: int, N: int, K: int, device) -> tuple[int, int]:
+    """(BM, split-K): the token tile (16, 32 or 64: the wgmma's N) and enough K splits that the grid covers the SMs
+    about twice at decode sizes."""
+    bm = 16 if M <= 16 else 32 if M <= 32 else 64
+    tiles = (N // BN) * triton.cdiv(M, bm)
+    split = max(1, min(K // BK // 4, triton.cdiv(2 * num_sms(device), tiles)))
+    return bm, split
+
+
+def fp4_linear_wgmma(x: torch.Tensor, w: WgmmaWeight, *, act_quant: bool = False, out_dtype: torch.dtype | None = None,
+                     config: tuple[int, int] | None = None, check_finite: bool = True, on_quant=None) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ dequant(W)^T on the v4a kernel (CUDA, sm_90). x bf16; act_quant: W4A4 (per-row NVFP4
+    activations, the trainer's codes; on_quant sees them). config: (BM, split-K), default `wgmma_config`."""
+    if gluon is None:
+        raise RuntimeError("fp4_linear_wgmma needs Triton's Gluon (Triton >= 3.5)")
+    check_tensor(x, "x", (torch.bfloat16,), dim=2, finite=check_finite)
+    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
+        raise RuntimeError("fp4_linear_wgmma runs on Hopper GPUs only (wgmma)")
+    M, K = x.shape
+    if K != w.K:
+        raise ValueError(f"x has K={K}, weight has K={w.K}")
+    out_dtype = out_dtype or x.dtype
+    if M == 0:
+        return torch.empty((0, w.N), dtype=out_dtype, device=x.device)
+    if act_quant:
+        xa, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=on_quant)
+    else:
+        xa = x if x.stride(-1) == 1 else x.contiguous()
+        xf = w.factor  # unread (XF=False)
+    bm, split = config or wgmma_config(M, w.N, K, x.device)
+    kt = K // BK
+    per = triton.cdiv(kt, split)
+    split = triton.cdiv(kt, per)
+    out = (torch.zeros((M, w.N), dtype=torch.float32, device=x.device) if split > 1
+           else torch.empty((M, w.N), dtype=out_dtype, device=x.device))
+    grid = (w.N // BN, triton.cdiv(M, bm), split)
+    _w4_wgmma_kernel[grid](xa, xf, w.words, w.scales, w.factor, out, M, w.N, K, xa.stride(0), per,
+                           BM=bm, SPLIT=split, XF=act_quant, num_warps=4)
+    return out if out.dtype == out_dtype else out.to(out_dtype)
+
+
+@dataclass
+class WgmmaMoE:
+    """Expert weights for `fused_moe_wgmma`: w13 words [E, 2I, H/8] (gate rows [0, I), up rows [I, 2I)), scales
+    [E, 2I, H/32] int16, factor [E, 2] (gate, up); w2 words [E, H, I/8], scales [E, H, I/32], factor [E]."""
+
+    w13: torch.Tensor
+    s13: torch.Tensor
+    f13: torch.Tensor
+    w2: torch.Tensor
+    s2: torch.Tensor
+    f2: torch.Tensor
+    E: int
+    H: int
+    I: int
+
+
+def prepare_moe_wgmma(gate, up, down) -> WgmmaMoE:
+    """gate, up: (codes [E, I, H], scale bytes [E, I, H/16], S_enc [E, 1, 1] or scalar); down: (codes [E, H, I], ...),
+    as `kernels.moe.prepare_moe_weights` takes them. H and I multiples of 64."""
+    (gc, gs, go), (uc, us, uo), (dc, ds, do) = gate, up, down
+    E, I, H = gc.shape
+    if H % BK or I % BK:
+        raise ValueError(f"H={H} and I={I} must be multiples of {BK}")
+    if tuple(uc.shape) != (E, I, H) or tuple(dc.shape) != (E, H, I):
+        raise ValueError(f"up must be {(E, I, H)} and down {(E, H, I)}, got {tuple(uc.shape)}, {tuple(dc.shape)}")
+
+    def factor(o):
+        o = o.reshape(-1).to(torch.float64)
+        return (EPI_POW / o.expand(E) if o.numel() == 1 else EPI_POW / o).to(torch.float32)
+
+    return WgmmaMoE(wgmma_layout(torch.cat([gc, uc], 1)), wgmma_scales(torch.cat([gs, us], 1)),
+                    torch.stack([factor(go), factor(uo)], 1).contiguous(), wgmma_layout(dc), wgmma_scales(ds),
+                    factor(do).contiguous(), E, H, I)
+
+
+def moe_wgmma(a, words, scales, factor, N: int, K: int, sorted_slots, block_expert, S: int, BM: int, *, a_div: int,
+              gated: bool, route_w=None, a_factor=None, out_dtype=None) -> torch.Tensor:
+    """One grouped launch of the v4a MoE kernel over `kernels.moe.moe_align`'s blocks (BM slots each): [S, N]."""
+    out = torch.empty((S, N), dtype=out_dtype or a.dtype, device=a.device)
+    grid = (block_expert.numel(), N // BN)
+    _moe_wgmma_kernel[grid](a, a if a_factor is None else a_factor, words, scales, factor, out, sorted_slots,
+                            block_expert, route_w if route_w is not None else factor, S, N, K, a.stride(0), a_div,
+                            BM=BM, GATED=gated, ROUTE_W=route_w is not None, XF=a_factor is not None, num_warps=4)
+    return out
+
+
+def fused_moe_wgmma(x: torch.Tensor, w: WgmmaMoE, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
+                    act_quant: bool = False, BM: int | None = None, on_quant=None) -> torch.Tensor:
+    """`kernels.moe.fused_moe` on the v4a kernels (CUDA sm_90, x bf16): gate/up with the SiLU product, then down
+    with the routing weights, then the sum over each token's k slots. act_quant: W4A4 as `fused_moe`'s MMA path
+    (the gate/up input per token, the down input per (token, slot); on_quant(which, q) sees them)."""
+    from kernels.moe import moe_align
+
+    if gluon is None:
+        raise RuntimeError("fused_moe_wgmma needs Triton's Gluon (Triton >= 3.5)")
+    check_tensor(x, "x", (torch.bfloat16,), dim=2)
+    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
+        raise RuntimeError("fused_moe_wgmma runs on Hopper GPUs only (wgmma)")
+    T, H = x.shape
+    k = topk_ids.shape[1]
+    if H != w.H or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != T:
+        raise ValueError(f"x [T, {w.H}], topk_ids and topk_weights [T, k] expected")
+    if T == 0:
+        return torch.zeros_like(x)
+    bm = BM or (16 if T * k / w.E <= 16 else 32 if T * k / w.E <= 48 else 64)  # as kernels.moe.mma_moe_config
+    sorted_slots, block_expert = moe_align(topk_ids, w.E, bm)
+    S = T * k
+    rw = topk_weights.reshape(-1).to(torch.float32)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    tag = (lambda which: None) if on_quant is None else (lambda which: (lambda q: on_quant(which, q)))
+    if act_quant:
+        xq, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=tag("gate_up"))
+        h = moe_wgmma(xq, w.w13, w.s13, w.f13, w.I, H, sorted_slots, block_expert, S, bm, a_div=k, gated=True,
+                      a_factor=xf, out_dtype=x.dtype)
+        hq, hf = quantize_act_for_gemm(h, check_finite=False, on_quant=tag("down"))
+        y = moe_wgmma(hq, w.w2, w.s2, w.f2, H, w.I, sorted_slots, block_expert, S, bm, a_div=1, gated=False,
+                      route_w=rw, a_factor=hf, out_dtype=x.dtype)
+    else:
+        h = moe_wgmma(x, w.w13, w.s13, w.f13, w.I, H, sorted_slots, block_expert, S, bm, a_div=k, gated=True)
+        y = moe_wgmma(h, w.w2, w.s2, w.f2, H, w.I, sorted_slots, block_expert, S, bm, a_div=1, gated=False, route_w=rw)
+    return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)
