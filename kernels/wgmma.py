@@ -128,6 +128,28 @@ if gluon is not None:
         + f"and.b32 g, g, 0x80008000;\nxor.b32 m, m, g;\nmov.b32 {{${2 * p}, ${2 * p + 1}}}, m;\n" for p in range(4))
         + "}")
 
+    # words [64, 8] of a K tile: word bit 0 (sh) and row bit 3 in registers, word bits 1-2 (q) and row bits 0-2 over
+    # lanes, row bits 4-5 over warps: the wgmma A fragment's rows and k-quads (module docstring)
+    _W_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [8, 0]], lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BN, 8]))
+    # the activation tile [BM, 64]: 16-byte loads along K
+    _X_LAYOUT = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
+                                              order=[1, 0]))
+
+    _TILE_N = gl.constexpr(BN)
+    _TILE_K = gl.constexpr(BK)
+
+    @triton.constexpr_function
+    def _b_smem_layout(BM):
+        """The activation tile [BM, 64] in shared memory, the wgmma B operand (read K-major through a permuted view)."""
+        return gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+
+    @triton.constexpr_function
+    def _mma_layout(BM):
+        """acc [64 weight rows, BM tokens]: one m64nBMk16 wgmma per k16 over the 4 warps."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+
     @gluon.jit
     def _decode_a(w, s_ptrs, a_l: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
         """words [BN, 8] (v4a layout) and pointers to each word's two scale bytes (int16) -> the A operand [BN, BK]
@@ -147,33 +169,25 @@ if gluon is not None:
         """Grid (N / 64, M / BM, split-K): out[m, n] (+)= the program's K tiles of x @ dequant(W)^T, times 2^7 / S_enc
         and, with XF (x holds W4A4 tile values), the row's factor. The next tile's words, scale bytes and activations
         are loaded before this tile is decoded (one tile in flight beside the MMA)."""
-        BN: gl.constexpr = 64
-        BK: gl.constexpr = 64
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+        BN: gl.constexpr = _TILE_N
+        BK: gl.constexpr = _TILE_K
+        mma: gl.constexpr = _mma_layout(BM)
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        # words [BN, 8]: word bit 0 (sh) and row bit 3 in registers, word bits 1-2 (q) and row bits 0-2 over lanes,
-        # row bits 4-5 over warps: the A fragment's rows and k-quads (module docstring)
-        w_l: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [8, 0]], lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
-            warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BN, 8])
-        x_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
-                                             order=[1, 0])
-        b_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
         pid_n = gl.program_id(0)
         pid_m = gl.program_id(1)
         pid_k = gl.program_id(2)
         t0 = pid_k * kt_per_split
         n_it = gl.minimum(kt_per_split, K // BK - t0)
-        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, w_l))
-        rc = gl.arange(0, 8, layout=gl.SliceLayout(0, w_l))
+        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, _W_LAYOUT))
+        rc = gl.arange(0, 8, layout=gl.SliceLayout(0, _W_LAYOUT))
         w_ptrs = w_ptr + rn[:, None].to(gl.int64) * (K // 8) + (t0 * 8 + rc)[None, :]
         # a word's two scale blocks, 2 sh and 2 sh + 1 of its tile (sh = c & 1): one int16
         s_ptrs = s_ptr + rn[:, None].to(gl.int64) * (K // 32) + (t0 * 2 + (rc & 1))[None, :]
-        rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
-        rk = gl.arange(0, BK, layout=gl.SliceLayout(0, x_l))
+        rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, _X_LAYOUT))
+        rk = gl.arange(0, BK, layout=gl.SliceLayout(0, _X_LAYOUT))
         x_ptrs = x_ptr + rm[:, None].to(gl.int64) * stride_xm + (t0 * BK + rk)[None, :]
         xmask = (rm < M)[:, None]
-        b_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], b_sl)
+        b_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], _b_smem_layout(BM))
         acc = gl.zeros([BN, BM], gl.float32, layout=mma)
         w = gl.load(w_ptrs)
         xv = gl.load(x_ptrs, mask=xmask, other=0.0)
@@ -210,34 +224,28 @@ if gluon is not None:
         one expert; with GATED, the gate rows [0, N) and up rows [N, 2N) of the expert read one activation tile and
         the SiLU product is written; ROUTE_W scales each slot by its routing weight (down); XF as the dense kernel.
         Padding blocks (expert -1) exit at once."""
-        BN: gl.constexpr = 64
-        BK: gl.constexpr = 64
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+        BN: gl.constexpr = _TILE_N
+        BK: gl.constexpr = _TILE_K
+        mma: gl.constexpr = _mma_layout(BM)
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        w_l: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [8, 0]], lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
-            warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BN, 8])
-        x_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
-                                             order=[1, 0])
-        b_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
         pid_b = gl.program_id(0)
         pid_n = gl.program_id(1)
         e = gl.load(bexp_ptr + pid_b)
         if e >= 0:
             e64 = e.to(gl.int64)
             NW = 2 * N if GATED else N  # weight rows per expert
-            rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, w_l))
-            rc = gl.arange(0, 8, layout=gl.SliceLayout(0, w_l))
+            rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, _W_LAYOUT))
+            rc = gl.arange(0, 8, layout=gl.SliceLayout(0, _W_LAYOUT))
             w_ptrs = w_ptr + (e64 * NW + rn[:, None]) * (K // 8) + rc[None, :]
             s_ptrs = s_ptr + (e64 * NW + rn[:, None]) * (K // 32) + (rc & 1)[None, :]
             up_w = N * (K // 8)  # the up rows' offset from the gate rows'
             up_s = N * (K // 32)
-            sl = gl.load(slots_ptr + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, x_l)))
+            sl = gl.load(slots_ptr + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, _X_LAYOUT)))
             rows = gl.where(sl < S, sl // A_DIV, 0)
-            rk = gl.arange(0, BK, layout=gl.SliceLayout(0, x_l))
+            rk = gl.arange(0, BK, layout=gl.SliceLayout(0, _X_LAYOUT))
             x_ptrs = x_ptr + rows[:, None].to(gl.int64) * stride_xm + rk[None, :]
             xmask = (sl < S)[:, None]
-            b_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], b_sl)
+            b_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], _b_smem_layout(BM))
             acc = gl.zeros([BN, BM], gl.float32, layout=mma)
             acc_u = gl.zeros([BN, BM], gl.float32, layout=mma)
             n_it = K // BK
@@ -284,6 +292,12 @@ if gluon is not None:
             gl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=smask[None, :] & (on < N)[:, None])
 
 
+def usable(device) -> bool:
+    """Gluon is importable and `device` is a Hopper GPU (the kernels' wgmma is sm_90's)."""
+    device = torch.device(device)
+    return gluon is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
 def wgmma_config(M: int, N: int, K: int, device) -> tuple[int, int]:
     """(BM, split-K): the token tile (16, 32 or 64: the wgmma's N) and enough K splits that the grid covers the SMs
     about twice at decode sizes."""
@@ -297,11 +311,9 @@ def fp4_linear_wgmma(x: torch.Tensor, w: WgmmaWeight, *, act_quant: bool = False
                      config: tuple[int, int] | None = None, check_finite: bool = True, on_quant=None) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(W)^T on the v4a kernel (CUDA, sm_90). x bf16; act_quant: W4A4 (per-row NVFP4
     activations, the trainer's codes; on_quant sees them). config: (BM, split-K), default `wgmma_config`."""
-    if gluon is None:
-        raise RuntimeError("fp4_linear_wgmma needs Triton's Gluon (Triton >= 3.5)")
     check_tensor(x, "x", (torch.bfloat16,), dim=2, finite=check_finite)
-    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
-        raise RuntimeError("fp4_linear_wgmma runs on Hopper GPUs only (wgmma)")
+    if not usable(x.device):
+        raise RuntimeError("fp4_linear_wgmma runs on Hopper GPUs with Triton's Gluon only (wgmma)")
     M, K = x.shape
     if K != w.K:
         raise ValueError(f"x has K={K}, weight has K={w.K}")
@@ -343,8 +355,9 @@ class WgmmaMoE:
 
 def prepare_moe_wgmma(gate, up, down) -> WgmmaMoE:
     """gate, up: (codes [E, I, H], scale bytes [E, I, H/16], S_enc [E, 1, 1] or scalar); down: (codes [E, H, I], ...),
-    as `kernels.moe.prepare_moe_weights` takes them. H and I multiples of 64."""
-    (gc, gs, go), (uc, us, uo), (dc, ds, do) = gate, up, down
+    as tuples or `trace.fp4.FP4Tensor`s, as `kernels.moe.prepare_moe_weights` takes them. H and I multiples of 64."""
+    fields = [t if isinstance(t, (tuple, list)) else (t.codes, t.scales, t.outer) for t in (gate, up, down)]
+    (gc, gs, go), (uc, us, uo), (dc, ds, do) = fields
     E, I, H = gc.shape
     if H % BK or I % BK:
         raise ValueError(f"H={H} and I={I} must be multiples of {BK}")
@@ -378,11 +391,9 @@ def fused_moe_wgmma(x: torch.Tensor, w: WgmmaMoE, topk_ids: torch.Tensor, topk_w
     (the gate/up input per token, the down input per (token, slot); on_quant(which, q) sees them)."""
     from kernels.moe import moe_align
 
-    if gluon is None:
-        raise RuntimeError("fused_moe_wgmma needs Triton's Gluon (Triton >= 3.5)")
     check_tensor(x, "x", (torch.bfloat16,), dim=2)
-    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
-        raise RuntimeError("fused_moe_wgmma runs on Hopper GPUs only (wgmma)")
+    if not usable(x.device):
+        raise RuntimeError("fused_moe_wgmma runs on Hopper GPUs with Triton's Gluon only (wgmma)")
     T, H = x.shape
     k = topk_ids.shape[1]
     if H != w.H or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != T:

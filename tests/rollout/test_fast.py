@@ -167,3 +167,11 @@ def test_recording_on_the_fast_path_keeps_every_site_the_torch_path_keeps(monkey
         assert (x.scales == y.scales).float().mean() > 0.99, key
     for layer, (k, ids) in ra.routing.items():
         assert torch.equal(k, rb.routing[layer][0]) and torch.equal(ids, rb.routing[layer][1])
+
+
+def test_wgmma_is_never_wanted_off_a_hopper_gpu(monkeypatch):
+    """TRACE_FP4_WGMMA=1 asks for the v4a kernels (Gluon, sm_90 only); a CPU keeps the Triton path."""
+    from trace.rollout import fast as fast_mod
+
+    monkeypatch.setenv("TRACE_FP4_WGMMA", "1")
+    assert not fast_mod.wgmma_wanted("cpu")

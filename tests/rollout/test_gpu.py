@@ -105,6 +105,25 @@ def test_fast_path_self_test_at_the_small_flavors_shapes(family):
     assert eng.fwd.fast is not None and eng._fast_checked
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_wgmma_engine_checks_itself_and_follows_the_triton_path(family, monkeypatch):
+    """TRACE_FP4_WGMMA=1 (kernels/wgmma.py, v4a; Hopper only): the engine's self-test passes on the v4a kernels at
+    the small flavors' shapes, and its rollouts follow the Triton path's (same codes, other accumulation order)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the v4a kernels are Hopper's")
+    from trace.models import build_model
+
+    m = build_model(f"{family}-small", 0, dtype=torch.bfloat16)
+    monkeypatch.setenv("TRACE_FP4_CROSSOVER", "inf,inf")
+    base = _gen(m, mode="w4a4", kv_fp4=True, fp4_backend="triton")
+    monkeypatch.setenv("TRACE_FP4_WGMMA", "1")
+    eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, dtype=torch.bfloat16, device="cuda", fp4_backend="triton")
+    eng.sync_weights(m)  # the self-test, v4a kernels included
+    assert eng.fwd.fast.dense_wg is not None and eng.fwd.fast.moe_wg is not None
+    out = eng.generate(PROMPTS, n=2, max_new_tokens=40, temperature=1.0, seed=7, stop_token_ids=(3,))
+    _agree(out, base, 0.1)
+
+
 @pytest.mark.parametrize("crossover", [None, "inf,inf"], ids=["crossover", "kernels"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_captured_recording_steps_store_what_eager_steps_store(family, crossover, monkeypatch):
