@@ -1,8 +1,11 @@
-"""NVFP4 dense GEMM whose decoded weights are the wgmma A operand in registers (Gluon, Hopper only; v4a).
+"""NVFP4 dense and grouped-MoE GEMMs whose decoded weights are the wgmma A operand in registers (Gluon, Hopper
+only; v4a).
 
-What: y [M, N] = x [M, K] @ dequant(W)^T, swap-AB (weights are the MMA's M side: acc [64 weight rows, BM tokens]).
-The weight's nibbles are re-laid offline (`wgmma_layout`) so that the 16-byte-per-row-tile load of a thread
-holds exactly the E2M1 codes of its wgmma A fragment: the in-register decode (bf16x2 multiply by the block scale,
+What: y [M, N] = x [M, K] @ dequant(W)^T (`fp4_linear_wgmma`) and the SiLU-gated expert MLP over
+`kernels.moe.moe_align`'s expert-sorted blocks (`fused_moe_wgmma`, as `kernels.moe.fused_moe`), swap-AB (weights
+are the MMA's M side: acc [64 weight rows, BM tokens]). The weight's nibbles are re-laid offline (`wgmma_layout`)
+so that the 16 bytes a thread loads per K tile (8 from each of its two rows) are exactly the E2M1 codes of its
+wgmma A fragment: the in-register decode (bf16x2 multiply by the block scale,
 `_DECODE8_WG`) feeds `warpgroup_mma` with no shared-memory round trip (`gl.convert_layout(..., assert_trivial=True)`
 fails the compile otherwise). The Triton-language MMA tile (`kernels.gemm._fp4_tile_dot_v3`) stores its decoded
 tile to shared memory and reads it back with ldmatrix (kernels/NOTES.md, "Where the MoE tile's instructions go").
@@ -16,9 +19,11 @@ pair layout, `kernels.gemm.pair_layout`). The wgmma A fragment of a thread (lane
 g and g + 8 of its warp's 16, and k = 2 q + {0, 1} + 8 h + 16 s (s = 0..3): 4 words per thread and K tile, two
 8-byte loads.
 
-Compared against: `kernels.reference.fp4_linear` (FP32 dequantize-then-matmul) in tests/kernels/test_wgmma.py
-(GPU only: Gluon has no interpreter); the layout itself against an element-wise formula on the CPU. Timing beside
-cuBLAS BF16, our Triton kernels and `triton_kernels` in benchmarks/bench_kernels.py (`--only dense`).
+Compared against: `kernels.reference.fp4_linear` and `moe_fp4_reference` (FP32 dequantize-then-matmul) in
+tests/kernels/test_wgmma.py (GPU only: Gluon has no interpreter); the layouts against element-wise formulas and
+the kernels' sm_90 compile on the CPU. Timing beside cuBLAS BF16 / `torch._grouped_mm`, our Triton kernels and
+`triton_kernels` in benchmarks/bench_kernels.py (`--only dense,moe`). The engine takes them with TRACE_FP4_WGMMA=1.
+Run: `python -m pytest tests/kernels/test_wgmma.py -q` (on an H200 for the oracle tests).
 """
 from __future__ import annotations
 
