@@ -43,6 +43,7 @@ import subprocess
 import sys
 import time
 import traceback
+import types
 
 import torch
 import torch.nn.functional as F
@@ -383,6 +384,15 @@ def run_dense(dev, quick):
                                base, a_ms, f"BM={bm};split={split}" + (";+act-quant launch" if aq else ""))
                     except Exception as ex:
                         note("dense", f"wgmma {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
+                # its split-K around the default (a sweep row each, the best as -best), each checked first
+                splits = sorted({split, 2 * split, max(1, split // 2)})
+                r = ref.fp4_linear(x.float(), c, s, o)
+                t, cm = timed_best(lambda cf: (lambda: fp4_linear_wgmma(x, wg, config=(cf.BM, cf.split),
+                                                                        check_finite=False)),
+                                   [types.SimpleNamespace(BM=bm, split=sp) for sp in splits], "dense", shape,
+                                   "fp4-w4a16-wgmma", base, oracle=(r, 1e-2))
+                if t:
+                    record("dense", shape, "fp4-w4a16-wgmma-best", t, fp4_bytes, base, a_ms, cfg_str(cm))
             if auto_config(M, N, K, x.device, pw.gv_words is not None).kind != "mma":
                 # the default is the decode GEMV: the MMA tile too, for the crossover (best of a few tiles)
                 for aq in (False, True):
