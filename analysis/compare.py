@@ -99,9 +99,8 @@ def _pairs(evals: dict, model: str, task: str):
                    [a[i] for i in keep], [b[i] for i in keep])
 
 
-def compare_table(runs_dir: str, manifest: str | None = None, *, evals: dict | None = None) -> pd.DataFrame:
-    """The comparisons per model/task. evals: `_main_evals`'s first result, when the caller has read the runs."""
-    evals = evals if evals is not None else _main_evals(runs_dir, manifest)[0]
+def compare_table(evals: dict) -> pd.DataFrame:
+    """The comparisons per model/task of the main arms' evaluations (`_main_evals`)."""
     rows = []
     for model, task in dict.fromkeys((m, t) for m, t, _, _ in evals):
         for la, lb, a, b in _pairs(evals, model, task):
@@ -109,10 +108,9 @@ def compare_table(runs_dir: str, manifest: str | None = None, *, evals: dict | N
     return pd.DataFrame(rows, columns=COLUMNS)  # the header even without a pair, so the CSV always reads back
 
 
-def group_table(runs_dir: str, manifest: str | None = None, *, loaded: tuple[dict, dict] | None = None) -> pd.DataFrame:
-    """The comparisons within each difficulty label's held-out prompts (tasks in GROUPS): column ``group``.
-    loaded: `_main_evals`'s result, when the caller has read the runs."""
-    evals, configs = loaded if loaded is not None else _main_evals(runs_dir, manifest)
+def group_table(evals: dict, configs: dict) -> pd.DataFrame:
+    """The comparisons within each difficulty label's held-out prompts (tasks in GROUPS): column ``group``, from
+    `_main_evals`'s evaluations and run configs."""
     rows = []
     for model, task in dict.fromkeys((m, t) for m, t, _, _ in evals):
         if task not in GROUPS:
@@ -158,15 +156,15 @@ def to_markdown(t: pd.DataFrame, profile: str, groups: bool = False) -> str:
 
 
 def build(runs_dir: str, out: str, manifest: str | None = None) -> pd.DataFrame:
-    loaded = _main_evals(runs_dir, manifest)  # the runs are read once for both tables
-    t = compare_table(runs_dir, manifest, evals=loaded[0])
+    evals, configs = _main_evals(runs_dir, manifest)  # the runs are read once for both tables
+    t = compare_table(evals)
     profile = os.path.basename(os.path.normpath(runs_dir))
     os.makedirs(out, exist_ok=True)
     t.to_csv(os.path.join(out, "compare.csv"), index=False, float_format="%.6g")
     with open(os.path.join(out, "compare.md"), "w") as f:
         f.write(to_markdown(t, profile) if not t.empty
                 else f"### Paired arm comparisons ({profile} profile)\n\nno pair of arms with evaluations\n")
-    tg = group_table(runs_dir, manifest, loaded=loaded)
+    tg = group_table(evals, configs)
     tg.to_csv(os.path.join(out, "compare_groups.csv"), index=False, float_format="%.6g")
     with open(os.path.join(out, "compare_groups.md"), "w") as f:
         f.write(to_markdown(tg, profile, groups=True) if not tg.empty

@@ -170,34 +170,6 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
 
 
 @triton.jit
-def _row_setup(dst_ptr, outer_ptr, rows, rmask, BM: tl.constexpr, HAS_DST: tl.constexpr, GIVEN: tl.constexpr):
-    """-> (the rows' destination rows [BM], their S_enc: 1 until computed, or the caller's from outer)."""
-    if HAS_DST:
-        drow = tl.load(dst_ptr + rows, mask=rmask, other=0)
-    else:
-        drow = rows
-    s_enc = tl.full([BM], 1.0, tl.float32)
-    if GIVEN:  # the caller's S_enc per row (a tensor's or an expert's outer scale), read from outer
-        s_enc = tl.load(outer_ptr + drow, mask=rmask, other=1.0)
-    return drow, s_enc
-
-
-@triton.jit
-def _single_chunk(xb, kk, mask, rows, drow, rmask, s_enc, K, seed, amax_min, codes_ptr, scales_ptr, outer_ptr,
-                  mbits_ptr, fq_ptr, BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
-                  NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
-                  FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, INTERP: tl.constexpr, FMA_RTN: tl.constexpr,
-                  GIVEN: tl.constexpr):
-    """Whole rows in one chunk: the row's S_enc from its amax (NVFP4, not given), then the chunk's codes."""
-    if IS_NV and not GIVEN:
-        amax = tl.max(tl.max(tl.abs(xb), axis=2), axis=1)
-        s_enc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(2688.0, tl.maximum(amax, amax_min)))
-        tl.store(outer_ptr + drow, s_enc, mask=rmask)
-    _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, 0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
-                 BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP, FMA_RTN)
-
-
-@triton.jit
 def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_ptr, fq_ptr,
                        M, K, stride_xm, seed, amax_min,
                        BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
@@ -208,12 +180,21 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
     pid = tl.program_id(0)
     rows = pid * BM + tl.arange(0, BM)  # [BM]
     rmask = rows < M
-    drow, s_enc = _row_setup(dst_ptr, outer_ptr, rows, rmask, BM, HAS_DST, GIVEN)
+    if HAS_DST:
+        drow = tl.load(dst_ptr + rows, mask=rmask, other=0)
+    else:
+        drow = rows
+    s_enc = tl.full([BM], 1.0, tl.float32)
+    if GIVEN:  # the caller's S_enc per row (a tensor's or an expert's outer scale), read from outer
+        s_enc = tl.load(outer_ptr + drow, mask=rmask, other=1.0)
     if SINGLE:
         xb, kk, mask = _load_chunk(x_ptr, rows, rmask, stride_xm, 0, K, NB, BLOCK)
-        _single_chunk(xb, kk, mask, rows, drow, rmask, s_enc, K, seed, amax_min, codes_ptr, scales_ptr, outer_ptr,
-                      mbits_ptr, fq_ptr, BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE,
-                      INTERP, FMA_RTN, GIVEN)
+        if IS_NV and not GIVEN:
+            amax = tl.max(tl.max(tl.abs(xb), axis=2), axis=1)
+            s_enc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(2688.0, tl.maximum(amax, amax_min)))
+            tl.store(outer_ptr + drow, s_enc, mask=rmask)
+        _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, 0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
+                     BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP, FMA_RTN)
     else:
         if IS_NV and not GIVEN:
             amax = tl.zeros([BM], tl.float32)

@@ -35,6 +35,7 @@ import triton
 from kernels import reference as ref
 from kernels._common import check_tensor, num_sms
 from kernels.gemm import EPI_POW, quantize_act_for_gemm
+from kernels.moe import _fields, moe_align
 
 try:  # Gluon ships with Triton >= 3.5; its kernels compile for sm_90 only
     from triton.experimental import gluon
@@ -361,8 +362,7 @@ class WgmmaMoE:
 def prepare_moe_wgmma(gate, up, down) -> WgmmaMoE:
     """gate, up: (codes [E, I, H], scale bytes [E, I, H/16], S_enc [E, 1, 1] or scalar); down: (codes [E, H, I], ...),
     as tuples or `trace.fp4.FP4Tensor`s, as `kernels.moe.prepare_moe_weights` takes them. H and I multiples of 64."""
-    fields = [t if isinstance(t, (tuple, list)) else (t.codes, t.scales, t.outer) for t in (gate, up, down)]
-    (gc, gs, go), (uc, us, uo), (dc, ds, do) = fields
+    (gc, gs, go), (uc, us, uo), (dc, ds, do) = (_fields(t) for t in (gate, up, down))
     E, I, H = gc.shape
     if H % BK or I % BK:
         raise ValueError(f"H={H} and I={I} must be multiples of {BK}")
@@ -394,8 +394,6 @@ def fused_moe_wgmma(x: torch.Tensor, w: WgmmaMoE, topk_ids: torch.Tensor, topk_w
     """`kernels.moe.fused_moe` on the v4a kernels (CUDA sm_90, x bf16): gate/up with the SiLU product, then down
     with the routing weights, then the sum over each token's k slots. act_quant: W4A4 as `fused_moe`'s MMA path
     (the gate/up input per token, the down input per (token, slot); on_quant(which, q) sees them)."""
-    from kernels.moe import moe_align
-
     check_tensor(x, "x", (torch.bfloat16,), dim=2)
     if not usable(x.device):
         raise RuntimeError("fused_moe_wgmma runs on Hopper GPUs with Triton's Gluon only (wgmma)")

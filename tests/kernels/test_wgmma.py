@@ -17,6 +17,9 @@ import torch
 from kernels import reference as ref
 from kernels import wgmma
 from tests.kernels.conftest import GPU_TOL_MMA, ON_GPU, bf16_exact, dev, rel
+from tests.kernels.test_moe import (
+    _case,  # the MoE kernels' cases: expert weights, x, routing (expert E-1 empty)
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,14 +129,6 @@ def test_wgmma_matches_the_oracle(M, N, K, act_quant):
         assert rel(y, r) < GPU_TOL_MMA, (cfg, rel(y, r))
 
 
-def _moe_case(T, E, H, I, k):
-    g = torch.Generator().manual_seed(T * 7 + E)
-    q = lambda *sh: ref.nvfp4_quantize(torch.randn(*sh, generator=g), outer="expert")  # noqa: E731
-    x = bf16_exact(torch.randn(T, H, generator=g))
-    ids = torch.stack([torch.randperm(E - 1, generator=g)[:k] for _ in range(T)])  # expert E-1 stays empty
-    return q(E, I, H), q(E, I, H), q(E, H, I), x, ids, torch.softmax(torch.randn(T, k, generator=g), -1)
-
-
 MOE_CASES = [(7, 5, 64, 128, 2), (40, 9, 128, 64, 3), (256, 17, 192, 128, 4)]
 
 
@@ -149,7 +144,7 @@ def test_moe_wgmma_matches_the_oracle(T, E, H, I, k):
     _hopper()
     from tests.kernels.conftest import GPU_TOL_MOE_MMA
 
-    g, u, d, x, ids, tw = _moe_case(T, E, H, I, k)
+    g, u, d, x, ids, tw = _case(T, E, H, I, k)
     w = wgmma.prepare_moe_wgmma(*dev(g, u, d))
     xd, idsd, twd = dev(x, ids, tw)
     r = ref.moe_fp4_reference(x, g, u, d, ids, tw, h_dtype=torch.bfloat16)
@@ -169,7 +164,7 @@ def test_moe_wgmma_launches_match_the_oracle(T, E, H, I, k, act_quant):
     from kernels.gemm import quantize_act_for_gemm
     from kernels.moe import moe_align
 
-    (gc, gs, go), (uc, us, uo), (dc, ds, do), x, ids, tw = _moe_case(T, E, H, I, k)
+    (gc, gs, go), (uc, us, uo), (dc, ds, do), x, ids, tw = _case(T, E, H, I, k)
     w = wgmma.prepare_moe_wgmma(*dev((gc, gs, go), (uc, us, uo), (dc, ds, do)))
     xb = dev(x).to(torch.bfloat16)
     idsd = dev(ids)
