@@ -75,7 +75,7 @@ def paired(a: list[np.ndarray], b: list[np.ndarray]) -> dict:
             "n_prompts": int(a[0].size)}
 
 
-def _main_evals(runs_dir: str, manifest: str | None):
+def main_evals(runs_dir: str, manifest: str | None):
     """-> ({(model, task, arm, seed): eval.json}, {(model, task): a run's config}) of the main arms' runs."""
     evals: dict[tuple[str, str, str, int], dict] = {}
     configs: dict[tuple[str, str], dict] = {}
@@ -100,7 +100,7 @@ def _pairs(evals: dict, model: str, task: str):
 
 
 def compare_table(evals: dict) -> pd.DataFrame:
-    """The comparisons per model/task of the main arms' evaluations (`_main_evals`)."""
+    """The comparisons per model/task of the main arms' evaluations (`main_evals`)."""
     rows = []
     for model, task in dict.fromkeys((m, t) for m, t, _, _ in evals):
         for la, lb, a, b in _pairs(evals, model, task):
@@ -110,7 +110,7 @@ def compare_table(evals: dict) -> pd.DataFrame:
 
 def group_table(evals: dict, configs: dict) -> pd.DataFrame:
     """The comparisons within each difficulty label's held-out prompts (tasks in GROUPS): column ``group``, from
-    `_main_evals`'s evaluations and run configs."""
+    `main_evals`'s evaluations and run configs."""
     rows = []
     for model, task in dict.fromkeys((m, t) for m, t, _, _ in evals):
         if task not in GROUPS:
@@ -156,7 +156,7 @@ def to_markdown(t: pd.DataFrame, profile: str, groups: bool = False) -> str:
 
 
 def build(runs_dir: str, out: str, manifest: str | None = None) -> pd.DataFrame:
-    evals, configs = _main_evals(runs_dir, manifest)  # the runs are read once for both tables
+    evals, configs = main_evals(runs_dir, manifest)  # the runs are read once for both tables
     t = compare_table(evals)
     profile = os.path.basename(os.path.normpath(runs_dir))
     os.makedirs(out, exist_ok=True)

@@ -375,9 +375,9 @@ def plot_paired(runs_dir: str, tables_dir: str | None, out: str, manifest: str |
     if path and os.path.exists(path):
         cmp = pd.read_csv(path)
     else:
-        from analysis.compare import compare_table
+        from analysis.compare import compare_table, main_evals
 
-        cmp = compare_table(runs_dir, manifest)
+        cmp = compare_table(main_evals(runs_dir, manifest)[0])
     if cmp.empty:
         return style.placeholder(out, "paired_differences", "Paired arm comparisons", "no pair of arms with evaluations")
     return style.save(paired_figure(cmp), out, "paired_differences")
