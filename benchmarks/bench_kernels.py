@@ -63,6 +63,7 @@ from kernels.moe import (
     prepare_moe_weights,
 )
 from kernels.quantize import fake_rows, quantize_rows
+from kernels.wgmma import RING_STAGES as WGMMA_RING_STAGES
 from kernels.wgmma import fp4_linear_wgmma, fused_moe_wgmma, prepare_moe_wgmma, prepare_wgmma, wgmma_config
 from trace.rollout.forward import routed_experts
 
@@ -333,7 +334,7 @@ def run_dense(dev, quick):
                 e = relerr(fp4_linear(x, pw, act_quant=aq, config=cm), r)
                 check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} mma {'bf16' if bd else 'fp32'}-decode", e < 1e-2,
                       f"rel err {e:.2e} (tol 1e-2)")
-            if N % 64 == 0 and K % 64 == 0:  # the v4a wgmma kernel (decoded weights as the register A operand)
+            if N % 64 == 0 and K % 64 == 0:  # the v4 wgmma kernel (decoded weights as the register A operand)
                 try:
                     e = relerr(fp4_linear_wgmma(x, prepare_wgmma(c, s, o), act_quant=aq), r)
                     check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} wgmma", e < 1e-2, f"rel err {e:.2e} (tol 1e-2)")
@@ -375,22 +376,23 @@ def run_dense(dev, quick):
                    a_ms, "default")
             record("dense", shape, "fp4-w4a4", bench(lambda: fp4_linear(x, pw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+act-quant launch")
-            if wg is not None:  # v4a: the decoded weights as the wgmma A operand in registers (kernels/wgmma.py)
-                bm, split = wgmma_config(M, N, K, x.device)
+            if wg is not None:  # v4: the decoded weights as the wgmma A operand in registers (kernels/wgmma.py)
+                bm, split, stages = wgmma_config(M, N, K, x.device)
                 for aq in (False, True):
                     try:
                         record("dense", shape, f"fp4-w4a{4 if aq else 16}-wgmma",
                                bench(lambda aq=aq: fp4_linear_wgmma(x, wg, act_quant=aq, check_finite=False)), fp4_bytes,
-                               base, a_ms, f"BM={bm};split={split}" + (";+act-quant launch" if aq else ""))
+                               base, a_ms, f"BM={bm};split={split};stages={stages}" + (";+act-quant launch" if aq else ""))
                     except Exception as ex:
                         note("dense", f"wgmma {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
-                # its split-K around the default (a sweep row each, the best as -best), each checked first
+                # its split-K around the default x the ring's depth (0: v4b's register prefetch), a sweep row each,
+                # the best as -best, each checked first
                 splits = sorted({split, 2 * split, max(1, split // 2)})
                 r = ref.fp4_linear(x.float(), c, s, o)
-                t, cm = timed_best(lambda cf: (lambda: fp4_linear_wgmma(x, wg, config=(cf.BM, cf.split),
+                t, cm = timed_best(lambda cf: (lambda: fp4_linear_wgmma(x, wg, config=(cf.BM, cf.split, cf.stages),
                                                                         check_finite=False)),
-                                   [types.SimpleNamespace(BM=bm, split=sp) for sp in splits], "dense", shape,
-                                   "fp4-w4a16-wgmma", base, oracle=(r, 1e-2))
+                                   [types.SimpleNamespace(BM=bm, split=sp, stages=st) for sp in splits
+                                    for st in (0, 3, 4, 6)], "dense", shape, "fp4-w4a16-wgmma", base, oracle=(r, 1e-2))
                 if t:
                     record("dense", shape, "fp4-w4a16-wgmma-best", t, fp4_bytes, base, a_ms, cfg_str(cm))
             if auto_config(M, N, K, x.device, pw.gv_words is not None).kind != "mma":
@@ -478,12 +480,14 @@ def run_moe(dev, quick):
             e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
             tol = moe_tol(aq)
             check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'}", e < tol, f"rel err {e:.2e} (tol {tol:g}, bf16 h and output)")
-            try:  # v4a (kernels/wgmma.py), the decoded weights as the wgmma A operand in registers
-                e = relerr(fused_moe_wgmma(x, prepare_moe_wgmma(g, u, d), ids, tw, act_quant=aq),
-                           ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
-                check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'} wgmma", e < tol, f"rel err {e:.2e} (tol {tol:g})")
-            except Exception as ex:
-                check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'} wgmma", False, f"{type(ex).__name__}: {str(ex)[:300]}")
+            for st in (0, WGMMA_RING_STAGES):  # v4 (kernels/wgmma.py): register prefetch (v4b), cp.async ring (v4c)
+                name = f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'} wgmma stages={st}"
+                try:
+                    e = relerr(fused_moe_wgmma(x, prepare_moe_wgmma(g, u, d), ids, tw, act_quant=aq, stages=st),
+                               ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
+                    check(name, e < tol, f"rel err {e:.2e} (tol {tol:g})")
+                except Exception as ex:
+                    check(name, False, f"{type(ex).__name__}: {str(ex)[:300]}")
             for bd in (False, True):  # the MMA tile (the default above 1.5 rows per expert), both decodes
                 cm = MoEConfig(BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, bf16_decode=bd)
                 e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq, config=cm),
@@ -552,12 +556,13 @@ def run_moe(dev, quick):
                    fp4_bytes, base, a_ms, cfg_str(cfg), f"experts_hit={hit}")
             record("moe", shape, "fp4-w4a4", bench(lambda: fused_moe(x, mw, ids, tw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+2 act-quant launches;routing align inside", f"experts_hit={hit}")
-            if mwg is not None:  # v4a (kernels/wgmma.py); the routing sort inside, as the W4A4 row above
-                for aq in (False, True):
-                    try:
-                        record("moe", shape, f"fp4-w4a{4 if aq else 16}-wgmma",
-                               bench(lambda aq=aq: fused_moe_wgmma(x, mwg, ids, tw, act_quant=aq)), fp4_bytes, base, a_ms,
-                               "v4a;routing align inside" + (";+2 act-quant launches" if aq else ""), f"experts_hit={hit}")
+            if mwg is not None:  # v4 (kernels/wgmma.py); the routing sort inside, as the W4A4 row above
+                for aq, st in ((False, WGMMA_RING_STAGES), (True, WGMMA_RING_STAGES), (False, 0)):
+                    try:  # the default (the cp.async ring, v4c) and v4b's register prefetch (-regs)
+                        record("moe", shape, f"fp4-w4a{4 if aq else 16}-wgmma" + ("" if st else "-regs"),
+                               bench(lambda aq=aq, st=st: fused_moe_wgmma(x, mwg, ids, tw, act_quant=aq, stages=st)),
+                               fp4_bytes, base, a_ms, f"stages={st};routing align inside"
+                               + (";+2 act-quant launches" if aq else ""), f"experts_hit={hit}")
                     except Exception as ex:
                         note("moe", f"wgmma {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
             if cfg.kind != "mma":  # the default is the decode GEMV: the MMA tile too, for the crossover

@@ -1,5 +1,5 @@
 """NVFP4 dense and grouped-MoE GEMMs whose decoded weights are the wgmma A operand in registers (Gluon, Hopper
-only; v4a).
+only; v4).
 
 What: y [M, N] = x [M, K] @ dequant(W)^T (`fp4_linear_wgmma`) and the SiLU-gated expert MLP over
 `kernels.moe.moe_align`'s expert-sorted blocks (`fused_moe_wgmma`, as `kernels.moe.fused_moe`), swap-AB (weights
@@ -12,6 +12,14 @@ tile to shared memory and reads it back with ldmatrix (kernels/NOTES.md, "Where 
 The activation tile goes through shared memory as the wgmma B operand. W4A4: with `act_quant`, x is first
 quantized per row (`kernels.gemm.quantize_act_for_gemm`: the trainer's codes, the tile values q * s_b * 2^-7 that
 are exact in bf16) and the row factor 2^7 / S_enc multiplies the output, as in the Triton tile.
+
+How the loads are kept in flight (v4a measured latency-bound, kernels/NOTES.md): two kernels of each kind, the same
+decode and MMA. `stages=0` (v4b: `_w4_wgmma_kernel`, `_moe_wgmma_kernel`) prefetches into registers, the dense one
+two K tiles per iteration with the next two loading; `stages>=2` (v4c, the default `RING_STAGES`:
+`_w4_wgmma_ring_kernel`, `_moe_wgmma_ring_kernel`) copies words, scale words and activations with cp.async into a
+ring of that many tiles in shared memory, as `triton_kernels` does with its stages, so fewer registers hold more
+bytes in flight. Both split K (fp32 atomics) where the grid is small: the dense GEMM at decode sizes, the MoE down
+projection (`moe_split`). The bench times both; the slower one goes once it is measured.
 
 Layout of a 64-wide K tile of row n (`wgmma_layout`): word c = 2 q + sh holds the 8 elements
 k = 32 sh + 16 s0 + 8 h + 2 q + p (j = 4 s0 + 2 h + p), element j at bits 4 (j // 2) + 16 (j % 2) (the bf16 decode's
@@ -40,6 +48,7 @@ from kernels.moe import _fields, moe_align
 try:  # Gluon ships with Triton >= 3.5; its kernels compile for sm_90 only
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         warpgroup_mma,
@@ -157,12 +166,11 @@ if gluon is not None:
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
 
     @gluon.jit
-    def _decode_a(w, s_ptrs, a_l: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
-        """words [BN, 8] (v4a layout) and pointers to each word's two scale bytes (int16) -> the A operand [BN, BK]
-        bf16 in the wgmma register layout, without data movement between threads."""
+    def _decode_a(w, sc, a_l: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
+        """words [BN, 8] (v4a layout) and each word's two scale bytes (int16 [BN, 8], loaded with the words) -> the A
+        operand [BN, BK] bf16 in the wgmma register layout, without data movement between threads."""
         n0, n1, n2, n3, n4, n5, n6, n7 = gl.inline_asm_elementwise(
-            _DECODE8_WG, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, gl.load(s_ptrs)], dtype=(gl.bfloat16,) * 8, is_pure=True,
-            pack=1)
+            _DECODE8_WG, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, sc], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
         # element j = 4 s0 + 2 h + p: the first join's index is the last dim -> [BN, 8, 2 (p), 2 (h), 2 (s0)]
         v = gl.join(gl.join(gl.join(n0, n1), gl.join(n2, n3)), gl.join(gl.join(n4, n5), gl.join(n6, n7)))
         v = gl.reshape(v, [BN, 4, 2, 2, 2, 2])  # [n, q, sh, p, h, s0] (word c = 2 q + sh)
@@ -170,47 +178,11 @@ if gluon is not None:
         return gl.convert_layout(gl.reshape(v, [BN, BK]), a_l, assert_trivial=True)
 
     @gluon.jit
-    def _w4_wgmma_kernel(x_ptr, xf_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, M, N, K, stride_xm, kt_per_split,
-                         BM: gl.constexpr, SPLIT: gl.constexpr, XF: gl.constexpr, num_warps: gl.constexpr):
-        """Grid (N / 64, M / BM, split-K): out[m, n] (+)= the program's K tiles of x @ dequant(W)^T, times 2^7 / S_enc
-        and, with XF (x holds W4A4 tile values), the row's factor. The next tile's words, scale bytes and activations
-        are loaded before this tile is decoded (one tile in flight beside the MMA)."""
-        BN: gl.constexpr = _TILE_N
-        BK: gl.constexpr = _TILE_K
-        mma: gl.constexpr = _mma_layout(BM)
-        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        pid_n = gl.program_id(0)
-        pid_m = gl.program_id(1)
-        pid_k = gl.program_id(2)
-        t0 = pid_k * kt_per_split
-        n_it = gl.minimum(kt_per_split, K // BK - t0)
-        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, _W_LAYOUT))
-        rc = gl.arange(0, 8, layout=gl.SliceLayout(0, _W_LAYOUT))
-        w_ptrs = w_ptr + rn[:, None].to(gl.int64) * (K // 8) + (t0 * 8 + rc)[None, :]
-        # a word's two scale blocks, 2 sh and 2 sh + 1 of its tile (sh = c & 1): one int16
-        s_ptrs = s_ptr + rn[:, None].to(gl.int64) * (K // 32) + (t0 * 2 + (rc & 1))[None, :]
-        rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, _X_LAYOUT))
-        rk = gl.arange(0, BK, layout=gl.SliceLayout(0, _X_LAYOUT))
-        x_ptrs = x_ptr + rm[:, None].to(gl.int64) * stride_xm + (t0 * BK + rk)[None, :]
-        xmask = (rm < M)[:, None]
-        b_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], _b_smem_layout(BM))
-        acc = gl.zeros([BN, BM], gl.float32, layout=mma)
-        w = gl.load(w_ptrs)
-        xv = gl.load(x_ptrs, mask=xmask, other=0.0)
-        for it in range(n_it):
-            more = it + 1 < n_it
-            w_next = gl.load(w_ptrs + BK // 8, mask=more, other=0)
-            x_next = gl.load(x_ptrs + BK, mask=xmask & more, other=0.0)
-            a = _decode_a(w, s_ptrs, a_l, BN, BK)
-            b_smem.store(xv.to(gl.bfloat16))
-            fence_async_shared()
-            acc = warpgroup_mma(a, b_smem.permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            w, xv = w_next, x_next
-            w_ptrs += BK // 8
-            s_ptrs += BK // 32
-            x_ptrs += BK
-        on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    def _dense_epilogue(acc, xf_ptr, wf_ptr, out_ptr, M, N, pid_n, pid_m, mma: gl.constexpr, BM: gl.constexpr,
+                        XF: gl.constexpr, SPLIT: gl.constexpr):
+        """acc [64 weight rows, BM tokens] times 2^7 / S_enc (and the row factors with XF) into out [M, N]: stored, or
+        added (fp32) when K is split."""
+        on = pid_n * _TILE_N + gl.arange(0, _TILE_N, layout=gl.SliceLayout(1, mma))
         om = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         acc = acc * gl.load(wf_ptr)
         if XF:
@@ -223,79 +195,308 @@ if gluon is not None:
             gl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=omask)
 
     @gluon.jit
+    def _moe_epilogue(acc, acc_u, e, xf_ptr, wf_ptr, out_ptr, slots_ptr, rw_ptr, S, N, A_DIV, pid_b, pid_n,
+                      mma: gl.constexpr, BM: gl.constexpr, GATED: gl.constexpr, ROUTE_W: gl.constexpr,
+                      XF: gl.constexpr, SPLIT: gl.constexpr):
+        """One block's acc (and acc_u, GATED) [64 rows, BM slots] into out [S, N]: the expert's 2^7 / S_enc, the
+        activation rows' factors (XF), silu(gate) * up (GATED), the routing weight (ROUTE_W); stored, or added (fp32)
+        when K is split."""
+        on = pid_n * _TILE_N + gl.arange(0, _TILE_N, layout=gl.SliceLayout(1, mma))
+        so = gl.load(slots_ptr + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma)))
+        smask = so < S
+        if GATED:
+            acc = acc * gl.load(wf_ptr + e * 2)
+            acc_u = acc_u * gl.load(wf_ptr + e * 2 + 1)
+        else:
+            acc = acc * gl.load(wf_ptr + e)
+        if XF:
+            xf = gl.load(xf_ptr + gl.where(smask, so // A_DIV, 0), mask=smask, other=0.0)[None, :]
+            acc = acc * xf
+            if GATED:
+                acc_u = acc_u * xf
+        if GATED:
+            acc = acc / (1.0 + gl.exp(-acc)) * acc_u  # silu(g) * u
+        if ROUTE_W:
+            acc = acc * gl.load(rw_ptr + so, mask=smask, other=0.0)[None, :]
+        o_ptrs = out_ptr + so[None, :].to(gl.int64) * N + on[:, None]  # out [S, N]
+        omask = smask[None, :] & (on < N)[:, None]
+        if SPLIT > 1:
+            gl.atomic_add(o_ptrs, acc, mask=omask, sem="relaxed")
+        else:
+            gl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=omask)
+
+    @gluon.jit
+    def _w4_wgmma_kernel(x_ptr, xf_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, M, N, K, stride_xm, kt_per_split,
+                         BM: gl.constexpr, SPLIT: gl.constexpr, XF: gl.constexpr, num_warps: gl.constexpr):
+        """Grid (N / 64, M / BM, split-K): out[m, n] (+)= the program's K tiles of x @ dequant(W)^T, times 2^7 / S_enc
+        and, with XF (x holds W4A4 tile values), the row's factor. Two K tiles per iteration, and the next two
+        tiles' words, scale bytes and activations are loaded before these are decoded, so a program keeps 4 KB of
+        weights in flight and waits on no load it issued in the same iteration (v4b; v4a loaded the scale bytes
+        where they were used and kept one tile in flight: latency-bound, kernels/NOTES.md). A tile past the
+        program's range loads zeros (all-zero words decode to zeros)."""
+        BN: gl.constexpr = _TILE_N
+        BK: gl.constexpr = _TILE_K
+        WT: gl.constexpr = BK // 8  # words per row and K tile
+        ST: gl.constexpr = BK // 32  # int16 scale pairs per row and K tile
+        mma: gl.constexpr = _mma_layout(BM)
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        pid_n = gl.program_id(0)
+        pid_m = gl.program_id(1)
+        pid_k = gl.program_id(2)
+        t0 = pid_k * kt_per_split
+        n_it = gl.minimum(kt_per_split, K // BK - t0)
+        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, _W_LAYOUT))
+        rc = gl.arange(0, 8, layout=gl.SliceLayout(0, _W_LAYOUT))
+        w_ptrs = w_ptr + rn[:, None].to(gl.int64) * (K // 8) + (t0 * WT + rc)[None, :]
+        # a word's two scale blocks, 2 sh and 2 sh + 1 of its tile (sh = c & 1): one int16
+        s_ptrs = s_ptr + rn[:, None].to(gl.int64) * (K // 32) + (t0 * ST + (rc & 1))[None, :]
+        rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, _X_LAYOUT))
+        rk = gl.arange(0, BK, layout=gl.SliceLayout(0, _X_LAYOUT))
+        x_ptrs = x_ptr + rm[:, None].to(gl.int64) * stride_xm + (t0 * BK + rk)[None, :]
+        xmask = (rm < M)[:, None]
+        b0 = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], _b_smem_layout(BM))
+        b1 = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], _b_smem_layout(BM))
+        acc = gl.zeros([BN, BM], gl.float32, layout=mma)
+        w0 = gl.load(w_ptrs)
+        s0 = gl.load(s_ptrs)
+        x0 = gl.load(x_ptrs, mask=xmask, other=0.0)
+        m1 = n_it > 1
+        w1 = gl.load(w_ptrs + WT, mask=m1, other=0)
+        s1 = gl.load(s_ptrs + ST, mask=m1, other=0)
+        x1 = gl.load(x_ptrs + BK, mask=xmask & m1, other=0.0)
+        for it in range(0, n_it, 2):
+            m2 = it + 2 < n_it
+            m3 = it + 3 < n_it
+            w2 = gl.load(w_ptrs + 2 * WT, mask=m2, other=0)
+            s2 = gl.load(s_ptrs + 2 * ST, mask=m2, other=0)
+            x2 = gl.load(x_ptrs + 2 * BK, mask=xmask & m2, other=0.0)
+            w3 = gl.load(w_ptrs + 3 * WT, mask=m3, other=0)
+            s3 = gl.load(s_ptrs + 3 * ST, mask=m3, other=0)
+            x3 = gl.load(x_ptrs + 3 * BK, mask=xmask & m3, other=0.0)
+            a0 = _decode_a(w0, s0, a_l, BN, BK)
+            b0.store(x0.to(gl.bfloat16))
+            a1 = _decode_a(w1, s1, a_l, BN, BK)
+            b1.store(x1.to(gl.bfloat16))
+            fence_async_shared()
+            acc = warpgroup_mma(a0, b0.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(a1, b1.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            w0, s0, x0, w1, s1, x1 = w2, s2, x2, w3, s3, x3
+            w_ptrs += 2 * WT
+            s_ptrs += 2 * ST
+            x_ptrs += 2 * BK
+        _dense_epilogue(acc, xf_ptr, wf_ptr, out_ptr, M, N, pid_n, pid_m, mma, BM, XF, SPLIT)
+
+    # the weight words' and scale words' ring: each thread reads back from shared memory exactly the elements its own
+    # cp.async wrote (the copy and the load take the same register layout), so no barrier guards them
+    _RING_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+
+    @gluon.jit
+    def _w4_wgmma_ring_kernel(x_ptr, xf_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, M, N, K, stride_xm, kt_per_split,
+                              BM: gl.constexpr, SPLIT: gl.constexpr, XF: gl.constexpr, STAGES: gl.constexpr,
+                              num_warps: gl.constexpr):
+        """`_w4_wgmma_kernel` with the loads in a cp.async ring of STAGES K tiles in shared memory (v4c): STAGES - 1
+        tiles of words, scale words and activations in flight per program without holding registers, so more
+        programs fit an SM (51 registers at BM 16 against v4b's 95) and more bytes are in flight per SM. The words
+        and scale words come back to registers in the A fragment's layout (LDS.64, LDS.U16); the activation tile is
+        the wgmma B operand where it landed. s_ptr: int32 [N, K / 64], a row's 4 scale bytes of one K tile (the
+        int16 view of `wgmma_scales` read two at a time); word c takes its half c & 1."""
+        BN: gl.constexpr = _TILE_N
+        BK: gl.constexpr = _TILE_K
+        WT: gl.constexpr = BK // 8
+        mma: gl.constexpr = _mma_layout(BM)
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        pid_n = gl.program_id(0)
+        pid_m = gl.program_id(1)
+        pid_k = gl.program_id(2)
+        t0 = pid_k * kt_per_split
+        n_it = gl.minimum(kt_per_split, K // BK - t0)
+        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, _W_LAYOUT))
+        rc = gl.arange(0, 8, layout=gl.SliceLayout(0, _W_LAYOUT))
+        w_ptrs = w_ptr + rn[:, None].to(gl.int64) * (K // 8) + (t0 * WT + rc)[None, :]
+        s_ptrs = s_ptr + rn[:, None].to(gl.int64) * (K // BK) + t0 + 0 * rc[None, :]  # every word of a row: its word
+        s_shift = ((rc & 1) * 16)[None, :]
+        rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, _X_LAYOUT))
+        rk = gl.arange(0, BK, layout=gl.SliceLayout(0, _X_LAYOUT))
+        x_ptrs = x_ptr + rm[:, None].to(gl.int64) * stride_xm + (t0 * BK + rk)[None, :]
+        xmask = (rm < M)[:, None]
+        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
+        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
+        x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], _b_smem_layout(BM))
+        for i in gl.static_range(STAGES - 1):  # a tile past the range copies zeros (masked cp.async zero-fills)
+            ok = i < n_it
+            cp.async_copy_global_to_shared(w_ring.index(i), w_ptrs + i * WT, mask=ok)
+            cp.async_copy_global_to_shared(s_ring.index(i), s_ptrs + i, mask=ok)
+            cp.async_copy_global_to_shared(x_ring.index(i), x_ptrs + i * BK, mask=xmask & ok)
+            cp.commit_group()
+        acc = gl.zeros([BN, BM], gl.float32, layout=mma)
+        for it in range(n_it):
+            cp.wait_group(STAGES - 2)  # tile it has landed (this thread's copies) ...
+            fence_async_shared()
+            gl.thread_barrier()  # ... everyone's (the activation tile), and tile it - 1's slot is free
+            nxt = it + STAGES - 1
+            ok = nxt < n_it
+            cp.async_copy_global_to_shared(w_ring.index(nxt % STAGES), w_ptrs + nxt * WT, mask=ok)
+            cp.async_copy_global_to_shared(s_ring.index(nxt % STAGES), s_ptrs + nxt, mask=ok)
+            cp.async_copy_global_to_shared(x_ring.index(nxt % STAGES), x_ptrs + nxt * BK, mask=xmask & ok)
+            cp.commit_group()
+            slot = it % STAGES
+            w = w_ring.index(slot).load(_W_LAYOUT)
+            sc = (s_ring.index(slot).load(_W_LAYOUT) >> s_shift).to(gl.int16)
+            a = _decode_a(w, sc, a_l, BN, BK)
+            acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        cp.wait_group(0)
+        _dense_epilogue(acc, xf_ptr, wf_ptr, out_ptr, M, N, pid_n, pid_m, mma, BM, XF, SPLIT)
+
+    @gluon.jit
     def _moe_wgmma_kernel(x_ptr, xf_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr, S, N, K, stride_xm,
-                          A_DIV, BM: gl.constexpr, GATED: gl.constexpr, ROUTE_W: gl.constexpr, XF: gl.constexpr,
-                          num_warps: gl.constexpr):
-        """Grid (blocks of BM expert-sorted slots (`kernels.moe.moe_align`), N / 64): out[slot, n] for one block of
-        one expert; with GATED, the gate rows [0, N) and up rows [N, 2N) of the expert read one activation tile and
-        the SiLU product is written; ROUTE_W scales each slot by its routing weight (down); XF as the dense kernel.
+                          A_DIV, kt_per_split, BM: gl.constexpr, GATED: gl.constexpr, ROUTE_W: gl.constexpr,
+                          XF: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
+        """Grid (blocks of BM expert-sorted slots (`kernels.moe.moe_align`), N / 64, split-K): out[slot, n] for one
+        block of one expert; with GATED, the gate rows [0, N) and up rows [N, 2N) of the expert read one activation
+        tile and the SiLU product is written (SPLIT 1: the product needs the whole sum); ROUTE_W scales each slot by
+        its routing weight (down); XF as the dense kernel; SPLIT > 1 adds the program's K tiles into an fp32 out.
+        The next tile's words and scale bytes (gate and up) and activations are loaded before this tile is decoded.
         Padding blocks (expert -1) exit at once."""
         BN: gl.constexpr = _TILE_N
         BK: gl.constexpr = _TILE_K
+        WT: gl.constexpr = BK // 8
+        ST: gl.constexpr = BK // 32
         mma: gl.constexpr = _mma_layout(BM)
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         pid_b = gl.program_id(0)
         pid_n = gl.program_id(1)
+        pid_k = gl.program_id(2)
         e = gl.load(bexp_ptr + pid_b)
         if e >= 0:
             e64 = e.to(gl.int64)
             NW = 2 * N if GATED else N  # weight rows per expert
+            t0 = pid_k * kt_per_split
+            n_it = gl.minimum(kt_per_split, K // BK - t0)
             rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, _W_LAYOUT))
             rc = gl.arange(0, 8, layout=gl.SliceLayout(0, _W_LAYOUT))
-            w_ptrs = w_ptr + (e64 * NW + rn[:, None]) * (K // 8) + rc[None, :]
-            s_ptrs = s_ptr + (e64 * NW + rn[:, None]) * (K // 32) + (rc & 1)[None, :]
+            w_ptrs = w_ptr + (e64 * NW + rn[:, None]) * (K // 8) + (t0 * WT + rc)[None, :]
+            s_ptrs = s_ptr + (e64 * NW + rn[:, None]) * (K // 32) + (t0 * ST + (rc & 1))[None, :]
             up_w = N * (K // 8)  # the up rows' offset from the gate rows'
             up_s = N * (K // 32)
             sl = gl.load(slots_ptr + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, _X_LAYOUT)))
             rows = gl.where(sl < S, sl // A_DIV, 0)
             rk = gl.arange(0, BK, layout=gl.SliceLayout(0, _X_LAYOUT))
-            x_ptrs = x_ptr + rows[:, None].to(gl.int64) * stride_xm + rk[None, :]
+            x_ptrs = x_ptr + rows[:, None].to(gl.int64) * stride_xm + (t0 * BK + rk)[None, :]
             xmask = (sl < S)[:, None]
             b_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], _b_smem_layout(BM))
             acc = gl.zeros([BN, BM], gl.float32, layout=mma)
             acc_u = gl.zeros([BN, BM], gl.float32, layout=mma)
-            n_it = K // BK
             w = gl.load(w_ptrs)
+            sc = gl.load(s_ptrs)
             w_u = gl.load(w_ptrs + up_w, mask=GATED, other=0)
+            sc_u = gl.load(s_ptrs + up_s, mask=GATED, other=0)
             xv = gl.load(x_ptrs, mask=xmask, other=0.0)
             for it in range(n_it):
                 more = it + 1 < n_it
-                w_next = gl.load(w_ptrs + BK // 8, mask=more, other=0)
-                wu_next = gl.load(w_ptrs + up_w + BK // 8, mask=more & GATED, other=0)
+                w_next = gl.load(w_ptrs + WT, mask=more, other=0)
+                s_next = gl.load(s_ptrs + ST, mask=more, other=0)
+                wu_next = gl.load(w_ptrs + up_w + WT, mask=more & GATED, other=0)
+                su_next = gl.load(s_ptrs + up_s + ST, mask=more & GATED, other=0)
                 x_next = gl.load(x_ptrs + BK, mask=xmask & more, other=0.0)
-                a = _decode_a(w, s_ptrs, a_l, BN, BK)
+                a = _decode_a(w, sc, a_l, BN, BK)
                 b_smem.store(xv.to(gl.bfloat16))
                 fence_async_shared()
                 acc = warpgroup_mma(a, b_smem.permute((1, 0)), acc, is_async=True)
                 if GATED:
-                    a_u = _decode_a(w_u, s_ptrs + up_s, a_l, BN, BK)
+                    a_u = _decode_a(w_u, sc_u, a_l, BN, BK)
                     acc_u = warpgroup_mma(a_u, b_smem.permute((1, 0)), acc_u, is_async=True)
                     acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_u))
                 else:
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                w, w_u, xv = w_next, wu_next, x_next
-                w_ptrs += BK // 8
-                s_ptrs += BK // 32
+                w, sc, w_u, sc_u, xv = w_next, s_next, wu_next, su_next, x_next
+                w_ptrs += WT
+                s_ptrs += ST
                 x_ptrs += BK
-            on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-            so = gl.load(slots_ptr + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma)))
-            smask = so < S
-            if GATED:
-                acc = acc * gl.load(wf_ptr + e * 2)
-                acc_u = acc_u * gl.load(wf_ptr + e * 2 + 1)
-            else:
-                acc = acc * gl.load(wf_ptr + e)
-            if XF:
-                xf = gl.load(xf_ptr + gl.where(smask, so // A_DIV, 0), mask=smask, other=0.0)[None, :]
-                acc = acc * xf
+            _moe_epilogue(acc, acc_u, e, xf_ptr, wf_ptr, out_ptr, slots_ptr, rw_ptr, S, N, A_DIV, pid_b, pid_n, mma,
+                          BM, GATED, ROUTE_W, XF, SPLIT)
+
+
+    @gluon.jit
+    def _moe_wgmma_ring_kernel(x_ptr, xf_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr, S, N, K,
+                               stride_xm, A_DIV, kt_per_split, BM: gl.constexpr, GATED: gl.constexpr,
+                               ROUTE_W: gl.constexpr, XF: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr,
+                               num_warps: gl.constexpr):
+        """`_moe_wgmma_kernel` with its loads in a cp.async ring of STAGES K tiles (v4c, as
+        `_w4_wgmma_ring_kernel`): the gate (and up) rows' words and scale words and the block's gathered activation
+        rows. s_ptr: int32 [E, rows, K / 64]."""
+        BN: gl.constexpr = _TILE_N
+        BK: gl.constexpr = _TILE_K
+        WT: gl.constexpr = BK // 8
+        mma: gl.constexpr = _mma_layout(BM)
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        pid_b = gl.program_id(0)
+        pid_n = gl.program_id(1)
+        pid_k = gl.program_id(2)
+        e = gl.load(bexp_ptr + pid_b)
+        if e >= 0:
+            e64 = e.to(gl.int64)
+            NW = 2 * N if GATED else N  # weight rows per expert
+            t0 = pid_k * kt_per_split
+            n_it = gl.minimum(kt_per_split, K // BK - t0)
+            rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, _W_LAYOUT))
+            rc = gl.arange(0, 8, layout=gl.SliceLayout(0, _W_LAYOUT))
+            w_ptrs = w_ptr + (e64 * NW + rn[:, None]) * (K // 8) + (t0 * WT + rc)[None, :]
+            s_ptrs = s_ptr + (e64 * NW + rn[:, None]) * (K // BK) + t0 + 0 * rc[None, :]
+            s_shift = ((rc & 1) * 16)[None, :]
+            up_w = N * (K // 8)  # the up rows' offset from the gate rows'
+            up_s = N * (K // BK)
+            sl = gl.load(slots_ptr + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, _X_LAYOUT)))
+            rows = gl.where(sl < S, sl // A_DIV, 0)
+            rk = gl.arange(0, BK, layout=gl.SliceLayout(0, _X_LAYOUT))
+            x_ptrs = x_ptr + rows[:, None].to(gl.int64) * stride_xm + (t0 * BK + rk)[None, :]
+            xmask = (sl < S)[:, None]
+            w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
+            s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
+            wu_ring = gl.allocate_shared_memory(gl.int32, [STAGES if GATED else 1, BN, 8], _RING_LAYOUT)
+            su_ring = gl.allocate_shared_memory(gl.int32, [STAGES if GATED else 1, BN, 8], _RING_LAYOUT)
+            x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], _b_smem_layout(BM))
+            for i in gl.static_range(STAGES - 1):
+                ok = i < n_it
+                cp.async_copy_global_to_shared(w_ring.index(i), w_ptrs + i * WT, mask=ok)
+                cp.async_copy_global_to_shared(s_ring.index(i), s_ptrs + i, mask=ok)
                 if GATED:
-                    acc_u = acc_u * xf
-            if GATED:
-                acc = acc / (1.0 + gl.exp(-acc)) * acc_u  # silu(g) * u
-            if ROUTE_W:
-                acc = acc * gl.load(rw_ptr + so, mask=smask, other=0.0)[None, :]
-            o_ptrs = out_ptr + so[None, :].to(gl.int64) * N + on[:, None]  # out [S, N]
-            gl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=smask[None, :] & (on < N)[:, None])
+                    cp.async_copy_global_to_shared(wu_ring.index(i), w_ptrs + up_w + i * WT, mask=ok)
+                    cp.async_copy_global_to_shared(su_ring.index(i), s_ptrs + up_s + i, mask=ok)
+                cp.async_copy_global_to_shared(x_ring.index(i), x_ptrs + i * BK, mask=xmask & ok)
+                cp.commit_group()
+            acc = gl.zeros([BN, BM], gl.float32, layout=mma)
+            acc_u = gl.zeros([BN, BM], gl.float32, layout=mma)
+            for it in range(n_it):
+                cp.wait_group(STAGES - 2)
+                fence_async_shared()
+                gl.thread_barrier()
+                nxt = it + STAGES - 1
+                ok = nxt < n_it
+                sn = nxt % STAGES
+                cp.async_copy_global_to_shared(w_ring.index(sn), w_ptrs + nxt * WT, mask=ok)
+                cp.async_copy_global_to_shared(s_ring.index(sn), s_ptrs + nxt, mask=ok)
+                if GATED:
+                    cp.async_copy_global_to_shared(wu_ring.index(sn), w_ptrs + up_w + nxt * WT, mask=ok)
+                    cp.async_copy_global_to_shared(su_ring.index(sn), s_ptrs + up_s + nxt, mask=ok)
+                cp.async_copy_global_to_shared(x_ring.index(sn), x_ptrs + nxt * BK, mask=xmask & ok)
+                cp.commit_group()
+                slot = it % STAGES
+                a = _decode_a(w_ring.index(slot).load(_W_LAYOUT),
+                              (s_ring.index(slot).load(_W_LAYOUT) >> s_shift).to(gl.int16), a_l, BN, BK)
+                b = x_ring.index(slot).permute((1, 0))
+                acc = warpgroup_mma(a, b, acc, is_async=True)
+                if GATED:
+                    a_u = _decode_a(wu_ring.index(slot).load(_W_LAYOUT),
+                                    (su_ring.index(slot).load(_W_LAYOUT) >> s_shift).to(gl.int16), a_l, BN, BK)
+                    acc_u = warpgroup_mma(a_u, b, acc_u, is_async=True)
+                    acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_u))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            cp.wait_group(0)
+            _moe_epilogue(acc, acc_u, e, xf_ptr, wf_ptr, out_ptr, slots_ptr, rw_ptr, S, N, A_DIV, pid_b, pid_n, mma,
+                          BM, GATED, ROUTE_W, XF, SPLIT)
 
 
 def usable(device) -> bool:
@@ -304,19 +505,25 @@ def usable(device) -> bool:
     return gluon is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
-def wgmma_config(M: int, N: int, K: int, device) -> tuple[int, int]:
-    """(BM, split-K): the token tile (16, 32 or 64: the wgmma's N) and enough K splits that the grid covers the SMs
-    about twice at decode sizes."""
+RING_STAGES = 4  # the cp.async ring's K tiles (v4c); 0 = v4b's register prefetch
+
+
+def wgmma_config(M: int, N: int, K: int, device) -> tuple[int, int, int]:
+    """(BM, split-K, stages): the token tile (16, 32 or 64: the wgmma's N), enough K splits that the grid covers the
+    SMs about four times at decode sizes (v4a's timing: split 4 beat 2 at 14336x4096, 10 beat 5 at 4096x14336,
+    M 1-16; the kernel is latency-bound there, so more programs in flight pay) and the ring's depth."""
     bm = 16 if M <= 16 else 32 if M <= 32 else 64
     tiles = (N // BN) * triton.cdiv(M, bm)
-    split = max(1, min(K // BK // 4, triton.cdiv(2 * num_sms(device), tiles)))
-    return bm, split
+    split = max(1, min(K // BK // 4, triton.cdiv(4 * num_sms(device), tiles)))
+    return bm, split, RING_STAGES
 
 
 def fp4_linear_wgmma(x: torch.Tensor, w: WgmmaWeight, *, act_quant: bool = False, out_dtype: torch.dtype | None = None,
-                     config: tuple[int, int] | None = None, check_finite: bool = True, on_quant=None) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ dequant(W)^T on the v4a kernel (CUDA, sm_90). x bf16; act_quant: W4A4 (per-row NVFP4
-    activations, the trainer's codes; on_quant sees them). config: (BM, split-K), default `wgmma_config`."""
+                     config: tuple[int, int, int] | None = None, check_finite: bool = True,
+                     on_quant=None) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ dequant(W)^T on the v4 kernels (CUDA, sm_90). x bf16; act_quant: W4A4 (per-row NVFP4
+    activations, the trainer's codes; on_quant sees them). config: (BM, split-K, stages), default `wgmma_config`;
+    stages >= 2 runs the cp.async ring (v4c), 0 the register prefetch (v4b)."""
     check_tensor(x, "x", (torch.bfloat16,), dim=2, finite=check_finite)
     if not usable(x.device):
         raise RuntimeError("fp4_linear_wgmma runs on Hopper GPUs with Triton's Gluon only (wgmma)")
@@ -331,15 +538,20 @@ def fp4_linear_wgmma(x: torch.Tensor, w: WgmmaWeight, *, act_quant: bool = False
     else:
         xa = x if x.stride(-1) == 1 else x.contiguous()
         xf = w.factor  # unread (XF=False)
-    bm, split = config or wgmma_config(M, w.N, K, x.device)
+    bm, split, stages = config or wgmma_config(M, w.N, K, x.device)
     kt = K // BK
     per = triton.cdiv(kt, split)
     split = triton.cdiv(kt, per)
     out = (torch.zeros((M, w.N), dtype=torch.float32, device=x.device) if split > 1
            else torch.empty((M, w.N), dtype=out_dtype, device=x.device))
-    grid = (w.N // BN, triton.cdiv(M, bm), split)
-    _w4_wgmma_kernel[grid](xa, xf, w.words, w.scales, w.factor, out, M, w.N, K, xa.stride(0), per,
-                           BM=bm, SPLIT=split, XF=act_quant, num_warps=4)
+    if stages and stages < 2:
+        raise ValueError(f"stages={stages}: the ring needs at least 2 (or 0: no ring)")
+    if stages and (xa.data_ptr() % 16 or xa.stride(0) % 8):  # cp.async copies 16-byte pieces of x's rows
+        xa = xa.clone(memory_format=torch.contiguous_format)
+    kernel, extra = (_w4_wgmma_ring_kernel, dict(STAGES=stages)) if stages else (_w4_wgmma_kernel, {})
+    kernel[(w.N // BN, triton.cdiv(M, bm), split)](
+        xa, xf, w.words, w.scales.view(torch.int32) if stages else w.scales, w.factor, out, M, w.N, K, xa.stride(0),
+        per, BM=bm, SPLIT=split, XF=act_quant, num_warps=4, **extra)
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
@@ -378,22 +590,47 @@ def prepare_moe_wgmma(gate, up, down) -> WgmmaMoE:
                     factor(do).contiguous(), E, H, I)
 
 
+def moe_split(blocks: int, N: int, K: int, device) -> int:
+    """K splits of an ungated (down) launch over `blocks` used blocks: enough that the grid covers the SMs about
+    four times (as `wgmma_config`), at least 4 K tiles per split. At decode sizes the down projection has few
+    programs (Mixtral-8x7B at T = 1: 2 blocks x 64 row tiles), each walking K = 14,336 in 224 dependent tiles
+    without it."""
+    return max(1, min(K // BK // 4, triton.cdiv(4 * num_sms(device), blocks * (N // BN))))
+
+
 def moe_wgmma(a, words, scales, factor, N: int, K: int, sorted_slots, block_expert, S: int, BM: int, *, a_div: int,
-              gated: bool, route_w=None, a_factor=None, out_dtype=None) -> torch.Tensor:
-    """One grouped launch of the v4a MoE kernel over `kernels.moe.moe_align`'s blocks (BM slots each): [S, N]."""
-    out = torch.empty((S, N), dtype=out_dtype or a.dtype, device=a.device)
-    grid = (block_expert.numel(), N // BN)
-    _moe_wgmma_kernel[grid](a, a if a_factor is None else a_factor, words, scales, factor, out, sorted_slots,
-                            block_expert, route_w if route_w is not None else factor, S, N, K, a.stride(0), a_div,
-                            BM=BM, GATED=gated, ROUTE_W=route_w is not None, XF=a_factor is not None, num_warps=4)
-    return out
+              gated: bool, route_w=None, a_factor=None, out_dtype=None, split: int | None = None,
+              stages: int = RING_STAGES) -> torch.Tensor:
+    """One grouped launch of the v4 MoE kernels over `kernels.moe.moe_align`'s blocks (BM slots each): [S, N].
+    split: K splits (ungated only; default `moe_split`); stages: the cp.async ring's depth (v4c), 0 for v4b."""
+    out_dtype = out_dtype or a.dtype
+    blocks = block_expert.numel()
+    # at most S blocks hold a slot (moe_align pads to the worst case; its padding blocks exit at once)
+    split = 1 if gated else (split or moe_split(min(blocks, S), N, K, a.device))
+    kt = K // BK
+    per = triton.cdiv(kt, split)
+    split = triton.cdiv(kt, per)
+    out = (torch.zeros((S, N), dtype=torch.float32, device=a.device) if split > 1
+           else torch.empty((S, N), dtype=out_dtype, device=a.device))
+    if stages and stages < 2:
+        raise ValueError(f"stages={stages}: the ring needs at least 2 (or 0: no ring)")
+    if stages and (a.data_ptr() % 16 or a.stride(0) % 8):  # cp.async copies 16-byte pieces of the rows
+        a = a.clone(memory_format=torch.contiguous_format)
+    kernel, extra = (_moe_wgmma_ring_kernel, dict(STAGES=stages)) if stages else (_moe_wgmma_kernel, {})
+    kernel[(blocks, N // BN, split)](
+        a, a if a_factor is None else a_factor, words, scales.view(torch.int32) if stages else scales, factor, out,
+        sorted_slots, block_expert, route_w if route_w is not None else factor, S, N, K, a.stride(0), a_div, per,
+        BM=BM, GATED=gated, ROUTE_W=route_w is not None, XF=a_factor is not None, SPLIT=split, num_warps=4, **extra)
+    return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
 def fused_moe_wgmma(x: torch.Tensor, w: WgmmaMoE, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
-                    act_quant: bool = False, BM: int | None = None, on_quant=None) -> torch.Tensor:
+                    act_quant: bool = False, BM: int | None = None, stages: int = RING_STAGES,
+                    on_quant=None) -> torch.Tensor:
     """`kernels.moe.fused_moe` on the v4a kernels (CUDA sm_90, x bf16): gate/up with the SiLU product, then down
     with the routing weights, then the sum over each token's k slots. act_quant: W4A4 as `fused_moe`'s MMA path
-    (the gate/up input per token, the down input per (token, slot); on_quant(which, q) sees them)."""
+    (the gate/up input per token, the down input per (token, slot); on_quant(which, q) sees them). stages: as
+    `moe_wgmma`."""
     check_tensor(x, "x", (torch.bfloat16,), dim=2)
     if not usable(x.device):
         raise RuntimeError("fused_moe_wgmma runs on Hopper GPUs with Triton's Gluon only (wgmma)")
@@ -412,11 +649,13 @@ def fused_moe_wgmma(x: torch.Tensor, w: WgmmaMoE, topk_ids: torch.Tensor, topk_w
     if act_quant:
         xq, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=tag("gate_up"))
         h = moe_wgmma(xq, w.w13, w.s13, w.f13, w.I, H, sorted_slots, block_expert, S, bm, a_div=k, gated=True,
-                      a_factor=xf, out_dtype=x.dtype)
+                      a_factor=xf, out_dtype=x.dtype, stages=stages)
         hq, hf = quantize_act_for_gemm(h, check_finite=False, on_quant=tag("down"))
         y = moe_wgmma(hq, w.w2, w.s2, w.f2, H, w.I, sorted_slots, block_expert, S, bm, a_div=1, gated=False,
-                      route_w=rw, a_factor=hf, out_dtype=x.dtype)
+                      route_w=rw, a_factor=hf, out_dtype=x.dtype, stages=stages)
     else:
-        h = moe_wgmma(x, w.w13, w.s13, w.f13, w.I, H, sorted_slots, block_expert, S, bm, a_div=k, gated=True)
-        y = moe_wgmma(h, w.w2, w.s2, w.f2, H, w.I, sorted_slots, block_expert, S, bm, a_div=1, gated=False, route_w=rw)
+        h = moe_wgmma(x, w.w13, w.s13, w.f13, w.I, H, sorted_slots, block_expert, S, bm, a_div=k, gated=True,
+                      stages=stages)
+        y = moe_wgmma(h, w.w2, w.s2, w.f2, H, w.I, sorted_slots, block_expert, S, bm, a_div=1, gated=False, route_w=rw,
+                      stages=stages)
     return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)

@@ -1,4 +1,4 @@
-"""The v4a dense kernel (kernels/wgmma.py: decoded NVFP4 weights as the wgmma A operand in registers).
+"""The v4 dense and MoE kernels (kernels/wgmma.py: decoded NVFP4 weights as the wgmma A operand in registers).
 
 On the CPU: the offline layout against an element-wise statement of it, and that its kernel compiles for sm_90
 with the A operand in registers (`assert_trivial` on the layout conversion) and no shared-memory load in the loop.
@@ -73,20 +73,23 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from kernels import wgmma
-name, sig, cst = json.loads(sys.argv[1])
-src = GluonASTSource(fn=getattr(wgmma, name), signature=sig, constexprs=cst)
+name, sig, cst, keys = json.loads(sys.argv[1])
+# as a launch specializes them: pointers and the widths and row stride the host keeps multiples of 16
+names = list(sig)
+attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in names if sig[k].startswith("*") or k in ("N", "K", "stride_xm")}
+src = GluonASTSource(fn=getattr(wgmma, name), signature=sig, constexprs=cst, attrs=attrs)
 ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
-print(json.dumps({k: ptx.count(k) for k in ("wgmma.mma_async", "ldmatrix", "ld.shared")}))
+print(json.dumps({k: ptx.count(k) for k in keys}))
 """
 
 
-def _ptx_counts(name: str, sig: dict, constexprs: dict) -> dict:
+def _ptx_counts(name: str, sig: dict, constexprs: dict, keys=("wgmma.mma_async", "ldmatrix", "ld.shared")) -> dict:
     """Compile a Gluon kernel of kernels/wgmma.py for sm_90 (no GPU needed) in a fresh process: the interpreter that
     other kernel tests run in the same process patches Triton's language in place, which breaks a real compile."""
     pytest.importorskip("triton.experimental.gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    out = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps([name, sig, constexprs])], cwd=ROOT, env=env,
+    out = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps([name, sig, constexprs, list(keys)])], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -102,13 +105,40 @@ def test_kernel_keeps_the_decoded_tile_in_registers():
     assert n["wgmma.mma_async"] >= 1 and n["ldmatrix"] == 0 and n["ld.shared"] == 0, n
 
 
+def test_ring_kernel_copies_asynchronously_and_keeps_the_decoded_tile_in_registers():
+    """v4c (the cp.async ring): the loads are cp.async (8-byte words, 4-byte scale words, 16-byte activations), the
+    decoded tile still goes to the wgmma from registers (no ldmatrix; its ld.shared are the words coming back)."""
+    sig = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*fp32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "kt_per_split": "i32", "BM": "constexpr",
+           "SPLIT": "constexpr", "XF": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
+    n = _ptx_counts("_w4_wgmma_ring_kernel", sig, {"BM": 16, "SPLIT": 2, "XF": True, "STAGES": 4, "num_warps": 4},
+                    ("wgmma.mma_async", "ldmatrix", "cp.async.ca", "cp.async.cg", "cp.async.wait_group"))
+    assert n["wgmma.mma_async"] >= 1 and n["ldmatrix"] == 0, n
+    assert n["cp.async.ca"] + n["cp.async.cg"] >= 3 and n["cp.async.wait_group"] >= 1, n
+
+
+def test_moe_ring_kernel_copies_asynchronously():
+    """The MoE kernel's v4c ring (gate and up rows, the gathered activation rows) compiles the same way."""
+    sig = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*bf16",
+           "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
+           "stride_xm": "i32", "A_DIV": "i32", "kt_per_split": "i32", "BM": "constexpr", "GATED": "constexpr",
+           "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "STAGES": "constexpr",
+           "num_warps": "constexpr"}
+    n = _ptx_counts("_moe_wgmma_ring_kernel", sig, {"BM": 16, "GATED": True, "ROUTE_W": False, "XF": True, "SPLIT": 1,
+                                                    "STAGES": 4, "num_warps": 4},
+                    ("wgmma.mma_async", "ldmatrix", "cp.async.ca", "cp.async.cg", "cp.async.wait_group"))
+    assert n["wgmma.mma_async"] >= 2 and n["ldmatrix"] == 0, n
+    assert n["cp.async.ca"] + n["cp.async.cg"] >= 5 and n["cp.async.wait_group"] >= 1, n
+
+
 def test_moe_kernel_keeps_the_decoded_tiles_in_registers():
     """The MoE kernel (gate and up rows sharing one activation tile) compiles for sm_90 the same way."""
     sig = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i16", "wf_ptr": "*fp32", "out_ptr": "*bf16",
            "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
-           "stride_xm": "i32", "A_DIV": "i32", "BM": "constexpr", "GATED": "constexpr", "ROUTE_W": "constexpr",
-           "XF": "constexpr", "num_warps": "constexpr"}
-    n = _ptx_counts("_moe_wgmma_kernel", sig, {"BM": 16, "GATED": True, "ROUTE_W": False, "XF": True, "num_warps": 4})
+           "stride_xm": "i32", "A_DIV": "i32", "kt_per_split": "i32", "BM": "constexpr", "GATED": "constexpr",
+           "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "num_warps": "constexpr"}
+    n = _ptx_counts("_moe_wgmma_kernel", sig, {"BM": 16, "GATED": True, "ROUTE_W": False, "XF": True, "SPLIT": 1,
+                                               "num_warps": 4})
     assert n["wgmma.mma_async"] >= 2 and n["ldmatrix"] == 0 and n["ld.shared"] == 0, n
 
 
@@ -122,11 +152,18 @@ def test_wgmma_matches_the_oracle(M, N, K, act_quant):
     x = bf16_exact(torch.randn(M, K, generator=torch.Generator().manual_seed(K)))
     w = wgmma.prepare_wgmma(*dev(c, s, o))
     r = ref.fp4_linear(x, c, s, o, act_quant=act_quant)
-    for cfg in (None, (16, 1), (32, 2), (64, 3)):
+    # the default, v4b's register prefetch (stages 0) and v4c's ring at several depths; splits that leave a program
+    # one tile, an odd count and a tail shorter than the ring
+    for cfg in (None, (16, 1, 0), (32, 2, 0), (64, 3, 0), (16, 1, 2), (16, 3, 3), (32, 2, 4), (64, 1, 6)):
         y = wgmma.fp4_linear_wgmma(dev(x).to(torch.bfloat16), w, act_quant=act_quant, out_dtype=torch.float32,
                                    config=cfg)
         assert y.shape == (M, N)
         assert rel(y, r) < GPU_TOL_MMA, (cfg, rel(y, r))
+    # x a view whose rows are not 16-byte aligned: the ring's cp.async needs them, so the host copies it
+    xw = torch.zeros(M, K + 4, dtype=torch.bfloat16, device="cuda")
+    xw[:, 4:] = dev(x).to(torch.bfloat16)
+    y = wgmma.fp4_linear_wgmma(xw[:, 4:], w, act_quant=act_quant, out_dtype=torch.float32)
+    assert rel(y, r) < GPU_TOL_MMA, rel(y, r)
 
 
 MOE_CASES = [(7, 5, 64, 128, 2), (40, 9, 128, 64, 3), (256, 17, 192, 128, 4)]
@@ -148,14 +185,15 @@ def test_moe_wgmma_matches_the_oracle(T, E, H, I, k):
     w = wgmma.prepare_moe_wgmma(*dev(g, u, d))
     xd, idsd, twd = dev(x, ids, tw)
     r = ref.moe_fp4_reference(x, g, u, d, ids, tw, h_dtype=torch.bfloat16)
-    for bm in (None, 16, 64):
-        y = wgmma.fused_moe_wgmma(xd.to(torch.bfloat16), w, idsd, twd, BM=bm)
-        assert y.shape == (T, H) and rel(y.float(), r) < GPU_TOL_MOE_MMA, (bm, rel(y.float(), r))
+    for bm, stages in ((None, wgmma.RING_STAGES), (16, 0), (64, 0), (16, 2), (64, 6)):
+        y = wgmma.fused_moe_wgmma(xd.to(torch.bfloat16), w, idsd, twd, BM=bm, stages=stages)
+        assert y.shape == (T, H) and rel(y.float(), r) < GPU_TOL_MOE_MMA, (bm, stages, rel(y.float(), r))
 
 
 @pytest.mark.parametrize("T,E,H,I,k", MOE_CASES)
 @pytest.mark.parametrize("act_quant", [False, True])
-def test_moe_wgmma_launches_match_the_oracle(T, E, H, I, k, act_quant):
+@pytest.mark.parametrize("stages", [0, 4])
+def test_moe_wgmma_launches_match_the_oracle(T, E, H, I, k, act_quant, stages):
     """Each launch against the oracle on the inputs it was given: gate/up (SiLU product) per slot from x, down (times
     the routing weight) per slot from the kernel's own h, so an FP4 code of h at a rounding boundary cannot differ
     between the two sides (W4A4 quantizes that h with the trainer's kernel, the oracle with the reference: the same
@@ -170,20 +208,23 @@ def test_moe_wgmma_launches_match_the_oracle(T, E, H, I, k, act_quant):
     idsd = dev(ids)
     slots, bexp = moe_align(idsd, E, 16)
     S = T * k
-    kw = dict(a_div=k, gated=True)
+    kw = dict(a_div=k, gated=True, stages=stages)
     if act_quant:
         xq, xf = quantize_act_for_gemm(xb)
         h = wgmma.moe_wgmma(xq, w.w13, w.s13, w.f13, I, H, slots, bexp, S, 16, a_factor=xf, out_dtype=torch.bfloat16, **kw)
     else:
         h = wgmma.moe_wgmma(xb, w.w13, w.s13, w.f13, I, H, slots, bexp, S, 16, **kw)
     rw = dev(tw).reshape(-1).float()
-    if act_quant:
-        hq, hf = quantize_act_for_gemm(h)
-        y = wgmma.moe_wgmma(hq, w.w2, w.s2, w.f2, H, I, slots, bexp, S, 16, a_div=1, gated=False, route_w=rw,
-                            a_factor=hf, out_dtype=torch.bfloat16)
-    else:
-        y = wgmma.moe_wgmma(h, w.w2, w.s2, w.f2, H, I, slots, bexp, S, 16, a_div=1, gated=False, route_w=rw)
-    h_cpu, y_cpu = h.float().cpu(), y.float().cpu()
+    ys = []
+    for split in (None, 1, 2, 3):  # the down launch split over K (fp32 atomics), its default and forced
+        if act_quant:
+            hq, hf = quantize_act_for_gemm(h)
+            ys.append(wgmma.moe_wgmma(hq, w.w2, w.s2, w.f2, H, I, slots, bexp, S, 16, a_div=1, gated=False,
+                                      route_w=rw, a_factor=hf, out_dtype=torch.bfloat16, split=split, stages=stages))
+        else:
+            ys.append(wgmma.moe_wgmma(h, w.w2, w.s2, w.f2, H, I, slots, bexp, S, 16, a_div=1, gated=False, route_w=rw,
+                                      split=split, stages=stages))
+    h_cpu = h.float().cpu()
     e_of = ids.reshape(-1)
     h_ref = torch.empty(S, I)
     y_ref = torch.empty(S, H)
@@ -194,4 +235,6 @@ def test_moe_wgmma_launches_match_the_oracle(T, E, H, I, k, act_quant):
         h_ref[s] = (torch.nn.functional.silu(gx) * ux)[0]
         y_ref[s] = tw.reshape(-1)[s] * ref.fp4_linear(h_cpu[s:s + 1], dc[e], ds[e], do[e].reshape(()),
                                                       act_quant=act_quant)[0]
-    assert rel(h_cpu, h_ref) < 4e-3 and rel(y_cpu, y_ref) < 4e-3, (rel(h_cpu, h_ref), rel(y_cpu, y_ref))
+    assert rel(h_cpu, h_ref) < 4e-3, rel(h_cpu, h_ref)
+    for split, y in zip((None, 1, 2, 3), ys, strict=True):
+        assert rel(y.float().cpu(), y_ref) < 4e-3, (split, rel(y.float().cpu(), y_ref))
