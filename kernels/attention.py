@@ -204,7 +204,11 @@ def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tenso
         # the oracle to ~1.5e-3). kernels/NOTES.md "v3b attention".
         raise ValueError(f"block_n must be >= 32 on a GPU, got {bn}")
     if num_splits is None:
-        want = max(1, triton.cdiv(2 * num_sms(q.device), max(1, B * Hkv)))
+        # split the context only while (sequence, KV head) programs leave SMs idle: at B64 x Hkv4 (256 programs
+        # on 132 SMs) one split took 329.6 us and the two that 2x the SMs asked for 382.0 (H200, v3b's sweep rows
+        # in results/kernels/kernels.csv)
+        sms = num_sms(q.device)
+        want = 1 if B * Hkv >= sms else triton.cdiv(2 * sms, max(1, B * Hkv))
         num_splits = max(1, min(want, triton.cdiv(max(max_len, 1), 4 * bn)))
     per_split = triton.cdiv(triton.cdiv(max(max_len, 1), num_splits), bn) * bn
     num_splits = triton.cdiv(max(max_len, 1), per_split)
