@@ -73,26 +73,34 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from kernels import wgmma
-name, sig, cst, keys = json.loads(sys.argv[1])
-# as a launch specializes them: pointers and the widths and row stride the host keeps multiples of 16
-names = list(sig)
-attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in names if sig[k].startswith("*") or k in ("N", "K", "stride_xm")}
-src = GluonASTSource(fn=getattr(wgmma, name), signature=sig, constexprs=cst, attrs=attrs)
-ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
-print(json.dumps({k: ptx.count(k) for k in keys}))
+out = []
+for name, sig, cst, keys in json.loads(sys.argv[1]):
+    # as a launch specializes them: pointers and the widths and row stride the host keeps multiples of 16
+    names = list(sig)
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in names
+             if sig[k].startswith("*") or k in ("N", "K", "stride_xm")}
+    src = GluonASTSource(fn=getattr(wgmma, name), signature=sig, constexprs=cst, attrs=attrs)
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    out.append(dict({k: ck.asm["ptx"].count(k) for k in keys}, shared=ck.metadata.shared))
+print(json.dumps(out))
 """
 
 
-def _ptx_counts(name: str, sig: dict, constexprs: dict, keys=("wgmma.mma_async", "ldmatrix", "ld.shared")) -> dict:
-    """Compile a Gluon kernel of kernels/wgmma.py for sm_90 (no GPU needed) in a fresh process: the interpreter that
-    other kernel tests run in the same process patches Triton's language in place, which breaks a real compile."""
+def _compile(jobs: list) -> list[dict]:
+    """Compile Gluon kernels of kernels/wgmma.py for sm_90 (no GPU needed) in a fresh process: the interpreter that
+    other kernel tests run in the same process patches Triton's language in place, which breaks a real compile.
+    jobs: [name, signature, constexprs, PTX strings to count]; returns the counts and the shared memory per job."""
     pytest.importorskip("triton.experimental.gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    out = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps([name, sig, constexprs, list(keys)])], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(jobs)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _ptx_counts(name: str, sig: dict, constexprs: dict, keys=("wgmma.mma_async", "ldmatrix", "ld.shared")) -> dict:
+    return _compile([[name, sig, constexprs, list(keys)]])[0]
 
 
 def test_kernel_keeps_the_decoded_tile_in_registers():
@@ -129,6 +137,28 @@ def test_moe_ring_kernel_copies_asynchronously():
                     ("wgmma.mma_async", "ldmatrix", "cp.async.ca", "cp.async.cg", "cp.async.wait_group"))
     assert n["wgmma.mma_async"] >= 2 and n["ldmatrix"] == 0, n
     assert n["cp.async.ca"] + n["cp.async.cg"] >= 5 and n["cp.async.wait_group"] >= 1, n
+
+
+def test_every_ring_depth_the_bench_sweeps_compiles_within_shared_memory():
+    """The ring kernels at the token tiles and depths the bench sweeps (stages 3 / 4 / 6, BM 16 / 64) and the MoE
+    ring's down launch (ungated, split) compile for sm_90 and fit an H200's 227 KB of shared memory per block, so a
+    lease spends no time on a config that cannot launch."""
+    dense = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32",
+             "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "kt_per_split": "i32",
+             "BM": "constexpr", "SPLIT": "constexpr", "XF": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
+    moe = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*fp32",
+           "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
+           "stride_xm": "i32", "A_DIV": "i32", "kt_per_split": "i32", "BM": "constexpr", "GATED": "constexpr",
+           "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "STAGES": "constexpr",
+           "num_warps": "constexpr"}
+    jobs = [["_w4_wgmma_ring_kernel", dense, {"BM": bm, "SPLIT": 2, "XF": False, "STAGES": st, "num_warps": 4}, []]
+            for bm, st in ((16, 3), (64, 6))]
+    jobs.append(["_moe_wgmma_ring_kernel", moe, {"BM": 64, "GATED": True, "ROUTE_W": False, "XF": True, "SPLIT": 1,
+                                                 "STAGES": 6, "num_warps": 4}, []])
+    jobs.append(["_moe_wgmma_ring_kernel", moe, {"BM": 16, "GATED": False, "ROUTE_W": True, "XF": True, "SPLIT": 3,
+                                                 "STAGES": 4, "num_warps": 4}, []])
+    shared = [r["shared"] for r in _compile(jobs)]
+    assert len(shared) == len(jobs) and all(0 < b <= 227 * 1024 for b in shared), shared
 
 
 def test_moe_kernel_keeps_the_decoded_tiles_in_registers():
