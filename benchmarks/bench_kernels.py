@@ -649,11 +649,14 @@ def run_attention(dev, quick):
               f"rel err {relerr(out, ref_o):.2e} (includes FP4 KV quantization error)")
         nbytes = B * L * cache.nbytes_per_token() + 2 * B * Hq * D * 2
         best = None
-        for bn, w, sp in [(64, 4, None), (32, 4, None), (64, 8, None), (128, 8, None), (64, 4, 1)]:
-            cs = f"block_n={bn};num_warps={w};splits={sp or 'auto'}"
+        # tiles, warps, context splits (auto: one once B x Hkv fills the SMs; 2 was the old default at B64) and the
+        # K/V loads' cp.async stages (Triton's default 3)
+        for bn, w, sp, ns in [(64, 4, None, None), (32, 4, None, None), (64, 8, None, None), (128, 8, None, None),
+                              (64, 4, 2, None), (64, 4, 4, None), (64, 4, None, 2), (64, 4, None, 4)]:
+            cs = f"block_n={bn};num_warps={w};splits={sp or 'auto'};stages={ns or 'default'}"
             try:
                 run_v = lambda: decode_attention(q, cache, starts, lens, L, block_n=bn, num_warps=w,  # noqa: E731
-                                                 num_splits=sp, check_finite=False)
+                                                 num_splits=sp, num_stages=ns, check_finite=False)
                 err = relerr(run_v(), out)  # a timed variant must compute what the checked default does
                 if not check(f"attention variant {cs} vs default {shape}", err < 1e-2, f"rel err {err:.2e}"):
                     continue
