@@ -39,6 +39,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -681,9 +682,10 @@ SASS_ALU_OPS = {"LOP3", "SHF", "IADD3", "SEL", "FSEL", "FSETP", "ISETP", "PRMT",
                 "LEA", "MOV", "P2R", "R2P", "PLOP3", "BMSK", "FLO", "POPC", "BREV", "VIADD", "IABS", "I2FP", "F2FP"}
 
 
-def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name, whole=False):
-    """Compile fn for sm_90 -> (instructions of the loop (the span of the last backward branch; with whole, of
-    the kernel), op counts, TTGIR convert_layout count, shared bytes)."""
+def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name, whole=False, gluon=False):
+    """Compile fn for sm_90 -> (instructions of the loop (the span of the last backward branch; of the longest for
+    a Gluon kernel, whose epilogue may loop; with whole, of the kernel), op counts, TTGIR convert_layout count,
+    shared bytes). gluon: fn is a Gluon kernel (its layouts and pipelining are in the source: no num_stages)."""
     import glob
     import re
     from collections import Counter
@@ -693,8 +695,14 @@ def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name, whole=
 
     bindir = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin"))[0]
     attrs = {(list(sig).index(k),): [["tt.divisibility", 16]] for k in aligned}
-    ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src, opts = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), dict(num_warps=num_warps)
+    else:
+        src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+        opts = dict(num_warps=num_warps, num_stages=num_stages)
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     path = f"/tmp/{name}.cubin"
     with open(path, "wb") as f:
         f.write(ck.asm["cubin"])
@@ -709,7 +717,8 @@ def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name, whole=
         for a, t in ins:
             tg = re.search(r"BRA\s+0x([0-9a-f]+)", t)
             if tg and int(tg.group(1), 16) < a:
-                body = [x for b, x in ins if int(tg.group(1), 16) <= b <= a]
+                span = [x for b, x in ins if int(tg.group(1), 16) <= b <= a]
+                body = max(body, span, key=len) if gluon else span
     # memory and barrier instructions keep their width suffix (LDG.E.128 against STG.E.U8), the rest are grouped
     ops = Counter(op if op.startswith(("LDG", "STG", "LDS", "STS", "BAR")) else op.split(".")[0]
                   for op in (re.sub(r"^@!?U?P\w+\s+", "", x).split()[0] for x in body))
@@ -813,6 +822,36 @@ def sass_counts():
                   instr_per_element=round(n * 128 / 4096, 2), shared_bytes=shared, ttgir_convert_layouts=cvt,
                   memory_ops=" ".join(f"{k}:{v}" for k, v in sorted(mem.items())), alu_ops=alu,
                   alu_bound_us=bound_us(2 * alu), issue_bound_us=bound_us(n))
+    # v4 (kernels/wgmma.py, Gluon): the dense kernel per 64-wide K tile (v4b's loop takes two) and the MoE gate/up
+    # per tile pair, BM 16 / 64; registers and shared memory bound the programs per SM (kernels/NOTES.md v4b / v4c)
+    from kernels import wgmma
+
+    dense = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i16", "wf_ptr": "*fp32",
+             "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "kt_per_split": "i32",
+             "BM": "constexpr", "SPLIT": "constexpr", "XF": "constexpr", "num_warps": "constexpr"}
+    moe = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i16", "wf_ptr": "*fp32", "out_ptr": "*bf16",
+           "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
+           "stride_xm": "i32", "A_DIV": "i32", "kt_per_split": "i32", "BM": "constexpr", "GATED": "constexpr",
+           "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "num_warps": "constexpr"}
+    ring = {"s_ptr": "*i32", "STAGES": "constexpr"}
+    aligned = ["x_ptr", "w_ptr", "s_ptr", "out_ptr", "N", "K", "stride_xm"]
+    for kind, sig, base, tiles in (("dense", dense, dict(SPLIT=4, XF=False), 1),
+                                   ("moe gate+up", moe, dict(GATED=True, ROUTE_W=False, XF=False, SPLIT=1), 2)):
+        for bm in (16, 64):
+            for st in (0, wgmma.RING_STAGES):
+                fn = getattr(wgmma, ("_w4_wgmma" if kind == "dense" else "_moe_wgmma") + ("_ring" if st else "")
+                             + "_kernel")
+                cst = dict(base, BM=bm, num_warps=4, **({"STAGES": st} if st else {}))
+                name = f"v4_{kind.split()[0]}_{bm}_{st}"
+                n, ops, _, shared = _loop_sass(fn, {**sig, **(ring if st else {})}, aligned, cst, 4, 1, name,
+                                               gluon=True)
+                res = subprocess.run([os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump"),
+                                      "-res-usage", f"/tmp/{name}.cubin"], capture_output=True, text=True).stdout
+                k_tiles = 2 if kind == "dense" and not st else 1  # per loop iteration
+                _sass_row(rows, "K 64 per tile", f"{fn.__name__} {'v4c' if st else 'v4b'}",
+                          f"BM={bm};stages={st};num_warps=4", ops, loop_instr=n,
+                          instr_per_weight=round(n * 128 / (64 * 64 * tiles * k_tiles), 2), shared_bytes=shared,
+                          registers=int(re.search(r"REG:(\d+)", res).group(1)))
     RUN.update(gpu="sm_90 (offline ptxas)")
     for r in rows:
         _emit(r)
@@ -828,7 +867,8 @@ def main(argv=None):
     ap.add_argument("--T", type=int, nargs="+", help=f"MoE tokens per layer (default {MOE_T}; --quick: 1 16 256)")
     ap.add_argument("--M", type=int, nargs="+", help=f"dense rows (default {DENSE_M}; --quick: 1 16 64)")
     ap.add_argument("--sass", action="store_true",
-                    help="offline: append SASS instruction counts (v1 GEMV, MoE and dense MMA tile, KV decode attention) "
+                    help="offline: append SASS instruction counts (v1 GEMV, MoE and dense MMA tile, KV decode attention, "
+                         "quantize, the v4 Gluon kernels) "
                          "and exit")
     args = ap.parse_args(argv)
     STATE.update(out=args.out, sweep=args.sweep, T=args.T, M=args.M)
