@@ -317,8 +317,11 @@ class RolloutEngine:
             logp = torch.log_softmax(lf, dim=-1)
             tok = lf.argmax(-1)
         else:
-            logp = torch.log_softmax(lf / temperature, dim=-1)
-            probs = torch.softmax(lf / temperature, dim=-1)
+            # one scaled copy for both (x / 1.0 is x exactly): each pass over [A, V] fp32 costs as much as a
+            # small model's decode layer at rollout batch sizes
+            z = lf if temperature == 1.0 else lf / temperature
+            logp = torch.log_softmax(z, dim=-1)
+            probs = torch.softmax(z, dim=-1)
             if top_p < 1.0:
                 sp, si = probs.sort(-1, descending=True)
                 keep = (sp.cumsum(-1) - sp) < top_p  # smallest prefix whose mass reaches top_p
@@ -388,7 +391,9 @@ class RolloutEngine:
             active = [b for b in range(B) if not finished[b]]
             if not active:
                 break
-            lg = logits[torch.tensor([row_of[b] for b in active], device=logits.device)]
+            lrows = [row_of[b] for b in active]
+            # every row active in order (most decode steps): no gather copy of the [B, V] logits
+            lg = logits if lrows == list(range(logits.shape[0])) else logits[torch.tensor(lrows, device=logits.device)]
             self._check_logits(lg)
             tok, lp = self._sample(lg, temperature, top_p, gen)
             tok, lp = tok.tolist(), lp.tolist()
