@@ -19,7 +19,8 @@ two K tiles per iteration with the next two loading; `stages>=2` (v4c, the defau
 `_w4_wgmma_ring_kernel`, `_moe_wgmma_ring_kernel`) copies words, scale words and activations with cp.async into a
 ring of that many tiles in shared memory, as `triton_kernels` does with its stages, so fewer registers hold more
 bytes in flight. Both split K (fp32 atomics) where the grid is small: the dense GEMM at decode sizes, the MoE down
-projection (`moe_split`). The bench times both; the slower one goes once it is measured.
+projection (`moe_split`). Both stay until the bench (benchmarks/bench_kernels.py: the dense sweep over stages, the
+MoE rows `-wgmma` and `-wgmma-regs`) shows which is faster on the H200.
 
 Layout of a 64-wide K tile of row n (`wgmma_layout`): word c = 2 q + sh holds the 8 elements
 k = 32 sh + 16 s0 + 8 h + 2 q + p (j = 4 s0 + 2 h + p), element j at bits 4 (j // 2) + 16 (j % 2) (the bf16 decode's
@@ -231,8 +232,8 @@ if gluon is not None:
         """Grid (N / 64, M / BM, split-K): out[m, n] (+)= the program's K tiles of x @ dequant(W)^T, times 2^7 / S_enc
         and, with XF (x holds W4A4 tile values), the row's factor. Two K tiles per iteration, and the next two
         tiles' words, scale bytes and activations are loaded before these are decoded, so a program keeps 4 KB of
-        weights in flight and waits on no load it issued in the same iteration (v4b; v4a loaded the scale bytes
-        where they were used and kept one tile in flight: latency-bound, kernels/NOTES.md). A tile past the
+        weights in flight and waits on no load it issued in the same iteration (v4b: with one tile in flight and
+        the scale bytes loaded where used, the kernel was latency-bound, kernels/NOTES.md v4a). A tile past the
         program's range loads zeros (all-zero words decode to zeros)."""
         BN: gl.constexpr = _TILE_N
         BK: gl.constexpr = _TILE_K
