@@ -826,28 +826,25 @@ def sass_counts():
     # per tile pair, BM 16 / 64; registers and shared memory bound the programs per SM (kernels/NOTES.md v4b / v4c)
     from kernels import wgmma
 
-    dense = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i16", "wf_ptr": "*fp32",
+    dense = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32",
              "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "kt_per_split": "i32",
-             "BM": "constexpr", "SPLIT": "constexpr", "XF": "constexpr", "num_warps": "constexpr"}
-    moe = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i16", "wf_ptr": "*fp32", "out_ptr": "*bf16",
+             "BM": "constexpr", "SPLIT": "constexpr", "XF": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
+    moe = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*bf16",
            "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
            "stride_xm": "i32", "A_DIV": "i32", "kt_per_split": "i32", "BM": "constexpr", "GATED": "constexpr",
-           "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "num_warps": "constexpr"}
-    ring = {"s_ptr": "*i32", "STAGES": "constexpr"}
+           "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "STAGES": "constexpr",
+           "num_warps": "constexpr"}
     aligned = ["x_ptr", "w_ptr", "s_ptr", "out_ptr", "N", "K", "stride_xm"]
-    for kind, sig, base, tiles in (("dense", dense, dict(SPLIT=4, XF=False), 1),
-                                   ("moe gate+up", moe, dict(GATED=True, ROUTE_W=False, XF=False, SPLIT=1), 2)):
+    for fn, sig, base, tiles in ((wgmma._w4_wgmma_kernel, dense, dict(SPLIT=4, XF=False), 1),
+                                 (wgmma._moe_wgmma_kernel, moe, dict(GATED=True, ROUTE_W=False, XF=False, SPLIT=1), 2)):
         for bm in (16, 64):
-            for st in (0, wgmma.RING_STAGES):
-                fn = getattr(wgmma, ("_w4_wgmma" if kind == "dense" else "_moe_wgmma") + ("_ring" if st else "")
-                             + "_kernel")
-                cst = dict(base, BM=bm, num_warps=4, **({"STAGES": st} if st else {}))
-                name = f"v4_{kind.split()[0]}_{bm}_{st}"
-                n, ops, _, shared = _loop_sass(fn, {**sig, **(ring if st else {})}, aligned, cst, 4, 1, name,
+            for st in (0, wgmma.RING_STAGES):  # the register loop (v4b) and the cp.async ring (v4c)
+                name = f"v4_{fn.__name__}_{bm}_{st}"
+                n, ops, _, shared = _loop_sass(fn, sig, aligned, dict(base, BM=bm, STAGES=st, num_warps=4), 4, 1, name,
                                                gluon=True)
                 res = subprocess.run([os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump"),
                                       "-res-usage", f"/tmp/{name}.cubin"], capture_output=True, text=True).stdout
-                k_tiles = 2 if kind == "dense" and not st else 1  # per loop iteration
+                k_tiles = 2 if tiles == 1 and not st else 1  # per loop iteration: the dense register loop takes two
                 _sass_row(rows, "K 64 per tile", f"{fn.__name__} {'v4c' if st else 'v4b'}",
                           f"BM={bm};stages={st};num_warps=4", ops, loop_instr=n,
                           instr_per_weight=round(n * 128 / (64 * 64 * tiles * k_tiles), 2), shared_bytes=shared,

@@ -7,7 +7,7 @@ one short warm-up). Providers (trace.rollout.RolloutEngine unless hf): `engine-b
 `engine-w4a4-triton`, `engine-w4a4-kv4-triton` (the Triton path: the FP4 kernels of kernels/ for decode
 projections up to their crossover sizes, the same codes on BF16 GEMMs above, trace/rollout/fast.py);
 `engine-w4a4-kv4-kernels` (the Triton path with the FP4 kernels at every size: TRACE_FP4_CROSSOVER=inf,inf);
-`engine-w4a4-kv4-wgmma` (the same with the v4a kernels of kernels/wgmma.py where shapes allow: TRACE_FP4_WGMMA=1);
+`engine-w4a4-kv4-wgmma` (the same with the v4 kernels of kernels/wgmma.py where shapes allow: TRACE_FP4_WGMMA=1);
 `engine-bf16-eager` (no CUDA graphs, to show what they are worth); `engine-w4a4-kv4-record` (what a TRACE
 rollout costs: the engine the RL trainer builds (on a GPU the Triton kernels of the FP4 arms, recording
 the codes they quantize; on a CPU the torch path), every call recording trace's guidance record, the

@@ -13,14 +13,15 @@ The activation tile goes through shared memory as the wgmma B operand. W4A4: wit
 quantized per row (`kernels.gemm.quantize_act_for_gemm`: the trainer's codes, the tile values q * s_b * 2^-7 that
 are exact in bf16) and the row factor 2^7 / S_enc multiplies the output, as in the Triton tile.
 
-How the loads are kept in flight (v4a measured latency-bound, kernels/NOTES.md): two kernels of each kind, the same
-decode and MMA. `stages=0` (v4b: `_w4_wgmma_kernel`, `_moe_wgmma_kernel`) prefetches into registers, the dense one
-two K tiles per iteration with the next two loading; `stages>=2` (v4c, the default `RING_STAGES`:
-`_w4_wgmma_ring_kernel`, `_moe_wgmma_ring_kernel`) copies words, scale words and activations with cp.async into a
-ring of that many tiles in shared memory, as `triton_kernels` does with its stages, so fewer registers hold more
-bytes in flight. Both split K (fp32 atomics) where the grid is small: the dense GEMM at decode sizes, the MoE down
-projection (`moe_split`). Both stay until the bench (benchmarks/bench_kernels.py: the dense sweep over stages, the
-MoE rows `-wgmma` and `-wgmma-regs`) shows which is faster on the H200.
+How the loads are kept in flight (v4a measured latency-bound, kernels/NOTES.md): one kernel of each kind
+(`_w4_wgmma_kernel`, `_moe_wgmma_kernel`), the same setup, decode, MMA and epilogue, and two K loops chosen by the
+constexpr STAGES. `stages=0` (v4b: `_regs_loop`, `_moe_regs_loop`) prefetches into registers, the dense one two K tiles
+per iteration with the next two loading; `stages>=2` (v4c, the default `RING_STAGES`: `_ring_loop`) copies words,
+scale words and activations with cp.async into a ring of that many tiles in shared memory, as `triton_kernels` does
+with its stages, so fewer registers hold more bytes in flight. Both read the scales as int32 words (a row's 4 scale
+bytes of one K tile; each word of the A fragment takes its half). Both split K (fp32 atomics) where the grid is small: the dense GEMM at decode sizes, the MoE down
+projection (`moe_split`). Both loops stay until the bench (benchmarks/bench_kernels.py: the dense sweep over stages,
+the MoE rows `-wgmma` and `-wgmma-regs`) shows which is faster on the H200.
 
 Layout of a 64-wide K tile of row n (`wgmma_layout`): word c = 2 q + sh holds the 8 elements
 k = 32 sh + 16 s0 + 8 h + 2 q + p (j = 4 s0 + 2 h + p), element j at bits 4 (j // 2) + 16 (j % 2) (the bf16 decode's
@@ -226,57 +227,46 @@ if gluon is not None:
         else:
             gl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=omask)
 
+    # the weight words' and scale words' ring: each thread reads back from shared memory exactly the elements its own
+    # cp.async wrote (the copy and the load take the same register layout), so no barrier guards them
+    _RING_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+
     @gluon.jit
-    def _w4_wgmma_kernel(x_ptr, xf_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, M, N, K, stride_xm, kt_per_split,
-                         BM: gl.constexpr, SPLIT: gl.constexpr, XF: gl.constexpr, num_warps: gl.constexpr):
-        """Grid (N / 64, M / BM, split-K): out[m, n] (+)= the program's K tiles of x @ dequant(W)^T, times 2^7 / S_enc
-        and, with XF (x holds W4A4 tile values), the row's factor. Two K tiles per iteration, and the next two
-        tiles' words, scale bytes and activations are loaded before these are decoded, so a program keeps 4 KB of
-        weights in flight and waits on no load it issued in the same iteration (v4b: with one tile in flight and
-        the scale bytes loaded where used, the kernel was latency-bound, kernels/NOTES.md v4a). A tile past the
-        program's range loads zeros (all-zero words decode to zeros)."""
+    def _tile_scales(s32, s_shift):
+        """A row's scale word of one K tile (int32 [BN, 8], the same for every word of the row) -> each word's two
+        scale bytes (int16: the low half for words c with c & 1 = 0, the high half otherwise)."""
+        return (s32 >> s_shift).to(gl.int16)
+
+    @gluon.jit
+    def _regs_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, a_l: gl.constexpr, BM: gl.constexpr):
+        """STAGES 0 (v4b): two K tiles per iteration from registers, the next two tiles' words, scale words and
+        activations loaded before these are decoded (4 KB of weights in flight per program, no load waited on in
+        the iteration that issued it: with one tile in flight and the scale bytes loaded where used the kernel was
+        latency-bound, kernels/NOTES.md v4a). A tile past the range loads zeros (all-zero words decode to zeros)."""
         BN: gl.constexpr = _TILE_N
         BK: gl.constexpr = _TILE_K
-        WT: gl.constexpr = BK // 8  # words per row and K tile
-        ST: gl.constexpr = BK // 32  # int16 scale pairs per row and K tile
-        mma: gl.constexpr = _mma_layout(BM)
-        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        pid_n = gl.program_id(0)
-        pid_m = gl.program_id(1)
-        pid_k = gl.program_id(2)
-        t0 = pid_k * kt_per_split
-        n_it = gl.minimum(kt_per_split, K // BK - t0)
-        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, _W_LAYOUT))
-        rc = gl.arange(0, 8, layout=gl.SliceLayout(0, _W_LAYOUT))
-        w_ptrs = w_ptr + rn[:, None].to(gl.int64) * (K // 8) + (t0 * WT + rc)[None, :]
-        # a word's two scale blocks, 2 sh and 2 sh + 1 of its tile (sh = c & 1): one int16
-        s_ptrs = s_ptr + rn[:, None].to(gl.int64) * (K // 32) + (t0 * ST + (rc & 1))[None, :]
-        rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, _X_LAYOUT))
-        rk = gl.arange(0, BK, layout=gl.SliceLayout(0, _X_LAYOUT))
-        x_ptrs = x_ptr + rm[:, None].to(gl.int64) * stride_xm + (t0 * BK + rk)[None, :]
-        xmask = (rm < M)[:, None]
+        WT: gl.constexpr = BK // 8
         b0 = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], _b_smem_layout(BM))
         b1 = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], _b_smem_layout(BM))
-        acc = gl.zeros([BN, BM], gl.float32, layout=mma)
         w0 = gl.load(w_ptrs)
         s0 = gl.load(s_ptrs)
         x0 = gl.load(x_ptrs, mask=xmask, other=0.0)
         m1 = n_it > 1
         w1 = gl.load(w_ptrs + WT, mask=m1, other=0)
-        s1 = gl.load(s_ptrs + ST, mask=m1, other=0)
+        s1 = gl.load(s_ptrs + 1, mask=m1, other=0)
         x1 = gl.load(x_ptrs + BK, mask=xmask & m1, other=0.0)
         for it in range(0, n_it, 2):
             m2 = it + 2 < n_it
             m3 = it + 3 < n_it
             w2 = gl.load(w_ptrs + 2 * WT, mask=m2, other=0)
-            s2 = gl.load(s_ptrs + 2 * ST, mask=m2, other=0)
+            s2 = gl.load(s_ptrs + 2, mask=m2, other=0)
             x2 = gl.load(x_ptrs + 2 * BK, mask=xmask & m2, other=0.0)
             w3 = gl.load(w_ptrs + 3 * WT, mask=m3, other=0)
-            s3 = gl.load(s_ptrs + 3 * ST, mask=m3, other=0)
+            s3 = gl.load(s_ptrs + 3, mask=m3, other=0)
             x3 = gl.load(x_ptrs + 3 * BK, mask=xmask & m3, other=0.0)
-            a0 = _decode_a(w0, s0, a_l, BN, BK)
+            a0 = _decode_a(w0, _tile_scales(s0, s_shift), a_l, BN, BK)
             b0.store(x0.to(gl.bfloat16))
-            a1 = _decode_a(w1, s1, a_l, BN, BK)
+            a1 = _decode_a(w1, _tile_scales(s1, s_shift), a_l, BN, BK)
             b1.store(x1.to(gl.bfloat16))
             fence_async_shared()
             acc = warpgroup_mma(a0, b0.permute((1, 0)), acc, is_async=True)
@@ -284,27 +274,73 @@ if gluon is not None:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             w0, s0, x0, w1, s1, x1 = w2, s2, x2, w3, s3, x3
             w_ptrs += 2 * WT
-            s_ptrs += 2 * ST
+            s_ptrs += 2
             x_ptrs += 2 * BK
-        _dense_epilogue(acc, xf_ptr, wf_ptr, out_ptr, M, N, pid_n, pid_m, mma, BM, XF, SPLIT)
-
-    # the weight words' and scale words' ring: each thread reads back from shared memory exactly the elements its own
-    # cp.async wrote (the copy and the load take the same register layout), so no barrier guards them
-    _RING_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        return acc
 
     @gluon.jit
-    def _w4_wgmma_ring_kernel(x_ptr, xf_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, M, N, K, stride_xm, kt_per_split,
-                              BM: gl.constexpr, SPLIT: gl.constexpr, XF: gl.constexpr, STAGES: gl.constexpr,
-                              num_warps: gl.constexpr):
-        """`_w4_wgmma_kernel` with the loads in a cp.async ring of STAGES K tiles in shared memory (v4c): STAGES - 1
-        tiles of words, scale words and activations in flight per program without holding registers, so more
-        programs fit an SM (51 registers at BM 16 against v4b's 95) and more bytes are in flight per SM. The words
-        and scale words come back to registers in the A fragment's layout (LDS.64, LDS.U16); the activation tile is
-        the wgmma B operand where it landed. s_ptr: int32 [N, K / 64], a row's 4 scale bytes of one K tile (the
-        int16 view of `wgmma_scales` read two at a time); word c takes its half c & 1."""
+    def _ring_copy(w_ring, s_ring, x_ring, slot, w_ptrs, s_ptrs, x_ptrs, xmask, t, ok):
+        """Tile t's words, scale words and activations into the rings' `slot` (cp.async; masked off: zeros)."""
+        cp.async_copy_global_to_shared(w_ring.index(slot), w_ptrs + t * (_TILE_K // 8), mask=ok)
+        cp.async_copy_global_to_shared(s_ring.index(slot), s_ptrs + t, mask=ok)
+        cp.async_copy_global_to_shared(x_ring.index(slot), x_ptrs + t * _TILE_K, mask=xmask & ok)
+
+    @gluon.jit
+    def _ring_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, up_w, up_s, acc_u, a_l: gl.constexpr,
+                   BM: gl.constexpr, GATED: gl.constexpr, STAGES: gl.constexpr):
+        """STAGES >= 2 (v4c): the loads in a cp.async ring of STAGES K tiles in shared memory, STAGES - 1 tiles in
+        flight per program without holding registers (50 registers at BM 16 against the register loop's 95, so
+        more programs and bytes in flight per SM). Words and scale words come back to registers in the A fragment's
+        layout (LDS.64, LDS.U16); the activation tile is the wgmma B operand where it landed. GATED: the up rows
+        (up_w words / up_s scale words after the gate rows) share the activation tile into acc_u."""
         BN: gl.constexpr = _TILE_N
         BK: gl.constexpr = _TILE_K
-        WT: gl.constexpr = BK // 8
+        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
+        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
+        if GATED:
+            wu_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
+            su_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
+        x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], _b_smem_layout(BM))
+        for i in gl.static_range(STAGES - 1):
+            _ring_copy(w_ring, s_ring, x_ring, i, w_ptrs, s_ptrs, x_ptrs, xmask, i, i < n_it)
+            if GATED:
+                _ring_copy(wu_ring, su_ring, x_ring, i, w_ptrs + up_w, s_ptrs + up_s, x_ptrs, xmask, i, i < n_it)
+            cp.commit_group()
+        for it in range(n_it):
+            cp.wait_group(STAGES - 2)  # tile it has landed (this thread's copies) ...
+            fence_async_shared()
+            gl.thread_barrier()  # ... everyone's (the activation tile), and tile it - 1's slot is free
+            nxt = it + STAGES - 1
+            _ring_copy(w_ring, s_ring, x_ring, nxt % STAGES, w_ptrs, s_ptrs, x_ptrs, xmask, nxt, nxt < n_it)
+            if GATED:
+                _ring_copy(wu_ring, su_ring, x_ring, nxt % STAGES, w_ptrs + up_w, s_ptrs + up_s, x_ptrs, xmask,
+                           nxt, nxt < n_it)
+            cp.commit_group()
+            slot = it % STAGES
+            a = _decode_a(w_ring.index(slot).load(_W_LAYOUT), _tile_scales(s_ring.index(slot).load(_W_LAYOUT),
+                                                                           s_shift), a_l, BN, BK)
+            b = x_ring.index(slot).permute((1, 0))
+            acc = warpgroup_mma(a, b, acc, is_async=True)
+            if GATED:
+                a_u = _decode_a(wu_ring.index(slot).load(_W_LAYOUT),
+                                _tile_scales(su_ring.index(slot).load(_W_LAYOUT), s_shift), a_l, BN, BK)
+                acc_u = warpgroup_mma(a_u, b, acc_u, is_async=True)
+                acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_u))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        cp.wait_group(0)
+        return acc, acc_u
+
+    @gluon.jit
+    def _w4_wgmma_kernel(x_ptr, xf_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, M, N, K, stride_xm, kt_per_split,
+                         BM: gl.constexpr, SPLIT: gl.constexpr, XF: gl.constexpr, STAGES: gl.constexpr,
+                         num_warps: gl.constexpr):
+        """Grid (N / 64, M / BM, split-K): out[m, n] (+)= the program's K tiles of x @ dequant(W)^T, times 2^7 / S_enc
+        and, with XF (x holds W4A4 tile values), the row's factor. s_ptr: int32 [N, K / 64], a row's 4 scale bytes
+        of one K tile (the int16 view of `wgmma_scales` read two at a time). STAGES: 0 for `_regs_loop` (v4b),
+        >= 2 for `_ring_loop` (v4c)."""
+        BN: gl.constexpr = _TILE_N
+        BK: gl.constexpr = _TILE_K
         mma: gl.constexpr = _mma_layout(BM)
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         pid_n = gl.program_id(0)
@@ -314,56 +350,69 @@ if gluon is not None:
         n_it = gl.minimum(kt_per_split, K // BK - t0)
         rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, _W_LAYOUT))
         rc = gl.arange(0, 8, layout=gl.SliceLayout(0, _W_LAYOUT))
-        w_ptrs = w_ptr + rn[:, None].to(gl.int64) * (K // 8) + (t0 * WT + rc)[None, :]
+        w_ptrs = w_ptr + rn[:, None].to(gl.int64) * (K // 8) + (t0 * (BK // 8) + rc)[None, :]
         s_ptrs = s_ptr + rn[:, None].to(gl.int64) * (K // BK) + t0 + 0 * rc[None, :]  # every word of a row: its word
         s_shift = ((rc & 1) * 16)[None, :]
         rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, _X_LAYOUT))
         rk = gl.arange(0, BK, layout=gl.SliceLayout(0, _X_LAYOUT))
         x_ptrs = x_ptr + rm[:, None].to(gl.int64) * stride_xm + (t0 * BK + rk)[None, :]
         xmask = (rm < M)[:, None]
-        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
-        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
-        x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], _b_smem_layout(BM))
-        for i in gl.static_range(STAGES - 1):  # a tile past the range copies zeros (masked cp.async zero-fills)
-            ok = i < n_it
-            cp.async_copy_global_to_shared(w_ring.index(i), w_ptrs + i * WT, mask=ok)
-            cp.async_copy_global_to_shared(s_ring.index(i), s_ptrs + i, mask=ok)
-            cp.async_copy_global_to_shared(x_ring.index(i), x_ptrs + i * BK, mask=xmask & ok)
-            cp.commit_group()
         acc = gl.zeros([BN, BM], gl.float32, layout=mma)
-        for it in range(n_it):
-            cp.wait_group(STAGES - 2)  # tile it has landed (this thread's copies) ...
-            fence_async_shared()
-            gl.thread_barrier()  # ... everyone's (the activation tile), and tile it - 1's slot is free
-            nxt = it + STAGES - 1
-            ok = nxt < n_it
-            cp.async_copy_global_to_shared(w_ring.index(nxt % STAGES), w_ptrs + nxt * WT, mask=ok)
-            cp.async_copy_global_to_shared(s_ring.index(nxt % STAGES), s_ptrs + nxt, mask=ok)
-            cp.async_copy_global_to_shared(x_ring.index(nxt % STAGES), x_ptrs + nxt * BK, mask=xmask & ok)
-            cp.commit_group()
-            slot = it % STAGES
-            w = w_ring.index(slot).load(_W_LAYOUT)
-            sc = (s_ring.index(slot).load(_W_LAYOUT) >> s_shift).to(gl.int16)
-            a = _decode_a(w, sc, a_l, BN, BK)
-            acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        cp.wait_group(0)
+        if STAGES == 0:
+            acc = _regs_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, a_l, BM)
+        else:
+            acc, _ = _ring_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, 0, 0, acc, a_l, BM, False, STAGES)
         _dense_epilogue(acc, xf_ptr, wf_ptr, out_ptr, M, N, pid_n, pid_m, mma, BM, XF, SPLIT)
+
+    @gluon.jit
+    def _moe_regs_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, up_w, up_s, acc_u, a_l: gl.constexpr,
+                       BM: gl.constexpr, GATED: gl.constexpr):
+        """STAGES 0 (v4b) for the MoE kernel: one K tile per iteration (gate and up rows: two weight tiles), the
+        next tile's words, scale words and activations loaded before this one is decoded."""
+        BN: gl.constexpr = _TILE_N
+        BK: gl.constexpr = _TILE_K
+        WT: gl.constexpr = BK // 8
+        b_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], _b_smem_layout(BM))
+        w = gl.load(w_ptrs)
+        sc = gl.load(s_ptrs)
+        w_u = gl.load(w_ptrs + up_w, mask=GATED, other=0)
+        sc_u = gl.load(s_ptrs + up_s, mask=GATED, other=0)
+        xv = gl.load(x_ptrs, mask=xmask, other=0.0)
+        for it in range(n_it):
+            more = it + 1 < n_it
+            w_next = gl.load(w_ptrs + WT, mask=more, other=0)
+            s_next = gl.load(s_ptrs + 1, mask=more, other=0)
+            wu_next = gl.load(w_ptrs + up_w + WT, mask=more & GATED, other=0)
+            su_next = gl.load(s_ptrs + up_s + 1, mask=more & GATED, other=0)
+            x_next = gl.load(x_ptrs + BK, mask=xmask & more, other=0.0)
+            a = _decode_a(w, _tile_scales(sc, s_shift), a_l, BN, BK)
+            b_smem.store(xv.to(gl.bfloat16))
+            fence_async_shared()
+            acc = warpgroup_mma(a, b_smem.permute((1, 0)), acc, is_async=True)
+            if GATED:
+                a_u = _decode_a(w_u, _tile_scales(sc_u, s_shift), a_l, BN, BK)
+                acc_u = warpgroup_mma(a_u, b_smem.permute((1, 0)), acc_u, is_async=True)
+                acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_u))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            w, sc, w_u, sc_u, xv = w_next, s_next, wu_next, su_next, x_next
+            w_ptrs += WT
+            s_ptrs += 1
+            x_ptrs += BK
+        return acc, acc_u
 
     @gluon.jit
     def _moe_wgmma_kernel(x_ptr, xf_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr, S, N, K, stride_xm,
                           A_DIV, kt_per_split, BM: gl.constexpr, GATED: gl.constexpr, ROUTE_W: gl.constexpr,
-                          XF: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
+                          XF: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
         """Grid (blocks of BM expert-sorted slots (`kernels.moe.moe_align`), N / 64, split-K): out[slot, n] for one
         block of one expert; with GATED, the gate rows [0, N) and up rows [N, 2N) of the expert read one activation
         tile and the SiLU product is written (SPLIT 1: the product needs the whole sum); ROUTE_W scales each slot by
         its routing weight (down); XF as the dense kernel; SPLIT > 1 adds the program's K tiles into an fp32 out.
-        The next tile's words and scale bytes (gate and up) and activations are loaded before this tile is decoded.
-        Padding blocks (expert -1) exit at once."""
+        s_ptr: int32 [E, rows, K / 64]; STAGES as the dense kernel (`_moe_regs_loop` or `_ring_loop`). Padding
+        blocks (expert -1) exit at once."""
         BN: gl.constexpr = _TILE_N
         BK: gl.constexpr = _TILE_K
-        WT: gl.constexpr = BK // 8
-        ST: gl.constexpr = BK // 32
         mma: gl.constexpr = _mma_layout(BM)
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         pid_b = gl.program_id(0)
@@ -377,73 +426,7 @@ if gluon is not None:
             n_it = gl.minimum(kt_per_split, K // BK - t0)
             rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, _W_LAYOUT))
             rc = gl.arange(0, 8, layout=gl.SliceLayout(0, _W_LAYOUT))
-            w_ptrs = w_ptr + (e64 * NW + rn[:, None]) * (K // 8) + (t0 * WT + rc)[None, :]
-            s_ptrs = s_ptr + (e64 * NW + rn[:, None]) * (K // 32) + (t0 * ST + (rc & 1))[None, :]
-            up_w = N * (K // 8)  # the up rows' offset from the gate rows'
-            up_s = N * (K // 32)
-            sl = gl.load(slots_ptr + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, _X_LAYOUT)))
-            rows = gl.where(sl < S, sl // A_DIV, 0)
-            rk = gl.arange(0, BK, layout=gl.SliceLayout(0, _X_LAYOUT))
-            x_ptrs = x_ptr + rows[:, None].to(gl.int64) * stride_xm + (t0 * BK + rk)[None, :]
-            xmask = (sl < S)[:, None]
-            b_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], _b_smem_layout(BM))
-            acc = gl.zeros([BN, BM], gl.float32, layout=mma)
-            acc_u = gl.zeros([BN, BM], gl.float32, layout=mma)
-            w = gl.load(w_ptrs)
-            sc = gl.load(s_ptrs)
-            w_u = gl.load(w_ptrs + up_w, mask=GATED, other=0)
-            sc_u = gl.load(s_ptrs + up_s, mask=GATED, other=0)
-            xv = gl.load(x_ptrs, mask=xmask, other=0.0)
-            for it in range(n_it):
-                more = it + 1 < n_it
-                w_next = gl.load(w_ptrs + WT, mask=more, other=0)
-                s_next = gl.load(s_ptrs + ST, mask=more, other=0)
-                wu_next = gl.load(w_ptrs + up_w + WT, mask=more & GATED, other=0)
-                su_next = gl.load(s_ptrs + up_s + ST, mask=more & GATED, other=0)
-                x_next = gl.load(x_ptrs + BK, mask=xmask & more, other=0.0)
-                a = _decode_a(w, sc, a_l, BN, BK)
-                b_smem.store(xv.to(gl.bfloat16))
-                fence_async_shared()
-                acc = warpgroup_mma(a, b_smem.permute((1, 0)), acc, is_async=True)
-                if GATED:
-                    a_u = _decode_a(w_u, sc_u, a_l, BN, BK)
-                    acc_u = warpgroup_mma(a_u, b_smem.permute((1, 0)), acc_u, is_async=True)
-                    acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_u))
-                else:
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                w, sc, w_u, sc_u, xv = w_next, s_next, wu_next, su_next, x_next
-                w_ptrs += WT
-                s_ptrs += ST
-                x_ptrs += BK
-            _moe_epilogue(acc, acc_u, e, xf_ptr, wf_ptr, out_ptr, slots_ptr, rw_ptr, S, N, A_DIV, pid_b, pid_n, mma,
-                          BM, GATED, ROUTE_W, XF, SPLIT)
-
-
-    @gluon.jit
-    def _moe_wgmma_ring_kernel(x_ptr, xf_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr, S, N, K,
-                               stride_xm, A_DIV, kt_per_split, BM: gl.constexpr, GATED: gl.constexpr,
-                               ROUTE_W: gl.constexpr, XF: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr,
-                               num_warps: gl.constexpr):
-        """`_moe_wgmma_kernel` with its loads in a cp.async ring of STAGES K tiles (v4c, as
-        `_w4_wgmma_ring_kernel`): the gate (and up) rows' words and scale words and the block's gathered activation
-        rows. s_ptr: int32 [E, rows, K / 64]."""
-        BN: gl.constexpr = _TILE_N
-        BK: gl.constexpr = _TILE_K
-        WT: gl.constexpr = BK // 8
-        mma: gl.constexpr = _mma_layout(BM)
-        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        pid_b = gl.program_id(0)
-        pid_n = gl.program_id(1)
-        pid_k = gl.program_id(2)
-        e = gl.load(bexp_ptr + pid_b)
-        if e >= 0:
-            e64 = e.to(gl.int64)
-            NW = 2 * N if GATED else N  # weight rows per expert
-            t0 = pid_k * kt_per_split
-            n_it = gl.minimum(kt_per_split, K // BK - t0)
-            rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, _W_LAYOUT))
-            rc = gl.arange(0, 8, layout=gl.SliceLayout(0, _W_LAYOUT))
-            w_ptrs = w_ptr + (e64 * NW + rn[:, None]) * (K // 8) + (t0 * WT + rc)[None, :]
+            w_ptrs = w_ptr + (e64 * NW + rn[:, None]) * (K // 8) + (t0 * (BK // 8) + rc)[None, :]
             s_ptrs = s_ptr + (e64 * NW + rn[:, None]) * (K // BK) + t0 + 0 * rc[None, :]
             s_shift = ((rc & 1) * 16)[None, :]
             up_w = N * (K // 8)  # the up rows' offset from the gate rows'
@@ -453,49 +436,14 @@ if gluon is not None:
             rk = gl.arange(0, BK, layout=gl.SliceLayout(0, _X_LAYOUT))
             x_ptrs = x_ptr + rows[:, None].to(gl.int64) * stride_xm + (t0 * BK + rk)[None, :]
             xmask = (sl < S)[:, None]
-            w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
-            s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
-            wu_ring = gl.allocate_shared_memory(gl.int32, [STAGES if GATED else 1, BN, 8], _RING_LAYOUT)
-            su_ring = gl.allocate_shared_memory(gl.int32, [STAGES if GATED else 1, BN, 8], _RING_LAYOUT)
-            x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], _b_smem_layout(BM))
-            for i in gl.static_range(STAGES - 1):
-                ok = i < n_it
-                cp.async_copy_global_to_shared(w_ring.index(i), w_ptrs + i * WT, mask=ok)
-                cp.async_copy_global_to_shared(s_ring.index(i), s_ptrs + i, mask=ok)
-                if GATED:
-                    cp.async_copy_global_to_shared(wu_ring.index(i), w_ptrs + up_w + i * WT, mask=ok)
-                    cp.async_copy_global_to_shared(su_ring.index(i), s_ptrs + up_s + i, mask=ok)
-                cp.async_copy_global_to_shared(x_ring.index(i), x_ptrs + i * BK, mask=xmask & ok)
-                cp.commit_group()
             acc = gl.zeros([BN, BM], gl.float32, layout=mma)
             acc_u = gl.zeros([BN, BM], gl.float32, layout=mma)
-            for it in range(n_it):
-                cp.wait_group(STAGES - 2)
-                fence_async_shared()
-                gl.thread_barrier()
-                nxt = it + STAGES - 1
-                ok = nxt < n_it
-                sn = nxt % STAGES
-                cp.async_copy_global_to_shared(w_ring.index(sn), w_ptrs + nxt * WT, mask=ok)
-                cp.async_copy_global_to_shared(s_ring.index(sn), s_ptrs + nxt, mask=ok)
-                if GATED:
-                    cp.async_copy_global_to_shared(wu_ring.index(sn), w_ptrs + up_w + nxt * WT, mask=ok)
-                    cp.async_copy_global_to_shared(su_ring.index(sn), s_ptrs + up_s + nxt, mask=ok)
-                cp.async_copy_global_to_shared(x_ring.index(sn), x_ptrs + nxt * BK, mask=xmask & ok)
-                cp.commit_group()
-                slot = it % STAGES
-                a = _decode_a(w_ring.index(slot).load(_W_LAYOUT),
-                              (s_ring.index(slot).load(_W_LAYOUT) >> s_shift).to(gl.int16), a_l, BN, BK)
-                b = x_ring.index(slot).permute((1, 0))
-                acc = warpgroup_mma(a, b, acc, is_async=True)
-                if GATED:
-                    a_u = _decode_a(wu_ring.index(slot).load(_W_LAYOUT),
-                                    (su_ring.index(slot).load(_W_LAYOUT) >> s_shift).to(gl.int16), a_l, BN, BK)
-                    acc_u = warpgroup_mma(a_u, b, acc_u, is_async=True)
-                    acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_u))
-                else:
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            cp.wait_group(0)
+            if STAGES == 0:
+                acc, acc_u = _moe_regs_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, up_w, up_s, acc_u, a_l,
+                                            BM, GATED)
+            else:
+                acc, acc_u = _ring_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, up_w, up_s, acc_u, a_l,
+                                        BM, GATED, STAGES)
             _moe_epilogue(acc, acc_u, e, xf_ptr, wf_ptr, out_ptr, slots_ptr, rw_ptr, S, N, A_DIV, pid_b, pid_n, mma,
                           BM, GATED, ROUTE_W, XF, SPLIT)
 
@@ -549,10 +497,9 @@ def fp4_linear_wgmma(x: torch.Tensor, w: WgmmaWeight, *, act_quant: bool = False
         raise ValueError(f"stages={stages}: the ring needs at least 2 (or 0: no ring)")
     if stages and (xa.data_ptr() % 16 or xa.stride(0) % 8):  # cp.async copies 16-byte pieces of x's rows
         xa = xa.clone(memory_format=torch.contiguous_format)
-    kernel, extra = (_w4_wgmma_ring_kernel, dict(STAGES=stages)) if stages else (_w4_wgmma_kernel, {})
-    kernel[(w.N // BN, triton.cdiv(M, bm), split)](
-        xa, xf, w.words, w.scales.view(torch.int32) if stages else w.scales, w.factor, out, M, w.N, K, xa.stride(0),
-        per, BM=bm, SPLIT=split, XF=act_quant, num_warps=4, **extra)
+    _w4_wgmma_kernel[(w.N // BN, triton.cdiv(M, bm), split)](
+        xa, xf, w.words, w.scales.view(torch.int32), w.factor, out, M, w.N, K, xa.stride(0), per, BM=bm, SPLIT=split,
+        XF=act_quant, STAGES=stages, num_warps=4)
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
@@ -617,11 +564,10 @@ def moe_wgmma(a, words, scales, factor, N: int, K: int, sorted_slots, block_expe
         raise ValueError(f"stages={stages}: the ring needs at least 2 (or 0: no ring)")
     if stages and (a.data_ptr() % 16 or a.stride(0) % 8):  # cp.async copies 16-byte pieces of the rows
         a = a.clone(memory_format=torch.contiguous_format)
-    kernel, extra = (_moe_wgmma_ring_kernel, dict(STAGES=stages)) if stages else (_moe_wgmma_kernel, {})
-    kernel[(blocks, N // BN, split)](
-        a, a if a_factor is None else a_factor, words, scales.view(torch.int32) if stages else scales, factor, out,
-        sorted_slots, block_expert, route_w if route_w is not None else factor, S, N, K, a.stride(0), a_div, per,
-        BM=BM, GATED=gated, ROUTE_W=route_w is not None, XF=a_factor is not None, SPLIT=split, num_warps=4, **extra)
+    _moe_wgmma_kernel[(blocks, N // BN, split)](
+        a, a if a_factor is None else a_factor, words, scales.view(torch.int32), factor, out, sorted_slots,
+        block_expert, route_w if route_w is not None else factor, S, N, K, a.stride(0), a_div, per, BM=BM, GATED=gated,
+        ROUTE_W=route_w is not None, XF=a_factor is not None, SPLIT=split, STAGES=stages, num_warps=4)
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 

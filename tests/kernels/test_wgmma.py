@@ -103,72 +103,68 @@ def _ptx_counts(name: str, sig: dict, constexprs: dict, keys=("wgmma.mma_async",
     return _compile([[name, sig, constexprs, list(keys)]])[0]
 
 
+# the kernels' signatures as a launch sees them (scales as int32 words: a row's 4 scale bytes of one K tile)
+DENSE_SIG = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*fp32",
+             "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "kt_per_split": "i32", "BM": "constexpr",
+             "SPLIT": "constexpr", "XF": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
+
+
+def _moe_sig(out: str) -> dict:
+    """out: the output's type (bf16, or fp32 where K is split)."""
+    return {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": out,
+            "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
+            "stride_xm": "i32", "A_DIV": "i32", "kt_per_split": "i32", "BM": "constexpr", "GATED": "constexpr",
+            "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "STAGES": "constexpr",
+            "num_warps": "constexpr"}
+
+
+RING_PTX = ("wgmma.mma_async", "ldmatrix", "cp.async.ca", "cp.async.cg", "cp.async.wait_group")
+
+
 def test_kernel_keeps_the_decoded_tile_in_registers():
     """Offline sm_90 compile (no GPU): the layout conversion into the wgmma A layout is asserted trivial at compile
-    time, and the kernel reads no shared memory (the Triton-language tile does STS + LDSM per K tile)."""
-    sig = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i16", "wf_ptr": "*fp32", "out_ptr": "*fp32",
-           "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "kt_per_split": "i32", "BM": "constexpr",
-           "SPLIT": "constexpr", "XF": "constexpr", "num_warps": "constexpr"}
-    n = _ptx_counts("_w4_wgmma_kernel", sig, {"BM": 16, "SPLIT": 2, "XF": True, "num_warps": 4})
+    time, and the register loop (STAGES 0) reads no shared memory (the Triton-language tile does STS + LDSM per K
+    tile)."""
+    n = _ptx_counts("_w4_wgmma_kernel", DENSE_SIG, {"BM": 16, "SPLIT": 2, "XF": True, "STAGES": 0, "num_warps": 4})
     assert n["wgmma.mma_async"] >= 1 and n["ldmatrix"] == 0 and n["ld.shared"] == 0, n
 
 
 def test_ring_kernel_copies_asynchronously_and_keeps_the_decoded_tile_in_registers():
     """v4c (the cp.async ring): the loads are cp.async (8-byte words, 4-byte scale words, 16-byte activations), the
     decoded tile still goes to the wgmma from registers (no ldmatrix; its ld.shared are the words coming back)."""
-    sig = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*fp32",
-           "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "kt_per_split": "i32", "BM": "constexpr",
-           "SPLIT": "constexpr", "XF": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
-    n = _ptx_counts("_w4_wgmma_ring_kernel", sig, {"BM": 16, "SPLIT": 2, "XF": True, "STAGES": 4, "num_warps": 4},
-                    ("wgmma.mma_async", "ldmatrix", "cp.async.ca", "cp.async.cg", "cp.async.wait_group"))
+    n = _ptx_counts("_w4_wgmma_kernel", DENSE_SIG, {"BM": 16, "SPLIT": 2, "XF": True, "STAGES": 4, "num_warps": 4},
+                    RING_PTX)
     assert n["wgmma.mma_async"] >= 1 and n["ldmatrix"] == 0, n
     assert n["cp.async.ca"] + n["cp.async.cg"] >= 3 and n["cp.async.wait_group"] >= 1, n
 
 
 def test_moe_ring_kernel_copies_asynchronously():
     """The MoE kernel's v4c ring (gate and up rows, the gathered activation rows) compiles the same way."""
-    sig = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*bf16",
-           "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
-           "stride_xm": "i32", "A_DIV": "i32", "kt_per_split": "i32", "BM": "constexpr", "GATED": "constexpr",
-           "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "STAGES": "constexpr",
-           "num_warps": "constexpr"}
-    n = _ptx_counts("_moe_wgmma_ring_kernel", sig, {"BM": 16, "GATED": True, "ROUTE_W": False, "XF": True, "SPLIT": 1,
-                                                    "STAGES": 4, "num_warps": 4},
-                    ("wgmma.mma_async", "ldmatrix", "cp.async.ca", "cp.async.cg", "cp.async.wait_group"))
+    n = _ptx_counts("_moe_wgmma_kernel", _moe_sig("*bf16"), {"BM": 16, "GATED": True, "ROUTE_W": False, "XF": True,
+                                                             "SPLIT": 1, "STAGES": 4, "num_warps": 4}, RING_PTX)
     assert n["wgmma.mma_async"] >= 2 and n["ldmatrix"] == 0, n
     assert n["cp.async.ca"] + n["cp.async.cg"] >= 5 and n["cp.async.wait_group"] >= 1, n
 
 
 def test_every_ring_depth_the_bench_sweeps_compiles_within_shared_memory():
-    """The ring kernels at the token tiles and depths the bench sweeps (stages 3 / 4 / 6, BM 16 / 64) and the MoE
-    ring's down launch (ungated, split) compile for sm_90 and fit an H200's 227 KB of shared memory per block, so a
-    lease spends no time on a config that cannot launch."""
-    dense = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32",
-             "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "kt_per_split": "i32",
-             "BM": "constexpr", "SPLIT": "constexpr", "XF": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
-    moe = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*fp32",
-           "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
-           "stride_xm": "i32", "A_DIV": "i32", "kt_per_split": "i32", "BM": "constexpr", "GATED": "constexpr",
-           "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "STAGES": "constexpr",
-           "num_warps": "constexpr"}
-    jobs = [["_w4_wgmma_ring_kernel", dense, {"BM": bm, "SPLIT": 2, "XF": False, "STAGES": st, "num_warps": 4}, []]
+    """The ring at the token tiles and depths the bench sweeps (stages 3 / 4 / 6, BM 16 / 64) and the MoE ring's
+    down launch (ungated, split) compile for sm_90 and fit an H200's 227 KB of shared memory per block, so a lease
+    spends no time on a config that cannot launch."""
+    jobs = [["_w4_wgmma_kernel", DENSE_SIG, {"BM": bm, "SPLIT": 2, "XF": False, "STAGES": st, "num_warps": 4}, []]
             for bm, st in ((16, 3), (64, 6))]
-    jobs.append(["_moe_wgmma_ring_kernel", moe, {"BM": 64, "GATED": True, "ROUTE_W": False, "XF": True, "SPLIT": 1,
-                                                 "STAGES": 6, "num_warps": 4}, []])
-    jobs.append(["_moe_wgmma_ring_kernel", moe, {"BM": 16, "GATED": False, "ROUTE_W": True, "XF": True, "SPLIT": 3,
-                                                 "STAGES": 4, "num_warps": 4}, []])
+    jobs.append(["_moe_wgmma_kernel", _moe_sig("*bf16"), {"BM": 64, "GATED": True, "ROUTE_W": False, "XF": True,
+                                                          "SPLIT": 1, "STAGES": 6, "num_warps": 4}, []])
+    jobs.append(["_moe_wgmma_kernel", _moe_sig("*fp32"), {"BM": 16, "GATED": False, "ROUTE_W": True, "XF": True,
+                                                          "SPLIT": 3, "STAGES": 4, "num_warps": 4}, []])
     shared = [r["shared"] for r in _compile(jobs)]
     assert len(shared) == len(jobs) and all(0 < b <= 227 * 1024 for b in shared), shared
 
 
 def test_moe_kernel_keeps_the_decoded_tiles_in_registers():
-    """The MoE kernel (gate and up rows sharing one activation tile) compiles for sm_90 the same way."""
-    sig = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i16", "wf_ptr": "*fp32", "out_ptr": "*bf16",
-           "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
-           "stride_xm": "i32", "A_DIV": "i32", "kt_per_split": "i32", "BM": "constexpr", "GATED": "constexpr",
-           "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "num_warps": "constexpr"}
-    n = _ptx_counts("_moe_wgmma_kernel", sig, {"BM": 16, "GATED": True, "ROUTE_W": False, "XF": True, "SPLIT": 1,
-                                               "num_warps": 4})
+    """The MoE kernel's register loop (gate and up rows sharing one activation tile) compiles for sm_90 the same
+    way."""
+    n = _ptx_counts("_moe_wgmma_kernel", _moe_sig("*bf16"), {"BM": 16, "GATED": True, "ROUTE_W": False, "XF": True,
+                                                             "SPLIT": 1, "STAGES": 0, "num_warps": 4})
     assert n["wgmma.mma_async"] >= 2 and n["ldmatrix"] == 0 and n["ld.shared"] == 0, n
 
 

@@ -170,7 +170,7 @@ def test_recording_on_the_fast_path_keeps_every_site_the_torch_path_keeps(monkey
 
 
 def test_wgmma_is_never_wanted_off_a_hopper_gpu(monkeypatch):
-    """TRACE_FP4_WGMMA=1 asks for the v4a kernels (Gluon, sm_90 only); a CPU keeps the Triton path."""
+    """TRACE_FP4_WGMMA=1 asks for the v4 kernels (Gluon, sm_90 only); a CPU keeps the Triton path."""
     from trace.rollout import fast as fast_mod
 
     monkeypatch.setenv("TRACE_FP4_WGMMA", "1")

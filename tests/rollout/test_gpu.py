@@ -107,7 +107,7 @@ def test_fast_path_self_test_at_the_small_flavors_shapes(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_wgmma_engine_checks_itself_and_follows_the_triton_path(family, monkeypatch):
-    """TRACE_FP4_WGMMA=1 (kernels/wgmma.py, v4a; Hopper only): the engine's self-test passes on the v4a kernels at
+    """TRACE_FP4_WGMMA=1 (kernels/wgmma.py, v4; Hopper only): the engine's self-test passes on the v4 kernels at
     the small flavors' shapes, and its rollouts follow the Triton path's (same codes, other accumulation order)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the v4a kernels are Hopper's")

@@ -81,9 +81,9 @@ def available(device, dtype=torch.bfloat16, backend: str = "auto") -> bool:
 
 
 def wgmma_wanted(device) -> bool:
-    """TRACE_FP4_WGMMA=1 on a Hopper GPU with Triton's Gluon: the projections and routed experts whose shapes the v4a
+    """TRACE_FP4_WGMMA=1 on a Hopper GPU with Triton's Gluon: the projections and routed experts whose shapes the v4
     kernels take (`kernels/wgmma.py`, widths multiples of 64) run on them instead of the Triton ones, same codes.
-    Opt-in until their GPU tests and timings are in (kernels/NOTES.md v4a)."""
+    Opt-in until their GPU tests and timings are in (kernels/NOTES.md v4a, v4b / v4c)."""
     if os.environ.get("TRACE_FP4_WGMMA", "0") != "1":
         return False
     from kernels.wgmma import usable
@@ -93,7 +93,7 @@ def wgmma_wanted(device) -> bool:
 
 class TritonPath:
     def __init__(self, dense: list[dict], moe: list, dense_wg: list[dict] | None = None, moe_wg: list | None = None):
-        """dense / moe: per layer, the Triton kernels' weights; dense_wg / moe_wg: the v4a kernels' (`wgmma_wanted`),
+        """dense / moe: per layer, the Triton kernels' weights; dense_wg / moe_wg: the v4 kernels' (`wgmma_wanted`),
         where a weight's shape allows them."""
         self.dense, self.moe = dense, moe
         self.dense_wg, self.moe_wg = dense_wg, moe_wg
@@ -194,14 +194,14 @@ class TritonPath:
                 if not err < 1e-2:
                     fail(f"W4A4 linear {key} of layer {layer}", (M, w.N, w.K), f"rel. error {err:.3g}, tol 1e-2")
                 wg = self.dense_wg[layer].get(key) if self.dense_wg is not None and dtype == torch.bfloat16 else None
-                if wg is not None:  # the v4a kernel that `linear` runs instead
+                if wg is not None:  # the v4 kernel that `linear` runs instead
                     from kernels.wgmma import fp4_linear_wgmma
 
                     y = fp4_linear_wgmma(x.to(dev).to(dtype), wg, act_quant=True, out_dtype=torch.float32,
                                          check_finite=False).cpu()
                     err = rel(y, r)
                     if not err < 1e-2:
-                        fail(f"W4A4 v4a linear {key} of layer {layer}", (M, w.N, w.K), f"rel. error {err:.3g}, tol 1e-2")
+                        fail(f"W4A4 v4 linear {key} of layer {layer}", (M, w.N, w.K), f"rel. error {err:.3g}, tol 1e-2")
         a = weights.arch  # FP4-KV store and decode attention at the model's heads: 3 sequences, lengths 40, 0, 17
         B, L, lens = 3, 40, torch.tensor([40, 0, 17])
         kv = FP4KVCache.allocate(B * L, a.num_kv_heads, a.head_dim, dev)
@@ -243,14 +243,14 @@ class TritonPath:
                     fail(f"W4{'A4' if aq else 'A16'} experts of layer {layer}", (T, m.E, m.H, m.I),
                          f"rel. error {err:.3g}, tol 1e-2")
                 wg = self.moe_wg[layer] if self.moe_wg is not None and dtype == torch.bfloat16 else None
-                if wg is not None:  # the v4a kernels that `experts` runs instead: exact FP4 operands, h in bf16
+                if wg is not None:  # the v4 kernels that `experts` runs instead: exact FP4 operands, h in bf16
                     from kernels.wgmma import fused_moe_wgmma
 
                     y = fused_moe_wgmma(x.to(dev).to(dtype), wg, ids.to(dev), wts.to(dev), act_quant=True).float().cpu()
                     r = ref.moe_fp4_reference(x.float(), gate, up, down, ids, wts, act_quant=True, h_dtype=dtype)
                     err = rel(y, r)
                     if not err < 1e-2:
-                        fail(f"W4A4 v4a experts of layer {layer}", (T, m.E, m.H, m.I), f"rel. error {err:.3g}, tol 1e-2")
+                        fail(f"W4A4 v4 experts of layer {layer}", (T, m.E, m.H, m.I), f"rel. error {err:.3g}, tol 1e-2")
 
     def linear(self, i: int, key: str, x: torch.Tensor, bias=None, keep=None) -> torch.Tensor:
         """x [N, K] (unquantized) -> W4A4 x @ W^T [N, out] (+ bias). keep(FP4Tensor [N, K]), if given,
