@@ -1,12 +1,16 @@
-"""The rollout engine's host time per decode step: the Python bookkeeping of `RolloutEngine.generate` between a
-step's sync and the next launch, during which the GPU waits.
+"""The rollout engine's host time per decode step: what `RolloutEngine.generate` spends outside the model's
+forward and the sampling kernels (bookkeeping, the copies between host and device), during which a GPU
+waits unless the next step is already launched.
 
-Runs the engine on the CPU (the bookkeeping is Python: it costs the same with or without a GPU, up to the host's
-speed) on a tiny flavor, one warm-up call, then `cProfile` over one `generate` call, and prints `generate`'s own
-time (its loop over rows and steps, without the model's forward, the sampling or other callees) per step and per
-row-step, beside the call's wall time per step:
+Runs the engine on the CPU on a tiny flavor through the all-row decode steps a GPU replays as CUDA graphs
+(DecodeGraphs, run eagerly here): the bookkeeping is host code and costs the same with or without a GPU,
+up to the host's speed. One warm-up call, then one timed `generate` call with the forward and the sampling
+wrapped in timers; host time = the call's wall time less those two, per step and per sample-step:
 
     PYTHONPATH=. .venv/bin/python benchmarks/engine_host_loop.py --rows 256 --new-tokens 64
+
+`--stop-strings` times the general loop (the path of multi-turn calls and stop strings, one Python
+iteration per sample and step) instead of the single-turn path.
 
 Compared against: the decode step's time on the GPU (`benchmarks/bench_rollout.py`, results/rollout/rollout.csv;
 kernels/NOTES.md "Engine: the decode step outside the kernels").
@@ -14,8 +18,6 @@ kernels/NOTES.md "Engine: the decode step outside the kernels").
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
 import time
 
 import torch
@@ -24,28 +26,58 @@ from trace.models import build_model
 from trace.rollout.engine import RolloutEngine
 
 
+class _Timed:
+    """fn, its wall time summed into `seconds`."""
+
+    def __init__(self, fn):
+        self.fn, self.seconds = fn, 0.0
+
+    def __getattr__(self, name):  # the wrapped object's attributes (EngineForward.fast, ...)
+        return getattr(self.fn, name)
+
+    def __call__(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return self.fn(*a, **k)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+
+class _Tok:
+    """A tokenizer stand-in for the general loop: one character per token, no stop string ever matches."""
+
+    def decode(self, ids):
+        return "x" * len(ids)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen3_moe-tiny")
     ap.add_argument("--rows", type=int, default=256, help="sequences decoded together (the rollout batch)")
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--stop-strings", action="store_true", help="time the general (multi-turn) loop")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     m = build_model(a.model, 0, dtype=torch.float32)
     eng = RolloutEngine(m.config, mode="bf16", dtype=torch.float32)
     eng.sync_weights(m)
+    eng.cuda_graphs = True  # the all-row steps of the GPU path (trace/rollout/graphs.py), uncaptured on the CPU
     prompts = [[5 + i % 50, 7, 9, 11] for i in range(a.rows)]
-    eng.generate(prompts, max_new_tokens=4, seed=0)  # warm-up
-    prof = cProfile.Profile()
+    kw = dict(stop_strings=("\x00",), tokenizer=_Tok()) if a.stop_strings else {}
+    fwd = eng.fwd = _Timed(eng.fwd)
+    sample = eng._sample = _Timed(RolloutEngine._sample)
+    # warm-up at the timed call's shapes: the cache and the decode steps are kept for the next call of the
+    # same shape (as the GPU engine keeps its graphs across an RL run's rollouts)
+    eng.generate(prompts, max_new_tokens=a.new_tokens, seed=1, **kw)
+    fwd.seconds = sample.seconds = 0.0
     t = time.perf_counter()
-    prof.enable()
-    out = eng.generate(prompts, max_new_tokens=a.new_tokens, seed=0)
-    prof.disable()
+    out = eng.generate(prompts, max_new_tokens=a.new_tokens, seed=0, **kw)
     wall = time.perf_counter() - t
     steps = max(1, out.num_generated_tokens // a.rows)
-    own = next(v[2] for k, v in pstats.Stats(prof).stats.items() if k[2] == "generate" and k[0].endswith("engine.py"))
-    res = dict(rows=a.rows, steps=steps, host_ms_per_step=round(own / steps * 1e3, 3),
-               host_us_per_row_step=round(own / (steps * a.rows) * 1e6, 2), wall_ms_per_step=round(wall / steps * 1e3, 2))
+    host = wall - fwd.seconds - sample.seconds
+    res = dict(rows=a.rows, steps=steps, loop="general" if a.stop_strings else "single-turn",
+               host_ms_per_step=round(host / steps * 1e3, 3), host_us_per_row_step=round(host / (steps * a.rows) * 1e6, 2),
+               wall_ms_per_step=round(wall / steps * 1e3, 2))
     print(res)
     return res
 

@@ -42,6 +42,55 @@ def test_same_seed_same_output_different_seed_differs():
     assert not any(a.finished)
 
 
+def test_sampler_draws_what_torch_multinomial_draws():
+    """The engine samples with multinomial's own one-sample algorithm without its checks of the probabilities:
+    the same tokens and the same generator state afterwards, at every shape and temperature tried."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        A, V = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(2, 3000, (1,), generator=g))
+        logits = torch.randn(A, V, generator=g) * 4
+        temp = (1.0, 0.7, 1.5)[trial % 3]
+        g1, g2 = torch.Generator().manual_seed(trial), torch.Generator().manual_seed(trial)
+        for _ in range(3):
+            tok, lp, finite = RolloutEngine._sample(logits, temp, 1.0, g1)
+            want = torch.multinomial(torch.softmax(logits / temp if temp != 1.0 else logits, -1), 1, generator=g2)
+            assert torch.equal(tok, want.squeeze(-1)) and bool(finite)
+            assert torch.equal(lp, torch.log_softmax(logits / temp if temp != 1.0 else logits, -1).gather(-1, tok[:, None])[:, 0])
+        assert torch.equal(g1.get_state(), g2.get_state())
+
+
+class _NoStringMatches:
+    """A tokenizer stand-in whose stop string never matches: generate then takes its general loop."""
+
+    def decode(self, ids):
+        return "x" * len(ids)
+
+
+@pytest.mark.parametrize("steps", [False, True], ids=["eager", "all-row-steps"])
+def test_single_turn_path_equals_the_general_loop(steps):
+    """Calls without env and stop strings run the vectorized single-turn decode (RolloutEngine._single_turn);
+    the general loop must give the same samples, log-probs, stop reasons and record, bit for bit, with rows
+    that stop early (stop tokens), reach the context and run out of new tokens, and with n > 1."""
+    m = tiny("qwen3_moe")
+    outs = []
+    for kw in ({}, dict(stop_strings=("\x00",), tokenizer=_NoStringMatches())):
+        eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, max_seq_len=20)
+        eng.sync_weights(m)
+        if steps:
+            eng.cuda_graphs, eng.graph_bucket = True, 4  # DecodeGraphs' all-row steps, uncaptured on the CPU
+        rec = Recorder(layers=None, routing=True)
+        out = eng.generate(PROMPTS, n=3, max_new_tokens=9, temperature=1.3, seed=4, recorder=rec,
+                           stop_token_ids=tuple(range(60, 75)), **kw)
+        outs.append((out, rec.finish()))
+    (a, ra), (b, rb) = outs
+    assert {"stop_token", "length", "context"} <= set(a.stop_reason)  # every way a sample ends, in one call
+    for f in ("tokens", "logprobs", "trainable", "stop_reason", "finished", "num_generated_tokens", "turns"):
+        assert getattr(a, f) == getattr(b, f), f
+    assert sorted(ra.sites) == sorted(rb.sites) and ra.aliases == rb.aliases
+    for key, rows in ra.sites.items():
+        assert torch.equal(rows.keys, rb.sites[key].keys) and torch.equal(rows.mantissa, rb.sites[key].mantissa)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_batch_of_mixed_lengths_equals_each_alone(family):
     """bf16 mode (float32): identical tokens and |dlp| < 1e-4. W4A4 + FP4 KV (float32): the batch's matmul

@@ -58,6 +58,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from trace import fp4
@@ -311,8 +312,10 @@ class RolloutEngine:
     @staticmethod
     def _sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator):
         """logits [A, V] -> (tokens [A], log-probs [A] under the sampling distribution at `temperature`;
-        at temperature 1 for greedy)."""
+        at temperature 1 for greedy, a flag [] that every logit is finite), all on the device, no host
+        synchronisation."""
         lf = logits.float()
+        finite = torch.isfinite(lf).all()
         if temperature == 0:
             logp = torch.log_softmax(lf, dim=-1)
             tok = lf.argmax(-1)
@@ -327,8 +330,24 @@ class RolloutEngine:
                 keep = (sp.cumsum(-1) - sp) < top_p  # smallest prefix whose mass reaches top_p
                 sp = sp * keep
                 probs = torch.zeros_like(probs).scatter_(-1, si, sp)
-            tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+            # torch.multinomial(probs, 1, generator=gen) draws exactly this (its one-sample path, ATen
+            # native/Distributions.cpp: argmax(p / q), q ~ Exp(1) from the generator; same tokens, same
+            # generator state, tests/rollout/test_generate.py) after checks of `probs` that cost two more
+            # passes over [A, V] and a device-side assert on NaN, which `finite` reports instead
+            q = torch.empty_like(probs).exponential_(1, generator=gen)
+            tok = (probs / q).argmax(-1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1), finite
+
+    @staticmethod
+    def _to_host(tok: torch.Tensor, lp: torch.Tensor, finite: torch.Tensor):
+        """One device-to-host copy of a step's samples: (tokens [A] int64, log-probs [A] float32) on the
+        CPU; raises on non-finite logits."""
+        # float64 holds every token id and every float32 log-prob exactly
+        h = torch.cat([tok.double(), lp.double(), finite.double()[None]]).cpu()
+        if not bool(h[-1]):
+            raise ValueError("the engine produced non-finite logits (NaN/inf); the weights or inputs are broken")
+        A = tok.shape[0]
+        return h[:A].long(), h[A:2 * A].float()
 
     # ------------------------------------------------------------------------------ generate
     def generate(self, prompts: list[list[int]], *, n: int = 1, max_new_tokens: int = 32, temperature: float = 1.0,
@@ -378,6 +397,9 @@ class RolloutEngine:
                     if b % n:
                         recorder.alias(b, b - b % n, plens[b])
         logits = logits_p.repeat_interleave(n, dim=0)  # [B, V]
+        if env is None and not stop_strings:
+            return self._single_turn(t0, cache, graphs, logits, tokens, n, cap, max_new_tokens, temperature, top_p,
+                                     gen, stop_ids, recorder)
         fed = list(plens)  # tokens of each row already in the cache
         logps = [[] for _ in range(B)]
         trainable = [[] for _ in range(B)]
@@ -394,8 +416,7 @@ class RolloutEngine:
             lrows = [row_of[b] for b in active]
             # every row active in order (most decode steps): no gather copy of the [B, V] logits
             lg = logits if lrows == list(range(logits.shape[0])) else logits[torch.tensor(lrows, device=logits.device)]
-            self._check_logits(lg)
-            tok, lp = self._sample(lg, temperature, top_p, gen)
+            tok, lp = self._to_host(*self._sample(lg, temperature, top_p, gen))
             tok, lp = tok.tolist(), lp.tolist()
             pending: dict[int, list[int]] = {}
             for j, b in enumerate(active):
@@ -459,6 +480,13 @@ class RolloutEngine:
                 row_of[b] = r
             logits = out
 
+        return self._finish(t0, cache, graphs, steps, tail, fed, recorder, tokens, plens, logps, trainable, n, reason,
+                            n_gen, turns)
+
+    def _finish(self, t0, cache, graphs, steps, tail, fed, recorder, tokens, plens, logps, trainable, n, reason, n_gen,
+                turns) -> RolloutBatch:
+        """Hand over the recording graphs' last window and feed the finished samples' last tokens (both only
+        with a recorder), then the batch."""
         if steps:
             recorder.timed(graphs.recording.flush, recorder._recorder, steps)
         feed_s = 0.0
@@ -468,9 +496,83 @@ class RolloutEngine:
             recorder.timed(self._chunk, cache, [tail[b] for b in rows], [fed[b] for b in rows], rows, recorder, rows)
             # the feed's forward alone: storing its rows is already in the recorders' own `seconds`
             feed_s = recorder.elapsed - before - (getattr(recorder._recorder, "seconds", 0.0) - own)
+        B = len(tokens)
         return RolloutBatch(tokens=tokens, prompt_lens=plens, logprobs=logps, trainable=trainable,
                             prompt_index=[b // n for b in range(B)], seq_ids=list(range(B)),
                             finished=[r not in ("length", "context") for r in reason],
                             stop_reason=reason, num_generated_tokens=n_gen, elapsed_s=time.perf_counter() - t0,
                             turns=turns, record_s=recorder.elapsed if recorder is not None else 0.0,
                             record_feed_s=feed_s)
+
+    def _single_turn(self, t0, cache, graphs, logits, tokens, n, cap, max_new_tokens, temperature, top_p, gen,
+                     stop_ids, recorder) -> RolloutBatch:
+        """The decode loop of a call without env or stop strings (every RL rollout of the single-turn tasks,
+        the benchmarks): the tokens, log-probs, stop reasons and record of the general loop in `generate`,
+        bit for bit (tests/rollout/test_generate.py), with the per-sample bookkeeping on whole arrays. In
+        each step the host waits for one copy of the sampled tokens, decides with a few array operations
+        which samples go on (a stop token, the context, max_new_tokens: every live sample has sampled the
+        same number of tokens), launches the next step and only then stores this step's tokens, so the
+        GPU waits for the copy and those few operations, not for a Python loop over the samples
+        (benchmarks/engine_host_loop.py measures what remains)."""
+        B = len(tokens)
+        plen = np.array([len(t) for t in tokens], dtype=np.int64)  # [B]
+        stop = np.array(sorted(stop_ids), dtype=np.int64)
+        steps_max = int(min(max_new_tokens, cap - plen.min()))
+        out_tok = np.zeros((steps_max, B), dtype=np.int64)  # [step, sample]: token sampled at that step
+        out_lp = np.zeros((steps_max, B), dtype=np.float32)
+        count = np.zeros(B, dtype=np.int64)  # tokens sampled per sample
+        fed = plen.copy()  # tokens of each cache row already in the cache
+        reason = [""] * B
+        tail: dict[int, list[int]] = {}
+        steps: list[dict[int, int]] = []  # rows fed by recording graph steps not yet flushed: {sample: position}
+        active = np.arange(B)  # samples still sampling, ascending
+        lrow = None  # device rows of `logits` to sample from (None: all, in order)
+        ctx = "length" if cap < self.max_seq_len else "context"
+        for t in range(steps_max):
+            lg = logits if lrow is None else logits.index_select(0, lrow)
+            tok_t, lp_t = self._to_host(*self._sample(lg, temperature, top_p, gen))
+            tok, lp = tok_t.numpy(), lp_t.numpy()  # [A]
+            # the general loop's order of stop reasons: stop token, then the context, then max_new_tokens
+            is_stop = np.isin(tok, stop)
+            cap_hit = plen[active] + t + 1 >= cap
+            fin = is_stop | cap_hit | (t + 1 >= max_new_tokens)
+            go = active[~fin]  # [A'] samples fed now, ascending
+            for j in np.flatnonzero(fin).tolist():
+                b = int(active[j])
+                reason[b] = "stop_token" if is_stop[j] else (ctx if cap_hit[j] else "length")
+                if recorder is not None:
+                    tail[b] = [int(tok[j])]  # fed after generation, only so that the record holds it
+            if go.size:
+                feed = tok[~fin]
+                if graphs is not None:
+                    if graphs.recording is not None:
+                        if len(steps) == graphs.recording.max_steps:  # the window is full: hand it over
+                            recorder.timed(graphs.recording.flush, recorder._recorder, steps)
+                            steps = []
+                        steps.append(dict(zip(go.tolist(), fed[go].tolist(), strict=True)))
+                    ids, lens = np.zeros(B, dtype=np.int64), np.zeros(B, dtype=np.int64)
+                    ids[go], lens[go] = feed, 1
+                    host = torch.from_numpy(np.concatenate([ids, np.minimum(fed, cap - 1), lens, [len(steps) - 1 if steps else 0]]))
+                    dev = host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else host
+                    # [3B + 1]: tokens, positions, fed or not, step index (one host-to-device copy)
+                    logits = graphs(dev[:B, None], dev[B:2 * B], dev[2 * B:3 * B], int(fed[go].max()) + 1, dev[3 * B:])
+                    lrow = None if go.size == B else torch.from_numpy(go).to(self.device)
+                else:
+                    rows = go.tolist()
+                    logits = self._chunk(cache, [[x] for x in feed.tolist()], fed[go].tolist(), rows, recorder, rows)
+                    lrow = None  # the chunk's logits are the fed rows', in order
+                fed[go] += 1
+            # stored while the step runs
+            out_tok[t, active], out_lp[t, active] = tok, lp
+            count[active] += 1
+            active = go
+            if not go.size:
+                break
+        new_tok, new_lp = out_tok.T.tolist(), out_lp.T.tolist()  # [B][steps]
+        logps = [new_lp[b][: count[b]] for b in range(B)]
+        for b in range(B):
+            tokens[b] += new_tok[b][: count[b]]
+        trainable = [[True] * int(c) for c in count]
+        plens = plen.tolist()
+        return self._finish(t0, cache, graphs, steps, tail, fed.tolist(), recorder, tokens, plens, logps, trainable, n,
+                            reason, int(count.sum()), [0] * B)
