@@ -64,7 +64,6 @@ from kernels.moe import (
     prepare_moe_weights,
 )
 from kernels.quantize import fake_rows, quantize_rows
-from kernels.wgmma import RING_STAGES as WGMMA_RING_STAGES
 from kernels.wgmma import fp4_linear_wgmma, fused_moe_wgmma, prepare_moe_wgmma, prepare_wgmma, wgmma_config
 from trace.rollout.forward import routed_experts
 
@@ -378,22 +377,20 @@ def run_dense(dev, quick):
             record("dense", shape, "fp4-w4a4", bench(lambda: fp4_linear(x, pw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+act-quant launch")
             if wg is not None:  # v4: the decoded weights as the wgmma A operand in registers (kernels/wgmma.py)
-                bm, split, stages = wgmma_config(M, N, K, x.device)
+                bm, split = wgmma_config(M, N, K, x.device)
                 for aq in (False, True):
                     try:
                         record("dense", shape, f"fp4-w4a{4 if aq else 16}-wgmma",
                                bench(lambda aq=aq: fp4_linear_wgmma(x, wg, act_quant=aq, check_finite=False)), fp4_bytes,
-                               base, a_ms, f"BM={bm};split={split};stages={stages}" + (";+act-quant launch" if aq else ""))
+                               base, a_ms, f"BM={bm};split={split}" + (";+act-quant launch" if aq else ""))
                     except Exception as ex:
                         note("dense", f"wgmma {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
-                # its split-K around the default x the ring's depth (0: v4b's register prefetch), a sweep row each,
-                # the best as -best, each checked first
+                # its split-K around the default, a sweep row each, the best as -best, each checked first
                 splits = sorted({split, 2 * split, max(1, split // 2)})
                 r = ref.fp4_linear(x.float(), c, s, o)
-                t, cm = timed_best(lambda cf: (lambda: fp4_linear_wgmma(x, wg, config=(cf.BM, cf.split, cf.stages),
+                t, cm = timed_best(lambda cf: (lambda: fp4_linear_wgmma(x, wg, config=(cf.BM, cf.split),
                                                                         check_finite=False)),
-                                   [types.SimpleNamespace(BM=bm, split=sp, stages=st) for sp in splits
-                                    for st in (0, 3, 4, 6)], "dense", shape, "fp4-w4a16-wgmma", base, oracle=(r, 1e-2))
+                                   [types.SimpleNamespace(BM=bm, split=sp) for sp in splits], "dense", shape, "fp4-w4a16-wgmma", base, oracle=(r, 1e-2))
                 if t:
                     record("dense", shape, "fp4-w4a16-wgmma-best", t, fp4_bytes, base, a_ms, cfg_str(cm))
             if auto_config(M, N, K, x.device, pw.gv_words is not None).kind != "mma":
@@ -481,14 +478,13 @@ def run_moe(dev, quick):
             e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
             tol = moe_tol(aq)
             check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'}", e < tol, f"rel err {e:.2e} (tol {tol:g}, bf16 h and output)")
-            for st in (0, WGMMA_RING_STAGES):  # v4 (kernels/wgmma.py): register prefetch (v4b), cp.async ring (v4c)
-                name = f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'} wgmma stages={st}"
-                try:
-                    e = relerr(fused_moe_wgmma(x, prepare_moe_wgmma(g, u, d), ids, tw, act_quant=aq, stages=st),
-                               ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
-                    check(name, e < tol, f"rel err {e:.2e} (tol {tol:g})")
-                except Exception as ex:
-                    check(name, False, f"{type(ex).__name__}: {str(ex)[:300]}")
+            name = f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'} wgmma"  # v4 (kernels/wgmma.py)
+            try:
+                e = relerr(fused_moe_wgmma(x, prepare_moe_wgmma(g, u, d), ids, tw, act_quant=aq),
+                           ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
+                check(name, e < tol, f"rel err {e:.2e} (tol {tol:g})")
+            except Exception as ex:
+                check(name, False, f"{type(ex).__name__}: {str(ex)[:300]}")
             for bd in (False, True):  # the MMA tile (the default above 1.5 rows per expert), both decodes
                 cm = MoEConfig(BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, bf16_decode=bd)
                 e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq, config=cm),
@@ -558,12 +554,12 @@ def run_moe(dev, quick):
             record("moe", shape, "fp4-w4a4", bench(lambda: fused_moe(x, mw, ids, tw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+2 act-quant launches;routing align inside", f"experts_hit={hit}")
             if mwg is not None:  # v4 (kernels/wgmma.py); the routing sort inside, as the W4A4 row above
-                for aq, st in ((False, WGMMA_RING_STAGES), (True, WGMMA_RING_STAGES), (False, 0)):
-                    try:  # the default (the cp.async ring, v4c) and v4b's register prefetch (-regs)
-                        record("moe", shape, f"fp4-w4a{4 if aq else 16}-wgmma" + ("" if st else "-regs"),
-                               bench(lambda aq=aq, st=st: fused_moe_wgmma(x, mwg, ids, tw, act_quant=aq, stages=st)),
-                               fp4_bytes, base, a_ms, f"stages={st};routing align inside"
-                               + (";+2 act-quant launches" if aq else ""), f"experts_hit={hit}")
+                for aq in (False, True):
+                    try:
+                        record("moe", shape, f"fp4-w4a{4 if aq else 16}-wgmma",
+                               bench(lambda aq=aq: fused_moe_wgmma(x, mwg, ids, tw, act_quant=aq)),
+                               fp4_bytes, base, a_ms, "routing align inside" + (";+2 act-quant launches" if aq else ""),
+                               f"experts_hit={hit}")
                     except Exception as ex:
                         note("moe", f"wgmma {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
             if cfg.kind != "mma":  # the default is the decode GEMV: the MMA tile too, for the crossover
@@ -823,32 +819,28 @@ def sass_counts():
                   memory_ops=" ".join(f"{k}:{v}" for k, v in sorted(mem.items())), alu_ops=alu,
                   alu_bound_us=bound_us(2 * alu), issue_bound_us=bound_us(n))
     # v4 (kernels/wgmma.py, Gluon): the dense kernel per 64-wide K tile (v4b's loop takes two) and the MoE gate/up
-    # per tile pair, BM 16 / 64; registers and shared memory bound the programs per SM (kernels/NOTES.md v4b / v4c)
+    # per tile pair, BM 16 / 64; registers and shared memory bound the programs per SM (kernels/NOTES.md v4b)
     from kernels import wgmma
 
     dense = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32",
              "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "kt_per_split": "i32",
-             "BM": "constexpr", "SPLIT": "constexpr", "XF": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
+             "BM": "constexpr", "SPLIT": "constexpr", "XF": "constexpr", "num_warps": "constexpr"}
     moe = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*bf16",
            "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
            "stride_xm": "i32", "A_DIV": "i32", "kt_per_split": "i32", "BM": "constexpr", "GATED": "constexpr",
-           "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "STAGES": "constexpr",
-           "num_warps": "constexpr"}
+           "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "num_warps": "constexpr"}
     aligned = ["x_ptr", "w_ptr", "s_ptr", "out_ptr", "N", "K", "stride_xm"]
     for fn, sig, base, tiles in ((wgmma._w4_wgmma_kernel, dense, dict(SPLIT=4, XF=False), 1),
                                  (wgmma._moe_wgmma_kernel, moe, dict(GATED=True, ROUTE_W=False, XF=False, SPLIT=1), 2)):
         for bm in (16, 64):
-            for st in (0, wgmma.RING_STAGES):  # the register loop (v4b) and the cp.async ring (v4c)
-                name = f"v4_{fn.__name__}_{bm}_{st}"
-                n, ops, _, shared = _loop_sass(fn, sig, aligned, dict(base, BM=bm, STAGES=st, num_warps=4), 4, 1, name,
-                                               gluon=True)
-                res = subprocess.run([os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump"),
-                                      "-res-usage", f"/tmp/{name}.cubin"], capture_output=True, text=True).stdout
-                k_tiles = 2 if tiles == 1 and not st else 1  # per loop iteration: the dense register loop takes two
-                _sass_row(rows, "K 64 per tile", f"{fn.__name__} {'v4c' if st else 'v4b'}",
-                          f"BM={bm};stages={st};num_warps=4", ops, loop_instr=n,
-                          instr_per_weight=round(n * 128 / (64 * 64 * tiles * k_tiles), 2), shared_bytes=shared,
-                          registers=int(re.search(r"REG:(\d+)", res).group(1)))
+            name = f"v4_{fn.__name__}_{bm}"
+            n, ops, _, shared = _loop_sass(fn, sig, aligned, dict(base, BM=bm, num_warps=4), 4, 1, name, gluon=True)
+            res = subprocess.run([os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump"),
+                                  "-res-usage", f"/tmp/{name}.cubin"], capture_output=True, text=True).stdout
+            k_tiles = 2 if tiles == 1 else 1  # per loop iteration: the dense register loop takes two
+            _sass_row(rows, "K 64 per tile", f"{fn.__name__} v4b", f"BM={bm};num_warps=4", ops, loop_instr=n,
+                      instr_per_weight=round(n * 128 / (64 * 64 * tiles * k_tiles), 2), shared_bytes=shared,
+                      registers=int(re.search(r"REG:(\d+)", res).group(1)))
     RUN.update(gpu="sm_90 (offline ptxas)")
     for r in rows:
         _emit(r)

@@ -14,14 +14,13 @@ quantized per row (`kernels.gemm.quantize_act_for_gemm`: the trainer's codes, th
 are exact in bf16) and the row factor 2^7 / S_enc multiplies the output, as in the Triton tile.
 
 How the loads are kept in flight (v4a measured latency-bound, kernels/NOTES.md): one kernel of each kind
-(`_w4_wgmma_kernel`, `_moe_wgmma_kernel`), the same setup, decode, MMA and epilogue, and two K loops chosen by the
-constexpr STAGES. `stages=0` (v4b: `_regs_loop`, `_moe_regs_loop`) prefetches into registers, the dense one two K tiles
-per iteration with the next two loading; `stages>=2` (v4c, the default `RING_STAGES`: `_ring_loop`) copies words,
-scale words and activations with cp.async into a ring of that many tiles in shared memory, as `triton_kernels` does
-with its stages, so fewer registers hold more bytes in flight. Both read the scales as int32 words (a row's 4 scale
-bytes of one K tile; each word of the A fragment takes its half). Both split K (fp32 atomics) where the grid is small: the dense GEMM at decode sizes, the MoE down
-projection (`moe_split`). Both loops stay until the bench (benchmarks/bench_kernels.py: the dense sweep over stages,
-the MoE rows `-wgmma` and `-wgmma-regs`) shows which is faster on the H200.
+(`_w4_wgmma_kernel`, `_moe_wgmma_kernel`), the same setup, decode, MMA and epilogue, with a K loop that prefetches
+into registers (v4b: `_regs_loop`, two K tiles per iteration with the next two loading; `_moe_regs_loop`, one tile
+with the next loading), reading the scales as int32 words (a row's 4 scale bytes of one K tile; each word of the A
+fragment takes its half). Both split K (fp32 atomics) where the grid is small: the dense GEMM at decode sizes, the
+MoE down projection (`moe_split`). A cp.async ring of 3-6 K tiles in shared memory instead (v4c, as
+`triton_kernels` keeps its loads in flight) ran 1.5-2.9x slower than this loop at every depth, split and shape on the
+H200 and was deleted (kernels/NOTES.md v4c).
 
 Layout of a 64-wide K tile of row n (`wgmma_layout`): word c = 2 q + sh holds the 8 elements
 k = 32 sh + 16 s0 + 8 h + 2 q + p (j = 4 s0 + 2 h + p), element j at bits 4 (j // 2) + 16 (j % 2) (the bf16 decode's
@@ -50,7 +49,6 @@ from kernels.moe import _fields, moe_align
 try:  # Gluon ships with Triton >= 3.5; its kernels compile for sm_90 only
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         warpgroup_mma,
@@ -227,10 +225,6 @@ if gluon is not None:
         else:
             gl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=omask)
 
-    # the weight words' and scale words' ring: each thread reads back from shared memory exactly the elements its own
-    # cp.async wrote (the copy and the load take the same register layout), so no barrier guards them
-    _RING_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-
     @gluon.jit
     def _tile_scales(s32, s_shift):
         """A row's scale word of one K tile (int32 [BN, 8], the same for every word of the row) -> each word's two
@@ -239,7 +233,7 @@ if gluon is not None:
 
     @gluon.jit
     def _regs_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, a_l: gl.constexpr, BM: gl.constexpr):
-        """STAGES 0 (v4b): two K tiles per iteration from registers, the next two tiles' words, scale words and
+        """Two K tiles per iteration from registers, the next two tiles' words, scale words and
         activations loaded before these are decoded (4 KB of weights in flight per program, no load waited on in
         the iteration that issued it: with one tile in flight and the scale bytes loaded where used the kernel was
         latency-bound, kernels/NOTES.md v4a). A tile past the range loads zeros (all-zero words decode to zeros)."""
@@ -279,66 +273,11 @@ if gluon is not None:
         return acc
 
     @gluon.jit
-    def _ring_copy(w_ring, s_ring, x_ring, slot, w_ptrs, s_ptrs, x_ptrs, xmask, t, ok):
-        """Tile t's words, scale words and activations into the rings' `slot` (cp.async; masked off: zeros)."""
-        cp.async_copy_global_to_shared(w_ring.index(slot), w_ptrs + t * (_TILE_K // 8), mask=ok)
-        cp.async_copy_global_to_shared(s_ring.index(slot), s_ptrs + t, mask=ok)
-        cp.async_copy_global_to_shared(x_ring.index(slot), x_ptrs + t * _TILE_K, mask=xmask & ok)
-
-    @gluon.jit
-    def _ring_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, up_w, up_s, acc_u, a_l: gl.constexpr,
-                   BM: gl.constexpr, GATED: gl.constexpr, STAGES: gl.constexpr):
-        """STAGES >= 2 (v4c): the loads in a cp.async ring of STAGES K tiles in shared memory, STAGES - 1 tiles in
-        flight per program without holding registers (50 registers at BM 16 against the register loop's 95, so
-        more programs and bytes in flight per SM). Words and scale words come back to registers in the A fragment's
-        layout (LDS.64, LDS.U16); the activation tile is the wgmma B operand where it landed. GATED: the up rows
-        (up_w words / up_s scale words after the gate rows) share the activation tile into acc_u."""
-        BN: gl.constexpr = _TILE_N
-        BK: gl.constexpr = _TILE_K
-        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
-        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
-        if GATED:
-            wu_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
-            su_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 8], _RING_LAYOUT)
-        x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], _b_smem_layout(BM))
-        for i in gl.static_range(STAGES - 1):
-            _ring_copy(w_ring, s_ring, x_ring, i, w_ptrs, s_ptrs, x_ptrs, xmask, i, i < n_it)
-            if GATED:
-                _ring_copy(wu_ring, su_ring, x_ring, i, w_ptrs + up_w, s_ptrs + up_s, x_ptrs, xmask, i, i < n_it)
-            cp.commit_group()
-        for it in range(n_it):
-            cp.wait_group(STAGES - 2)  # tile it has landed (this thread's copies) ...
-            fence_async_shared()
-            gl.thread_barrier()  # ... everyone's (the activation tile), and tile it - 1's slot is free
-            nxt = it + STAGES - 1
-            _ring_copy(w_ring, s_ring, x_ring, nxt % STAGES, w_ptrs, s_ptrs, x_ptrs, xmask, nxt, nxt < n_it)
-            if GATED:
-                _ring_copy(wu_ring, su_ring, x_ring, nxt % STAGES, w_ptrs + up_w, s_ptrs + up_s, x_ptrs, xmask,
-                           nxt, nxt < n_it)
-            cp.commit_group()
-            slot = it % STAGES
-            a = _decode_a(w_ring.index(slot).load(_W_LAYOUT), _tile_scales(s_ring.index(slot).load(_W_LAYOUT),
-                                                                           s_shift), a_l, BN, BK)
-            b = x_ring.index(slot).permute((1, 0))
-            acc = warpgroup_mma(a, b, acc, is_async=True)
-            if GATED:
-                a_u = _decode_a(wu_ring.index(slot).load(_W_LAYOUT),
-                                _tile_scales(su_ring.index(slot).load(_W_LAYOUT), s_shift), a_l, BN, BK)
-                acc_u = warpgroup_mma(a_u, b, acc_u, is_async=True)
-                acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_u))
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        cp.wait_group(0)
-        return acc, acc_u
-
-    @gluon.jit
     def _w4_wgmma_kernel(x_ptr, xf_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, M, N, K, stride_xm, kt_per_split,
-                         BM: gl.constexpr, SPLIT: gl.constexpr, XF: gl.constexpr, STAGES: gl.constexpr,
-                         num_warps: gl.constexpr):
+                         BM: gl.constexpr, SPLIT: gl.constexpr, XF: gl.constexpr, num_warps: gl.constexpr):
         """Grid (N / 64, M / BM, split-K): out[m, n] (+)= the program's K tiles of x @ dequant(W)^T, times 2^7 / S_enc
         and, with XF (x holds W4A4 tile values), the row's factor. s_ptr: int32 [N, K / 64], a row's 4 scale bytes
-        of one K tile (the int16 view of `wgmma_scales` read two at a time). STAGES: 0 for `_regs_loop` (v4b),
-        >= 2 for `_ring_loop` (v4c)."""
+        of one K tile (the int16 view of `wgmma_scales` read two at a time)."""
         BN: gl.constexpr = _TILE_N
         BK: gl.constexpr = _TILE_K
         mma: gl.constexpr = _mma_layout(BM)
@@ -358,16 +297,13 @@ if gluon is not None:
         x_ptrs = x_ptr + rm[:, None].to(gl.int64) * stride_xm + (t0 * BK + rk)[None, :]
         xmask = (rm < M)[:, None]
         acc = gl.zeros([BN, BM], gl.float32, layout=mma)
-        if STAGES == 0:
-            acc = _regs_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, a_l, BM)
-        else:
-            acc, _ = _ring_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, 0, 0, acc, a_l, BM, False, STAGES)
+        acc = _regs_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, a_l, BM)
         _dense_epilogue(acc, xf_ptr, wf_ptr, out_ptr, M, N, pid_n, pid_m, mma, BM, XF, SPLIT)
 
     @gluon.jit
     def _moe_regs_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, up_w, up_s, acc_u, a_l: gl.constexpr,
                        BM: gl.constexpr, GATED: gl.constexpr):
-        """STAGES 0 (v4b) for the MoE kernel: one K tile per iteration (gate and up rows: two weight tiles), the
+        """The MoE kernel's K loop: one K tile per iteration (gate and up rows: two weight tiles), the
         next tile's words, scale words and activations loaded before this one is decoded."""
         BN: gl.constexpr = _TILE_N
         BK: gl.constexpr = _TILE_K
@@ -404,12 +340,12 @@ if gluon is not None:
     @gluon.jit
     def _moe_wgmma_kernel(x_ptr, xf_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr, S, N, K, stride_xm,
                           A_DIV, kt_per_split, BM: gl.constexpr, GATED: gl.constexpr, ROUTE_W: gl.constexpr,
-                          XF: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                          XF: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
         """Grid (blocks of BM expert-sorted slots (`kernels.moe.moe_align`), N / 64, split-K): out[slot, n] for one
         block of one expert; with GATED, the gate rows [0, N) and up rows [N, 2N) of the expert read one activation
         tile and the SiLU product is written (SPLIT 1: the product needs the whole sum); ROUTE_W scales each slot by
         its routing weight (down); XF as the dense kernel; SPLIT > 1 adds the program's K tiles into an fp32 out.
-        s_ptr: int32 [E, rows, K / 64]; STAGES as the dense kernel (`_moe_regs_loop` or `_ring_loop`). Padding
+        s_ptr: int32 [E, rows, K / 64]. Padding
         blocks (expert -1) exit at once."""
         BN: gl.constexpr = _TILE_N
         BK: gl.constexpr = _TILE_K
@@ -438,12 +374,8 @@ if gluon is not None:
             xmask = (sl < S)[:, None]
             acc = gl.zeros([BN, BM], gl.float32, layout=mma)
             acc_u = gl.zeros([BN, BM], gl.float32, layout=mma)
-            if STAGES == 0:
-                acc, acc_u = _moe_regs_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, up_w, up_s, acc_u, a_l,
-                                            BM, GATED)
-            else:
-                acc, acc_u = _ring_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, up_w, up_s, acc_u, a_l,
-                                        BM, GATED, STAGES)
+            acc, acc_u = _moe_regs_loop(w_ptrs, s_ptrs, s_shift, x_ptrs, xmask, n_it, acc, up_w, up_s, acc_u, a_l,
+                                        BM, GATED)
             _moe_epilogue(acc, acc_u, e, xf_ptr, wf_ptr, out_ptr, slots_ptr, rw_ptr, S, N, A_DIV, pid_b, pid_n, mma,
                           BM, GATED, ROUTE_W, XF, SPLIT)
 
@@ -454,25 +386,21 @@ def usable(device) -> bool:
     return gluon is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
-RING_STAGES = 4  # the cp.async ring's K tiles (v4c); 0 = v4b's register prefetch
-
-
-def wgmma_config(M: int, N: int, K: int, device) -> tuple[int, int, int]:
-    """(BM, split-K, stages): the token tile (16, 32 or 64: the wgmma's N), enough K splits that the grid covers the
-    SMs about four times at decode sizes (v4a's timing: split 4 beat 2 at 14336x4096, 10 beat 5 at 4096x14336,
-    M 1-16; the kernel is latency-bound there, so more programs in flight pay) and the ring's depth."""
+def wgmma_config(M: int, N: int, K: int, device) -> tuple[int, int]:
+    """(BM, split-K): the token tile (16, 32 or 64: the wgmma's N) and enough K splits that the grid covers the SMs
+    about four times at decode sizes (v4a's timing: split 4 beat 2 at 14336x4096, 10 beat 5 at 4096x14336, M 1-16;
+    v4b's: within 6% of the best of half, this and twice as many splits at both shapes, M 1 and 16)."""
     bm = 16 if M <= 16 else 32 if M <= 32 else 64
     tiles = (N // BN) * triton.cdiv(M, bm)
     split = max(1, min(K // BK // 4, triton.cdiv(4 * num_sms(device), tiles)))
-    return bm, split, RING_STAGES
+    return bm, split
 
 
 def fp4_linear_wgmma(x: torch.Tensor, w: WgmmaWeight, *, act_quant: bool = False, out_dtype: torch.dtype | None = None,
-                     config: tuple[int, int, int] | None = None, check_finite: bool = True,
+                     config: tuple[int, int] | None = None, check_finite: bool = True,
                      on_quant=None) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(W)^T on the v4 kernels (CUDA, sm_90). x bf16; act_quant: W4A4 (per-row NVFP4
-    activations, the trainer's codes; on_quant sees them). config: (BM, split-K, stages), default `wgmma_config`;
-    stages >= 2 runs the cp.async ring (v4c), 0 the register prefetch (v4b)."""
+    activations, the trainer's codes; on_quant sees them). config: (BM, split-K), default `wgmma_config`."""
     check_tensor(x, "x", (torch.bfloat16,), dim=2, finite=check_finite)
     if not usable(x.device):
         raise RuntimeError("fp4_linear_wgmma runs on Hopper GPUs with Triton's Gluon only (wgmma)")
@@ -487,19 +415,15 @@ def fp4_linear_wgmma(x: torch.Tensor, w: WgmmaWeight, *, act_quant: bool = False
     else:
         xa = x if x.stride(-1) == 1 else x.contiguous()
         xf = w.factor  # unread (XF=False)
-    bm, split, stages = config or wgmma_config(M, w.N, K, x.device)
+    bm, split = config or wgmma_config(M, w.N, K, x.device)
     kt = K // BK
     per = triton.cdiv(kt, split)
     split = triton.cdiv(kt, per)
     out = (torch.zeros((M, w.N), dtype=torch.float32, device=x.device) if split > 1
            else torch.empty((M, w.N), dtype=out_dtype, device=x.device))
-    if stages and stages < 2:
-        raise ValueError(f"stages={stages}: the ring needs at least 2 (or 0: no ring)")
-    if stages and (xa.data_ptr() % 16 or xa.stride(0) % 8):  # cp.async copies 16-byte pieces of x's rows
-        xa = xa.clone(memory_format=torch.contiguous_format)
     _w4_wgmma_kernel[(w.N // BN, triton.cdiv(M, bm), split)](
         xa, xf, w.words, w.scales.view(torch.int32), w.factor, out, M, w.N, K, xa.stride(0), per, BM=bm, SPLIT=split,
-        XF=act_quant, STAGES=stages, num_warps=4)
+        XF=act_quant, num_warps=4)
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
@@ -547,10 +471,9 @@ def moe_split(blocks: int, N: int, K: int, device) -> int:
 
 
 def moe_wgmma(a, words, scales, factor, N: int, K: int, sorted_slots, block_expert, S: int, BM: int, *, a_div: int,
-              gated: bool, route_w=None, a_factor=None, out_dtype=None, split: int | None = None,
-              stages: int = RING_STAGES) -> torch.Tensor:
+              gated: bool, route_w=None, a_factor=None, out_dtype=None, split: int | None = None) -> torch.Tensor:
     """One grouped launch of the v4 MoE kernels over `kernels.moe.moe_align`'s blocks (BM slots each): [S, N].
-    split: K splits (ungated only; default `moe_split`); stages: the cp.async ring's depth (v4c), 0 for v4b."""
+    split: K splits (ungated only; default `moe_split`)."""
     out_dtype = out_dtype or a.dtype
     blocks = block_expert.numel()
     # at most S blocks hold a slot (moe_align pads to the worst case; its padding blocks exit at once)
@@ -560,24 +483,18 @@ def moe_wgmma(a, words, scales, factor, N: int, K: int, sorted_slots, block_expe
     split = triton.cdiv(kt, per)
     out = (torch.zeros((S, N), dtype=torch.float32, device=a.device) if split > 1
            else torch.empty((S, N), dtype=out_dtype, device=a.device))
-    if stages and stages < 2:
-        raise ValueError(f"stages={stages}: the ring needs at least 2 (or 0: no ring)")
-    if stages and (a.data_ptr() % 16 or a.stride(0) % 8):  # cp.async copies 16-byte pieces of the rows
-        a = a.clone(memory_format=torch.contiguous_format)
     _moe_wgmma_kernel[(blocks, N // BN, split)](
         a, a if a_factor is None else a_factor, words, scales.view(torch.int32), factor, out, sorted_slots,
         block_expert, route_w if route_w is not None else factor, S, N, K, a.stride(0), a_div, per, BM=BM, GATED=gated,
-        ROUTE_W=route_w is not None, XF=a_factor is not None, SPLIT=split, STAGES=stages, num_warps=4)
+        ROUTE_W=route_w is not None, XF=a_factor is not None, SPLIT=split, num_warps=4)
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
 def fused_moe_wgmma(x: torch.Tensor, w: WgmmaMoE, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
-                    act_quant: bool = False, BM: int | None = None, stages: int = RING_STAGES,
-                    on_quant=None) -> torch.Tensor:
-    """`kernels.moe.fused_moe` on the v4a kernels (CUDA sm_90, x bf16): gate/up with the SiLU product, then down
+                    act_quant: bool = False, BM: int | None = None, on_quant=None) -> torch.Tensor:
+    """`kernels.moe.fused_moe` on the v4 kernels (CUDA sm_90, x bf16): gate/up with the SiLU product, then down
     with the routing weights, then the sum over each token's k slots. act_quant: W4A4 as `fused_moe`'s MMA path
-    (the gate/up input per token, the down input per (token, slot); on_quant(which, q) sees them). stages: as
-    `moe_wgmma`."""
+    (the gate/up input per token, the down input per (token, slot); on_quant(which, q) sees them)."""
     check_tensor(x, "x", (torch.bfloat16,), dim=2)
     if not usable(x.device):
         raise RuntimeError("fused_moe_wgmma runs on Hopper GPUs with Triton's Gluon only (wgmma)")
@@ -596,13 +513,11 @@ def fused_moe_wgmma(x: torch.Tensor, w: WgmmaMoE, topk_ids: torch.Tensor, topk_w
     if act_quant:
         xq, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=tag("gate_up"))
         h = moe_wgmma(xq, w.w13, w.s13, w.f13, w.I, H, sorted_slots, block_expert, S, bm, a_div=k, gated=True,
-                      a_factor=xf, out_dtype=x.dtype, stages=stages)
+                      a_factor=xf, out_dtype=x.dtype)
         hq, hf = quantize_act_for_gemm(h, check_finite=False, on_quant=tag("down"))
         y = moe_wgmma(hq, w.w2, w.s2, w.f2, H, w.I, sorted_slots, block_expert, S, bm, a_div=1, gated=False,
-                      route_w=rw, a_factor=hf, out_dtype=x.dtype, stages=stages)
+                      route_w=rw, a_factor=hf, out_dtype=x.dtype)
     else:
-        h = moe_wgmma(x, w.w13, w.s13, w.f13, w.I, H, sorted_slots, block_expert, S, bm, a_div=k, gated=True,
-                      stages=stages)
-        y = moe_wgmma(h, w.w2, w.s2, w.f2, H, w.I, sorted_slots, block_expert, S, bm, a_div=1, gated=False, route_w=rw,
-                      stages=stages)
+        h = moe_wgmma(x, w.w13, w.s13, w.f13, w.I, H, sorted_slots, block_expert, S, bm, a_div=k, gated=True)
+        y = moe_wgmma(h, w.w2, w.s2, w.f2, H, w.I, sorted_slots, block_expert, S, bm, a_div=1, gated=False, route_w=rw)
     return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)

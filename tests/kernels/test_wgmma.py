@@ -106,7 +106,7 @@ def _ptx_counts(name: str, sig: dict, constexprs: dict, keys=("wgmma.mma_async",
 # the kernels' signatures as a launch sees them (scales as int32 words: a row's 4 scale bytes of one K tile)
 DENSE_SIG = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*fp32",
              "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "kt_per_split": "i32", "BM": "constexpr",
-             "SPLIT": "constexpr", "XF": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
+             "SPLIT": "constexpr", "XF": "constexpr", "num_warps": "constexpr"}
 
 
 def _moe_sig(out: str) -> dict:
@@ -114,57 +114,23 @@ def _moe_sig(out: str) -> dict:
     return {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": out,
             "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
             "stride_xm": "i32", "A_DIV": "i32", "kt_per_split": "i32", "BM": "constexpr", "GATED": "constexpr",
-            "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "STAGES": "constexpr",
+            "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr",
             "num_warps": "constexpr"}
-
-
-RING_PTX = ("wgmma.mma_async", "ldmatrix", "cp.async.ca", "cp.async.cg", "cp.async.wait_group")
 
 
 def test_kernel_keeps_the_decoded_tile_in_registers():
     """Offline sm_90 compile (no GPU): the layout conversion into the wgmma A layout is asserted trivial at compile
-    time, and the register loop (STAGES 0) reads no shared memory (the Triton-language tile does STS + LDSM per K
+    time, and the register loop reads no shared memory (the Triton-language tile does STS + LDSM per K
     tile)."""
-    n = _ptx_counts("_w4_wgmma_kernel", DENSE_SIG, {"BM": 16, "SPLIT": 2, "XF": True, "STAGES": 0, "num_warps": 4})
+    n = _ptx_counts("_w4_wgmma_kernel", DENSE_SIG, {"BM": 16, "SPLIT": 2, "XF": True, "num_warps": 4})
     assert n["wgmma.mma_async"] >= 1 and n["ldmatrix"] == 0 and n["ld.shared"] == 0, n
-
-
-def test_ring_kernel_copies_asynchronously_and_keeps_the_decoded_tile_in_registers():
-    """v4c (the cp.async ring): the loads are cp.async (8-byte words, 4-byte scale words, 16-byte activations), the
-    decoded tile still goes to the wgmma from registers (no ldmatrix; its ld.shared are the words coming back)."""
-    n = _ptx_counts("_w4_wgmma_kernel", DENSE_SIG, {"BM": 16, "SPLIT": 2, "XF": True, "STAGES": 4, "num_warps": 4},
-                    RING_PTX)
-    assert n["wgmma.mma_async"] >= 1 and n["ldmatrix"] == 0, n
-    assert n["cp.async.ca"] + n["cp.async.cg"] >= 3 and n["cp.async.wait_group"] >= 1, n
-
-
-def test_moe_ring_kernel_copies_asynchronously():
-    """The MoE kernel's v4c ring (gate and up rows, the gathered activation rows) compiles the same way."""
-    n = _ptx_counts("_moe_wgmma_kernel", _moe_sig("*bf16"), {"BM": 16, "GATED": True, "ROUTE_W": False, "XF": True,
-                                                             "SPLIT": 1, "STAGES": 4, "num_warps": 4}, RING_PTX)
-    assert n["wgmma.mma_async"] >= 2 and n["ldmatrix"] == 0, n
-    assert n["cp.async.ca"] + n["cp.async.cg"] >= 5 and n["cp.async.wait_group"] >= 1, n
-
-
-def test_every_ring_depth_the_bench_sweeps_compiles_within_shared_memory():
-    """The ring at the token tiles and depths the bench sweeps (stages 3 / 4 / 6, BM 16 / 64) and the MoE ring's
-    down launch (ungated, split) compile for sm_90 and fit an H200's 227 KB of shared memory per block, so a lease
-    spends no time on a config that cannot launch."""
-    jobs = [["_w4_wgmma_kernel", DENSE_SIG, {"BM": bm, "SPLIT": 2, "XF": False, "STAGES": st, "num_warps": 4}, []]
-            for bm, st in ((16, 3), (64, 6))]
-    jobs.append(["_moe_wgmma_kernel", _moe_sig("*bf16"), {"BM": 64, "GATED": True, "ROUTE_W": False, "XF": True,
-                                                          "SPLIT": 1, "STAGES": 6, "num_warps": 4}, []])
-    jobs.append(["_moe_wgmma_kernel", _moe_sig("*fp32"), {"BM": 16, "GATED": False, "ROUTE_W": True, "XF": True,
-                                                          "SPLIT": 3, "STAGES": 4, "num_warps": 4}, []])
-    shared = [r["shared"] for r in _compile(jobs)]
-    assert len(shared) == len(jobs) and all(0 < b <= 227 * 1024 for b in shared), shared
 
 
 def test_moe_kernel_keeps_the_decoded_tiles_in_registers():
     """The MoE kernel's register loop (gate and up rows sharing one activation tile) compiles for sm_90 the same
     way."""
     n = _ptx_counts("_moe_wgmma_kernel", _moe_sig("*bf16"), {"BM": 16, "GATED": True, "ROUTE_W": False, "XF": True,
-                                                             "SPLIT": 1, "STAGES": 0, "num_warps": 4})
+                                                             "SPLIT": 1, "num_warps": 4})
     assert n["wgmma.mma_async"] >= 2 and n["ldmatrix"] == 0 and n["ld.shared"] == 0, n
 
 
@@ -178,14 +144,14 @@ def test_wgmma_matches_the_oracle(M, N, K, act_quant):
     x = bf16_exact(torch.randn(M, K, generator=torch.Generator().manual_seed(K)))
     w = wgmma.prepare_wgmma(*dev(c, s, o))
     r = ref.fp4_linear(x, c, s, o, act_quant=act_quant)
-    # the default, v4b's register prefetch (stages 0) and v4c's ring at several depths; splits that leave a program
-    # one tile, an odd count and a tail shorter than the ring
-    for cfg in (None, (16, 1, 0), (32, 2, 0), (64, 3, 0), (16, 1, 2), (16, 3, 3), (32, 2, 4), (64, 1, 6)):
+    # the default and every token tile; splits that leave a program one tile, an odd count and a short tail
+    for cfg in (None, (16, 1), (32, 2), (64, 3), (16, 3), (16, 7)):
         y = wgmma.fp4_linear_wgmma(dev(x).to(torch.bfloat16), w, act_quant=act_quant, out_dtype=torch.float32,
                                    config=cfg)
         assert y.shape == (M, N)
         assert rel(y, r) < GPU_TOL_MMA, (cfg, rel(y, r))
-    # x a view whose rows are not 16-byte aligned: the ring's cp.async needs them, so the host copies it
+    # x a view whose rows are not 16-byte aligned: Triton specializes a launch on its pointers' and strides'
+    # divisibility by 16, so this one compiles narrower loads of x
     xw = torch.zeros(M, K + 4, dtype=torch.bfloat16, device="cuda")
     xw[:, 4:] = dev(x).to(torch.bfloat16)
     y = wgmma.fp4_linear_wgmma(xw[:, 4:], w, act_quant=act_quant, out_dtype=torch.float32)
@@ -211,15 +177,14 @@ def test_moe_wgmma_matches_the_oracle(T, E, H, I, k):
     w = wgmma.prepare_moe_wgmma(*dev(g, u, d))
     xd, idsd, twd = dev(x, ids, tw)
     r = ref.moe_fp4_reference(x, g, u, d, ids, tw, h_dtype=torch.bfloat16)
-    for bm, stages in ((None, wgmma.RING_STAGES), (16, 0), (64, 0), (16, 2), (64, 6)):
-        y = wgmma.fused_moe_wgmma(xd.to(torch.bfloat16), w, idsd, twd, BM=bm, stages=stages)
-        assert y.shape == (T, H) and rel(y.float(), r) < GPU_TOL_MOE_MMA, (bm, stages, rel(y.float(), r))
+    for bm in (None, 16, 32, 64):
+        y = wgmma.fused_moe_wgmma(xd.to(torch.bfloat16), w, idsd, twd, BM=bm)
+        assert y.shape == (T, H) and rel(y.float(), r) < GPU_TOL_MOE_MMA, (bm, rel(y.float(), r))
 
 
 @pytest.mark.parametrize("T,E,H,I,k", MOE_CASES)
 @pytest.mark.parametrize("act_quant", [False, True])
-@pytest.mark.parametrize("stages", [0, 4])
-def test_moe_wgmma_launches_match_the_oracle(T, E, H, I, k, act_quant, stages):
+def test_moe_wgmma_launches_match_the_oracle(T, E, H, I, k, act_quant):
     """Each launch against the oracle on the inputs it was given: gate/up (SiLU product) per slot from x, down (times
     the routing weight) per slot from the kernel's own h, so an FP4 code of h at a rounding boundary cannot differ
     between the two sides (W4A4 quantizes that h with the trainer's kernel, the oracle with the reference: the same
@@ -234,7 +199,7 @@ def test_moe_wgmma_launches_match_the_oracle(T, E, H, I, k, act_quant, stages):
     idsd = dev(ids)
     slots, bexp = moe_align(idsd, E, 16)
     S = T * k
-    kw = dict(a_div=k, gated=True, stages=stages)
+    kw = dict(a_div=k, gated=True)
     if act_quant:
         xq, xf = quantize_act_for_gemm(xb)
         h = wgmma.moe_wgmma(xq, w.w13, w.s13, w.f13, I, H, slots, bexp, S, 16, a_factor=xf, out_dtype=torch.bfloat16, **kw)
@@ -246,10 +211,10 @@ def test_moe_wgmma_launches_match_the_oracle(T, E, H, I, k, act_quant, stages):
         if act_quant:
             hq, hf = quantize_act_for_gemm(h)
             ys.append(wgmma.moe_wgmma(hq, w.w2, w.s2, w.f2, H, I, slots, bexp, S, 16, a_div=1, gated=False,
-                                      route_w=rw, a_factor=hf, out_dtype=torch.bfloat16, split=split, stages=stages))
+                                      route_w=rw, a_factor=hf, out_dtype=torch.bfloat16, split=split))
         else:
             ys.append(wgmma.moe_wgmma(h, w.w2, w.s2, w.f2, H, I, slots, bexp, S, 16, a_div=1, gated=False, route_w=rw,
-                                      split=split, stages=stages))
+                                      split=split))
     h_cpu = h.float().cpu()
     e_of = ids.reshape(-1)
     h_ref = torch.empty(S, I)
