@@ -1,0 +1,237 @@
+"""Hardware counters of the FP4 kernels that miss their targets, beside their BF16 and `triton_kernels` counterparts:
+one launch of each under Nsight Compute, then one table of where each kernel's time goes.
+
+What: `run` builds each target's inputs at the shape its target is stated at (issue 14: the activation quantize
+8192x4096, dense decode 14336x4096 at M 16, the Qwen3-30B-A3B MoE layer at T 256, FP4-KV decode attention 64 x 8k),
+launches it a few times outside the profiled range (Triton compiles, caches settle), then once between
+cudaProfilerStart / Stop, so `ncu --profile-from-start off` sees exactly one launch per kernel of each target;
+`summarize` turns ncu's CSV into a markdown table per kernel: duration, DRAM bytes and throughput (% of peak),
+SM and issue-slot busy, achieved / theoretical occupancy, registers, and the top warp stall reasons (cycles per
+issued instruction), i.e. whether a kernel waits on memory, on latency with too few warps, or on issue.
+
+Run on the H200 (Firecracker machines read the counters; `--clock-control none` leaves the clocks alone, as the
+device notes ask):
+
+    PYTHONPATH=$PWD:.anchors/triton_kernels-v3.6.0 ncu --profile-from-start off --clock-control none --csv \
+        --page details --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --metrics "$(python3 benchmarks/ncu_kernels.py metrics)" \
+        python3 benchmarks/ncu_kernels.py run > ncu.csv
+    python3 benchmarks/ncu_kernels.py summarize ncu.csv > ncu.md
+
+`run --targets dense-v4b moe-triton ...` narrows it (`run --list` names them). Compared against: the same
+kernels' timings in benchmarks/bench_kernels.py (results/kernels/kernels.csv); kernels/NOTES.md keeps the readings.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+
+HQ, HKV, HD = 32, 4, 128  # the attention benchmark's heads (bench_kernels.run_attention)
+
+
+def _quantize(dev):
+    from kernels.quantize import quantize_rows
+
+    x = torch.randn(8192, 4096, device=dev, dtype=torch.bfloat16)
+    return {"quantize-nvfp4": lambda: quantize_rows(x, "nvfp4", check_finite=False),
+            "copy-bf16": lambda: x.clone()}
+
+
+def _dense(dev):
+    from benchmarks.bench_kernels import nv_weight
+    from kernels.gemm import fp4_linear, prepare_weight
+    from kernels.wgmma import fp4_linear_wgmma, prepare_wgmma, usable
+
+    M, N, K = 16, 14336, 4096
+    c, s, o = nv_weight((N, K), dev)
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    wb = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
+    pw = prepare_weight(c, s, o)
+    out = {"dense-cublas": lambda: F.linear(x, wb),
+           "dense-triton": lambda: fp4_linear(x, pw, check_finite=False),
+           "dense-triton-w4a4": lambda: fp4_linear(x, pw, act_quant=True, check_finite=False)}
+    if usable(dev):
+        wg = prepare_wgmma(c, s, o)
+        out["dense-v4b"] = lambda: fp4_linear_wgmma(x, wg, check_finite=False)
+    return out
+
+
+def _moe(dev):
+    from benchmarks import anchor_triton_kernels as anchor_mod
+    from benchmarks.bench_kernels import FAMILIES, nv_weight, route
+    from kernels import reference as ref
+    from kernels.moe import default_moe_config, fused_moe, moe_align, prepare_moe_weights
+    from kernels.wgmma import fused_moe_wgmma, prepare_moe_wgmma, usable
+
+    H, I, E, k = FAMILIES["qwen3-30b-a3b"]
+    T = 256
+    g, u, d = (nv_weight(sh, dev, "expert") for sh in ((E, I, H), (E, I, H), (E, H, I)))
+    x = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
+    ids, tw = route(T, E, k, dev)
+    mw = prepare_moe_weights(g, u, d)
+    cfg = default_moe_config(T, k, E)
+    al = moe_align(ids, E, cfg.BM)
+    w13 = torch.cat([ref.nvfp4_dequantize(*g), ref.nvfp4_dequantize(*u)], 1).to(torch.bfloat16)  # [E, 2I, H]
+    w2 = ref.nvfp4_dequantize(*d).to(torch.bfloat16)  # [E, H, I]
+    flat = ids.reshape(-1).long()
+    offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+    xs = x[torch.argsort(flat, stable=True) // k].contiguous()
+    w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
+
+    def bf16_moe():
+        h = torch._grouped_mm(xs, w13t, offs=offs)
+        return torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], w2t, offs=offs)
+
+    out = {"moe-grouped_mm": bf16_moe,
+           "moe-triton": lambda: fused_moe(x, mw, ids, tw, config=cfg, align=al, check_finite=False)}
+    if usable(dev):
+        mwg = prepare_moe_wgmma(g, u, d)
+        out["moe-v4b"] = lambda: fused_moe_wgmma(x, mwg, ids, tw)
+    if anchor_mod.load() is not None:
+        anc = anchor_mod.MoELayer(w13t.contiguous(), w2t.contiguous(), k)
+        st, _, _ = anc.route(torch.randn(T, E, device=dev, dtype=torch.float16))
+        anc.deq1 = anc.deq2 = None
+        out["moe-triton_kernels"] = lambda: anc(x, st)
+    else:
+        print(f"moe-triton_kernels skipped: {anchor_mod.skip_reason()}", file=sys.stderr)
+    return out
+
+
+def _attention(dev):
+    from kernels.attention import FP4KVCache, decode_attention, kv_store
+
+    B, L = 64, 8192
+    kb = torch.randn(B, HKV, L, HD, device=dev, dtype=torch.bfloat16)
+    vb = torch.randn(B, HKV, L, HD, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(B, HQ, HD, device=dev, dtype=torch.bfloat16)
+    cache = FP4KVCache.allocate(B * L, HKV, HD, dev)
+    kv_store(cache, kb.transpose(1, 2).reshape(B * L, HKV, HD), vb.transpose(1, 2).reshape(B * L, HKV, HD),
+             torch.arange(B * L, device=dev))
+    starts = torch.arange(B, device=dev) * L
+    lens = torch.full((B,), L, device=dev)
+    q4 = q.unsqueeze(2)
+    return {"attention-sdpa": lambda: F.scaled_dot_product_attention(q4, kb, vb, enable_gqa=True),
+            "attention-fp4kv": lambda: decode_attention(q, cache, starts, lens, L, check_finite=False)}
+
+
+# each builder's targets (a builder makes the inputs its targets share)
+GROUPS = {_quantize: ("quantize-nvfp4", "copy-bf16"),
+          _dense: ("dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b"),
+          _moe: ("moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels"),
+          _attention: ("attention-sdpa", "attention-fp4kv")}
+# per-reason warp stalls (cycles per issued instruction); ncu's WarpStateStats section charts them without listing
+# them in its CSV, so the command asks for them by name (`--metrics`, see `ncu_metrics`)
+STALLS = ("long_scoreboard", "short_scoreboard", "wait", "barrier", "mio_throttle", "lg_throttle", "math_pipe_throttle",
+          "not_selected", "selected", "dispatch_stall", "no_instruction", "membar", "branch_resolving", "drain", "sleeping",
+          "tex_throttle", "imc_miss", "misc")
+STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+
+
+def ncu_metrics() -> str:
+    """The `--metrics` argument of the ncu command line (the stall reasons)."""
+    return ",".join(STALL_METRIC.format(r) for r in STALLS)
+
+
+def run(targets: list[str] | None, warmup: int = 3) -> list[str]:
+    """Each target's kernels: `warmup` launches, then one inside cudaProfilerStart/Stop. Returns the names run."""
+    unknown = set(targets or ()) - {n for names in GROUPS.values() for n in names}
+    if unknown:
+        raise ValueError(f"unknown targets {sorted(unknown)}; `run --list` names them")
+    dev = torch.device("cuda")
+    done = []
+    for group, names in GROUPS.items():
+        if targets and not set(names) & set(targets):
+            continue
+        for name, fn in group(dev).items():
+            if targets and name not in targets:
+                continue
+            for _ in range(warmup):
+                fn()
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push(name)
+            torch.cuda.profiler.start()
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+            torch.cuda.nvtx.range_pop()
+            print(f"profiled {name}", file=sys.stderr)
+            done.append(name)
+    return done
+
+
+# ncu metric names (sections SpeedOfLight, Occupancy, LaunchStats, SchedulerStats, MemoryWorkloadAnalysis) -> column
+COLUMNS = {
+    "Duration": "us",
+    "DRAM Throughput": "DRAM %",
+    "Memory Throughput": "mem %",
+    "Compute (SM) Throughput": "SM %",
+    "Issue Slots Busy": "issue %",
+    "Achieved Occupancy": "occ %",
+    "Theoretical Occupancy": "theor occ %",
+    "Registers Per Thread": "regs",
+    "Eligible Warps Per Scheduler": "eligible warps/sched",
+}
+
+
+def summarize(text: str, top: int = 3) -> str:
+    """ncu `--csv --page details` output -> one markdown row per profiled kernel launch (in launch order)."""
+    start = text.find('"ID"')
+    if start < 0:
+        raise ValueError("no ncu CSV header (\"ID\",...) in the input: was ncu run with --csv --page details?")
+    rows = list(csv.DictReader(io.StringIO(text[start:])))
+    kernels: dict[str, dict] = {}
+    stalls: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        kid = r["ID"]
+        k = kernels.setdefault(kid, {"kernel": r["Kernel Name"][:60], "grid": r.get("Grid Size", ""),
+                                     "block": r.get("Block Size", "")})
+        metric, unit, value = r["Metric Name"], r.get("Metric Unit", ""), r["Metric Value"].replace(",", "")
+        if metric in COLUMNS:
+            v = value
+            if metric == "Duration":  # ncu picks the unit per kernel
+                scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "ns": 1e-3, "us": 1.0, "ms": 1e3}.get(unit)
+                v = f"{float(value) * scale:.1f}" if scale else f"{value} {unit}"
+            k[COLUMNS[metric]] = v
+        elif metric.startswith("smsp__average_warps_issue_stalled_"):
+            try:
+                stalls[kid][metric[len("smsp__average_warps_issue_stalled_"):].split("_per_issue")[0]] = float(value)
+            except ValueError:
+                pass
+    cols = ["kernel", "grid", "block", *COLUMNS.values(), "top stalls (cycles per issued instruction)"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for kid, k in kernels.items():
+        worst = sorted(stalls[kid].items(), key=lambda kv: -kv[1])[:top]
+        k[cols[-1]] = ", ".join(f"{n} {v:.1f}" for n, v in worst)
+        out.append("| " + " | ".join(str(k.get(c, "")) for c in cols) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="launch the targets once each inside the profiled range (under ncu)")
+    r.add_argument("--targets", nargs="*", help="names (default: all)")
+    r.add_argument("--list", action="store_true", help="print the target names and exit")
+    s = sub.add_parser("summarize", help="ncu CSV -> markdown table")
+    s.add_argument("csv")
+    sub.add_parser("metrics", help="print the --metrics argument for ncu")
+    a = ap.parse_args(argv)
+    if a.cmd == "summarize":
+        with open(a.csv) as f:
+            print(summarize(f.read()), end="")
+    elif a.cmd == "metrics":
+        print(ncu_metrics())
+    elif a.list:
+        print(" ".join(n for names in GROUPS.values() for n in names))
+    else:
+        run(a.targets)
+
+
+if __name__ == "__main__":
+    main()
