@@ -9,8 +9,9 @@ wrapped in timers; host time = the call's wall time less those two, per step and
 
     PYTHONPATH=. .venv/bin/python benchmarks/engine_host_loop.py --rows 256 --new-tokens 64
 
-`--stop-strings` times the general loop (the path of multi-turn calls and stop strings, one Python
-iteration per sample and step) instead of the single-turn path.
+`--stop-string "\n"` stops samples at that string as the RL tasks do (the project's tokenizer decodes the tokens;
+random weights end ~1% of the samples per step there); `--general` times the general loop (the path of
+multi-turn calls, one Python iteration per sample and step) instead of the single-turn path.
 
 Compared against: the decode step's time on the GPU (`benchmarks/bench_rollout.py`, results/rollout/rollout.csv;
 kernels/NOTES.md "Engine: the decode step outside the kernels").
@@ -23,6 +24,7 @@ import time
 import torch
 
 from trace.models import build_model
+from trace.models.tokenizer import build_tokenizer
 from trace.rollout.engine import RolloutEngine
 
 
@@ -43,27 +45,22 @@ class _Timed:
             self.seconds += time.perf_counter() - t
 
 
-class _Tok:
-    """A tokenizer stand-in for the general loop: one character per token, no stop string ever matches."""
-
-    def decode(self, ids):
-        return "x" * len(ids)
-
-
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen3_moe-tiny")
     ap.add_argument("--rows", type=int, default=256, help="sequences decoded together (the rollout batch)")
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--stop-strings", action="store_true", help="time the general (multi-turn) loop")
+    ap.add_argument("--stop-string", default=None, help='e.g. "\\n", the RL tasks\' stop string')
+    ap.add_argument("--general", action="store_true", help="time the general (multi-turn) loop")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     m = build_model(a.model, 0, dtype=torch.float32)
     eng = RolloutEngine(m.config, mode="bf16", dtype=torch.float32)
     eng.sync_weights(m)
     eng.cuda_graphs = True  # the all-row steps of the GPU path (trace/rollout/graphs.py), uncaptured on the CPU
+    eng.single_turn_path = not a.general
     prompts = [[5 + i % 50, 7, 9, 11] for i in range(a.rows)]
-    kw = dict(stop_strings=("\x00",), tokenizer=_Tok()) if a.stop_strings else {}
+    kw = dict(stop_strings=(a.stop_string,), tokenizer=build_tokenizer()) if a.stop_string is not None else {}
     fwd = eng.fwd = _Timed(eng.fwd)
     sample = eng._sample = _Timed(RolloutEngine._sample)
     # warm-up at the timed call's shapes: the cache and the decode steps are kept for the next call of the
@@ -73,9 +70,9 @@ def main(argv=None) -> dict:
     t = time.perf_counter()
     out = eng.generate(prompts, max_new_tokens=a.new_tokens, seed=0, **kw)
     wall = time.perf_counter() - t
-    steps = max(1, out.num_generated_tokens // a.rows)
+    steps = max(len(lp) for lp in out.logprobs)  # decode steps (samples may stop early)
     host = wall - fwd.seconds - sample.seconds
-    res = dict(rows=a.rows, steps=steps, loop="general" if a.stop_strings else "single-turn",
+    res = dict(rows=a.rows, steps=steps, loop="general" if a.general else "single-turn", stop_string=a.stop_string,
                host_ms_per_step=round(host / steps * 1e3, 3), host_us_per_row_step=round(host / (steps * a.rows) * 1e6, 2),
                wall_ms_per_step=round(wall / steps * 1e3, 2))
     print(res)

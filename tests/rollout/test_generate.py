@@ -59,36 +59,80 @@ def test_sampler_draws_what_torch_multinomial_draws():
         assert torch.equal(g1.get_state(), g2.get_state())
 
 
-class _NoStringMatches:
-    """A tokenizer stand-in whose stop string never matches: generate then takes its general loop."""
+def test_stop_text_finds_what_searching_the_whole_turn_finds():
+    """_StopText searches a sample's turn only where the new token's text holds a stop string's character, and
+    only its last characters: on random turns it must stop each sample at the token where appending every token's
+    text and searching the whole turn (the general loop) first finds a stop string, spanning tokens included."""
+    import numpy as np
 
-    def decode(self, ids):
-        return "x" * len(ids)
+    from trace.models.tokenizer import build_tokenizer
+    from trace.rollout.engine import _StopText
+
+    tok = build_tokenizer()
+    letters = [i for i in range(100) if tok.decode([i]) in set("abcd \n")]
+    rng = np.random.default_rng(0)
+    for stops in (("ab",), ("abc", "d\n", "b"), ("cab", "zz"), ("",)):
+        B, T = 64, 30
+        turns = rng.choice(letters, size=(T, B))
+        st = _StopText(stops, tok, 100)
+        live, found = np.arange(B), {}
+        for t in range(T):
+            hit = st.hits(turns[t, live], live, turns[:t])
+            for j in np.flatnonzero(hit):
+                found[int(live[j])] = t
+            live = live[~hit]
+        want = {}
+        for b in range(B):
+            text = ""
+            for t in range(T):
+                text += tok.decode([int(turns[t, b])])
+                if any(x in text for x in stops):
+                    want[b] = t
+                    break
+        assert found == want, stops
+        # stops were found, after several tokens (at the first with the empty string, which every text holds)
+        assert want and (any(t > 0 for t in want.values()) if stops != ("",) else set(want.values()) == {0})
 
 
 @pytest.mark.parametrize("steps", [False, True], ids=["eager", "all-row-steps"])
-def test_single_turn_path_equals_the_general_loop(steps):
-    """Calls without env and stop strings run the vectorized single-turn decode (RolloutEngine._single_turn);
-    the general loop must give the same samples, log-probs, stop reasons and record, bit for bit, with rows
-    that stop early (stop tokens), reach the context and run out of new tokens, and with n > 1."""
+@pytest.mark.parametrize("stop_strings", [(), ("\n", "e", "ab", "zzz")], ids=["stop-tokens", "stop-strings"])
+def test_single_turn_path_equals_the_general_loop(steps, stop_strings):
+    """Calls without env run the vectorized single-turn decode (RolloutEngine._single_turn); the general loop
+    (`single_turn_path` off) must give the same samples, log-probs, stop reasons and record, bit for bit, with
+    rows that stop early (stop tokens; stop strings of one character, of two spanning tokens, and one that never
+    matches), reach the context and run out of new tokens, and with n > 1."""
+    from trace.models.tokenizer import build_tokenizer
+
     m = tiny("qwen3_moe")
-    outs = []
-    for kw in ({}, dict(stop_strings=("\x00",), tokenizer=_NoStringMatches())):
+    tok = build_tokenizer()
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in ("1 2 3", "the sum of all", "ab", "x")]
+    engines = []
+    for single in (True, False):
         eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, max_seq_len=20)
         eng.sync_weights(m)
+        eng.single_turn_path = single
         if steps:
             eng.cuda_graphs, eng.graph_bucket = True, 4  # DecodeGraphs' all-row steps, uncaptured on the CPU
-        rec = Recorder(layers=None, routing=True)
-        out = eng.generate(PROMPTS, n=3, max_new_tokens=9, temperature=1.3, seed=4, recorder=rec,
-                           stop_token_ids=tuple(range(60, 75)), **kw)
-        outs.append((out, rec.finish()))
-    (a, ra), (b, rb) = outs
-    assert {"stop_token", "length", "context"} <= set(a.stop_reason)  # every way a sample ends, in one call
-    for f in ("tokens", "logprobs", "trainable", "stop_reason", "finished", "num_generated_tokens", "turns"):
-        assert getattr(a, f) == getattr(b, f), f
-    assert sorted(ra.sites) == sorted(rb.sites) and ra.aliases == rb.aliases
-    for key, rows in ra.sites.items():
-        assert torch.equal(rows.keys, rb.sites[key].keys) and torch.equal(rows.mantissa, rb.sites[key].mantissa)
+        engines.append(eng)
+    endings = {"stop_token", "length", "context"} | ({"stop_string"} if stop_strings else set())
+    seen = set()
+    for seed in range(8):  # until every ending has occurred (sampled tokens depend on the machine's float bits)
+        outs = []
+        for eng in engines:
+            rec = Recorder(layers=None, routing=True)
+            out = eng.generate(prompts, n=3, max_new_tokens=9, temperature=1.3, seed=seed, recorder=rec,
+                               stop_token_ids=tuple(range(60, 64)), stop_strings=stop_strings, tokenizer=tok)
+            outs.append((out, rec.finish()))
+        (a, ra), (b, rb) = outs
+        for f in ("tokens", "logprobs", "trainable", "stop_reason", "finished", "num_generated_tokens", "turns"):
+            assert getattr(a, f) == getattr(b, f), (seed, f)
+        assert sorted(ra.sites) == sorted(rb.sites) and ra.aliases == rb.aliases
+        for key, rows in ra.sites.items():
+            assert torch.equal(rows.keys, rb.sites[key].keys) and torch.equal(rows.mantissa, rb.sites[key].mantissa)
+        seen |= set(a.stop_reason)
+        if endings <= seen:
+            break
+    assert endings <= seen, seen  # every way a sample ends was compared
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -21,6 +21,12 @@ behaviour policy, which the RL trainer compares its own log-probs at the same te
 greedy decoding (temperature 0) reports them at temperature 1, and top_p < 1 truncates sampling but
 not these log-probs (RL configs have no top_p).
 
+Decode loop: a call without env (every single-turn rollout: the RL reasoning and coding tasks, the benchmarks)
+takes `_single_turn`, which keeps the per-sample bookkeeping in arrays, searches stop strings only in samples whose
+new token's text holds one of their characters, and launches step t + 1 before storing step t's tokens, one host
+copy per step; multi-turn calls take the general per-sample loop. Both give the same samples, bit for bit
+(tests/rollout/test_generate.py compares them with `single_turn_path` off).
+
 GPU: decode steps replay CUDA graphs (trace/rollout/graphs.py: all B rows, one graph per 256-slot attention
 bucket, kept across calls until the next sync_weights; `prepare(batch, prompt_len, new_tokens)` captures
 them up front); prefill and multi-token chunks run eagerly. Experts are grouped GEMMs (torch._grouped_mm)
@@ -147,6 +153,45 @@ def _call_env(env, i: int, text: str):
     return str(out[0]), bool(out[-1])
 
 
+class _StopText:
+    """Stop strings for `_single_turn`: which samples' newest token completes one, with Python work only for the
+    samples whose token's text holds a character of a stop string. The general loop appends every token's text
+    (`tokenizer.decode([token])`) to the sample's turn and searches the whole turn; a live sample's turn holds no
+    stop string yet, so one that appears now overlaps the new token's text (which then holds one of its characters)
+    and starts within the turn's last `keep` characters before it: searching those and the new text is the same
+    test."""
+
+    def __init__(self, stop_strings, tokenizer, vocab: int):
+        self.stops = tuple(stop_strings)
+        self.chars = set("".join(self.stops))
+        self.keep = max(len(x) for x in self.stops) - 1
+        self.empty = "" in self.stops
+        self.tok = tokenizer
+        self.piece: dict[int, str] = {}  # token id -> its text, for every token sampled in the call
+        self.known = np.zeros(vocab, dtype=bool)
+        # a token whose text may complete a stop string (every token if one is empty: "" is in every text)
+        self.maybe = np.zeros(vocab, dtype=bool)
+
+    def hits(self, tok: np.ndarray, samples: np.ndarray, before: np.ndarray) -> np.ndarray:
+        """tok [A]: the tokens just sampled by `samples` [A]; before [t, B]: each sample's earlier tokens of the
+        turn (rows are steps). -> [A] bool: the sample's turn now holds a stop string."""
+        new = np.unique(tok)
+        for u in new[~self.known[new]].tolist():
+            p = self.piece[u] = self.tok.decode([u])
+            self.known[u], self.maybe[u] = True, self.empty or any(c in self.chars for c in p)
+        out = np.zeros(tok.shape, dtype=bool)
+        for j in np.flatnonzero(self.maybe[tok]).tolist():
+            b, text = int(samples[j]), self.piece[int(tok[j])]
+            head = ""  # the turn's text before this token, back to `keep` characters (or its start)
+            for x in before[::-1, b].tolist():
+                if len(head) >= self.keep:
+                    break
+                head = self.piece[x] + head
+            text = head[-self.keep:] + text if self.keep > 0 else text
+            out[j] = any(x in text for x in self.stops)
+        return out
+
+
 def default_dtype(device) -> torch.dtype:
     """The engine's compute dtype when none is given: BF16 on CUDA, the production path (CUDA-graph decode,
     the Triton FP4 kernels, the same BF16 weights the BF16-autocast trainer computes with); FP32 on the
@@ -182,6 +227,7 @@ class RolloutEngine:
         self._kept = None  # (key, KVCache, DecodeGraphs) reused across calls with graphs on
         self.graph_bucket = 256  # attention slots per decode graph (graphs.DecodeGraphs); 1 = one per length
         self._fast_checked = False  # the Triton path's self-test at this model's shapes (fast.TritonPath)
+        self.single_turn_path = True  # calls without env take `_single_turn`; off: the general loop (tests compare)
 
     # ------------------------------------------------------------------------------ weights
     def sync_weights(self, model_or_state_dict) -> None:
@@ -397,9 +443,10 @@ class RolloutEngine:
                     if b % n:
                         recorder.alias(b, b - b % n, plens[b])
         logits = logits_p.repeat_interleave(n, dim=0)  # [B, V]
-        if env is None and not stop_strings:
+        if env is None and self.single_turn_path:
+            stops = _StopText(stop_strings, tokenizer, self.arch.vocab) if stop_strings else None
             return self._single_turn(t0, cache, graphs, logits, tokens, n, cap, max_new_tokens, temperature, top_p,
-                                     gen, stop_ids, recorder)
+                                     gen, stop_ids, stops, recorder)
         fed = list(plens)  # tokens of each row already in the cache
         logps = [[] for _ in range(B)]
         trainable = [[] for _ in range(B)]
@@ -505,15 +552,15 @@ class RolloutEngine:
                             record_feed_s=feed_s)
 
     def _single_turn(self, t0, cache, graphs, logits, tokens, n, cap, max_new_tokens, temperature, top_p, gen,
-                     stop_ids, recorder) -> RolloutBatch:
-        """The decode loop of a call without env or stop strings (every RL rollout of the single-turn tasks,
-        the benchmarks): the tokens, log-probs, stop reasons and record of the general loop in `generate`,
-        bit for bit (tests/rollout/test_generate.py), with the per-sample bookkeeping on whole arrays. In
-        each step the host waits for one copy of the sampled tokens, decides with a few array operations
-        which samples go on (a stop token, the context, max_new_tokens: every live sample has sampled the
-        same number of tokens), launches the next step and only then stores this step's tokens, so the
-        GPU waits for the copy and those few operations, not for a Python loop over the samples
-        (benchmarks/engine_host_loop.py measures what remains)."""
+                     stop_ids, stops, recorder) -> RolloutBatch:
+        """The decode loop of a call without env (the single-turn tasks' RL rollouts, the benchmarks): the tokens,
+        log-probs, stop reasons and record of the general loop in `generate`, bit for bit
+        (tests/rollout/test_generate.py), with the per-sample bookkeeping on whole arrays. In each step the host
+        waits for one copy of the sampled tokens, decides with a few array operations which samples go on (a stop
+        token, a stop string (`_StopText`), the context, max_new_tokens: every live sample has sampled the same
+        number of tokens), launches the next step and only then stores this step's tokens, so the GPU waits for
+        the copy and those few operations, not for a Python loop over the samples (benchmarks/engine_host_loop.py
+        measures what remains)."""
         B = len(tokens)
         plen = np.array([len(t) for t in tokens], dtype=np.int64)  # [B]
         stop = np.array(sorted(stop_ids), dtype=np.int64)
@@ -532,14 +579,16 @@ class RolloutEngine:
             lg = logits if lrow is None else logits.index_select(0, lrow)
             tok_t, lp_t = self._to_host(*self._sample(lg, temperature, top_p, gen))
             tok, lp = tok_t.numpy(), lp_t.numpy()  # [A]
-            # the general loop's order of stop reasons: stop token, then the context, then max_new_tokens
+            # the general loop's order of stop reasons: stop token, stop string, the context, max_new_tokens
             is_stop = np.isin(tok, stop)
+            is_str = stops.hits(tok, active, out_tok[:t]) if stops is not None else np.zeros_like(is_stop)
             cap_hit = plen[active] + t + 1 >= cap
-            fin = is_stop | cap_hit | (t + 1 >= max_new_tokens)
+            fin = is_stop | is_str | cap_hit | (t + 1 >= max_new_tokens)
             go = active[~fin]  # [A'] samples fed now, ascending
             for j in np.flatnonzero(fin).tolist():
                 b = int(active[j])
-                reason[b] = "stop_token" if is_stop[j] else (ctx if cap_hit[j] else "length")
+                reason[b] = ("stop_token" if is_stop[j] else "stop_string" if is_str[j] else ctx if cap_hit[j]
+                             else "length")
                 if recorder is not None:
                     tail[b] = [int(tok[j])]  # fed after generation, only so that the record holds it
             if go.size:
