@@ -20,8 +20,8 @@ Shapes: the tiny flavors (`qwen3_moe-tiny`, ...) and `qwen3_30b_a3b` = Qwen3-30B
 LAYERS (`--layers`, default 4; tokens/s scale ~1/layers for the decoder part).
 
 With `--breakdown`, each engine provider is also profiled (torch.profiler, eager, up to 64 tokens minus
-a prefill-only run) and rows `op=rollout_breakdown` give ms per DECODED token in attention / moe / other
-/ total (`note=component=...`, `ms_per_step` holds the value; multiply by the batch for ms per step).
+a prefill-only run) and rows `op=rollout_breakdown` give ms per DECODED token in attention / moe / sampling /
+other / total (`note=component=...`, `ms_per_step` holds the value; multiply by the batch for ms per step).
 
 Output: rows APPENDED, one by one, to the long table `--out` (default results/rollout/rollout.csv; schema
 `benchmarks.results_table.ROLLOUT_FIELDS`: version, commit, gpu, date, op, shape, provider, batch, prompt,
@@ -158,7 +158,7 @@ def _device_parts(prof) -> dict[str, float]:
         events = json.loads(Path(f.name).read_text())["traceEvents"]
     spans = sorted((e["ts"], e["ts"] + e["dur"], e["name"].split(".", 1)[1]) for e in events
                    if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("rollout."))
-    parts = {"attention": 0.0, "moe": 0.0, "other": 0.0}
+    parts = {"attention": 0.0, "moe": 0.0, "sampling": 0.0, "other": 0.0}
     starts = [s[0] for s in spans]
     for e in events:
         if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
@@ -182,29 +182,30 @@ def _profile(eng, prompts, gen, device) -> tuple[dict[str, float], int]:
     if cuda:
         parts = _device_parts(prof)
     else:  # CPU time of the labelled scopes; the rest of the wall clock is 'other' (Python included)
-        parts = {k: 0.0 for k in ("attention", "moe")}
+        parts = {k: 0.0 for k in ("attention", "moe", "sampling")}
         for evt in prof.key_averages():
             for k in parts:
                 if evt.key == f"rollout.{k}":
                     parts[k] += evt.cpu_time_total / 1000.0
-        parts["other"] = max(wall_ms - parts["attention"] - parts["moe"], 0.0)
+        parts["other"] = max(wall_ms - parts["attention"] - parts["moe"] - parts["sampling"], 0.0)
     return parts, out.num_generated_tokens
 
 
 def breakdown(eng, prompts, gen, device) -> dict[str, float]:
-    """Milliseconds per DECODED token in attention, MoE (or dense MLP) and everything else (embedding,
-    norms, lm_head, sampling): one profiled generate of `gen` tokens minus one of a single token (the
-    prefill), divided by the difference in tokens. On CUDA: kernel time by label (launch gaps excluded,
-    see _device_parts); on a CPU: CPU time of the labels, 'other' = wall - both. The profiled engine
-    runs eagerly (labels are not visible inside CUDA-graph replays); the kernels are the same ones the
-    graphs replay. Labels: the `record_function` scopes of trace/rollout/forward.py. `eng` is a synced
-    engine (the timed one: its weights are not quantized again); its CUDA graphs are switched off."""
+    """Milliseconds per DECODED token in attention, MoE (or dense MLP), sampling (the passes over the logits,
+    `RolloutEngine._sample`) and everything else (embedding, norms, lm_head): one profiled generate of `gen`
+    tokens minus one of a single token (the prefill), divided by the difference in tokens. On CUDA: kernel time
+    by label (launch gaps excluded, see _device_parts); on a CPU: CPU time of the labels, 'other' = wall - the
+    labelled parts. The profiled engine runs eagerly (labels are not visible inside CUDA-graph replays); the
+    kernels are the same ones the graphs replay. Labels: the `record_function` scopes of
+    trace/rollout/forward.py and engine.py. `eng` is a synced engine (the timed one: its weights are not
+    quantized again); its CUDA graphs are switched off."""
     eng.cuda_graphs = False
     eng.generate(prompts, max_new_tokens=2, temperature=0.0)  # eager warm-up at full size
     full, n_full = _profile(eng, prompts, gen, device)
     pre, n_pre = _profile(eng, prompts, 1, device)
     n = max(n_full - n_pre, 1)
-    res = {k: max(full[k] - pre[k], 0.0) / n for k in ("attention", "moe", "other")}
+    res = {k: max(full[k] - pre[k], 0.0) / n for k in ("attention", "moe", "sampling", "other")}
     res["total"] = sum(res.values())
     return res
 

@@ -11,7 +11,7 @@ Left panel: generated tokens/s (prefill included, log scale) of every provider f
 above each group, the two ratios DESIGN.md §6 sets targets for: engine BF16 over
 transformers `generate` (target >= 5x) and the best FP4 W4A4 + FP4 KV engine mode over the engine's
 BF16 (target >= 3x). Right panel: device time of one decode step (ms = ms per token x batch) in
-attention / MoE / other per engine provider, from the profiler breakdown rows; the wall-clock decode
+attention / MoE / sampling / other per engine provider, from the profiler breakdown rows; the wall-clock decode
 step of the CUDA-graph run is drawn as a tick, so the gap above the bar is host time.
 Writes ``rollout.png/pdf``.
 """
@@ -27,7 +27,7 @@ from figures import style
 from figures.plot_kernels import newest, read_table
 from figures.style import plt
 
-COMPONENTS = ("attention", "moe", "other")
+COMPONENTS = ("attention", "moe", "sampling", "other")
 
 
 def read_rollout(d: str | None) -> pd.DataFrame:

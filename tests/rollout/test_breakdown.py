@@ -1,4 +1,4 @@
-"""The rollout benchmark on the CPU: its step-time breakdown (attention / moe / other: every component is
+"""The rollout benchmark on the CPU: its step-time breakdown (attention / moe / sampling / other: every component is
 measured, non-negative, and they add up to the total) and its recording provider."""
 import importlib.util
 from pathlib import Path
@@ -18,9 +18,9 @@ def test_breakdown_components_add_up(prov):
     prompts = torch.randint(5, 100, (2, 8), generator=torch.Generator().manual_seed(0)).tolist()
     eng = bench.make_engine(model, prov, prompts, 6, "cpu", torch.float32)
     parts = bench.breakdown(eng, prompts, 6, "cpu")
-    assert set(parts) == {"attention", "moe", "other", "total"}
-    assert parts["attention"] > 0 and parts["moe"] > 0 and parts["other"] >= 0
-    assert parts["attention"] + parts["moe"] + parts["other"] == pytest.approx(parts["total"], rel=1e-6)
+    assert set(parts) == {"attention", "moe", "sampling", "other", "total"}
+    assert parts["attention"] > 0 and parts["moe"] > 0 and parts["sampling"] > 0 and parts["other"] >= 0
+    assert sum(parts[k] for k in ("attention", "moe", "sampling", "other")) == pytest.approx(parts["total"], rel=1e-6)
 
 
 def test_record_provider_times_a_recorded_generate(tmp_path):

@@ -360,6 +360,11 @@ class RolloutEngine:
         """logits [A, V] -> (tokens [A], log-probs [A] under the sampling distribution at `temperature`;
         at temperature 1 for greedy, a flag [] that every logit is finite), all on the device, no host
         synchronisation."""
+        with torch.profiler.record_function("rollout.sampling"):  # benchmarks/bench_rollout.py --breakdown
+            return RolloutEngine._sample_draw(logits, temperature, top_p, gen)
+
+    @staticmethod
+    def _sample_draw(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator):
         lf = logits.float()
         finite = torch.isfinite(lf).all()
         if temperature == 0:
