@@ -182,11 +182,10 @@ class _StopText:
         out = np.zeros(tok.shape, dtype=bool)
         for j in np.flatnonzero(self.maybe[tok]).tolist():
             b, text = int(samples[j]), self.piece[int(tok[j])]
-            head = ""  # the turn's text before this token, back to `keep` characters (or its start)
-            for x in before[::-1, b].tolist():
-                if len(head) >= self.keep:
-                    break
-                head = self.piece[x] + head
+            head, i = "", before.shape[0] - 1  # the turn's text before this token, back to `keep` characters
+            while len(head) < self.keep and i >= 0:  # (or the turn's start), a few tokens back
+                head = self.piece[int(before[i, b])] + head
+                i -= 1
             text = head[-self.keep:] + text if self.keep > 0 else text
             out[j] = any(x in text for x in self.stops)
         return out
