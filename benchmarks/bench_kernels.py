@@ -390,7 +390,8 @@ def run_dense(dev, quick):
                 r = ref.fp4_linear(x.float(), c, s, o)
                 t, cm = timed_best(lambda cf: (lambda: fp4_linear_wgmma(x, wg, config=(cf.BM, cf.split),
                                                                         check_finite=False)),
-                                   [types.SimpleNamespace(BM=bm, split=sp) for sp in splits], "dense", shape, "fp4-w4a16-wgmma", base, oracle=(r, 1e-2))
+                                   [types.SimpleNamespace(BM=bm, split=sp) for sp in splits], "dense", shape,
+                                   "fp4-w4a16-wgmma", base, oracle=(r, 1e-2))
                 if t:
                     record("dense", shape, "fp4-w4a16-wgmma-best", t, fp4_bytes, base, a_ms, cfg_str(cm))
             if auto_config(M, N, K, x.device, pw.gv_words is not None).kind != "mma":
@@ -822,13 +823,7 @@ def sass_counts():
     # per tile pair, BM 16 / 64; registers and shared memory bound the programs per SM (kernels/NOTES.md v4b)
     from kernels import wgmma
 
-    dense = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32",
-             "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "kt_per_split": "i32",
-             "BM": "constexpr", "SPLIT": "constexpr", "XF": "constexpr", "num_warps": "constexpr"}
-    moe = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*bf16",
-           "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
-           "stride_xm": "i32", "A_DIV": "i32", "kt_per_split": "i32", "BM": "constexpr", "GATED": "constexpr",
-           "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "num_warps": "constexpr"}
+    dense, moe = wgmma.DENSE_SIG, wgmma.moe_sig("*bf16")
     aligned = ["x_ptr", "w_ptr", "s_ptr", "out_ptr", "N", "K", "stride_xm"]
     for fn, sig, base, tiles in ((wgmma._w4_wgmma_kernel, dense, dict(SPLIT=4, XF=False), 1),
                                  (wgmma._moe_wgmma_kernel, moe, dict(GATED=True, ROUTE_W=False, XF=False, SPLIT=1), 2)):

@@ -345,8 +345,7 @@ if gluon is not None:
         block of one expert; with GATED, the gate rows [0, N) and up rows [N, 2N) of the expert read one activation
         tile and the SiLU product is written (SPLIT 1: the product needs the whole sum); ROUTE_W scales each slot by
         its routing weight (down); XF as the dense kernel; SPLIT > 1 adds the program's K tiles into an fp32 out.
-        s_ptr: int32 [E, rows, K / 64]. Padding
-        blocks (expert -1) exit at once."""
+        s_ptr: int32 [E, rows, K / 64]. Padding blocks (expert -1) exit at once."""
         BN: gl.constexpr = _TILE_N
         BK: gl.constexpr = _TILE_K
         mma: gl.constexpr = _mma_layout(BM)
@@ -378,6 +377,21 @@ if gluon is not None:
                                         BM, GATED)
             _moe_epilogue(acc, acc_u, e, xf_ptr, wf_ptr, out_ptr, slots_ptr, rw_ptr, S, N, A_DIV, pid_b, pid_n, mma,
                           BM, GATED, ROUTE_W, XF, SPLIT)
+
+
+# the kernels' argument types as a launch passes them (scales as int32 words), for compiles without a GPU
+# (tests/kernels/test_wgmma.py, benchmarks/bench_kernels.py --sass)
+DENSE_SIG = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*fp32",
+             "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "kt_per_split": "i32", "BM": "constexpr",
+             "SPLIT": "constexpr", "XF": "constexpr", "num_warps": "constexpr"}
+
+
+def moe_sig(out: str) -> dict:
+    """`_moe_wgmma_kernel`'s argument types; out: the output's type (*bf16, or *fp32 where K is split)."""
+    return {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": out,
+            "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
+            "stride_xm": "i32", "A_DIV": "i32", "kt_per_split": "i32", "BM": "constexpr", "GATED": "constexpr",
+            "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr", "num_warps": "constexpr"}
 
 
 def usable(device) -> bool:

@@ -103,34 +103,19 @@ def _ptx_counts(name: str, sig: dict, constexprs: dict, keys=("wgmma.mma_async",
     return _compile([[name, sig, constexprs, list(keys)]])[0]
 
 
-# the kernels' signatures as a launch sees them (scales as int32 words: a row's 4 scale bytes of one K tile)
-DENSE_SIG = {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*fp32",
-             "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "kt_per_split": "i32", "BM": "constexpr",
-             "SPLIT": "constexpr", "XF": "constexpr", "num_warps": "constexpr"}
-
-
-def _moe_sig(out: str) -> dict:
-    """out: the output's type (bf16, or fp32 where K is split)."""
-    return {"x_ptr": "*bf16", "xf_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": out,
-            "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
-            "stride_xm": "i32", "A_DIV": "i32", "kt_per_split": "i32", "BM": "constexpr", "GATED": "constexpr",
-            "ROUTE_W": "constexpr", "XF": "constexpr", "SPLIT": "constexpr",
-            "num_warps": "constexpr"}
-
-
 def test_kernel_keeps_the_decoded_tile_in_registers():
     """Offline sm_90 compile (no GPU): the layout conversion into the wgmma A layout is asserted trivial at compile
     time, and the register loop reads no shared memory (the Triton-language tile does STS + LDSM per K
     tile)."""
-    n = _ptx_counts("_w4_wgmma_kernel", DENSE_SIG, {"BM": 16, "SPLIT": 2, "XF": True, "num_warps": 4})
+    n = _ptx_counts("_w4_wgmma_kernel", wgmma.DENSE_SIG, {"BM": 16, "SPLIT": 2, "XF": True, "num_warps": 4})
     assert n["wgmma.mma_async"] >= 1 and n["ldmatrix"] == 0 and n["ld.shared"] == 0, n
 
 
 def test_moe_kernel_keeps_the_decoded_tiles_in_registers():
     """The MoE kernel's register loop (gate and up rows sharing one activation tile) compiles for sm_90 the same
     way."""
-    n = _ptx_counts("_moe_wgmma_kernel", _moe_sig("*bf16"), {"BM": 16, "GATED": True, "ROUTE_W": False, "XF": True,
-                                                             "SPLIT": 1, "num_warps": 4})
+    n = _ptx_counts("_moe_wgmma_kernel", wgmma.moe_sig("*bf16"),
+                    {"BM": 16, "GATED": True, "ROUTE_W": False, "XF": True, "SPLIT": 1, "num_warps": 4})
     assert n["wgmma.mma_async"] >= 2 and n["ldmatrix"] == 0 and n["ld.shared"] == 0, n
 
 
