@@ -147,6 +147,10 @@ def run_engine(model, prov, prompts, gen, device, dtype):
     return out.num_generated_tokens, dt, pre, setup, eng
 
 
+# the breakdown's components: the `rollout.*` record_function labels, then everything else
+COMPONENTS = ("attention", "moe", "sampling", "other")
+
+
 def _device_parts(prof) -> dict[str, float]:
     """Device milliseconds of every kernel / memcpy / memset, summed by the `rollout.*` label whose GPU-side
     span (a gpu_user_annotation event: first to last kernel of the scope) contains it; from the
@@ -158,7 +162,7 @@ def _device_parts(prof) -> dict[str, float]:
         events = json.loads(Path(f.name).read_text())["traceEvents"]
     spans = sorted((e["ts"], e["ts"] + e["dur"], e["name"].split(".", 1)[1]) for e in events
                    if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("rollout."))
-    parts = {"attention": 0.0, "moe": 0.0, "sampling": 0.0, "other": 0.0}
+    parts = dict.fromkeys(COMPONENTS, 0.0)
     starts = [s[0] for s in spans]
     for e in events:
         if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
@@ -182,12 +186,12 @@ def _profile(eng, prompts, gen, device) -> tuple[dict[str, float], int]:
     if cuda:
         parts = _device_parts(prof)
     else:  # CPU time of the labelled scopes; the rest of the wall clock is 'other' (Python included)
-        parts = {k: 0.0 for k in ("attention", "moe", "sampling")}
+        parts = dict.fromkeys(COMPONENTS[:-1], 0.0)
         for evt in prof.key_averages():
             for k in parts:
                 if evt.key == f"rollout.{k}":
                     parts[k] += evt.cpu_time_total / 1000.0
-        parts["other"] = max(wall_ms - parts["attention"] - parts["moe"] - parts["sampling"], 0.0)
+        parts["other"] = max(wall_ms - sum(parts.values()), 0.0)
     return parts, out.num_generated_tokens
 
 
@@ -205,7 +209,7 @@ def breakdown(eng, prompts, gen, device) -> dict[str, float]:
     full, n_full = _profile(eng, prompts, gen, device)
     pre, n_pre = _profile(eng, prompts, 1, device)
     n = max(n_full - n_pre, 1)
-    res = {k: max(full[k] - pre[k], 0.0) / n for k in ("attention", "moe", "sampling", "other")}
+    res = {k: max(full[k] - pre[k], 0.0) / n for k in COMPONENTS}
     res["total"] = sum(res.values())
     return res
 

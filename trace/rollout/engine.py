@@ -76,6 +76,7 @@ from trace.rollout.graphs import DecodeGraphs, StepRecording, record_spec
 from trace.rollout.weights import Arch, EngineWeights
 
 MODES = ("bf16", "w4a4")
+NONFINITE = "the engine produced non-finite logits (NaN/inf); the weights or inputs are broken"
 # decode steps a recording graph keeps on the device before handing them to the recorder: bounds its
 # buffers (64 x batch x the record's bytes per token) whatever the generation length
 RECORD_WINDOW = 64
@@ -312,19 +313,24 @@ class RolloutEngine:
         causal = all(st == 0 for st in starts)  # a fresh prefill: then max_len == T
         return self.fwd(ids.to(dev), start, lens, rows_t, cache, rec, all_logits, max_len, causal)
 
-    def _decode_all(self, graphs: DecodeGraphs, pending: dict[int, list[int]], fed: list[int],
-                    step: int = 0) -> torch.Tensor:
-        """One-token step for every cache row through the CUDA graphs; rows not in `pending` feed nothing
-        (lens 0). step: the decode step's index (recording graphs store its rows there). Returns logits
-        [B, V] (row b = sample b), valid until the next call."""
+    def _decode_all(self, graphs: DecodeGraphs, ids: np.ndarray, lens: np.ndarray, fed: np.ndarray, steps: list,
+                    recorder) -> tuple[torch.Tensor, list]:
+        """One-token step for every cache row through the CUDA graphs. ids [B]: the token each row feeds; lens [B]:
+        1 where a row feeds it, 0 where it feeds nothing; fed [B]: the tokens already in each row (its position).
+        With recording graphs, the rows fed are noted in `steps` (handed to the recorder first when the window is
+        full; the step's index into the buffers is its place there). Returns (logits [B, V] (row b = sample b),
+        valid until the next call; steps)."""
         B, cap = graphs.cache.batch, graphs.cache.cap
-        ids, lens = [0] * B, [0] * B
-        for b, feed in pending.items():
-            ids[b], lens[b] = feed[0], 1
-        host = torch.tensor([*ids, *[min(f, cap - 1) for f in fed], *lens, step], dtype=torch.long)  # one H2D copy
+        go = np.flatnonzero(lens)  # [A] the rows fed, ascending
+        if graphs.recording is not None:
+            if len(steps) == graphs.recording.max_steps:  # the window is full: hand it over
+                recorder.timed(graphs.recording.flush, recorder._recorder, steps)
+                steps = []
+            steps.append(dict(zip(go.tolist(), fed[go].tolist(), strict=True)))
+        host = torch.from_numpy(np.concatenate([ids, np.minimum(fed, cap - 1), lens, [len(steps) - 1 if steps else 0]]))
         dev = host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else host
-        # [3B + 1]: tokens, positions, fed or not, step index
-        return graphs(dev[:B, None], dev[B:2 * B], dev[2 * B:3 * B], max(fed[b] + 1 for b in pending), dev[3 * B:])
+        # [3B + 1]: tokens, positions, fed or not, step index (one host-to-device copy)
+        return graphs(dev[:B, None], dev[B:2 * B], dev[2 * B:3 * B], int(fed[go].max()) + 1, dev[3 * B:]), steps
 
     # ------------------------------------------------------------------------------ scoring
     def score(self, sequences: list[list[int]], *, recorder=None, seq_ids=None,
@@ -351,19 +357,15 @@ class RolloutEngine:
     @staticmethod
     def _check_logits(logits):
         if not bool(torch.isfinite(logits).all()):
-            raise ValueError("the engine produced non-finite logits (NaN/inf); the weights or inputs are broken")
+            raise ValueError(NONFINITE)
 
     # ------------------------------------------------------------------------------ sampling
     @staticmethod
+    @torch.profiler.record_function("rollout.sampling")  # a component of benchmarks/bench_rollout.py --breakdown
     def _sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator):
         """logits [A, V] -> (tokens [A], log-probs [A] under the sampling distribution at `temperature`;
         at temperature 1 for greedy, a flag [] that every logit is finite), all on the device, no host
         synchronisation."""
-        with torch.profiler.record_function("rollout.sampling"):  # benchmarks/bench_rollout.py --breakdown
-            return RolloutEngine._sample_draw(logits, temperature, top_p, gen)
-
-    @staticmethod
-    def _sample_draw(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator):
         lf = logits.float()
         finite = torch.isfinite(lf).all()
         if temperature == 0:
@@ -395,7 +397,7 @@ class RolloutEngine:
         # float64 holds every token id and every float32 log-prob exactly
         h = torch.cat([tok.double(), lp.double(), finite.double()[None]]).cpu()
         if not bool(h[-1]):
-            raise ValueError("the engine produced non-finite logits (NaN/inf); the weights or inputs are broken")
+            raise ValueError(NONFINITE)
         A = tok.shape[0]
         return h[:A].long(), h[A:2 * A].float()
 
@@ -514,12 +516,10 @@ class RolloutEngine:
             if not pending:
                 break
             if graphs is not None and all(len(f) == 1 for f in pending.values()):
-                if graphs.recording is not None:
-                    if len(steps) == graphs.recording.max_steps:  # the window is full: hand it over
-                        recorder.timed(graphs.recording.flush, recorder._recorder, steps)
-                        steps = []
-                    steps.append({b: fed[b] for b in sorted(pending)})
-                logits = self._decode_all(graphs, pending, fed, len(steps) - 1 if steps else 0)
+                ids, lens = np.zeros(B, dtype=np.int64), np.zeros(B, dtype=np.int64)
+                for b, f in pending.items():
+                    ids[b], lens[b] = f[0], 1
+                logits, steps = self._decode_all(graphs, ids, lens, np.array(fed, dtype=np.int64), steps, recorder)
                 for b in pending:
                     fed[b] += 1
                 row_of = list(range(B))
@@ -598,17 +598,9 @@ class RolloutEngine:
             if go.size:
                 feed = tok[~fin]
                 if graphs is not None:
-                    if graphs.recording is not None:
-                        if len(steps) == graphs.recording.max_steps:  # the window is full: hand it over
-                            recorder.timed(graphs.recording.flush, recorder._recorder, steps)
-                            steps = []
-                        steps.append(dict(zip(go.tolist(), fed[go].tolist(), strict=True)))
                     ids, lens = np.zeros(B, dtype=np.int64), np.zeros(B, dtype=np.int64)
                     ids[go], lens[go] = feed, 1
-                    host = torch.from_numpy(np.concatenate([ids, np.minimum(fed, cap - 1), lens, [len(steps) - 1 if steps else 0]]))
-                    dev = host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else host
-                    # [3B + 1]: tokens, positions, fed or not, step index (one host-to-device copy)
-                    logits = graphs(dev[:B, None], dev[B:2 * B], dev[2 * B:3 * B], int(fed[go].max()) + 1, dev[3 * B:])
+                    logits, steps = self._decode_all(graphs, ids, lens, fed, steps, recorder)
                     lrow = None if go.size == B else torch.from_numpy(go).to(self.device)
                 else:
                     rows = go.tolist()
