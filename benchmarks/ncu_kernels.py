@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import io
 import sys
 from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 HQ, HKV, HD = 32, 4, 128  # the attention benchmark's heads (bench_kernels.run_attention)
 
@@ -40,7 +43,8 @@ def _quantize(dev):
 
     x = torch.randn(8192, 4096, device=dev, dtype=torch.bfloat16)
     return {"quantize-nvfp4": lambda: quantize_rows(x, "nvfp4", check_finite=False),
-            "copy-bf16": lambda: x.clone()}
+            # an elementwise kernel that reads and writes x once: a clone is a cudaMemcpy, which ncu does not profile
+            "copy-bf16": lambda: x.mul(1)}
 
 
 def _dense(dev):
@@ -138,12 +142,24 @@ def ncu_metrics() -> str:
     return ",".join(STALL_METRIC.format(r) for r in STALLS)
 
 
+TARGETS = tuple(n for names in GROUPS.values() for n in names)
+MARKER = "_ncu_target_marker"
+
+
+@triton.jit
+def _ncu_target_marker(x_ptr):
+    """Launched with grid (index of the target in TARGETS + 1,) just before a target's kernels inside the profiled
+    range, so `summarize` can tell whose kernels follow (ncu's CSV has no trace of the range they ran in)."""
+    tl.store(x_ptr + tl.program_id(0), 0)
+
+
 def run(targets: list[str] | None, warmup: int = 3) -> list[str]:
     """Each target's kernels: `warmup` launches, then one inside cudaProfilerStart/Stop. Returns the names run."""
-    unknown = set(targets or ()) - {n for names in GROUPS.values() for n in names}
+    unknown = set(targets or ()) - set(TARGETS)
     if unknown:
         raise ValueError(f"unknown targets {sorted(unknown)}; `run --list` names them")
     dev = torch.device("cuda")
+    scratch = torch.empty(len(TARGETS), dtype=torch.int32, device=dev)
     done = []
     for group, names in GROUPS.items():
         if targets and not set(names) & set(targets):
@@ -153,9 +169,11 @@ def run(targets: list[str] | None, warmup: int = 3) -> list[str]:
                 continue
             for _ in range(warmup):
                 fn()
+            _ncu_target_marker[(TARGETS.index(name) + 1,)](scratch)
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_push(name)
             torch.cuda.profiler.start()
+            _ncu_target_marker[(TARGETS.index(name) + 1,)](scratch)
             fn()
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
@@ -165,22 +183,28 @@ def run(targets: list[str] | None, warmup: int = 3) -> list[str]:
     return done
 
 
-# ncu metric names (sections SpeedOfLight, Occupancy, LaunchStats, SchedulerStats, MemoryWorkloadAnalysis) -> column
+# (ncu section, metric) -> column; sections SpeedOfLight, MemoryWorkloadAnalysis, SchedulerStats, Occupancy,
+# LaunchStats. Keyed by section too: "Memory Throughput" is a % of peak under Speed Of Light and bytes/s under
+# Memory Workload Analysis.
 COLUMNS = {
-    "Duration": "us",
-    "DRAM Throughput": "DRAM %",
-    "Memory Throughput": "mem %",
-    "Compute (SM) Throughput": "SM %",
-    "Issue Slots Busy": "issue %",
-    "Achieved Occupancy": "occ %",
-    "Theoretical Occupancy": "theor occ %",
-    "Registers Per Thread": "regs",
-    "Eligible Warps Per Scheduler": "eligible warps/sched",
+    ("GPU Speed Of Light Throughput", "Duration"): "us",
+    ("GPU Speed Of Light Throughput", "DRAM Throughput"): "DRAM %",
+    ("Memory Workload Analysis", "Memory Throughput"): "DRAM GB/s",
+    ("GPU Speed Of Light Throughput", "Memory Throughput"): "mem %",
+    ("GPU Speed Of Light Throughput", "Compute (SM) Throughput"): "SM %",
+    ("Scheduler Statistics", "Issued Warp Per Scheduler"): "issued/cycle",
+    ("Occupancy", "Achieved Occupancy"): "occ %",
+    ("Occupancy", "Theoretical Occupancy"): "theor occ %",
+    ("Launch Statistics", "Registers Per Thread"): "regs",
+    ("Scheduler Statistics", "Eligible Warps Per Scheduler"): "eligible warps/sched",
 }
+_TIME = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "ns": 1e-3, "us": 1.0, "ms": 1e3}  # -> us (ncu picks per kernel)
+_RATE = {"byte/s": 1e-9, "Kbyte/s": 1e-6, "Mbyte/s": 1e-3, "Gbyte/s": 1.0, "Tbyte/s": 1e3}  # -> GB/s
 
 
 def summarize(text: str, top: int = 3) -> str:
-    """ncu `--csv --page details` output -> one markdown row per profiled kernel launch (in launch order)."""
+    """ncu `--csv --page details` output -> one markdown row per profiled kernel launch (in launch order), each
+    under the target whose marker launch precedes it, then each target's kernel time summed."""
     start = text.find('"ID"')
     if start < 0:
         raise ValueError("no ncu CSV header (\"ID\",...) in the input: was ncu run with --csv --page details?")
@@ -191,24 +215,34 @@ def summarize(text: str, top: int = 3) -> str:
         kid = r["ID"]
         k = kernels.setdefault(kid, {"kernel": r["Kernel Name"][:60], "grid": r.get("Grid Size", ""),
                                      "block": r.get("Block Size", "")})
+        if MARKER in r["Kernel Name"]:
+            k["marks"] = TARGETS[int(k["grid"].strip("()").split(",")[0]) - 1]
         metric, unit, value = r["Metric Name"], r.get("Metric Unit", ""), r["Metric Value"].replace(",", "")
-        if metric in COLUMNS:
-            v = value
-            if metric == "Duration":  # ncu picks the unit per kernel
-                scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "ns": 1e-3, "us": 1.0, "ms": 1e3}.get(unit)
-                v = f"{float(value) * scale:.1f}" if scale else f"{value} {unit}"
-            k[COLUMNS[metric]] = v
+        col = COLUMNS.get((r.get("Section Name", ""), metric))
+        if col is not None:
+            scale = _TIME.get(unit) if col == "us" else _RATE.get(unit) if col == "DRAM GB/s" else None
+            k[col] = f"{float(value) * scale:.1f}" if scale else value
         elif metric.startswith("smsp__average_warps_issue_stalled_"):
             try:
                 stalls[kid][metric[len("smsp__average_warps_issue_stalled_"):].split("_per_issue")[0]] = float(value)
             except ValueError:
                 pass
-    cols = ["kernel", "grid", "block", *COLUMNS.values(), "top stalls (cycles per issued instruction)"]
+    cols = ["target", "kernel", "grid", "block", *COLUMNS.values(), "top stalls (cycles per issued instruction)"]
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    target, totals = "", defaultdict(lambda: [0, 0.0])
     for kid, k in kernels.items():
+        if "marks" in k:
+            target = k["marks"]
+            continue
         worst = sorted(stalls[kid].items(), key=lambda kv: -kv[1])[:top]
         k[cols[-1]] = ", ".join(f"{n} {v:.1f}" for n, v in worst)
+        k["target"] = target
         out.append("| " + " | ".join(str(k.get(c, "")) for c in cols) + " |")
+        totals[target][0] += 1
+        totals[target][1] += float(k.get("us") or 0)
+    if any(totals):
+        out += ["", "| target | kernels | kernel time (us, summed) |", "|---|---|---|"]
+        out += [f"| {t} | {n} | {us:.1f} |" for t, (n, us) in totals.items() if t]
     return "\n".join(out) + "\n"
 
 
@@ -219,16 +253,16 @@ def main(argv=None):
     r.add_argument("--targets", nargs="*", help="names (default: all)")
     r.add_argument("--list", action="store_true", help="print the target names and exit")
     s = sub.add_parser("summarize", help="ncu CSV -> markdown table")
-    s.add_argument("csv")
+    s.add_argument("csv", help="ncu's CSV (or .csv.gz)")
     sub.add_parser("metrics", help="print the --metrics argument for ncu")
     a = ap.parse_args(argv)
     if a.cmd == "summarize":
-        with open(a.csv) as f:
+        with (gzip.open if a.csv.endswith(".gz") else open)(a.csv, "rt") as f:
             print(summarize(f.read()), end="")
     elif a.cmd == "metrics":
         print(ncu_metrics())
     elif a.list:
-        print(" ".join(n for names in GROUPS.values() for n in names))
+        print(" ".join(TARGETS))
     else:
         run(a.targets)
 

@@ -64,6 +64,8 @@ def plot_rollout(rollout_dir: str | None, out: str) -> list[str]:
     else:
         gen = df[df["op"] == "rollout_generate"].copy()
         gen = gen[pd.to_numeric(gen["tokens_per_s"], errors="coerce") > 0]
+        # one bar per provider and configuration: the newest, whatever its note (an A/B row's note names its variant)
+        gen = newest(gen, ["shape", "batch", "gen", "provider"])
         configs = list(dict.fromkeys(zip(gen["shape"], gen["batch"], gen["gen"], strict=True)))
         provs = list(dict.fromkeys(gen["provider"]))
         ax, w = axes[0, 0], 0.8 / max(1, len(provs))

@@ -15,6 +15,10 @@ def test_summary_converts_units_and_ranks_the_stalls():
     text = "==PROF== Connected to process 1\nprofiled dense-v4b\n" + HEAD
     text += _row(0, "_w4_wgmma_kernel", "GPU Speed Of Light Throughput", "Duration", "nsecond", "31,840")
     text += _row(0, "_w4_wgmma_kernel", "GPU Speed Of Light Throughput", "DRAM Throughput", "%", "25.1")
+    text += _row(0, "_w4_wgmma_kernel", "GPU Speed Of Light Throughput", "Memory Throughput", "%", "54.3")
+    # the same metric name under another section is another quantity (bytes per second, not % of peak)
+    text += _row(0, "_w4_wgmma_kernel", "Memory Workload Analysis", "Memory Throughput", "byte/s", "1,326,014,388,489.21")
+    text += _row(0, "_w4_wgmma_kernel", "Scheduler Statistics", "Issued Warp Per Scheduler", "", "0.29")
     text += _row(0, "_w4_wgmma_kernel", "Occupancy", "Achieved Occupancy", "%", "30.2")
     text += _row(0, "_w4_wgmma_kernel", "Command line profiler metrics",
                  ncu_kernels.STALL_METRIC.format("long_scoreboard"), "", "3.5")
@@ -29,8 +33,26 @@ def test_summary_converts_units_and_ranks_the_stalls():
     gemm = dict(zip(cols, (c.strip() for c in lines[3].strip("|").split("|")), strict=True))
     assert v4b["kernel"] == "_w4_wgmma_kernel" and v4b["us"] == "31.8" and v4b["DRAM %"] == "25.1"
     assert v4b["grid"] == "(224, 1, 6)" and v4b["occ %"] == "30.2"
+    assert v4b["mem %"] == "54.3" and v4b["DRAM GB/s"] == "1326.0" and v4b["issued/cycle"] == "0.29"
     assert v4b["top stalls (cycles per issued instruction)"] == "wait 9.2, long_scoreboard 3.5"  # the two largest
     assert gemm["us"] == "40.5" and gemm["top stalls (cycles per issued instruction)"] == ""
+
+
+def test_summary_puts_each_kernel_under_the_target_whose_marker_precedes_it():
+    i = ncu_kernels.TARGETS.index("moe-v4b")
+    text = HEAD
+    text += _row(0, ncu_kernels.MARKER, "GPU Speed Of Light Throughput", "Duration", "usecond", "1.0", grid=f"({i + 1}, 1, 1)")
+    text += _row(1, "_moe_wgmma_kernel", "GPU Speed Of Light Throughput", "Duration", "usecond", "171.5")
+    text += _row(2, "_moe_wgmma_kernel", "GPU Speed Of Light Throughput", "Duration", "usecond", "77.5")
+    text += _row(3, ncu_kernels.MARKER, "GPU Speed Of Light Throughput", "Duration", "usecond", "1.0", grid=f"({i + 2}, 1, 1)")
+    text += _row(4, "_matmul_ogs_NNT_bf16xbf16xmxfp4", "GPU Speed Of Light Throughput", "Duration", "usecond", "93.7")
+    lines = ncu_kernels.summarize(text).splitlines()
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines if ln.startswith("| ")]
+    kernels = [r for r in rows[1:] if r[1] not in ("kernels",) and len(r) > 3]
+    assert [(r[0], r[1]) for r in kernels] == [("moe-v4b", "_moe_wgmma_kernel"), ("moe-v4b", "_moe_wgmma_kernel"),
+                                               (ncu_kernels.TARGETS[i + 1], "_matmul_ogs_NNT_bf16xbf16xmxfp4")]
+    totals = {r[0]: (r[1], r[2]) for r in rows if len(r) == 3 and r[0] != "target"}
+    assert totals == {"moe-v4b": ("2", "249.0"), ncu_kernels.TARGETS[i + 1]: ("1", "93.7")}  # markers not counted
 
 
 def test_summary_refuses_what_is_not_ncu_csv():
@@ -39,7 +61,7 @@ def test_summary_refuses_what_is_not_ncu_csv():
 
 
 def test_every_target_is_named_once_and_unknown_ones_are_refused():
-    names = [n for group in ncu_kernels.GROUPS.values() for n in group]
+    names = ncu_kernels.TARGETS
     assert len(names) == len(set(names)) and "dense-v4b" in names and "moe-triton_kernels" in names
     with pytest.raises(ValueError, match="unknown targets"):
         ncu_kernels.run(["dense-v5"])
