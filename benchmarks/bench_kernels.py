@@ -405,6 +405,15 @@ def run_dense(dev, quick):
                     if t:
                         record("dense", shape, prov, t, fp4_bytes, base, a_ms,
                                cfg_str(cm) + (";+act-quant launch" if aq else ""))
+            if K % 256 == 0:  # v5a: the MMA tile with its weight words and scales by TMA (GemmConfig.tma, BKW 32)
+                cm0 = default_config(M, N, K, x.device)
+                r = ref.fp4_linear(x.float(), c, s, o)
+                variants = [dataclasses.replace(cm0, tma=True, BKW=32, split=sp, num_stages=st)
+                            for sp in sorted({cm0.split, max(1, cm0.split // 2)}) for st in (3, 4)]
+                t, cm = timed_best(lambda cf: (lambda: fp4_linear(x, pw, config=cf, check_finite=False)), variants,
+                                   "dense", shape, "fp4-w4a16-tma", base, oracle=(r, 1e-2))
+                if t:
+                    record("dense", shape, "fp4-w4a16-tma-best", t, fp4_bytes, base, a_ms, cfg_str(cm))
             # the engine's path above its crossover: the same activation codes on cuBLAS BF16
             record("dense", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_linear(x, wb)), N * K * 2 + io, base, a_ms,
                    "+act-quant launch")
@@ -781,6 +790,22 @@ def sass_counts():
         _sass_row(rows, "K4096 split4", "_fp4_gemm_kernel v3a-bf16", f"A={mode};BM=16;BN=64;BKW=16;num_warps=4;num_stages=3",
                   ops, loop_instr=n, lane_instr_per_weight=round(n * 128 / (64 * 8 * 16), 2), shared_bytes=shared,
                   ttgir_convert_layouts=cvt)
+    # v5a: the same tile with the weight words and scales by TMA (GemmConfig.tma; BKW 32 for 16-byte scale rows),
+    # and the pointer tile at BKW 32 beside it
+    for tma in (False, True):
+        sig = {"x_ptr": "*bf16", "xf_ptr": "*bf16", "w_ptr": "tensordesc<i32[64, 32]>" if tma else "*i32",
+               "ws_ptr": "tensordesc<u8[64, 16]>" if tma else "*u8", "wf_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32",
+               "N": "i32", "KW": "i32", "stride_xm": "i32", "kw_per_split": "i32", "BM": "constexpr", "BN": "constexpr",
+               "BKW": "constexpr", "SPLIT": "constexpr", "INTERP": "constexpr", "NIT": "constexpr", "BF16D": "constexpr",
+               "XF": "constexpr", "WDESC": "constexpr"}
+        aligned = ["x_ptr", "out_ptr", "N", "KW", "stride_xm"] + ([] if tma else ["w_ptr", "ws_ptr"])
+        cst = dict(BM=16, BN=64, BKW=32, SPLIT=4, INTERP=False, NIT=4, BF16D=True, XF=False, WDESC=tma)
+        n, ops, cvt, shared = _loop_sass(_fp4_gemm_kernel, sig, aligned, cst, 4, 3, f"dense_v5a_{int(tma)}")
+        mem = {k: v for k, v in ops.items() if k.startswith(("LDG", "UTMA", "SYNCS", "LDS", "STS"))}
+        _sass_row(rows, "K4096 split4", f"_fp4_gemm_kernel {'v5a-tma' if tma else 'v3a-bf16'}",
+                  "A=bf16;BM=16;BN=64;BKW=32;num_warps=4;num_stages=3", ops, loop_instr=n,
+                  lane_instr_per_weight=round(n * 128 / (64 * 8 * 32), 2), shared_bytes=shared, ttgir_convert_layouts=cvt,
+                  memory_ops=" ".join(f"{k}:{v}" for k, v in sorted(mem.items())))
     # FP4-KV decode attention, D 128, 8 query heads per KV head (16 MMA rows), 64-token tiles, 4 warps (the
     # engine's default tile): loop instructions per K/V element (kernels/NOTES.md v2i, v3b)
     from kernels.attention import _decode_attn_kernel

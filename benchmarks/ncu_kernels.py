@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import gzip
 import io
 import sys
@@ -49,7 +50,7 @@ def _quantize(dev):
 
 def _dense(dev):
     from benchmarks.bench_kernels import nv_weight
-    from kernels.gemm import fp4_linear, prepare_weight
+    from kernels.gemm import default_config, fp4_linear, prepare_weight
     from kernels.wgmma import fp4_linear_wgmma, prepare_wgmma, usable
 
     M, N, K = 16, 14336, 4096
@@ -60,6 +61,8 @@ def _dense(dev):
     out = {"dense-cublas": lambda: F.linear(x, wb),
            "dense-triton": lambda: fp4_linear(x, pw, check_finite=False),
            "dense-triton-w4a4": lambda: fp4_linear(x, pw, act_quant=True, check_finite=False)}
+    tma = dataclasses.replace(default_config(M, N, K, dev), tma=True, BKW=32)  # v5a: words and scales by TMA
+    out["dense-triton-tma"] = lambda: fp4_linear(x, pw, config=tma, check_finite=False)
     if usable(dev):
         wg = prepare_wgmma(c, s, o)
         out["dense-v4b"] = lambda: fp4_linear_wgmma(x, wg, check_finite=False)
@@ -126,7 +129,7 @@ def _attention(dev):
 
 # each builder's targets (a builder makes the inputs its targets share)
 GROUPS = {_quantize: ("quantize-nvfp4", "copy-bf16"),
-          _dense: ("dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b"),
+          _dense: ("dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b", "dense-triton-tma"),
           _moe: ("moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels"),
           _attention: ("attention-sdpa", "attention-fp4kv")}
 # per-reason warp stalls (cycles per issued instruction); ncu's WarpStateStats section charts them without listing
@@ -142,7 +145,11 @@ def ncu_metrics() -> str:
     return ",".join(STALL_METRIC.format(r) for r in STALLS)
 
 
-TARGETS = tuple(n for names in GROUPS.values() for n in names)
+# A marker's grid names its target by the index here: append only (committed CSVs, results/kernels/ncu/, were
+# summarized by these indices).
+TARGETS = ("quantize-nvfp4", "copy-bf16", "dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b",
+           "moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "attention-sdpa", "attention-fp4kv",
+           "dense-triton-tma")
 MARKER = "_ncu_target_marker"
 
 

@@ -147,8 +147,15 @@ def dequant_tile_words(wp, sp, wmask, smask, R: tl.constexpr, BK: tl.constexpr, 
     (a code's 2 significant bits times a scale's 4 fit bf16's 8, and s_b * 2^119 <= 448 * 2^119 is below
     bf16's largest finite value), a bf16x2 multiply scaling two weights. PAIRED (with BF16): the words are
     in `kernels.gemm.pair_layout`."""
-    w = tl.load(wp, mask=wmask, other=0)
-    sc = e4m3_value(tl.load(sp, mask=smask, other=0)) * 6.646139978924579e35  # s_b * 2^119: exact
+    return dequant_tile_loaded(tl.load(wp, mask=wmask, other=0), tl.load(sp, mask=smask, other=0), R, BK, BF16, PAIRED)
+
+
+@triton.jit
+def dequant_tile_loaded(w, sbytes, R: tl.constexpr, BK: tl.constexpr, BF16: tl.constexpr = False,
+                        PAIRED: tl.constexpr = False):
+    """`dequant_tile_words` on a tile already loaded: w [R, BK/8] int32 words, sbytes [R, BK/16] E4M3 scale bytes
+    (e.g. a TMA tile of the words, `kernels.gemm` with `GemmConfig(tma=True)`)."""
+    sc = e4m3_value(sbytes) * 6.646139978924579e35  # s_b * 2^119: exact
     if BF16:  # scaled inside the decode: the scale of each word's block, [R, BK/8]
         scw = tl.reshape(tl.broadcast_to(sc.to(tl.bfloat16)[:, :, None], [R, BK // 16, 2]), [R, BK // 8])
         n0, n1, n2, n3, n4, n5, n6, n7 = _decode8_bf16(w, scw, PAIRED)

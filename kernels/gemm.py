@@ -36,12 +36,14 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import reference as ref
 from kernels._common import (
     EPI_POW,
     INTERPRET,
     check_tensor,
+    dequant_tile_loaded,
     dequant_tile_words,
     e4m3_value,
     nib_to_f32_scaled,
@@ -340,20 +342,27 @@ def _act_tile(x_ptr, rows, mmask, stride_xm, k0, K, BK: tl.constexpr):
 
 @triton.jit
 def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, xv, k0, K, BN: tl.constexpr, BK: tl.constexpr,
-                     INTERP: tl.constexpr, BF16D: tl.constexpr = False):
+                     INTERP: tl.constexpr, BF16D: tl.constexpr = False, WDESC: tl.constexpr = False, n0=0):
     """acc[BN, BM] += dequant(W[offs_n, k0 : k0+BK]) @ xv, one MMA per K-tile (the v3a tile); xv [BK, BM] the
     activation tile (`_act_tile`). wb / ws: the weight's words [N, K/8] and scale bytes [N, K/16] (rows
     offs_n). The tile is decoded in element order (`dequant_tile_words`), so one dot of K = BK covers it: no
     dot per nibble position, each with its own operand conversion through shared memory (kernels/NOTES.md
-    v3a). BF16D: decode and scale in bf16 (GPU only; the weight words in `pair_layout`)."""
+    v3a). BF16D: decode and scale in bf16 (GPU only; the weight words in `pair_layout`). WDESC: wb and ws are
+    tensor descriptors over the words [N, K/8] and the scale bytes [N, K/16] with blocks [BN, BK/8] and [BN,
+    BK/16], n0 the tile's first row: the tile comes by TMA (rows and columns past the ends read 0), not by
+    per-thread loads through L1, 4-byte cp.async for the words and single-byte loads for the scales
+    (kernels/NOTES.md, "Where the time goes")."""
     offs_w = k0 // 8 + tl.arange(0, BK // 8)
     wkmask = offs_w < K // 8
     offs_s = k0 // 16 + tl.arange(0, BK // 16)
     smask = offs_s < K // 16
     n64 = offs_n[:, None].to(tl.int64)
-    wv = dequant_tile_words(wb + n64 * (K // 8) + offs_w[None, :], ws + n64 * (K // 16) + offs_s[None, :],
-                            nmask[:, None] & wkmask[None, :], nmask[:, None] & smask[None, :], BN, BK, BF16D,
-                            BF16D)  # [BN, BK]; with the bf16 decode the weight words are in pair_layout
+    if WDESC:
+        wv = dequant_tile_loaded(wb.load([n0, k0 // 8]), ws.load([n0, k0 // 16]), BN, BK, BF16D, BF16D)  # [BN, BK]
+    else:
+        wv = dequant_tile_words(wb + n64 * (K // 8) + offs_w[None, :], ws + n64 * (K // 16) + offs_s[None, :],
+                                nmask[:, None] & wkmask[None, :], nmask[:, None] & smask[None, :], BN, BK, BF16D,
+                                BF16D)  # [BN, BK]; with the bf16 decode the weight words are in pair_layout
     if INTERP:
         acc += tl.dot(wv, xv.to(tl.float32), input_precision="ieee")
     else:
@@ -366,10 +375,10 @@ def _fp4_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
                      M, N, KW, stride_xm, kw_per_split,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
                      SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BF16D: tl.constexpr,
-                     XF: tl.constexpr):
+                     XF: tl.constexpr, WDESC: tl.constexpr = False):
     """Grid (N / BN, M / BM, split-K): out[offs_m, offs_n] (+)= the tile's share of K (`_fp4_tile_dot_v3`),
     times the weight's 2^7 / S_enc and, with XF (W4A4: x holds the activation's tile values), the activation
-    row's (xf_ptr)."""
+    row's (xf_ptr). WDESC: w_ptr and ws_ptr are tensor descriptors over the words and scales (`GemmConfig.tma`)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -382,7 +391,8 @@ def _fp4_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
     for it in range(NIT):  # constexpr trip count (the interpreter cannot loop to a runtime bound)
         k0 = (kw_lo + it * BKW) * 8
         xv = _act_tile(x_ptr, offs_m, mmask, stride_xm, k0, KW * 8, 8 * BKW)
-        acc = _fp4_tile_dot_v3(acc, w_ptr, ws_ptr, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D)
+        acc = _fp4_tile_dot_v3(acc, w_ptr, ws_ptr, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D,
+                               WDESC, pid_n * BN)
     acc = acc * tl.load(wf_ptr)
     if XF:
         acc = acc * tl.load(xf_ptr + offs_m, mask=mmask, other=0.0)[None, :]
@@ -447,6 +457,9 @@ class GemmConfig:
     num_stages: int = 3
     U: int = 1  # gemv2: K-groups (256 elements) per loop iteration
     prefetch: bool = False  # gemv2: register double buffer (U must be 1); NOT yet measured on a GPU
+    tma: bool = False  # mma: the weight words and scales by TMA (tensor descriptors, blocks [BN, BKW] and [BN, BKW/2];
+    #                    BKW >= 32 for TMA's 16-byte rows of scales) instead of per-thread loads; not yet timed on a
+    #                    GPU (kernels/NOTES.md, v5a)
     bf16_decode: bool = True  # mma on a GPU: decode and scale the tile in bf16 (inline PTX, `dequant_tile_words`),
     #                           faster than the fp32 decode in every config timed on the H200; the interpreter, whose
     #                           bf16 arithmetic is not IEEE, always decodes in fp32
@@ -590,8 +603,14 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
         return out if out.dtype == out_dtype else out.to(out_dtype)
     grid = (triton.cdiv(N, cfg.BN), triton.cdiv(M, cfg.BM), split)
     bf16d = cfg.bf16_decode and not INTERPRET
-    _fp4_gemm_kernel[grid](xa, xf, w.paired() if bf16d else w.words, w.scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
+    words, scales = w.paired() if bf16d else w.words, w.scales
+    if cfg.tma:  # TMA rows (global strides and block rows) are multiples of 16 bytes
+        if K % 256 or cfg.BKW % 32:
+            raise ValueError(f"tma needs K a multiple of 256 and BKW a multiple of 32, got K={K}, BKW={cfg.BKW}")
+        words = TensorDescriptor.from_tensor(words, [cfg.BN, cfg.BKW])
+        scales = TensorDescriptor.from_tensor(scales, [cfg.BN, cfg.BKW // 2])
+    _fp4_gemm_kernel[grid](xa, xf, words, scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
                            BM=cfg.BM, BN=cfg.BN, BKW=cfg.BKW, SPLIT=split,
-                           INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW, BF16D=bf16d, XF=act_quant,
+                           INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW, BF16D=bf16d, XF=act_quant, WDESC=cfg.tma,
                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -62,6 +62,7 @@ def test_summary_refuses_what_is_not_ncu_csv():
 
 def test_every_target_is_named_once_and_unknown_ones_are_refused():
     names = ncu_kernels.TARGETS
+    assert sorted(names) == sorted(n for group in ncu_kernels.GROUPS.values() for n in group)
     assert len(names) == len(set(names)) and "dense-v4b" in names and "moe-triton_kernels" in names
     with pytest.raises(ValueError, match="unknown targets"):
         ncu_kernels.run(["dense-v5"])

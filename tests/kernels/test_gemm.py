@@ -196,3 +196,27 @@ def test_on_quant_sees_the_codes_the_kernel_multiplies(M, config):
     rc, rs, ro = ref.nvfp4_quantize(x.float(), outer="row")
     q = seen[0]
     assert torch.equal(host(q.codes()), rc) and torch.equal(host(q.scales), rs) and torch.equal(host(q.outer), ro)
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 40, 256), (17, 33, 512), (5, 70, 768)])
+@pytest.mark.parametrize("act_quant", [False, True])
+def test_tma_tiles_give_the_pointer_path_bit_for_bit(M, N, K, act_quant):
+    """GemmConfig(tma=True) brings the weight words and scales by tensor descriptors (TMA on a GPU) instead of
+    per-thread loads: the same values reach the same decode and MMA, so the output is the pointer path's exactly,
+    rows past N and split-K included (TMA reads 0 past the ends, as the loads' masks)."""
+    (c, s, o), x = _mma_case(M, N, K)
+    pw = prepare_weight(*dev(c, s, o))
+    base = dict(MMA_KW, BN=16, BM=16, split=2 if K >= 512 else 1, num_stages=1, BKW=32)
+    y_tma = fp4_linear(dev(x), pw, act_quant=act_quant, config=GemmConfig(tma=True, **base))
+    y = fp4_linear(dev(x), pw, act_quant=act_quant, config=GemmConfig(**base))
+    if base["split"] > 1 and ON_GPU:  # split-K adds its partial sums with atomics, in no fixed order
+        assert rel(y_tma, y) < GPU_TOL_MMA
+    else:
+        assert torch.equal(y_tma, y)
+    assert rel(y_tma, ref.fp4_linear(x, c, s, o, act_quant=act_quant)) < TOL_MMA
+
+
+def test_tma_needs_16_byte_rows():
+    (c, s, o), x = _mma_case(3, 16, 96)  # 6 scale bytes per row: not a TMA row
+    with pytest.raises(ValueError, match="tma needs"):
+        fp4_linear(dev(x), prepare_weight(*dev(c, s, o)), config=GemmConfig(tma=True, BN=16, BM=16, BKW=32))
