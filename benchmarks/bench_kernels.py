@@ -588,6 +588,16 @@ def run_moe(dev, quick):
                                cfg_str(cm) + (";+2 act-quant launches;routing align inside" if aq else ""),
                                f"experts_hit={hit}")
                     del r
+            if H % 256 == 0 and I % 256 == 0:  # v5a: the MMA tile with the weight tiles by TMA (MoEConfig.tma, BKW 32)
+                cm0 = mma_moe_config(T, k, E)
+                r = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw)
+                al0 = moe_align(ids, E, cm0.BM)
+                variants = [dataclasses.replace(cm0, tma=True, BKW=32, num_stages=st) for st in (2, 3, 4)]
+                t, cm = timed_best(lambda c: (lambda: fused_moe(x, mw, ids, tw, config=c, align=al0, check_finite=False)),
+                                   variants, "moe", shape, "fp4-w4a16-tma", base, oracle=(r, moe_tol(False)))
+                if t:
+                    record("moe", shape, "fp4-w4a16-tma-best", t, fp4_bytes, base, a_ms, cfg_str(cm), f"experts_hit={hit}")
+                del r
             # the engine's path above its crossover: the same activation codes on BF16 grouped GEMMs
             record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13, w2)),
                    hit * 3 * H * I * 2 + act_bytes, base, a_ms, "+2 act-quant launches;routing sort inside",
@@ -719,8 +729,13 @@ def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name, whole=
         if m:
             ins.append((int(m.group(1), 16), m.group(2).strip()))
     body = [x for _, x in ins] if whole else []
+    # out-of-line code after the kernel's last unpredicated EXIT (mbarrier try-wait retries of TMA loads) branches back
+    # into the loop: not a loop of its own
+    end = max((a for a, t in ins if t == "EXIT"), default=ins[-1][0] if ins else 0)
     if not whole:
         for a, t in ins:
+            if a > end:
+                break
             tg = re.search(r"BRA\s+0x([0-9a-f]+)", t)
             if tg and int(tg.group(1), 16) < a:
                 span = [x for b, x in ins if int(tg.group(1), 16) <= b <= a]
@@ -777,6 +792,23 @@ def sass_counts():
                           f"A={mode};BM={bm};BN=64;BKW={bkw};num_warps=4;num_stages={st}", ops, loop_instr=n,
                           lane_instr_per_weight=round(n * 128 / w_iter, 2), shared_bytes=shared,
                           ttgir_convert_layouts=cvt)
+    # v5a: the gate/up tile (bf16 decode, BM 16) with its weight tiles by TMA at BKW 32, beside the pointer tile there
+    for tma in (False, True):
+        sig = {"x_ptr": "*bf16", "xf_ptr": "*bf16", "w_ptr": "tensordesc<i32[64, 32]>" if tma else "*i32",
+               "ws_ptr": "tensordesc<u8[64, 16]>" if tma else "*u8", "wf_ptr": "*fp32", "out_ptr": "*bf16",
+               "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "KW": "i32",
+               "stride_xm": "i32", "A_DIV": "i32", "BM": "constexpr", "BN": "constexpr", "BKW": "constexpr",
+               "GATED": "constexpr", "ROUTE_W": "constexpr", "INTERP": "constexpr", "NIT": "constexpr",
+               "BF16D": "constexpr", "XF": "constexpr", "WDESC": "constexpr"}
+        aligned = ["x_ptr", "out_ptr", "N", "KW", "stride_xm", "slots_ptr"] + ([] if tma else ["w_ptr", "ws_ptr"])
+        cst = dict(BM=16, BN=64, BKW=32, GATED=True, ROUTE_W=False, INTERP=False, NIT=8, BF16D=True, XF=False,
+                   WDESC=tma)
+        n, ops, cvt, shared = _loop_sass(_moe_gemm_kernel, sig, aligned, cst, 4, 3, f"moe_v5a_{int(tma)}")
+        mem = {k: v for k, v in ops.items() if k.startswith(("LDG", "UTMA", "SYNCS", "LDS", "STS"))}
+        _sass_row(rows, "K2048 gate+up", f"_moe_gemm_kernel {'v5a-tma' if tma else 'v3a-bf16'}",
+                  "A=bf16;BM=16;BN=64;BKW=32;num_warps=4;num_stages=3", ops, loop_instr=n,
+                  lane_instr_per_weight=round(n * 128 / (64 * 8 * 32 * 2), 2), shared_bytes=shared,
+                  ttgir_convert_layouts=cvt, memory_ops=" ".join(f"{k}:{v}" for k, v in sorted(mem.items())))
     # dense MMA kernel, the default tile at 14336x4096, M 16: BM 16, BN 64, BKW 16, split-K 4 (FP32 atomics), 4 warps,
     # 3 stages, the bf16 decode; A as above
     for mode in ("bf16", "dec"):

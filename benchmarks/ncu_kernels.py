@@ -97,6 +97,8 @@ def _moe(dev):
 
     out = {"moe-grouped_mm": bf16_moe,
            "moe-triton": lambda: fused_moe(x, mw, ids, tw, config=cfg, align=al, check_finite=False)}
+    tma = dataclasses.replace(cfg, tma=True, BKW=32)  # v5a: the weight tiles by TMA
+    out["moe-triton-tma"] = lambda: fused_moe(x, mw, ids, tw, config=tma, align=al, check_finite=False)
     if usable(dev):
         mwg = prepare_moe_wgmma(g, u, d)
         out["moe-v4b"] = lambda: fused_moe_wgmma(x, mwg, ids, tw)
@@ -130,7 +132,7 @@ def _attention(dev):
 # each builder's targets (a builder makes the inputs its targets share)
 GROUPS = {_quantize: ("quantize-nvfp4", "copy-bf16"),
           _dense: ("dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b", "dense-triton-tma"),
-          _moe: ("moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels"),
+          _moe: ("moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "moe-triton-tma"),
           _attention: ("attention-sdpa", "attention-fp4kv")}
 # per-reason warp stalls (cycles per issued instruction); ncu's WarpStateStats section charts them without listing
 # them in its CSV, so the command asks for them by name (`--metrics`, see `ncu_metrics`)
@@ -149,7 +151,7 @@ def ncu_metrics() -> str:
 # summarized by these indices).
 TARGETS = ("quantize-nvfp4", "copy-bf16", "dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b",
            "moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "attention-sdpa", "attention-fp4kv",
-           "dense-triton-tma")
+           "dense-triton-tma", "moe-triton-tma")
 MARKER = "_ncu_target_marker"
 
 

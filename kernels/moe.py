@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._common import INTERPRET, check_tensor
 from kernels.gemm import (
@@ -227,12 +228,15 @@ def _moe_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, b
                      S, N, KW, stride_xm, A_DIV,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, GATED: tl.constexpr,
                      ROUTE_W: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BF16D: tl.constexpr,
-                     XF: tl.constexpr):
+                     XF: tl.constexpr, WDESC: tl.constexpr = False):
     """One program = one block of BM slots of one expert x BN output rows, over the MMA tile of
     `kernels.gemm._fp4_tile_dot_v3` (gate and up rows in one program, reading one activation tile, SiLU product
     fused; routing weight fused into down). BF16D: the tile's decode in bf16 (GPU only; weight words in
     `pair_layout`). XF (W4A4: x holds the activation's tile values): times the activation row's 2^7 / S_enc
-    (xf_ptr). Programs of padding blocks (expert -1) exit at once."""
+    (xf_ptr). WDESC: w_ptr / ws_ptr are tensor descriptors over the experts' words and scales as 2-D [E * NW, K/8]
+    and [E * NW, K/16] (TMA, `MoEConfig.tma`); a tile's rows past its expert's N read the next expert's rows (or 0
+    past the last), which only feed output rows the store masks. Programs of padding blocks (expert -1) exit at
+    once."""
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(bexp_ptr + pid_b)
@@ -251,15 +255,20 @@ def _moe_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, b
     acc = tl.zeros([BN, BM], tl.float32)
     if GATED:
         acc_u = tl.zeros([BN, BM], tl.float32)
-    wb = w_ptr + e64 * NW * KW  # words of expert e: [NW, K/8]
-    sb = ws_ptr + e64 * NW * (KW // 2)
+    if WDESC:  # the descriptors themselves; the tile's first row of the 2-D view
+        wb, sb, wb_u, sb_u = w_ptr, ws_ptr, w_ptr, ws_ptr
+    else:
+        wb = w_ptr + e64 * NW * KW  # words of expert e: [NW, K/8]
+        sb = ws_ptr + e64 * NW * (KW // 2)
+        wb_u, sb_u = wb + N * KW, sb + N * (KW // 2)
+    n0 = e * NW + pid_n * BN
     for it in range(NIT):
         k0 = it * BKW * 8
         xv = _act_tile(x_ptr, rows, mmask, stride_xm, k0, KW * 8, 8 * BKW)  # [BK, BM]
-        acc = _fp4_tile_dot_v3(acc, wb, sb, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D)
+        acc = _fp4_tile_dot_v3(acc, wb, sb, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D, WDESC, n0)
         if GATED:  # the up rows read the same activation tile
-            acc_u = _fp4_tile_dot_v3(acc_u, wb + N * KW, sb + N * (KW // 2), offs_n, nmask, xv, k0, KW * 8, BN,
-                                     8 * BKW, INTERP, BF16D)
+            acc_u = _fp4_tile_dot_v3(acc_u, wb_u, sb_u, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D,
+                                     WDESC, n0 + N)
     if GATED:
         acc = acc * tl.load(wf_ptr + e * 2)
         acc_u = acc_u * tl.load(wf_ptr + e * 2 + 1)
@@ -408,6 +417,8 @@ class MoEConfig:
     #                    on the activations' tile values) or "gemv" (v1 decode, BM <= 4; W4A4 on dequantized activations)
     U: int = 1  # gemv: K-groups of 256 per loop iteration
     bf16_decode: bool = True  # mma on a GPU: decode and scale in bf16 (interpreter: fp32)
+    tma: bool = False  # mma: the weight words and scales by TMA (BKW a multiple of 32; kernels/NOTES.md v5a); not yet
+    #                    timed on a GPU
 
 
 def mma_moe_config(T: int, topk: int, E: int) -> MoEConfig:
@@ -447,21 +458,28 @@ def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
 
 def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_div: int, gated: bool,
              route_w=None, a_factor=None, BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, out_dtype=None,
-             bf16_decode: bool = True):
+             bf16_decode: bool = True, tma: bool = False):
     """One grouped launch of the MMA kernel. a: activations [R, K] (R = tokens or slots; row of slot s = s // a_div),
     or with a_factor [R] (W4A4) the activation's tile values from `quantize_act_for_gemm` and a_factor each row's
     2^7 / S_enc. Returns [S, N] in out_dtype (default a.dtype).
-    bf16_decode: the tile's decode in bf16 (GPU only; the interpreter decodes in fp32)."""
+    bf16_decode: the tile's decode in bf16 (GPU only; the interpreter decodes in fp32). tma: the weight tiles by TMA
+    (`_moe_gemm_kernel`'s WDESC)."""
     N = w.N // 2 if gated else w.N
     KW = w.K // 8
     out = torch.empty((S, N), dtype=out_dtype or a.dtype, device=w.words.device)
     bf16d = bf16_decode and not INTERPRET
     grid = (block_expert.numel(), triton.cdiv(N, BN))
-    _moe_gemm_kernel[grid](a, a if a_factor is None else a_factor, w.paired() if bf16d else w.words, w.scales,
+    words, scales = w.paired() if bf16d else w.words, w.scales
+    if tma:  # TMA rows are multiples of 16 bytes
+        if w.K % 256 or BKW % 32:
+            raise ValueError(f"tma needs K a multiple of 256 and BKW a multiple of 32, got K={w.K}, BKW={BKW}")
+        words = TensorDescriptor.from_tensor(words.view(-1, KW), [BN, BKW])
+        scales = TensorDescriptor.from_tensor(scales.view(-1, KW // 2), [BN, BKW // 2])
+    _moe_gemm_kernel[grid](a, a if a_factor is None else a_factor, words, scales,
                            w.factor, out, sorted_slots, block_expert, route_w if route_w is not None else out, S, N, KW,
                            a.stride(0), a_div, BM=BM, BN=BN, BKW=BKW, GATED=gated, ROUTE_W=route_w is not None,
                            INTERP=INTERPRET, NIT=triton.cdiv(KW, BKW), BF16D=bf16d, XF=a_factor is not None,
-                           num_warps=num_warps, num_stages=num_stages)
+                           WDESC=tma, num_warps=num_warps, num_stages=num_stages)
     return out
 
 
@@ -517,7 +535,7 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
         y = moe_gemv(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, BN=cfg.BN_down, **kw)
         return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)
     kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages, bf16_decode=cfg.bf16_decode,
-              out_dtype=x.dtype)
+              out_dtype=x.dtype, tma=cfg.tma)
     if act_quant:  # the MMA tile reads the activations' tile values, each row's 2^7 / S_enc applied after it
         xq, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=_tagged(on_quant, "gate_up"))
         h = moe_gemm(xq, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, a_factor=xf, BN=cfg.BN, **kw)

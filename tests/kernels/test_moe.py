@@ -215,3 +215,19 @@ def test_default_configs_on_a_gpu_are_the_measured_best(monkeypatch):
     assert default_moe_config(64, 8, 128).kind == "mma" and default_moe_config(16, 2, 8).kind == "mma"
     assert km.mma_moe_config(4, 2, 8).kind == "mma"  # what the benchmark times beside the GEMV there
 
+
+
+@pytest.mark.parametrize("T,E,H,I,k", [(7, 5, 256, 512, 2), (19, 6, 512, 256, 3)])
+@pytest.mark.parametrize("act_quant", [False, True])
+def test_tma_tiles_give_the_pointer_path_bit_for_bit(T, E, H, I, k, act_quant):
+    """MoEConfig(tma=True): the experts' weight words and scales by tensor descriptors over their 2-D [E * rows, K]
+    views (TMA on a GPU), gate and up rows of each expert at their offsets: the same values reach the same decode
+    and MMAs as the pointer tile's, so the same output bit for bit (empty experts and padding blocks included)."""
+    g, u, d, x, ids, tw = _case(T, E, H, I, k)
+    mw = prepare_moe_weights(*dev(g, u, d))
+    xd, idsd, twd = dev(x, ids, tw)
+    base = dict(MMA_KW, BM=16, BN=16, num_stages=1, BN_down=16, BKW=32)
+    y_tma = fused_moe(xd, mw, idsd, twd, act_quant=act_quant, config=MoEConfig(tma=True, **base))
+    assert torch.equal(y_tma, fused_moe(xd, mw, idsd, twd, act_quant=act_quant, config=MoEConfig(**base)))
+    r = ref.moe_fp4_reference(x, g, u, d, ids, tw, act_quant=act_quant)
+    assert rel(y_tma, r) < (TOL_MMA if act_quant else TOL_MOE_MMA)
