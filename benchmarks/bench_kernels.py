@@ -816,7 +816,7 @@ def sass_counts():
                "wf_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "N": "i32", "KW": "i32", "stride_xm": "i32",
                "kw_per_split": "i32", "BM": "constexpr", "BN": "constexpr", "BKW": "constexpr", "SPLIT": "constexpr",
                "INTERP": "constexpr", "NIT": "constexpr", "BF16D": "constexpr", "XF": "constexpr"}
-        aligned = ["x_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm"]
+        aligned = ["x_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm", "kw_per_split"]
         cst = dict(BM=16, BN=64, BKW=16, SPLIT=4, INTERP=False, NIT=8, BF16D=True, XF=mode != "bf16")
         n, ops, cvt, shared = _loop_sass(_fp4_gemm_kernel, sig, aligned, cst, 4, 3, f"dense_v3a-bf16_{mode}")
         _sass_row(rows, "K4096 split4", "_fp4_gemm_kernel v3a-bf16", f"A={mode};BM=16;BN=64;BKW=16;num_warps=4;num_stages=3",
@@ -830,7 +830,7 @@ def sass_counts():
                "N": "i32", "KW": "i32", "stride_xm": "i32", "kw_per_split": "i32", "BM": "constexpr", "BN": "constexpr",
                "BKW": "constexpr", "SPLIT": "constexpr", "INTERP": "constexpr", "NIT": "constexpr", "BF16D": "constexpr",
                "XF": "constexpr", "WDESC": "constexpr"}
-        aligned = ["x_ptr", "out_ptr", "N", "KW", "stride_xm"] + ([] if tma else ["w_ptr", "ws_ptr"])
+        aligned = ["x_ptr", "out_ptr", "N", "KW", "stride_xm", "kw_per_split"] + ([] if tma else ["w_ptr", "ws_ptr"])
         cst = dict(BM=16, BN=64, BKW=32, SPLIT=4, INTERP=False, NIT=4, BF16D=True, XF=False, WDESC=tma)
         n, ops, cvt, shared = _loop_sass(_fp4_gemm_kernel, sig, aligned, cst, 4, 3, f"dense_v5a_{int(tma)}")
         mem = {k: v for k, v in ops.items() if k.startswith(("LDG", "UTMA", "SYNCS", "LDS", "STS"))}
