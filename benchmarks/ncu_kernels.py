@@ -63,6 +63,10 @@ def _dense(dev):
            "dense-triton-w4a4": lambda: fp4_linear(x, pw, act_quant=True, check_finite=False)}
     tma = dataclasses.replace(default_config(M, N, K, dev), tma=True, BKW=32)  # v5a: words and scales by TMA
     out["dense-triton-tma"] = lambda: fp4_linear(x, pw, config=tma, check_finite=False)
+    # 128 weight rows per program: each program reads its activation K-slice once, so at M 16 the activation bytes
+    # through L1/TEX (N/BN x 16 x K x 2: 29 MB at BN 64, as much as the weights' 33 MB) halve
+    bn128 = dataclasses.replace(default_config(M, N, K, dev), BN=128)
+    out["dense-triton-bn128"] = lambda: fp4_linear(x, pw, config=bn128, check_finite=False)
     if usable(dev):
         wg = prepare_wgmma(c, s, o)
         out["dense-v4b"] = lambda: fp4_linear_wgmma(x, wg, check_finite=False)
@@ -99,6 +103,11 @@ def _moe(dev):
            "moe-triton": lambda: fused_moe(x, mw, ids, tw, config=cfg, align=al, check_finite=False)}
     tma = dataclasses.replace(cfg, tma=True, BKW=32)  # v5a: the weight tiles by TMA
     out["moe-triton-tma"] = lambda: fused_moe(x, mw, ids, tw, config=tma, align=al, check_finite=False)
+    # 128 weight rows per program (gate and up each): the expert's activation block is read by half as many
+    # programs (at T 256 and BN 64 the activation bytes through L1/TEX are ~0.9x the gate/up weights' and ~1.7x the
+    # down weights': 248 blocks x 12 or 32 row tiles x the block's rows)
+    bn128 = dataclasses.replace(cfg, BN=128, BN_down=128)
+    out["moe-triton-bn128"] = lambda: fused_moe(x, mw, ids, tw, config=bn128, align=al, check_finite=False)
     if usable(dev):
         mwg = prepare_moe_wgmma(g, u, d)
         out["moe-v4b"] = lambda: fused_moe_wgmma(x, mwg, ids, tw)
@@ -131,8 +140,8 @@ def _attention(dev):
 
 # each builder's targets (a builder makes the inputs its targets share)
 GROUPS = {_quantize: ("quantize-nvfp4", "copy-bf16"),
-          _dense: ("dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b", "dense-triton-tma"),
-          _moe: ("moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "moe-triton-tma"),
+          _dense: ("dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b", "dense-triton-tma", "dense-triton-bn128"),
+          _moe: ("moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "moe-triton-tma", "moe-triton-bn128"),
           _attention: ("attention-sdpa", "attention-fp4kv")}
 # per-reason warp stalls (cycles per issued instruction); ncu's WarpStateStats section charts them without listing
 # them in its CSV, so the command asks for them by name (`--metrics`, see `ncu_metrics`)
@@ -151,7 +160,7 @@ def ncu_metrics() -> str:
 # summarized by these indices).
 TARGETS = ("quantize-nvfp4", "copy-bf16", "dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b",
            "moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "attention-sdpa", "attention-fp4kv",
-           "dense-triton-tma", "moe-triton-tma")
+           "dense-triton-tma", "moe-triton-tma", "dense-triton-bn128", "moe-triton-bn128")
 MARKER = "_ncu_target_marker"
 
 
