@@ -65,7 +65,7 @@ def _dense(dev):
     out["dense-triton-tma"] = lambda: fp4_linear(x, pw, config=tma, check_finite=False)
     # 128 weight rows per program: each program reads its activation K-slice once, so at M 16 the activation bytes
     # through L1/TEX (N/BN x 16 x K x 2: 29 MB at BN 64, as much as the weights' 33 MB) halve
-    bn128 = dataclasses.replace(default_config(M, N, K, dev), BN=128)
+    bn128 = dataclasses.replace(default_config(M, N, K, dev), BN=128, num_warps=8)  # as the sweep's MMA_TILES
     out["dense-triton-bn128"] = lambda: fp4_linear(x, pw, config=bn128, check_finite=False)
     if usable(dev):
         wg = prepare_wgmma(c, s, o)
@@ -106,7 +106,7 @@ def _moe(dev):
     # 128 weight rows per program (gate and up each): the expert's activation block is read by half as many
     # programs (at T 256 and BN 64 the activation bytes through L1/TEX are ~0.9x the gate/up weights' and ~1.7x the
     # down weights': 248 blocks x 12 or 32 row tiles x the block's rows)
-    bn128 = dataclasses.replace(cfg, BN=128, BN_down=128)
+    bn128 = dataclasses.replace(cfg, BN=128, BN_down=128, num_warps=8)
     out["moe-triton-bn128"] = lambda: fused_moe(x, mw, ids, tw, config=bn128, align=al, check_finite=False)
     if usable(dev):
         mwg = prepare_moe_wgmma(g, u, d)
