@@ -350,8 +350,7 @@ def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, xv, k0, K, BN: tl.constexpr, BK
     v3a). BF16D: decode and scale in bf16 (GPU only; the weight words in `pair_layout`). WDESC: wb and ws are
     tensor descriptors over the words [N, K/8] and the scale bytes [N, K/16] with blocks [BN, BK/8] and [BN,
     BK/16], n0 the tile's first row: the tile comes by TMA (rows and columns past the ends read 0), not by
-    per-thread loads through L1, 4-byte cp.async for the words and single-byte loads for the scales
-    (kernels/NOTES.md, "Where the time goes")."""
+    per-thread cp.async through L1 (kernels/NOTES.md, "Where the time goes", v5a)."""
     offs_w = k0 // 8 + tl.arange(0, BK // 8)
     wkmask = offs_w < K // 8
     offs_s = k0 // 16 + tl.arange(0, BK // 16)
