@@ -36,13 +36,14 @@ def e2m1_rtn_idx(a):
 
 @triton.jit
 def _sat_fma_b40(a, c, ASM: tl.constexpr):
-    """min(max(a * 2^40 + c, 0), 1), rounded once; NaN -> 0. ASM (GPU): one `fma.rn.sat.f32` (FFMA.SAT, on the
-    FMA pipe). Else a * 2^40, exact for |a| < 2^88, then one rounded add: the same value."""
+    """min(max(|a| * 2^40 + c, 0), 1), rounded once; NaN -> 0. ASM (GPU): `abs.f32` and one `fma.rn.sat.f32`, which
+    ptxas makes one FFMA.SAT with an |a| operand (on the FMA pipe; a separate abs would be a LOP3 on the ALU pipe).
+    Else |a| * 2^40, exact for |a| < 2^88, then one rounded add: the same value."""
     if ASM:
-        return tl.inline_asm_elementwise("fma.rn.sat.f32 $0, $1, 0f53800000, $2;", "=f,f,f", [a, c],
-                                         dtype=tl.float32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("{\n.reg .f32 t;\nabs.f32 t, $1;\nfma.rn.sat.f32 $0, t, 0f53800000, $2;\n}",
+                                         "=f,f,f", [a, c], dtype=tl.float32, is_pure=True, pack=1)
     else:
-        y = a * 1099511627776.0 + c
+        y = tl.abs(a) * 1099511627776.0 + c
         return tl.where(y > 0.0, tl.minimum(y, 1.0), 0.0)
 
 
@@ -58,8 +59,9 @@ def _neg_midpoint_b40(m, s, STRICT: tl.constexpr):
 
 @triton.jit
 def e2m1_rtn_idx_fma(a, s, ASM: tl.constexpr):
-    """`e2m1_rtn_idx_scaled(a, s)` with the seven midpoint compares on the FMA pipe: index = the number of
-    midpoints t (or the float below a `>=` midpoint) that a exceeds, each a saturating FMA sat((a - t) * 2^40).
+    """`e2m1_rtn_idx_scaled(|a|, s)` with the seven midpoint compares on the FMA pipe: index = the number of
+    midpoints t (or the float below a `>=` midpoint) that |a| exceeds, each a saturating FMA sat((|a| - t) * 2^40)
+    (the absolute value an operand modifier of the FMA on a GPU).
     Exact: a > t implies a - t >= ulp(min(a, t)) >= 2^-34 (t >= 0.25 * 2^-9, E4M3's smallest scale), so
     (a - t) * 2^40 >= 64 saturates to 1; a <= t gives <= 0. NaN -> 0, inf -> 7, as the compares. s: the block
     scale (fp32 > 0, broadcast to a's blocks), +inf for a zero-scale block (index 0, as the kernel's mask).
@@ -69,7 +71,7 @@ def e2m1_rtn_idx_fma(a, s, ASM: tl.constexpr):
     idx += _sat_fma_b40(a, _neg_midpoint_b40(1.25, s, True), ASM) + _sat_fma_b40(a, _neg_midpoint_b40(1.75, s, False), ASM)
     idx += _sat_fma_b40(a, _neg_midpoint_b40(2.5, s, True), ASM) + _sat_fma_b40(a, _neg_midpoint_b40(3.5, s, False), ASM)
     idx += _sat_fma_b40(a, _neg_midpoint_b40(5.0, s, True), ASM)
-    return (idx + 8388608.0).to(tl.int32, bitcast=True) & 15  # 2^23 + idx: the index in the low bits
+    return (idx + 8388608.0).to(tl.int32, bitcast=True) & 7  # 2^23 + idx: the index in the low bits
 
 
 @triton.jit

@@ -105,7 +105,8 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
         if STOCH:
             v = tl.where(zero, 0.0, tl.math.div_rn(p, s_b[:, :, None]))
         else:
-            v = tl.where(zero, 0.0, p)  # v's sign; the RTN code compares |p| with midpoints * s_b (no division)
+            v = p  # v's sign; the RTN code compares |p| with midpoints * s_b (no division)
+        signbit = tl.where(zero, 0, 8)  # [BM, NB, 1]: a zero-scale block's codes are +0 (its index is 0 below)
     else:
         bits = amax_blk.to(tl.int32, bitcast=True)
         expf = (bits >> 23) & 0xFF
@@ -120,6 +121,7 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
         inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, exact (field 2..254)
         v = xb * inv[:, :, None]
         s_b = 1.0 / inv  # 2^e, exact
+        signbit = 8
     a = tl.abs(v)
     if STOCH:
         a = tl.minimum(a, 6.0)
@@ -130,17 +132,18 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
         u = tl.rand(seed, rows[:, None, None] * K + kk)
         idx = lo + (u < p_up).to(tl.int32)
     elif IS_NV and FMA_RTN:  # the compares on the FMA pipe; a zero scale's block gets +inf midpoints (index 0)
-        idx = e2m1_rtn_idx_fma(a, tl.where(zero, float("inf"), s_b[:, :, None]), not INTERP)
+        idx = e2m1_rtn_idx_fma(v, tl.where(zero, float("inf"), s_b[:, :, None]), not INTERP)  # |v| inside
     elif IS_NV:
         idx = tl.where(zero, 0, e2m1_rtn_idx_scaled(a, s_b[:, :, None]))
     elif FMA_RTN:
-        idx = e2m1_rtn_idx_fma(a, tl.full([BM, NB, 1], 1.0, tl.float32), not INTERP)
+        idx = e2m1_rtn_idx_fma(v, tl.full([BM, NB, 1], 1.0, tl.float32), not INTERP)  # |v| inside
     else:
         idx = e2m1_rtn_idx(a)
-    sign = (v.to(tl.int32, bitcast=True) < 0).to(tl.int32)
-    code = idx | (sign << 3)  # [BM, NB, BLOCK] int32 0..15
+    # [BM, NB, BLOCK] int32 0..15: v's sign bit moved to bit 3, masked per block (no per-element select)
+    sign8 = (v.to(tl.uint32, bitcast=True) >> 28).to(tl.int32) & signbit
+    code = idx | sign8
     if FAKE:  # dequantized value e2m1 * s_b / S_enc (the product is exact), then one cast
-        g = tl.where(sign == 1, -e2m1_grid(idx), e2m1_grid(idx)) * s_b[:, :, None]
+        g = tl.where(sign8 != 0, -e2m1_grid(idx), e2m1_grid(idx)) * s_b[:, :, None]
         if FAKE_TILE:  # what the MMA tile decodes from the codes: q * s_b * 2^-7, exact (S_enc left to its epilogue)
             g = g * 0.0078125
         elif IS_NV and FAKE_EXACT:  # the reference's formula, a correctly rounded division per element
