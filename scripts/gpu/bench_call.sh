@@ -6,7 +6,9 @@
 # here append them with benchmarks/results_table.py. A failing test stops the call before any timing.
 #   bash scripts/gpu/bench_call.sh VERSION [PARTS]   # carry .anchors (triton_kernels v3.6.0, the anchor)
 # PARTS: bench_kernels --only (default attention,moe,dense); LIMIT (default 570) bounds the call in seconds;
-# ENGINE=0 leaves the engine out (its benchmark then gets a call of its own);
+# ENGINE=0 leaves the engine out (its benchmark then gets a call of its own); NCU="TARGET ..." (names of
+# benchmarks/ncu_kernels.py run --list) adds Nsight Compute's counters of those targets after the kernels (ncu.csv,
+# ncu.md in OUT; ~60 s);
 # GIT_COMMIT names the launching commit (the lease's .git is stale). The tests import trace.config, which needs
 # jsonschema: carry WHEELS too (default .whl-pipe, from scripts/gpu/offline_wheels.sh download .whl-pipe pipeline).
 set -uo pipefail
@@ -23,7 +25,7 @@ if [ -d "$wheels" ]; then
 fi
 left() { echo $(( limit - ($(date +%s) - t0) )); }
 if ! timeout 200 python3 -m pytest tests/kernels tests/rl/test_steps.py -q -p no:cacheprovider \
-    -k "every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert or decoded_activation or fake_tile" \
+    -k "every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert or decoded_activation or fake_tile or tma or fma" \
     > "$out/tests.log" 2>&1; then
   tail -40 "$out/tests.log"; echo "GPU tests failed: nothing timed"; exit 1
 fi
@@ -31,10 +33,21 @@ tail -1 "$out/tests.log"
 anchor=.anchors/triton_kernels-v3.6.0
 [ -d "$anchor" ] || echo "no $anchor: the anchor's rows are skipped"
 engine=${ENGINE:-1}
-PYTHONPATH=$PYTHONPATH:$anchor timeout $(( $(left) - (engine ? 170 : 5) )) python3 benchmarks/bench_kernels.py --quick \
+ncu_targets=${NCU:-}
+PYTHONPATH=$PYTHONPATH:$anchor timeout $(( $(left) - (engine ? 170 : 5) - (${#ncu_targets} ? 90 : 0) )) python3 benchmarks/bench_kernels.py --quick \
   --T 1 4 16 64 256 --M 1 2 4 8 16 --only "$parts" --version "$version" --out "$out/k.csv" > "$out/k.log" 2>&1
 echo "kernels: rc $? after $(( $(date +%s) - t0 )) s, $(grep -c 'CHECK FAIL' "$out/k.log") failed checks"
 grep "CHECK FAIL" "$out/k.log" | head -5
+if [ -n "$ncu_targets" ]; then
+  # shellcheck disable=SC2086  # the targets are words
+  PYTHONPATH=$PYTHONPATH:$anchor timeout $(( $(left) - (engine ? 170 : 5) )) /usr/local/cuda/bin/ncu --profile-from-start off \
+    --clock-control none --csv --page details --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+    --metrics "$(python3 benchmarks/ncu_kernels.py metrics)" python3 benchmarks/ncu_kernels.py run --targets $ncu_targets \
+    > "$out/ncu.csv" 2> "$out/ncu.err"
+  echo "ncu: rc $? after $(( $(date +%s) - t0 )) s"
+  python3 benchmarks/ncu_kernels.py summarize "$out/ncu.csv" > "$out/ncu.md" 2>&1 && sed -n '/^| target | kernels/,$p' "$out/ncu.md"
+fi
 [ "$engine" = 1 ] || exit 0
 timeout $(( $(left) - 5 )) python3 benchmarks/bench_rollout.py --device cuda --models qwen3_30b_a3b --batch 256 64 \
   --gen 1024 --providers engine-bf16 engine-w4a4-kv4-triton engine-w4a4-kv4-kernels --version "$version" \
