@@ -151,9 +151,20 @@ STALLS = ("long_scoreboard", "short_scoreboard", "wait", "barrier", "mio_throttl
 STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 
 
-def ncu_metrics() -> str:
-    """The `--metrics` argument of the ncu command line (the stall reasons)."""
-    return ",".join(STALL_METRIC.format(r) for r in STALLS)
+# counts asked for by name too, per launch: the warp instructions executed (against the offline SASS counts), the
+# bytes read from DRAM, and the bytes L1 read from L2 (32-byte sectors), where the activation tile's re-reads by every
+# weight-row program land (kernels/NOTES.md, "Where the time goes") -> (column, factor to the column's unit, the
+# metric's base unit)
+COUNTS = {"smsp__inst_executed.sum": ("warp inst (M)", 1e-6, "inst"),
+          "dram__bytes_read.sum": ("DRAM read MB", 1e-6, "byte"),
+          "lts__t_sectors_srcunit_tex_op_read.sum": ("L2->L1 MB", 32e-6, "sector")}
+_SI = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+def ncu_metrics(counts: bool = True) -> str:
+    """The `--metrics` argument of the ncu command line (the stall reasons, and COUNTS unless counts=False: ncu
+    refuses a whole run over one metric name it does not know, and these three have not met a real ncu yet)."""
+    return ",".join([STALL_METRIC.format(r) for r in STALLS] + (list(COUNTS) if counts else []))
 
 
 # A marker's grid names its target by the index here: append only (committed CSVs, results/kernels/ncu/, were
@@ -240,12 +251,17 @@ def summarize(text: str, top: int = 3) -> str:
         if col is not None:
             scale = _TIME.get(unit) if col == "us" else _RATE.get(unit) if col == "DRAM GB/s" else None
             k[col] = f"{float(value) * scale:.1f}" if scale else value
+        elif metric in COUNTS:
+            name, factor, base = COUNTS[metric]
+            prefix = unit[: -len(base)] if unit.endswith(base) else None
+            k[name] = f"{float(value) * _SI[prefix] * factor:.1f}" if prefix in _SI else f"{value} {unit}"
         elif metric.startswith("smsp__average_warps_issue_stalled_"):
             try:
                 stalls[kid][metric[len("smsp__average_warps_issue_stalled_"):].split("_per_issue")[0]] = float(value)
             except ValueError:
                 pass
-    cols = ["target", "kernel", "grid", "block", *COLUMNS.values(), "top stalls (cycles per issued instruction)"]
+    cols = ["target", "kernel", "grid", "block", *COLUMNS.values(), *(c[0] for c in COUNTS.values()),
+            "top stalls (cycles per issued instruction)"]
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     target, totals = "", defaultdict(lambda: [0, 0.0])
     for kid, k in kernels.items():
@@ -272,13 +288,14 @@ def main(argv=None):
     r.add_argument("--list", action="store_true", help="print the target names and exit")
     s = sub.add_parser("summarize", help="ncu CSV -> markdown table")
     s.add_argument("csv", help="ncu's CSV (or .csv.gz)")
-    sub.add_parser("metrics", help="print the --metrics argument for ncu")
+    m = sub.add_parser("metrics", help="print the --metrics argument for ncu")
+    m.add_argument("--no-counts", action="store_true", help="the stall reasons only")
     a = ap.parse_args(argv)
     if a.cmd == "summarize":
         with (gzip.open if a.csv.endswith(".gz") else open)(a.csv, "rt") as f:
             print(summarize(f.read()), end="")
     elif a.cmd == "metrics":
-        print(ncu_metrics())
+        print(ncu_metrics(not a.no_counts))
     elif a.list:
         print(" ".join(TARGETS))
     else:

@@ -20,6 +20,11 @@ def test_summary_converts_units_and_ranks_the_stalls():
     text += _row(0, "_w4_wgmma_kernel", "Memory Workload Analysis", "Memory Throughput", "byte/s", "1,326,014,388,489.21")
     text += _row(0, "_w4_wgmma_kernel", "Scheduler Statistics", "Issued Warp Per Scheduler", "", "0.29")
     text += _row(0, "_w4_wgmma_kernel", "Occupancy", "Achieved Occupancy", "%", "30.2")
+    # the counts asked for by name, in ncu's auto-scaled units
+    text += _row(0, "_w4_wgmma_kernel", "Command line profiler metrics", "smsp__inst_executed.sum", "Minst", "15.31")
+    text += _row(0, "_w4_wgmma_kernel", "Command line profiler metrics", "dram__bytes_read.sum", "Mbyte", "33.02")
+    text += _row(0, "_w4_wgmma_kernel", "Command line profiler metrics", "lts__t_sectors_srcunit_tex_op_read.sum",
+                 "Ksector", "1,900")
     text += _row(0, "_w4_wgmma_kernel", "Command line profiler metrics",
                  ncu_kernels.STALL_METRIC.format("long_scoreboard"), "", "3.5")
     text += _row(0, "_w4_wgmma_kernel", "Command line profiler metrics", ncu_kernels.STALL_METRIC.format("wait"), "", "9.25")
@@ -34,6 +39,7 @@ def test_summary_converts_units_and_ranks_the_stalls():
     assert v4b["kernel"] == "_w4_wgmma_kernel" and v4b["us"] == "31.8" and v4b["DRAM %"] == "25.1"
     assert v4b["grid"] == "(224, 1, 6)" and v4b["occ %"] == "30.2"
     assert v4b["mem %"] == "54.3" and v4b["DRAM GB/s"] == "1326.0" and v4b["issued/cycle"] == "0.29"
+    assert v4b["warp inst (M)"] == "15.3" and v4b["DRAM read MB"] == "33.0" and v4b["L2->L1 MB"] == "60.8"
     assert v4b["top stalls (cycles per issued instruction)"] == "wait 9.2, long_scoreboard 3.5"  # the two largest
     assert gemm["us"] == "40.5" and gemm["top stalls (cycles per issued instruction)"] == ""
 
