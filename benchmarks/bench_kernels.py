@@ -376,6 +376,7 @@ def run_dense(dev, quick):
                    a_ms, "default")
             record("dense", shape, "fp4-w4a4", bench(lambda: fp4_linear(x, pw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+act-quant launch")
+            r16 = ref.fp4_linear(x.float(), c, s, o)  # the W4A16 oracle of the checked variants below
             if wg is not None:  # v4: the decoded weights as the wgmma A operand in registers (kernels/wgmma.py)
                 bm, split = wgmma_config(M, N, K, x.device)
                 for aq in (False, True):
@@ -387,18 +388,17 @@ def run_dense(dev, quick):
                         note("dense", f"wgmma {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
                 # its split-K around the default, a sweep row each, the best as -best, each checked first
                 splits = sorted({split, 2 * split, max(1, split // 2)})
-                r = ref.fp4_linear(x.float(), c, s, o)
                 t, cm = timed_best(lambda cf: (lambda: fp4_linear_wgmma(x, wg, config=(cf.BM, cf.split),
                                                                         check_finite=False)),
                                    [types.SimpleNamespace(BM=bm, split=sp) for sp in splits], "dense", shape,
-                                   "fp4-w4a16-wgmma", base, oracle=(r, 1e-2))
+                                   "fp4-w4a16-wgmma", base, oracle=(r16, 1e-2))
                 if t:
                     record("dense", shape, "fp4-w4a16-wgmma-best", t, fp4_bytes, base, a_ms, cfg_str(cm))
             if auto_config(M, N, K, x.device, pw.gv_words is not None).kind != "mma":
                 # the default is the decode GEMV: the MMA tile too, for the crossover (best of a few tiles)
                 for aq in (False, True):
                     prov = f"fp4-w4a{4 if aq else 16}-mma"
-                    r = ref.fp4_linear(x.float(), c, s, o, act_quant=aq)
+                    r = ref.fp4_linear(x.float(), c, s, o, act_quant=True) if aq else r16
                     t, cm = timed_best(lambda cf, aq=aq: (lambda: fp4_linear(x, pw, act_quant=aq, config=cf, check_finite=False)),
                                        mma_variants(default_config(M, N, K, x.device)), "dense", shape, prov, base,
                                        oracle=(r, 1e-2))
@@ -407,11 +407,10 @@ def run_dense(dev, quick):
                                cfg_str(cm) + (";+act-quant launch" if aq else ""))
             if K % 256 == 0:  # v5a: the MMA tile with its weight words and scales by TMA (GemmConfig.tma, BKW 32)
                 cm0 = default_config(M, N, K, x.device)
-                r = ref.fp4_linear(x.float(), c, s, o)
                 variants = [dataclasses.replace(cm0, tma=True, BKW=32, split=sp, num_stages=st)
                             for sp in sorted({cm0.split, max(1, cm0.split // 2)}) for st in (3, 4)]
                 t, cm = timed_best(lambda cf: (lambda: fp4_linear(x, pw, config=cf, check_finite=False)), variants,
-                                   "dense", shape, "fp4-w4a16-tma", base, oracle=(r, 1e-2))
+                                   "dense", shape, "fp4-w4a16-tma", base, oracle=(r16, 1e-2))
                 if t:
                     record("dense", shape, "fp4-w4a16-tma-best", t, fp4_bytes, base, a_ms, cfg_str(cm))
             # the engine's path above its crossover: the same activation codes on cuBLAS BF16
@@ -746,6 +745,11 @@ def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name, whole=
     return len(body), ops, ck.asm["ttgir"].count("convert_layout"), ck.metadata.shared
 
 
+def _mem_ops(ops, prefixes=("LDG", "UTMA", "SYNCS", "LDS", "STS")) -> str:
+    """The memory and barrier instructions of a SASS op count, `name:count` sorted (a `_sass_row` stat)."""
+    return " ".join(f"{k}:{v}" for k, v in sorted(ops.items()) if k.startswith(prefixes))
+
+
 def _sass_row(rows, shape, provider, config, ops, **stats):
     """One offline SASS row (the loop's stats and its 8 most frequent instructions in `note`), appended and logged."""
     stats["top_ops"] = " ".join(f"{k}:{v}" for k, v in ops.most_common(8))
@@ -774,70 +778,57 @@ def sass_counts():
     # MoE gate/up MMA kernel (GATED), K 2048, BN 64, BKW 16, 4 warps: the v3a tile (kernels/NOTES.md v3a: one dot
     # per K-tile), decoding in fp32 and in bf16 (BF16D: inline PTX, the weight words in pair_layout); A: bf16
     # (W4A16) or dec (W4A4: the tile values its quantize pass writes, times the row's 2^7 / S_enc after the MMA)
+    moe_sig = {"x_ptr": "*bf16", "xf_ptr": "*bf16", "w_ptr": "*i32", "ws_ptr": "*u8", "wf_ptr": "*fp32",
+               "out_ptr": "*bf16", "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32",
+               "KW": "i32", "stride_xm": "i32", "A_DIV": "i32", "BM": "constexpr", "BN": "constexpr",
+               "BKW": "constexpr", "GATED": "constexpr", "ROUTE_W": "constexpr", "INTERP": "constexpr",
+               "NIT": "constexpr", "BF16D": "constexpr", "XF": "constexpr"}
+    moe_aligned = ["x_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm", "slots_ptr"]
     for mode in ("bf16", "dec"):
-        sig = {"x_ptr": "*bf16", "xf_ptr": "*bf16" if mode == "bf16" else "*fp32", "w_ptr": "*i32", "ws_ptr": "*u8",
-               "wf_ptr": "*fp32", "out_ptr": "*bf16", "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32",
-               "S": "i32", "N": "i32", "KW": "i32", "stride_xm": "i32", "A_DIV": "i32", "BM": "constexpr",
-               "BN": "constexpr", "BKW": "constexpr", "GATED": "constexpr", "ROUTE_W": "constexpr",
-               "INTERP": "constexpr", "NIT": "constexpr", "BF16D": "constexpr", "XF": "constexpr"}
-        aligned = ["x_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm", "slots_ptr"]
+        sig = dict(moe_sig, xf_ptr="*bf16" if mode == "bf16" else "*fp32")
         for tile, bkw, st, bf in [("v3a", 16, 3, False), ("v3a-bf16", 16, 3, True)]:
             for bm in (16, 64):
                 cst = dict(BM=bm, BN=64, BKW=bkw, GATED=True, ROUTE_W=False, INTERP=False,
                            NIT=256 // bkw, BF16D=bf, XF=mode != "bf16")
-                n, ops, cvt, shared = _loop_sass(_moe_gemm_kernel, sig, aligned, cst, 4, st,
+                n, ops, cvt, shared = _loop_sass(_moe_gemm_kernel, sig, moe_aligned, cst, 4, st,
                                                  f"moe_{tile}_{mode}_{bm}")
                 w_iter = 64 * 8 * bkw * 2  # weight elements per loop iteration (gate and up)
                 _sass_row(rows, "K2048 gate+up", f"_moe_gemm_kernel {tile}",
                           f"A={mode};BM={bm};BN=64;BKW={bkw};num_warps=4;num_stages={st}", ops, loop_instr=n,
                           lane_instr_per_weight=round(n * 128 / w_iter, 2), shared_bytes=shared,
                           ttgir_convert_layouts=cvt)
-    # v5a: the gate/up tile (bf16 decode, BM 16) with its weight tiles by TMA at BKW 32, beside the pointer tile there
-    for tma in (False, True):
-        sig = {"x_ptr": "*bf16", "xf_ptr": "*bf16", "w_ptr": "tensordesc<i32[64, 32]>" if tma else "*i32",
-               "ws_ptr": "tensordesc<u8[64, 16]>" if tma else "*u8", "wf_ptr": "*fp32", "out_ptr": "*bf16",
-               "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "KW": "i32",
-               "stride_xm": "i32", "A_DIV": "i32", "BM": "constexpr", "BN": "constexpr", "BKW": "constexpr",
-               "GATED": "constexpr", "ROUTE_W": "constexpr", "INTERP": "constexpr", "NIT": "constexpr",
-               "BF16D": "constexpr", "XF": "constexpr", "WDESC": "constexpr"}
-        aligned = ["x_ptr", "out_ptr", "N", "KW", "stride_xm", "slots_ptr"] + ([] if tma else ["w_ptr", "ws_ptr"])
-        cst = dict(BM=16, BN=64, BKW=32, GATED=True, ROUTE_W=False, INTERP=False, NIT=8, BF16D=True, XF=False,
-                   WDESC=tma)
-        n, ops, cvt, shared = _loop_sass(_moe_gemm_kernel, sig, aligned, cst, 4, 3, f"moe_v5a_{int(tma)}")
-        mem = {k: v for k, v in ops.items() if k.startswith(("LDG", "UTMA", "SYNCS", "LDS", "STS"))}
-        _sass_row(rows, "K2048 gate+up", f"_moe_gemm_kernel {'v5a-tma' if tma else 'v3a-bf16'}",
-                  "A=bf16;BM=16;BN=64;BKW=32;num_warps=4;num_stages=3", ops, loop_instr=n,
-                  lane_instr_per_weight=round(n * 128 / (64 * 8 * 32 * 2), 2), shared_bytes=shared,
-                  ttgir_convert_layouts=cvt, memory_ops=" ".join(f"{k}:{v}" for k, v in sorted(mem.items())))
     # dense MMA kernel, the default tile at 14336x4096, M 16: BM 16, BN 64, BKW 16, split-K 4 (FP32 atomics), 4 warps,
-    # 3 stages, the bf16 decode; A as above
+    # 3 stages, the bf16 decode; A as above. kw_per_split is divisible by 16 at every launch (a multiple of BKW), which
+    # Triton's JIT specializes on, so the offline compile says so too
+    dense_sig = {"x_ptr": "*bf16", "xf_ptr": "*bf16", "w_ptr": "*i32", "ws_ptr": "*u8", "wf_ptr": "*fp32",
+                 "out_ptr": "*fp32", "M": "i32", "N": "i32", "KW": "i32", "stride_xm": "i32", "kw_per_split": "i32",
+                 "BM": "constexpr", "BN": "constexpr", "BKW": "constexpr", "SPLIT": "constexpr", "INTERP": "constexpr",
+                 "NIT": "constexpr", "BF16D": "constexpr", "XF": "constexpr"}
+    dense_aligned = ["x_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm", "kw_per_split"]
     for mode in ("bf16", "dec"):
-        sig = {"x_ptr": "*bf16", "xf_ptr": "*bf16" if mode == "bf16" else "*fp32", "w_ptr": "*i32", "ws_ptr": "*u8",
-               "wf_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "N": "i32", "KW": "i32", "stride_xm": "i32",
-               "kw_per_split": "i32", "BM": "constexpr", "BN": "constexpr", "BKW": "constexpr", "SPLIT": "constexpr",
-               "INTERP": "constexpr", "NIT": "constexpr", "BF16D": "constexpr", "XF": "constexpr"}
-        aligned = ["x_ptr", "w_ptr", "ws_ptr", "out_ptr", "N", "KW", "stride_xm", "kw_per_split"]
+        sig = dict(dense_sig, xf_ptr="*bf16" if mode == "bf16" else "*fp32")
         cst = dict(BM=16, BN=64, BKW=16, SPLIT=4, INTERP=False, NIT=8, BF16D=True, XF=mode != "bf16")
-        n, ops, cvt, shared = _loop_sass(_fp4_gemm_kernel, sig, aligned, cst, 4, 3, f"dense_v3a-bf16_{mode}")
+        n, ops, cvt, shared = _loop_sass(_fp4_gemm_kernel, sig, dense_aligned, cst, 4, 3, f"dense_v3a-bf16_{mode}")
         _sass_row(rows, "K4096 split4", "_fp4_gemm_kernel v3a-bf16", f"A={mode};BM=16;BN=64;BKW=16;num_warps=4;num_stages=3",
                   ops, loop_instr=n, lane_instr_per_weight=round(n * 128 / (64 * 8 * 16), 2), shared_bytes=shared,
                   ttgir_convert_layouts=cvt)
-    # v5a: the same tile with the weight words and scales by TMA (GemmConfig.tma; BKW 32 for 16-byte scale rows),
-    # and the pointer tile at BKW 32 beside it
-    for tma in (False, True):
-        sig = {"x_ptr": "*bf16", "xf_ptr": "*bf16", "w_ptr": "tensordesc<i32[64, 32]>" if tma else "*i32",
-               "ws_ptr": "tensordesc<u8[64, 16]>" if tma else "*u8", "wf_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32",
-               "N": "i32", "KW": "i32", "stride_xm": "i32", "kw_per_split": "i32", "BM": "constexpr", "BN": "constexpr",
-               "BKW": "constexpr", "SPLIT": "constexpr", "INTERP": "constexpr", "NIT": "constexpr", "BF16D": "constexpr",
-               "XF": "constexpr", "WDESC": "constexpr"}
-        aligned = ["x_ptr", "out_ptr", "N", "KW", "stride_xm", "kw_per_split"] + ([] if tma else ["w_ptr", "ws_ptr"])
-        cst = dict(BM=16, BN=64, BKW=32, SPLIT=4, INTERP=False, NIT=4, BF16D=True, XF=False, WDESC=tma)
-        n, ops, cvt, shared = _loop_sass(_fp4_gemm_kernel, sig, aligned, cst, 4, 3, f"dense_v5a_{int(tma)}")
-        mem = {k: v for k, v in ops.items() if k.startswith(("LDG", "UTMA", "SYNCS", "LDS", "STS"))}
-        _sass_row(rows, "K4096 split4", f"_fp4_gemm_kernel {'v5a-tma' if tma else 'v3a-bf16'}",
-                  "A=bf16;BM=16;BN=64;BKW=32;num_warps=4;num_stages=3", ops, loop_instr=n,
-                  lane_instr_per_weight=round(n * 128 / (64 * 8 * 32), 2), shared_bytes=shared, ttgir_convert_layouts=cvt,
-                  memory_ops=" ".join(f"{k}:{v}" for k, v in sorted(mem.items())))
+    # v5a: both tiles (W4A16, bf16 decode, BM 16) with the weight words and scales by TMA (`tma=True`; BKW 32 for
+    # 16-byte scale rows), and the pointer tiles at BKW 32 beside them
+    for fn, sig, aligned, cst, shape, w_iter in (
+            (_moe_gemm_kernel, moe_sig, moe_aligned, dict(GATED=True, ROUTE_W=False, NIT=8), "K2048 gate+up", 2),
+            (_fp4_gemm_kernel, dense_sig, dense_aligned, dict(SPLIT=4, NIT=4), "K4096 split4", 1)):
+        for tma in (False, True):
+            s_tma = dict(sig, WDESC="constexpr")
+            if tma:
+                s_tma.update(w_ptr="tensordesc<i32[64, 32]>", ws_ptr="tensordesc<u8[64, 16]>")
+            n, ops, cvt, shared = _loop_sass(
+                fn, s_tma, [a for a in aligned if not (tma and a in ("w_ptr", "ws_ptr"))],
+                dict(cst, BM=16, BN=64, BKW=32, INTERP=False, BF16D=True, XF=False, WDESC=tma), 4, 3,
+                f"{fn.__name__}_v5a_{int(tma)}")
+            _sass_row(rows, shape, f"{fn.__name__} {'v5a-tma' if tma else 'v3a-bf16'}",
+                      "A=bf16;BM=16;BN=64;BKW=32;num_warps=4;num_stages=3", ops, loop_instr=n,
+                      lane_instr_per_weight=round(n * 128 / (64 * 8 * 32 * w_iter), 2), shared_bytes=shared,
+                      ttgir_convert_layouts=cvt, memory_ops=_mem_ops(ops))
     # FP4-KV decode attention, D 128, 8 query heads per KV head (16 MMA rows), 64-token tiles, 4 warps (the
     # engine's default tile): loop instructions per K/V element (kernels/NOTES.md v2i, v3b)
     from kernels.attention import _decode_attn_kernel
@@ -867,14 +858,13 @@ def sass_counts():
         sig.update({k: "constexpr" for k in cst})
         n, ops, cvt, shared = _loop_sass(_quant_rows_kernel, sig, aligned, cst, 4, 1, f"quant_{fmt}_{int(fma)}",
                                          whole=True)
-        mem = {k: v for k, v in ops.items() if k.startswith(("LDG", "STG", "BAR"))}
         alu = sum(v for k, v in ops.items() if k in SASS_ALU_OPS)
         # us for 8192 rows x 4 warps at c clocks per row-warp on 132 SMs x 4 sub-partitions at 1.98 GHz
         bound_us = lambda c: round(8192 * 4 * c / (132 * 4 * 1.98e9) * 1e6, 1)  # noqa: E731
         _sass_row(rows, "8192x4096", f"_quant_rows_kernel {fmt}{'' if fma else '-cmp'}",
                   "BM=1;CH=4096;num_warps=4", ops, kernel_instr=n,
                   instr_per_element=round(n * 128 / 4096, 2), shared_bytes=shared, ttgir_convert_layouts=cvt,
-                  memory_ops=" ".join(f"{k}:{v}" for k, v in sorted(mem.items())), alu_ops=alu,
+                  memory_ops=_mem_ops(ops, ("LDG", "STG", "BAR")), alu_ops=alu,
                   alu_bound_us=bound_us(2 * alu), issue_bound_us=bound_us(n))
     # v4 (kernels/wgmma.py, Gluon): the dense kernel per 64-wide K tile (v4b's loop takes two) and the MoE gate/up
     # per tile pair, BM 16 / 64; registers and shared memory bound the programs per SM (kernels/NOTES.md v4b)

@@ -61,11 +61,12 @@ def _dense(dev):
     out = {"dense-cublas": lambda: F.linear(x, wb),
            "dense-triton": lambda: fp4_linear(x, pw, check_finite=False),
            "dense-triton-w4a4": lambda: fp4_linear(x, pw, act_quant=True, check_finite=False)}
-    tma = dataclasses.replace(default_config(M, N, K, dev), tma=True, BKW=32)  # v5a: words and scales by TMA
+    d = default_config(M, N, K, dev)  # what "dense-triton" runs
+    tma = dataclasses.replace(d, tma=True, BKW=32)  # v5a: words and scales by TMA
     out["dense-triton-tma"] = lambda: fp4_linear(x, pw, config=tma, check_finite=False)
     # 128 weight rows per program: each program reads its activation K-slice once, so at M 16 the activation bytes
     # through L1/TEX (N/BN x 16 x K x 2: 29 MB at BN 64, as much as the weights' 33 MB) halve
-    bn128 = dataclasses.replace(default_config(M, N, K, dev), BN=128, num_warps=8)  # as the sweep's MMA_TILES
+    bn128 = dataclasses.replace(d, BN=128, num_warps=8)  # as the sweep's MMA_TILES
     out["dense-triton-bn128"] = lambda: fp4_linear(x, pw, config=bn128, check_finite=False)
     if usable(dev):
         wg = prepare_wgmma(c, s, o)
