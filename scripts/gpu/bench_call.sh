@@ -24,7 +24,7 @@ if [ -d "$wheels" ]; then
   export PYTHONPATH=$PYTHONPATH:/tmp/site-bench
 fi
 left() { echo $(( limit - ($(date +%s) - t0) )); }
-if ! timeout 200 python3 -m pytest tests/kernels tests/rl/test_steps.py -q -p no:cacheprovider \
+if ! timeout 300 python3 -m pytest tests/kernels tests/rl/test_steps.py -q -p no:cacheprovider \
     -k "every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert or decoded_activation or fake_tile or tma or fma" \
     > "$out/tests.log" 2>&1; then
   tail -40 "$out/tests.log"; echo "GPU tests failed: nothing timed"; exit 1
