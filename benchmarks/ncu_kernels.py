@@ -68,6 +68,8 @@ def _dense(dev):
     # through L1/TEX (N/BN x 16 x K x 2: 29 MB at BN 64, as much as the weights' 33 MB) halve
     bn128 = dataclasses.replace(d, BN=128, num_warps=8)  # as the sweep's MMA_TILES
     out["dense-triton-bn128"] = lambda: fp4_linear(x, pw, config=bn128, check_finite=False)
+    r64 = dataclasses.replace(d, maxnreg=64)  # v5b: 64 registers, 8 programs per SM instead of 5 (no spills offline)
+    out["dense-triton-r64"] = lambda: fp4_linear(x, pw, config=r64, check_finite=False)
     if usable(dev):
         wg = prepare_wgmma(c, s, o)
         out["dense-v4b"] = lambda: fp4_linear_wgmma(x, wg, check_finite=False)
@@ -109,6 +111,8 @@ def _moe(dev):
     # down weights': 248 blocks x 12 or 32 row tiles x the block's rows)
     bn128 = dataclasses.replace(cfg, BN=128, BN_down=128, num_warps=8)
     out["moe-triton-bn128"] = lambda: fused_moe(x, mw, ids, tw, config=bn128, align=al, check_finite=False)
+    r80 = dataclasses.replace(cfg, maxnreg=80, maxnreg_down=80)  # v5b: 6 programs per SM instead of 3 (gate/up), 5 (down)
+    out["moe-triton-r80"] = lambda: fused_moe(x, mw, ids, tw, config=r80, align=al, check_finite=False)
     if usable(dev):
         mwg = prepare_moe_wgmma(g, u, d)
         out["moe-v4b"] = lambda: fused_moe_wgmma(x, mwg, ids, tw)
@@ -141,8 +145,10 @@ def _attention(dev):
 
 # each builder's targets (a builder makes the inputs its targets share)
 GROUPS = {_quantize: ("quantize-nvfp4", "copy-bf16"),
-          _dense: ("dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b", "dense-triton-tma", "dense-triton-bn128"),
-          _moe: ("moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "moe-triton-tma", "moe-triton-bn128"),
+          _dense: ("dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b", "dense-triton-tma", "dense-triton-bn128",
+                   "dense-triton-r64"),
+          _moe: ("moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "moe-triton-tma", "moe-triton-bn128",
+                 "moe-triton-r80"),
           _attention: ("attention-sdpa", "attention-fp4kv")}
 # per-reason warp stalls (cycles per issued instruction); ncu's WarpStateStats section charts them without listing
 # them in its CSV, so the command asks for them by name (`--metrics`, see `ncu_metrics`)
@@ -172,7 +178,8 @@ def ncu_metrics(counts: bool = True) -> str:
 # summarized by these indices).
 TARGETS = ("quantize-nvfp4", "copy-bf16", "dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b",
            "moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "attention-sdpa", "attention-fp4kv",
-           "dense-triton-tma", "moe-triton-tma", "dense-triton-bn128", "moe-triton-bn128")
+           "dense-triton-tma", "moe-triton-tma", "dense-triton-bn128", "moe-triton-bn128", "dense-triton-r64",
+           "moe-triton-r80")
 MARKER = "_ncu_target_marker"
 
 

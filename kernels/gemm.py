@@ -457,11 +457,13 @@ class GemmConfig:
     U: int = 1  # gemv2: K-groups (256 elements) per loop iteration
     prefetch: bool = False  # gemv2: register double buffer (U must be 1); NOT yet measured on a GPU
     tma: bool = False  # mma: the weight words and scales by TMA (tensor descriptors, blocks [BN, BKW] and [BN, BKW/2];
-    #                    BKW >= 32 for TMA's 16-byte rows of scales) instead of per-thread loads; not yet timed on a
-    #                    GPU (kernels/NOTES.md, v5a)
+    #                    BKW >= 32 for TMA's 16-byte rows of scales) instead of per-thread loads; level with or
+    #                    slower than the pointer tile on the H200 (kernels/NOTES.md, v5a measured)
     bf16_decode: bool = True  # mma on a GPU: decode and scale the tile in bf16 (inline PTX, `dequant_tile_words`),
     #                           faster than the fp32 decode in every config timed on the H200; the interpreter, whose
     #                           bf16 arithmetic is not IEEE, always decodes in fp32
+    maxnreg: int | None = None  # mma: registers per thread the compiler may use (PTX .maxnreg): fewer registers,
+    #                             more resident warps (kernels/NOTES.md v5b); None: the compiler's choice
 
 
 def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
@@ -611,5 +613,5 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
     _fp4_gemm_kernel[grid](xa, xf, words, scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
                            BM=cfg.BM, BN=cfg.BN, BKW=cfg.BKW, SPLIT=split,
                            INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW, BF16D=bf16d, XF=act_quant, WDESC=cfg.tma,
-                           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                           num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg)
     return out if out.dtype == out_dtype else out.to(out_dtype)

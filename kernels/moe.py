@@ -417,8 +417,10 @@ class MoEConfig:
     #                    on the activations' tile values) or "gemv" (v1 decode, BM <= 4; W4A4 on dequantized activations)
     U: int = 1  # gemv: K-groups of 256 per loop iteration
     bf16_decode: bool = True  # mma on a GPU: decode and scale in bf16 (interpreter: fp32)
-    tma: bool = False  # mma: the weight words and scales by TMA (BKW a multiple of 32; kernels/NOTES.md v5a); not yet
-    #                    timed on a GPU
+    tma: bool = False  # mma: the weight words and scales by TMA (BKW a multiple of 32); level with or slower than the
+    #                    pointer tile on the H200 (kernels/NOTES.md v5a measured)
+    maxnreg: int | None = None  # mma: register cap per thread of the gate/up launch (PTX .maxnreg; kernels/NOTES.md v5b)
+    maxnreg_down: int | None = None  # the same for the down launch; None: the compiler's choice
 
 
 def mma_moe_config(T: int, topk: int, E: int) -> MoEConfig:
@@ -458,12 +460,12 @@ def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
 
 def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_div: int, gated: bool,
              route_w=None, a_factor=None, BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, out_dtype=None,
-             bf16_decode: bool = True, tma: bool = False):
+             bf16_decode: bool = True, tma: bool = False, maxnreg: int | None = None):
     """One grouped launch of the MMA kernel. a: activations [R, K] (R = tokens or slots; row of slot s = s // a_div),
     or with a_factor [R] (W4A4) the activation's tile values from `quantize_act_for_gemm` and a_factor each row's
     2^7 / S_enc. Returns [S, N] in out_dtype (default a.dtype).
     bf16_decode: the tile's decode in bf16 (GPU only; the interpreter decodes in fp32). tma: the weight tiles by TMA
-    (`_moe_gemm_kernel`'s WDESC)."""
+    (`_moe_gemm_kernel`'s WDESC). maxnreg: the compiler's register cap per thread (None: its choice)."""
     N = w.N // 2 if gated else w.N
     KW = w.K // 8
     out = torch.empty((S, N), dtype=out_dtype or a.dtype, device=w.words.device)
@@ -479,7 +481,7 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
                            w.factor, out, sorted_slots, block_expert, route_w if route_w is not None else out, S, N, KW,
                            a.stride(0), a_div, BM=BM, BN=BN, BKW=BKW, GATED=gated, ROUTE_W=route_w is not None,
                            INTERP=INTERPRET, NIT=triton.cdiv(KW, BKW), BF16D=bf16d, XF=a_factor is not None,
-                           WDESC=tma, num_warps=num_warps, num_stages=num_stages)
+                           WDESC=tma, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
     return out
 
 
@@ -538,11 +540,13 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
               out_dtype=x.dtype, tma=cfg.tma)
     if act_quant:  # the MMA tile reads the activations' tile values, each row's 2^7 / S_enc applied after it
         xq, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=_tagged(on_quant, "gate_up"))
-        h = moe_gemm(xq, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, a_factor=xf, BN=cfg.BN, **kw)
+        h = moe_gemm(xq, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, a_factor=xf, BN=cfg.BN,
+                     maxnreg=cfg.maxnreg, **kw)
         hq, hf = quantize_act_for_gemm(h, check_finite=False, on_quant=_tagged(on_quant, "down"))
         y = moe_gemm(hq, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, a_factor=hf,
-                     BN=cfg.BN_down, **kw)
+                     BN=cfg.BN_down, maxnreg=cfg.maxnreg_down, **kw)
     else:
-        h = moe_gemm(x, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, BN=cfg.BN, **kw)
-        y = moe_gemm(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, BN=cfg.BN_down, **kw)
+        h = moe_gemm(x, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, BN=cfg.BN, maxnreg=cfg.maxnreg, **kw)
+        y = moe_gemm(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, BN=cfg.BN_down,
+                     maxnreg=cfg.maxnreg_down, **kw)
     return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)

@@ -25,7 +25,7 @@ if [ -d "$wheels" ]; then
 fi
 left() { echo $(( limit - ($(date +%s) - t0) )); }
 if ! timeout 300 python3 -m pytest tests/kernels tests/rl/test_steps.py -q -p no:cacheprovider \
-    -k "every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert or decoded_activation or fake_tile or tma or fma" \
+    -k "every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert or decoded_activation or fake_tile or tma or fma or register_cap" \
     > "$out/tests.log" 2>&1; then
   tail -40 "$out/tests.log"; echo "GPU tests failed: nothing timed"; exit 1
 fi

@@ -216,6 +216,18 @@ def test_tma_tiles_give_the_pointer_path_bit_for_bit(M, N, K, act_quant):
     assert rel(y_tma, ref.fp4_linear(x, c, s, o, act_quant=act_quant)) < TOL_MMA
 
 
+@pytest.mark.parametrize("M,N,K,act_quant", [(1, 40, 256, True), (17, 33, 512, False)])
+def test_register_cap_changes_no_value(M, N, K, act_quant):
+    """GemmConfig(maxnreg=64) compiles the same tile under a register cap (on a GPU: another register allocation, spills
+    where 64 do not suffice): the same instructions on the same values, so the uncapped output bit for bit."""
+    (c, s, o), x = _mma_case(M, N, K)
+    pw = prepare_weight(*dev(c, s, o))
+    base = dict(MMA_KW, BN=16, BM=16, split=1, num_stages=1)
+    y = fp4_linear(dev(x), pw, act_quant=act_quant, config=GemmConfig(maxnreg=64, **base))
+    assert torch.equal(y, fp4_linear(dev(x), pw, act_quant=act_quant, config=GemmConfig(**base)))
+    assert rel(y, ref.fp4_linear(x, c, s, o, act_quant=act_quant)) < TOL_MMA
+
+
 def test_tma_needs_16_byte_rows():
     (c, s, o), x = _mma_case(3, 16, 96)  # 6 scale bytes per row: not a TMA row
     with pytest.raises(ValueError, match="tma needs"):

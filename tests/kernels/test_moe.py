@@ -231,3 +231,16 @@ def test_tma_tiles_give_the_pointer_path_bit_for_bit(T, E, H, I, k, act_quant):
     assert torch.equal(y_tma, fused_moe(xd, mw, idsd, twd, act_quant=act_quant, config=MoEConfig(**base)))
     r = ref.moe_fp4_reference(x, g, u, d, ids, tw, act_quant=act_quant)
     assert rel(y_tma, r) < (TOL_MMA if act_quant else TOL_MOE_MMA)
+
+
+@pytest.mark.parametrize("act_quant", [True, False] if ON_GPU else [True])  # the interpreter ignores the cap: one case
+def test_register_cap_changes_no_value(act_quant):
+    """MoEConfig(maxnreg=..., maxnreg_down=...): both launches under a register cap (on a GPU 64 spills registers of
+    the gate/up tile) give the uncapped output bit for bit."""
+    g, u, d, x, ids, tw = _case(7, 5, 256, 256, 2)
+    mw = prepare_moe_weights(*dev(g, u, d))
+    xd, idsd, twd = dev(x, ids, tw)
+    base = dict(MMA_KW, BM=16, BN=16, num_stages=2, BN_down=16)
+    y = fused_moe(xd, mw, idsd, twd, act_quant=act_quant, config=MoEConfig(maxnreg=64, maxnreg_down=80, **base))
+    assert torch.equal(y, fused_moe(xd, mw, idsd, twd, act_quant=act_quant, config=MoEConfig(**base)))
+    assert rel(y, ref.moe_fp4_reference(x, g, u, d, ids, tw, act_quant=act_quant)) < (TOL_MMA if act_quant else TOL_MOE_MMA)
