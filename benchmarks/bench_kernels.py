@@ -405,15 +405,6 @@ def run_dense(dev, quick):
                     if t:
                         record("dense", shape, prov, t, fp4_bytes, base, a_ms,
                                cfg_str(cm) + (";+act-quant launch" if aq else ""))
-            # v5b: the MMA tile under a register cap (GemmConfig.maxnreg): 64 registers compile without spills and
-            # fit 8 programs per SM where the default's 88 fit 5 (kernels/NOTES.md v5b)
-            cm0 = default_config(M, N, K, x.device)
-            variants = [dataclasses.replace(cm0, maxnreg=r, num_stages=st, split=sp) for r in (64, 80) for st in (3, 4)
-                        for sp in sorted({cm0.split, 2 * cm0.split})]
-            t, cm = timed_best(lambda cf: (lambda: fp4_linear(x, pw, config=cf, check_finite=False)), variants,
-                               "dense", shape, "fp4-w4a16-reg", base, oracle=(r16, 1e-2))
-            if t:
-                record("dense", shape, "fp4-w4a16-reg-best", t, fp4_bytes, base, a_ms, cfg_str(cm))
             # the engine's path above its crossover: the same activation codes on cuBLAS BF16
             record("dense", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_linear(x, wb)), N * K * 2 + io, base, a_ms,
                    "+act-quant launch")
@@ -588,18 +579,6 @@ def run_moe(dev, quick):
                                cfg_str(cm) + (";+2 act-quant launches;routing align inside" if aq else ""),
                                f"experts_hit={hit}")
                     del r
-            # v5b: the MMA tile under register caps (MoEConfig.maxnreg for gate/up, maxnreg_down): the gate/up tile's
-            # 134 registers fit 3 programs per SM, 80 fit 6 (2 spilled stores offline; kernels/NOTES.md v5b)
-            cm0 = mma_moe_config(T, k, E)
-            r = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw)
-            al0 = moe_align(ids, E, cm0.BM)
-            variants = [dataclasses.replace(cm0, maxnreg=rg, maxnreg_down=rd, num_stages=st)
-                        for rg, rd in ((80, None), (80, 80), (64, 64), (128, 80)) for st in (3, 4)]
-            t, cm = timed_best(lambda c: (lambda: fused_moe(x, mw, ids, tw, config=c, align=al0, check_finite=False)),
-                               variants, "moe", shape, "fp4-w4a16-reg", base, oracle=(r, moe_tol(False)))
-            if t:
-                record("moe", shape, "fp4-w4a16-reg-best", t, fp4_bytes, base, a_ms, cfg_str(cm), f"experts_hit={hit}")
-            del r
             # the engine's path above its crossover: the same activation codes on BF16 grouped GEMMs
             record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13, w2)),
                    hit * 3 * H * I * 2 + act_bytes, base, a_ms, "+2 act-quant launches;routing sort inside",

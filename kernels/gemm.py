@@ -463,7 +463,8 @@ class GemmConfig:
     #                           faster than the fp32 decode in every config timed on the H200; the interpreter, whose
     #                           bf16 arithmetic is not IEEE, always decodes in fp32
     maxnreg: int | None = None  # mma: registers per thread the compiler may use (PTX .maxnreg): fewer registers,
-    #                             more resident warps (kernels/NOTES.md v5b); None: the compiler's choice
+    #                             more resident warps, but not a higher issue rate: 2-12% slower on the H200
+    #                             (kernels/NOTES.md v5b); None: the compiler's choice
 
 
 def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:

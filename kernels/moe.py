@@ -419,7 +419,8 @@ class MoEConfig:
     bf16_decode: bool = True  # mma on a GPU: decode and scale in bf16 (interpreter: fp32)
     tma: bool = False  # mma: the weight words and scales by TMA (BKW a multiple of 32); level with or slower than the
     #                    pointer tile on the H200 (kernels/NOTES.md v5a measured)
-    maxnreg: int | None = None  # mma: register cap per thread of the gate/up launch (PTX .maxnreg; kernels/NOTES.md v5b)
+    maxnreg: int | None = None  # mma: register cap per thread of the gate/up launch (PTX .maxnreg; level to 23% slower on
+    #                             the H200, kernels/NOTES.md v5b)
     maxnreg_down: int | None = None  # the same for the down launch; None: the compiler's choice
 
 
