@@ -579,6 +579,21 @@ def run_moe(dev, quick):
                                cfg_str(cm) + (";+2 act-quant launches;routing align inside" if aq else ""),
                                f"experts_hit={hit}")
                     del r
+            # v5c: the MMA tile with more slots per block than the default's BM. A block decodes its expert's whole
+            # weight, so BM 16 at Qwen3 T 256 (16 rows per expert on average) decodes each used expert ~1.43 times
+            # and BM 32 once (kernels/NOTES.md v5c); each BM larger than the default, checked, a sweep row each
+            cm0 = mma_moe_config(T, k, E)
+            bms = [bm for bm in (32, 64) if bm > cm0.BM]
+            if T >= 16 and bms:
+                r = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw)
+                aligns = {bm: moe_align(ids, E, bm) for bm in bms}
+                t, cm = timed_best(lambda c: (lambda: fused_moe(x, mw, ids, tw, config=c, align=aligns[c.BM],
+                                                                check_finite=False)),
+                                   [dataclasses.replace(cm0, BM=bm) for bm in bms], "moe", shape, "fp4-w4a16-bm", base,
+                                   oracle=(r, moe_tol(False)))
+                if t:
+                    record("moe", shape, "fp4-w4a16-bm-best", t, fp4_bytes, base, a_ms, cfg_str(cm), f"experts_hit={hit}")
+                del r
             # the engine's path above its crossover: the same activation codes on BF16 grouped GEMMs
             record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13, w2)),
                    hit * 3 * H * I * 2 + act_bytes, base, a_ms, "+2 act-quant launches;routing sort inside",

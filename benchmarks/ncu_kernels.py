@@ -164,13 +164,17 @@ STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 # metric's base unit)
 COUNTS = {"smsp__inst_executed.sum": ("warp inst (M)", 1e-6, "inst"),
           "dram__bytes_read.sum": ("DRAM read MB", 1e-6, "byte"),
-          "lts__t_sectors_srcunit_tex_op_read.sum": ("L2->L1 MB", 32e-6, "sector")}
+          "lts__t_sectors_srcunit_tex_op_read.sum": ("L2->L1 MB", 32e-6, "sector"),
+          # shared-memory wavefronts (one per 128 bytes a warp moves through the shared pipe, more when its lanes
+          # conflict on banks) and the bank conflicts among them: the decoded tile's round trip (kernels/NOTES.md)
+          "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum": ("shared wavefronts (M)", 1e-6, ""),
+          "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": ("shared bank conflicts (M)", 1e-6, "")}
 _SI = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
 
 def ncu_metrics(counts: bool = True) -> str:
     """The `--metrics` argument of the ncu command line (the stall reasons, and COUNTS unless counts=False: ncu
-    refuses a whole run over one metric name it does not know, and these three have not met a real ncu yet)."""
+    refuses a whole run over one metric name it does not know; all five were read on the H200's ncu)."""
     return ",".join([STALL_METRIC.format(r) for r in STALLS] + (list(COUNTS) if counts else []))
 
 
@@ -249,6 +253,8 @@ def summarize(text: str, top: int = 3) -> str:
     kernels: dict[str, dict] = {}
     stalls: dict[str, dict[str, float]] = defaultdict(dict)
     for r in rows:
+        if r["Kernel Name"] is None:  # one of ncu's ==WARNING== lines between the rows
+            continue
         kid = r["ID"]
         k = kernels.setdefault(kid, {"kernel": r["Kernel Name"][:60], "grid": r.get("Grid Size", ""),
                                      "block": r.get("Block Size", "")})

@@ -26,6 +26,10 @@ def test_summary_converts_units_and_ranks_the_stalls():
     text += _row(0, "_w4_wgmma_kernel", "Command line profiler metrics", "lts__t_sectors_srcunit_tex_op_read.sum",
                  "Ksector", "1,900")
     text += _row(0, "_w4_wgmma_kernel", "Command line profiler metrics",
+                 "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum", "", "3,522,846")
+    # ncu writes a warning line between the rows when a section has nothing to show
+    text += "==WARNING== No metrics to show for section(s): MemoryWorkloadAnalysis_Tables.\n"
+    text += _row(0, "_w4_wgmma_kernel", "Command line profiler metrics",
                  ncu_kernels.STALL_METRIC.format("long_scoreboard"), "", "3.5")
     text += _row(0, "_w4_wgmma_kernel", "Command line profiler metrics", ncu_kernels.STALL_METRIC.format("wait"), "", "9.25")
     text += _row(0, "_w4_wgmma_kernel", "Command line profiler metrics", ncu_kernels.STALL_METRIC.format("barrier"), "",
@@ -40,6 +44,7 @@ def test_summary_converts_units_and_ranks_the_stalls():
     assert v4b["grid"] == "(224, 1, 6)" and v4b["occ %"] == "30.2"
     assert v4b["mem %"] == "54.3" and v4b["DRAM GB/s"] == "1326.0" and v4b["issued/cycle"] == "0.29"
     assert v4b["warp inst (M)"] == "15.3" and v4b["DRAM read MB"] == "33.0" and v4b["L2->L1 MB"] == "60.8"
+    assert v4b["shared wavefronts (M)"] == "3.5" and v4b["shared bank conflicts (M)"] == ""
     assert v4b["top stalls (cycles per issued instruction)"] == "wait 9.2, long_scoreboard 3.5"  # the two largest
     assert gemm["us"] == "40.5" and gemm["top stalls (cycles per issued instruction)"] == ""
 
