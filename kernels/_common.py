@@ -185,13 +185,31 @@ _DECODE8_ASM = tl.constexpr("{\n.reg .b32 ss, b, t, m, g;\nmov.b32 ss, {$9, $9};
     f"mov.b32 {{${2 * p}, ${2 * p + 1}}}, m;\n" for p in range(4)) + "}")
 
 
-# The same for a word in `kernels.gemm.pair_layout` (pair p's nibbles at bits 4p and 16 + 4p): per pair one
-# shift and mask for both magnitudes, one mul.rn.bf16x2, one shift and mask-xor for both signs.
-_DECODE8_PAIRED_ASM = tl.constexpr("{\n.reg .b32 ss, m, g;\nmov.b32 ss, {$9, $9};\n" + "".join(
-    (f"shl.b32 m, $8, {6 - 4 * p};\n" if p < 2 else f"shr.u32 m, $8, {4 * p - 6};\n")
-    + "and.b32 m, m, 0x01C001C0;\nmul.rn.bf16x2 m, m, ss;\n"
-    + (f"shl.b32 g, $8, {12 - 4 * p};\n" if p < 3 else "mov.b32 g, $8;\n")
-    + f"and.b32 g, g, 0x80008000;\nxor.b32 m, m, g;\nmov.b32 {{${2 * p}, ${2 * p + 1}}}, m;\n" for p in range(4)) + "}")
+# Where the bf16 decode's layouts (`kernels.gemm.pair_layout`, `kernels.wgmma.wgmma_layout`) put each bit of a word's
+# element j = 2p + h (h: 0 low half, 1 high half), as code bit -> word bit (+ 16 h): pairs 0-2 keep a code's
+# magnitude (bits 0-2) 9 bits below its sign (bit 3), as a bf16's exponent field sits below its sign, so one shift and
+# one mask land both codes of the pair in bf16x2 position; pair 3 fills the four bits left over. The same split as
+# `triton_kernels`' Hopper value layout (`_pack_bits` in triton_kernels/tensor_details/layout_details/hopper_value.py,
+# v3.6.0).
+PAIR_BITS = ((6, 7, 8, 15), (3, 4, 5, 12), (0, 1, 2, 9), (13, 10, 11, 14))  # [pair][code bit] -> word bit
+
+
+def pair_decode_ptx(scales) -> str:
+    """PTX lines that decode word $8 (in the PAIR_BITS layout) into $0..$7, pair p times the bf16x2 register
+    scales[p]: pairs 0, 1, 2 by a shift (0, 3, 6) and one mask that keeps both magnitudes under the bf16x2's
+    exponent fields and both signs on its sign bits, then one mul.rn.bf16x2 (the sign goes through the multiply:
+    round-to-nearest is symmetric, so (-m) * s = -(m * s) bit for bit, -0 included); pair 3's sign, exponent bits and
+    mantissa bit each moved into place by a shift and a mask. 15 instructions per 8 values, against 20 with each
+    pair's sign 3 bits above its magnitude (kernels/NOTES.md v5d). Uses .b32 registers m and g."""
+    out = "".join(("" if p == 0 else f"shl.b32 m, $8, {3 * p};\n") + f"and.b32 m, {'$8' if p == 0 else 'm'}, 0x81C081C0;\n"
+                  f"mul.rn.bf16x2 m, m, {scales[p]};\nmov.b32 {{${2 * p}, ${2 * p + 1}}}, m;\n" for p in range(3))
+    return out + ("shl.b32 m, $8, 1;\nand.b32 m, m, 0x80008000;\nshr.u32 g, $8, 3;\nand.b32 g, g, 0x01800180;\n"
+                  "or.b32 m, m, g;\nshr.u32 g, $8, 7;\nand.b32 g, g, 0x00400040;\nor.b32 m, m, g;\n"
+                  f"mul.rn.bf16x2 m, m, {scales[3]};\nmov.b32 {{$6, $7}}, m;\n")
+
+
+# The same for a word in `kernels.gemm.pair_layout` (PAIR_BITS), one scale for all 8 values.
+_DECODE8_PAIRED_ASM = tl.constexpr("{\n.reg .b32 ss, m, g;\nmov.b32 ss, {$9, $9};\n" + pair_decode_ptx(("ss",) * 4) + "}")
 
 
 @triton.jit

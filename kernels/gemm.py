@@ -42,6 +42,7 @@ from kernels import reference as ref
 from kernels._common import (
     EPI_POW,
     INTERPRET,
+    PAIR_BITS,
     check_tensor,
     dequant_tile_loaded,
     dequant_tile_words,
@@ -77,14 +78,16 @@ class PreparedFP4Weight:
 
 
 def pair_layout(words: torch.Tensor) -> torch.Tensor:
-    """int32 words of 8 nibbles (element j at bits 4j) -> the same nibbles with each pair (2p, 2p+1) 16 bits
-    apart: element 2p at bits 4p, element 2p+1 at bits 16 + 4p. The bf16 decode (`_DECODE8_PAIRED_ASM`) then
-    shifts and masks a pair's two values under a bf16x2's two exponent fields in one go (no byte extract,
-    no spread). [...] int32 -> same shape."""
+    """int32 words of 8 nibbles (element j at bits 4j) -> the bf16 decode's layout (`_DECODE8_PAIRED_ASM`): element
+    2p + h's code bit i at bit `kernels._common.PAIR_BITS`[p][i] + 16 h. Pairs 0, 1, 2 then decode with a shift by 0, 3, 6 and one
+    mask (magnitudes under both halves' exponent fields, signs on both sign bits), pair 3 with three shifts and
+    masks. int32 -> same shape."""
     u = words.to(torch.int64) & 0xFFFFFFFF
     out = torch.zeros_like(u)
     for j in range(8):
-        out |= ((u >> (4 * j)) & 0xF) << (4 * ((j % 2) * 4 + j // 2))
+        code = (u >> (4 * j)) & 0xF
+        for i, bit in enumerate(PAIR_BITS[j // 2]):
+            out |= ((code >> i) & 1) << (bit + 16 * (j % 2))
     return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
 
 

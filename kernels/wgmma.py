@@ -23,10 +23,10 @@ MoE down projection (`moe_split`). A cp.async ring of 3-6 K tiles in shared memo
 H200 and was deleted (kernels/NOTES.md v4c).
 
 Layout of a 64-wide K tile of row n (`wgmma_layout`): word c = 2 q + sh holds the 8 elements
-k = 32 sh + 16 s0 + 8 h + 2 q + p (j = 4 s0 + 2 h + p), element j at bits 4 (j // 2) + 16 (j % 2) (the bf16 decode's
-pair layout, `kernels.gemm.pair_layout`). The wgmma A fragment of a thread (lane 4 g + q, bf16, k_width 2) is rows
-g and g + 8 of its warp's 16, and k = 2 q + {0, 1} + 8 h + 16 s (s = 0..3): 4 words per thread and K tile, two
-8-byte loads.
+k = 32 sh + 16 s0 + 8 h + 2 q + p (j = 4 s0 + 2 h + p), element j's code bit i at bit PAIR_BITS[j // 2][i] +
+16 (j % 2) (the bf16 decode's pair layout, `kernels._common.PAIR_BITS`, as `kernels.gemm.pair_layout`). The
+wgmma A fragment of a thread (lane 4 g + q, bf16, k_width 2) is rows g and g + 8 of its warp's 16, and
+k = 2 q + {0, 1} + 8 h + 16 s (s = 0..3): 4 words per thread and K tile, two 8-byte loads.
 
 Compared against: `kernels.reference.fp4_linear` and `moe_fp4_reference` (FP32 dequantize-then-matmul) in
 tests/kernels/test_wgmma.py (GPU only: Gluon has no interpreter); the layouts against element-wise formulas and
@@ -42,7 +42,7 @@ import torch
 import triton
 
 from kernels import reference as ref
-from kernels._common import check_tensor, num_sms
+from kernels._common import PAIR_BITS, check_tensor, num_sms, pair_decode_ptx
 from kernels.gemm import EPI_POW, quantize_act_for_gemm
 from kernels.moe import _fields, moe_align
 
@@ -64,7 +64,7 @@ BK = 64  # K per tile: 4 k16 wgmmas, 4 words per thread
 def wgmma_layout(codes: torch.Tensor) -> torch.Tensor:
     """E2M1 codes uint8 [..., N, K] (K % 64 == 0) -> int32 words [..., N, K / 8] in the v4a layout (module
     docstring): per 64-wide tile, word c = 2 q + sh holds element j = 4 s0 + 2 h + p of k = 32 sh + 16 s0 + 8 h +
-    2 q + p at bits 4 (j // 2) + 16 (j % 2)."""
+    2 q + p, its code bit i at bit PAIR_BITS[j // 2][i] + 16 (j % 2) (`kernels._common.PAIR_BITS`)."""
     *lead, N, K = codes.shape
     if K % BK:
         raise ValueError(f"K={K} must be a multiple of {BK}")
@@ -73,9 +73,10 @@ def wgmma_layout(codes: torch.Tensor) -> torch.Tensor:
     t = nd - 6
     c = c.permute(*range(t + 1), t + 4, t + 1, t + 2, t + 3, t + 5)  # [..., t, q, sh, s0, h, p]
     c = c.reshape(*lead, N, K // BK, 8, 8)  # word 2 q + sh, element 4 s0 + 2 h + p
-    j = torch.arange(8, device=codes.device)
-    shift = 4 * (j // 2) + 16 * (j % 2)
-    w = (c << shift).sum(-1)  # the 8 nibbles occupy disjoint bits
+    w = torch.zeros(c.shape[:-1], dtype=torch.int64, device=codes.device)
+    for j in range(8):
+        for i, bit in enumerate(PAIR_BITS[j // 2]):
+            w |= ((c[..., j] >> i) & 1) << (bit + 16 * (j % 2))
     w = torch.where(w >= 2**31, w - 2**32, w)
     return w.to(torch.int32).reshape(*lead, N, K // 8).contiguous()
 
@@ -129,19 +130,15 @@ def prepare_wgmma(codes: torch.Tensor, scales: torch.Tensor, outer: torch.Tensor
 
 
 if gluon is not None:
-    # One int32 word (v4a layout) and the two v4a scale bytes of its blocks (s0 = 0, 1; `wgmma_scales`) -> its 8
-    # values * s_b * 2^-7 in bf16. Each byte becomes the bf16x2 (s_b * 2^119, s_b * 2^119) by one multiply-add; per
-    # pair (p = 0, 1 share a word's pair slot) one shift and mask put both magnitudes under a bf16x2's exponent
-    # fields, one mul.rn.bf16x2 scales them (an E2M1 subnormal becomes a bf16 subnormal, which bf16 arithmetic
-    # keeps), one shift and mask-xor sets both signs (the scale is positive). Pairs 0-1 are block s0 = 0, 2-3 s0 = 1.
+    # One int32 word (v4a layout, `PAIR_BITS`) and the two v4a scale bytes of its blocks (s0 = 0, 1; `wgmma_scales`)
+    # -> its 8 values * s_b * 2^-7 in bf16. Each byte becomes the bf16x2 (s_b * 2^119, s_b * 2^119) by one
+    # multiply-add; the pairs decode as in the Triton tile (`kernels._common.pair_decode_ptx`: a shift and a mask
+    # per pair 0-2, an E2M1 subnormal becoming a bf16 subnormal, which bf16 arithmetic keeps). Pairs 0-1 are block
+    # s0 = 0, 2-3 s0 = 1.
     _DECODE8_WG = gl.constexpr("{\n.reg .b32 sa, sb, m, g;\ncvt.u32.u16 sa, $9;\nshr.u32 sb, sa, 8;\n"
                                f"and.b32 sa, sa, 255;\nmad.lo.u32 sa, sa, 0x100010, {SCALE_MAD};\n"
-                               f"mad.lo.u32 sb, sb, 0x100010, {SCALE_MAD};\n" + "".join(
-        (f"shl.b32 m, $8, {6 - 4 * p};\n" if p < 2 else f"shr.u32 m, $8, {4 * p - 6};\n")
-        + f"and.b32 m, m, 0x01C001C0;\nmul.rn.bf16x2 m, m, {'sa' if p < 2 else 'sb'};\n"
-        + (f"shl.b32 g, $8, {12 - 4 * p};\n" if p < 3 else "mov.b32 g, $8;\n")
-        + f"and.b32 g, g, 0x80008000;\nxor.b32 m, m, g;\nmov.b32 {{${2 * p}, ${2 * p + 1}}}, m;\n" for p in range(4))
-        + "}")
+                               f"mad.lo.u32 sb, sb, 0x100010, {SCALE_MAD};\n"
+                               + pair_decode_ptx(("sa", "sa", "sb", "sb")) + "}")
 
     # words [64, 8] of a K tile: word bit 0 (sh) and row bit 3 in registers, word bits 1-2 (q) and row bits 0-2 over
     # lanes, row bits 4-5 over warps: the wgmma A fragment's rows and k-quads (module docstring)

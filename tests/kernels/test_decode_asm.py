@@ -59,10 +59,16 @@ def run_ptx(text: str, operands: list[int]) -> list[int]:
             r = a[0] & a[1]
         elif op == "xor.b32":
             r = a[0] ^ a[1]
+        elif op == "or.b32":
+            r = a[0] | a[1]
         elif op == "bfe.u32":
             r = (a[0] >> a[1]) & ((1 << a[2]) - 1)
         elif op == "mul.lo.u32":
             r = (a[0] * a[1]) & M32
+        elif op == "mad.lo.u32":
+            r = (a[0] * a[1] + a[2]) & M32
+        elif op == "cvt.u32.u16":
+            r = a[0] & 0xFFFF
         elif op == "mul.rn.bf16x2":
             r = 0
             for half in (0, 16):
@@ -95,13 +101,17 @@ def test_ptx_decoders_give_the_oracle_values(paired):
             assert np.array_equal(got, want), (i, codes[i].tolist(), got, want)
 
 
-def test_pair_layout_moves_each_pair_16_bits_apart():
-    codes = torch.randint(0, 16, (5, 64), dtype=torch.uint8)
+def test_pair_layout_puts_every_bit_where_the_decoder_reads_it():
+    """Element 2p + h's code bit i sits at bit PAIR_BITS[p][i] + 16 h, and the table uses each of the 32 bits once."""
+    from kernels._common import PAIR_BITS
+
+    assert sorted(b + 16 * h for row in PAIR_BITS for b in row for h in (0, 1)) == list(range(32))
+    codes = torch.randint(0, 16, (5, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
     words = ref.pack_fp4(codes).contiguous().view(torch.int32)  # [5, 8]
     pw = pair_layout(words).to(torch.int64) & M32
     for j in range(8):
-        slot = (j % 2) * 4 + j // 2
-        assert torch.equal((pw >> (4 * slot)) & 0xF, codes[:, j::8].long())
+        got = sum(((pw >> (PAIR_BITS[j // 2][i] + 16 * (j % 2))) & 1) << i for i in range(4))
+        assert torch.equal(got, codes[:, j::8].long())
 
 
 def test_a_prepared_weight_builds_its_pair_layout_once():
@@ -112,3 +122,29 @@ def test_a_prepared_weight_builds_its_pair_layout_once():
     assert w.pair_words is None  # only a bf16-decode call builds it
     p = w.paired()
     assert p is w.paired() and torch.equal(p, pair_layout(w.words))
+
+
+def test_wgmma_decoder_gives_the_oracle_values():
+    """`kernels.wgmma._DECODE8_WG` (v4b's decode: a word in `wgmma_layout`'s bit order and its two blocks' scale bytes
+    from `wgmma_scales`) run by the emulator: elements 0-3 times the first block's scale, 4-7 the second's."""
+    from kernels import wgmma
+
+    g = torch.Generator().manual_seed(11)
+    codes = torch.cat([torch.arange(16, dtype=torch.uint8).repeat(8, 1).T.reshape(16, 8),
+                       torch.randint(0, 16, (48, 8), generator=g, dtype=torch.uint8)])  # [64, 8]: element j of a word
+    # one 64-wide tile whose word 0 (q = 0, sh = 0) holds element j at k = 16 s0 + 8 h + p (j = 4 s0 + 2 h + p)
+    tiles = torch.zeros(codes.shape[0], 64, dtype=torch.uint8)
+    j = torch.arange(8)
+    tiles[:, 16 * (j // 4) + 8 * ((j // 2) % 2) + j % 2] = codes
+    words = wgmma.wgmma_layout(tiles)[:, 0]  # [64]
+    values = torch.tensor(ref.E2M1_GRID)[codes.long() & 7] * torch.where(codes >= 8, -1.0, 1.0)
+    for sa, sb in ((1.0, 448.0), (0.001953125, 0.375)):  # E4M3 values: the max, subnormal min, a fraction
+        enc = wgmma.wgmma_scales(ref.e4m3_encode(torch.tensor([[sa, sb]])))  # [1, 1] int16: both blocks
+        sbits = int(enc.view(torch.int16).item()) & 0xFFFF
+        want_scale = torch.tensor([sa] * 4 + [sb] * 4, dtype=torch.float64) * 2.0**-7
+        for i in range(codes.shape[0]):
+            out = run_ptx(wgmma._DECODE8_WG.value, [0] * 8 + [int(words[i]) & M32, sbits])
+            got = np.array([_bf16_bits_to_f64(b) for b in out])
+            want = (values[i].double() * want_scale).numpy()
+            assert np.array_equal(got, want), (i, codes[i].tolist(), got, want)
+

@@ -16,6 +16,7 @@ import torch
 
 from kernels import reference as ref
 from kernels import wgmma
+from kernels._common import PAIR_BITS
 from tests.kernels.conftest import GPU_TOL_MMA, ON_GPU, bf16_exact, dev, rel
 from tests.kernels.test_moe import (
     _case,  # the MoE kernels' cases: expert weights, x, routing (expert E-1 empty)
@@ -32,8 +33,8 @@ def _w(N, K, seed):
 
 
 def test_layout_holds_every_code_where_the_kernel_reads_it():
-    """Element k of a row sits in word 8 (k // 64) + 2 q + sh at bits 4 (j // 2) + 16 (j % 2), with
-    k % 64 = 32 sh + 16 s0 + 8 h + 2 q + p and j = 4 s0 + 2 h + p (kernels/wgmma.py)."""
+    """Element k of a row sits in word 8 (k // 64) + 2 q + sh, its code bit i at bit PAIR_BITS[j // 2][i] + 16 (j % 2),
+    with k % 64 = 32 sh + 16 s0 + 8 h + 2 q + p and j = 4 s0 + 2 h + p (kernels/wgmma.py)."""
     codes = torch.randint(0, 16, (2, 3, 192), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     words = wgmma.wgmma_layout(codes).to(torch.int64) & 0xFFFFFFFF  # [2, 3, 24]
     k = torch.arange(192)
@@ -41,8 +42,8 @@ def test_layout_holds_every_code_where_the_kernel_reads_it():
     sh, s0, h, q, p = r // 32, (r // 16) % 2, (r // 8) % 2, (r // 2) % 4, r % 2
     col = 8 * (k // 64) + 2 * q + sh
     j = 4 * s0 + 2 * h + p
-    bit = 4 * (j // 2) + 16 * (j % 2)
-    got = (words[..., col] >> bit) & 0xF
+    bits = torch.tensor(PAIR_BITS)[j // 2] + 16 * (j % 2)[:, None]  # [192, 4]: code bit i -> word bit
+    got = sum(((words[..., col] >> bits[:, i]) & 1) << i for i in range(4))
     assert torch.equal(got.to(torch.uint8), codes)
 
 
