@@ -405,6 +405,13 @@ def run_dense(dev, quick):
                     if t:
                         record("dense", shape, prov, t, fp4_bytes, base, a_ms,
                                cfg_str(cm) + (";+act-quant launch" if aq else ""))
+            # v5d: the MMA tile with 256-wide K-tiles (4.68 instructions per weight offline against 5.25 at 128)
+            cm0 = default_config(M, N, K, x.device)
+            t, cm = timed_best(lambda cf: (lambda: fp4_linear(x, pw, config=cf, check_finite=False)),
+                               [dataclasses.replace(cm0, BKW=32, num_stages=st) for st in (3, 4)], "dense", shape,
+                               "fp4-w4a16-tile", base, oracle=(r16, 1e-2))
+            if t:
+                record("dense", shape, "fp4-w4a16-tile-best", t, fp4_bytes, base, a_ms, cfg_str(cm))
             # the engine's path above its crossover: the same activation codes on cuBLAS BF16
             record("dense", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_linear(x, wb)), N * K * 2 + io, base, a_ms,
                    "+act-quant launch")
@@ -579,20 +586,23 @@ def run_moe(dev, quick):
                                cfg_str(cm) + (";+2 act-quant launches;routing align inside" if aq else ""),
                                f"experts_hit={hit}")
                     del r
-            # v5c: the MMA tile with more slots per block than the default's BM. A block decodes its expert's whole
-            # weight, so BM 16 at Qwen3 T 256 (16 rows per expert on average) decodes each used expert ~1.43 times
-            # and BM 32 once (kernels/NOTES.md v5c); each BM larger than the default, checked, a sweep row each
+            # v5c: the MMA tile with more slots per block than the default's BM, and with K-tiles twice the default's.
+            # A block decodes its expert's whole weight, so BM 16 at Qwen3 T 256 (16 rows per expert on average)
+            # decodes each used expert ~1.43 times and BM 32 once (kernels/NOTES.md v5c); with v5d's decode a 256-wide
+            # K-tile takes 4.15 instructions per weight against 4.50 at 128 (offline). Each variant checked, a sweep
+            # row each, the best as -best
             cm0 = mma_moe_config(T, k, E)
-            bms = [bm for bm in (32, 64) if bm > cm0.BM]
-            if T >= 16 and bms:
+            if T >= 16:
                 r = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw)
-                aligns = {bm: moe_align(ids, E, bm) for bm in bms}
+                variants = [dataclasses.replace(cm0, BM=bm, BKW=bkw) for bm in sorted({cm0.BM, 32, 64})
+                            if bm >= cm0.BM for bkw in (cm0.BKW, 2 * cm0.BKW)][1:]  # all but the default
+                aligns = {c.BM: moe_align(ids, E, c.BM) for c in variants}
                 t, cm = timed_best(lambda c: (lambda: fused_moe(x, mw, ids, tw, config=c, align=aligns[c.BM],
                                                                 check_finite=False)),
-                                   [dataclasses.replace(cm0, BM=bm) for bm in bms], "moe", shape, "fp4-w4a16-bm", base,
-                                   oracle=(r, moe_tol(False)))
+                                   variants, "moe", shape, "fp4-w4a16-tile", base, oracle=(r, moe_tol(False)))
                 if t:
-                    record("moe", shape, "fp4-w4a16-bm-best", t, fp4_bytes, base, a_ms, cfg_str(cm), f"experts_hit={hit}")
+                    record("moe", shape, "fp4-w4a16-tile-best", t, fp4_bytes, base, a_ms, cfg_str(cm),
+                           f"experts_hit={hit}")
                 del r
             # the engine's path above its crossover: the same activation codes on BF16 grouped GEMMs
             record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13, w2)),
