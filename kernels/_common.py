@@ -201,7 +201,8 @@ def pair_decode_ptx(scales) -> str:
     round-to-nearest is symmetric, so (-m) * s = -(m * s) bit for bit, -0 included); pair 3's sign, exponent bits and
     mantissa bit each moved into place by a shift and a mask. 15 instructions per 8 values, against 20 with each
     pair's sign 3 bits above its magnitude (kernels/NOTES.md v5d). Uses .b32 registers m and g."""
-    out = "".join(("" if p == 0 else f"shl.b32 m, $8, {3 * p};\n") + f"and.b32 m, {'$8' if p == 0 else 'm'}, 0x81C081C0;\n"
+    out = "".join(("" if p == 0 else f"shl.b32 m, $8, {3 * p};\n")
+                  + f"and.b32 m, {'$8' if p == 0 else 'm'}, 0x81C081C0;\n"
                   f"mul.rn.bf16x2 m, m, {scales[p]};\nmov.b32 {{${2 * p}, ${2 * p + 1}}}, m;\n" for p in range(3))
     return out + ("shl.b32 m, $8, 1;\nand.b32 m, m, 0x80008000;\nshr.u32 g, $8, 3;\nand.b32 g, g, 0x01800180;\n"
                   "or.b32 m, m, g;\nshr.u32 g, $8, 7;\nand.b32 g, g, 0x00400040;\nor.b32 m, m, g;\n"
@@ -209,7 +210,8 @@ def pair_decode_ptx(scales) -> str:
 
 
 # The same for a word in `kernels.gemm.pair_layout` (PAIR_BITS), one scale for all 8 values.
-_DECODE8_PAIRED_ASM = tl.constexpr("{\n.reg .b32 ss, m, g;\nmov.b32 ss, {$9, $9};\n" + pair_decode_ptx(("ss",) * 4) + "}")
+_DECODE8_PAIRED_ASM = tl.constexpr("{\n.reg .b32 ss, m, g;\nmov.b32 ss, {$9, $9};\n"
+                                   + pair_decode_ptx(("ss",) * 4) + "}")
 
 
 @triton.jit

@@ -78,10 +78,10 @@ class PreparedFP4Weight:
 
 
 def pair_layout(words: torch.Tensor) -> torch.Tensor:
-    """int32 words of 8 nibbles (element j at bits 4j) -> the bf16 decode's layout (`_DECODE8_PAIRED_ASM`): element
-    2p + h's code bit i at bit `kernels._common.PAIR_BITS`[p][i] + 16 h. Pairs 0, 1, 2 then decode with a shift by 0, 3, 6 and one
-    mask (magnitudes under both halves' exponent fields, signs on both sign bits), pair 3 with three shifts and
-    masks. int32 -> same shape."""
+    """int32 words of 8 nibbles (element j at bits 4j) -> the bf16 decode's layout (`_DECODE8_PAIRED_ASM`):
+    element 2p + h's code bit i at bit PAIR_BITS[p][i] + 16 h (`kernels._common.PAIR_BITS`). Pairs 0, 1, 2 then
+    decode with a shift by 0, 3, 6 and one mask (magnitudes under both halves' exponent fields, signs on both sign
+    bits), pair 3 with three shifts and masks. int32 -> same shape."""
     u = words.to(torch.int64) & 0xFFFFFFFF
     out = torch.zeros_like(u)
     for j in range(8):
