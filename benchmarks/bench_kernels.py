@@ -570,17 +570,18 @@ def run_moe(dev, quick):
                                f"experts_hit={hit}")
                     except Exception as ex:
                         note("moe", f"wgmma {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
+            cm0 = mma_moe_config(T, k, E)  # the MMA tile (the default's above the GEMV's crossover)
+            r16 = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw)  # the W4A16 oracle of the checked variants below
             if cfg.kind != "mma":  # the default is the decode GEMV: the MMA tile too, for the crossover
                 for aq in (False, True):
                     prov = f"fp4-w4a{4 if aq else 16}-mma"
-                    r = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq)
+                    r = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=True) if aq else r16
                     aligns = {}
 
                     def fn(c, aq=aq):  # W4A16 with the routing precomputed, W4A4 with it inside (as the rows above)
                         al2 = None if aq else aligns.setdefault(c.BM, moe_align(ids, E, c.BM))
                         return lambda: fused_moe(x, mw, ids, tw, act_quant=aq, config=c, align=al2, check_finite=False)
-                    t, cm = timed_best(fn, mma_variants(mma_moe_config(T, k, E)), "moe", shape, prov, base,
-                                       oracle=(r, moe_tol(aq)))
+                    t, cm = timed_best(fn, mma_variants(cm0), "moe", shape, prov, base, oracle=(r, moe_tol(aq)))
                     if t:
                         record("moe", shape, prov, t, fp4_bytes, base, a_ms,
                                cfg_str(cm) + (";+2 act-quant launches;routing align inside" if aq else ""),
@@ -591,19 +592,17 @@ def run_moe(dev, quick):
             # decodes each used expert ~1.43 times and BM 32 once (kernels/NOTES.md v5c); with v5d's decode a 256-wide
             # K-tile takes 4.15 instructions per weight against 4.50 at 128 (offline). Each variant checked, a sweep
             # row each, the best as -best
-            cm0 = mma_moe_config(T, k, E)
             if T >= 16:
-                r = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw)
                 variants = [dataclasses.replace(cm0, BM=bm, BKW=bkw) for bm in sorted({cm0.BM, 32, 64})
                             if bm >= cm0.BM for bkw in (cm0.BKW, 2 * cm0.BKW)][1:]  # all but the default
                 aligns = {c.BM: moe_align(ids, E, c.BM) for c in variants}
                 t, cm = timed_best(lambda c: (lambda: fused_moe(x, mw, ids, tw, config=c, align=aligns[c.BM],
                                                                 check_finite=False)),
-                                   variants, "moe", shape, "fp4-w4a16-tile", base, oracle=(r, moe_tol(False)))
+                                   variants, "moe", shape, "fp4-w4a16-tile", base, oracle=(r16, moe_tol(False)))
                 if t:
                     record("moe", shape, "fp4-w4a16-tile-best", t, fp4_bytes, base, a_ms, cfg_str(cm),
                            f"experts_hit={hit}")
-                del r
+            del r16
             # the engine's path above its crossover: the same activation codes on BF16 grouped GEMMs
             record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13, w2)),
                    hit * 3 * H * I * 2 + act_bytes, base, a_ms, "+2 act-quant launches;routing sort inside",

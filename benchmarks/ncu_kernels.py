@@ -64,8 +64,9 @@ def _dense(dev):
     d = default_config(M, N, K, dev)  # what "dense-triton" runs
     tma = dataclasses.replace(d, tma=True, BKW=32)  # v5a: words and scales by TMA
     out["dense-triton-tma"] = lambda: fp4_linear(x, pw, config=tma, check_finite=False)
-    # 128 weight rows per program: each program reads its activation K-slice once, so at M 16 the activation bytes
-    # through L1/TEX (N/BN x 16 x K x 2: 29 MB at BN 64, as much as the weights' 33 MB) halve
+    # 128 weight rows per program: each activation K-slice is read by half as many programs (at M 16 and BN 64,
+    # N/BN x 16 x K x 2 = 29 MB of activation reads, as much as the weights' 33 MB; the L2 -> L1 bytes measured fell
+    # 16%, kernels/NOTES.md v5a)
     bn128 = dataclasses.replace(d, BN=128, num_warps=8)  # as the sweep's MMA_TILES
     out["dense-triton-bn128"] = lambda: fp4_linear(x, pw, config=bn128, check_finite=False)
     r64 = dataclasses.replace(d, maxnreg=64)  # v5b: 64 registers, 8 programs per SM instead of 5 (no spills offline)

@@ -194,6 +194,17 @@ _DECODE8_ASM = tl.constexpr("{\n.reg .b32 ss, b, t, m, g;\nmov.b32 ss, {$9, $9};
 PAIR_BITS = ((6, 7, 8, 15), (3, 4, 5, 12), (0, 1, 2, 9), (13, 10, 11, 14))  # [pair][code bit] -> word bit
 
 
+def pack_pair_bits(codes: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes [..., 8] (integer; element j of a word along the last dim) -> int32 words [...]: element j's code
+    bit i at bit PAIR_BITS[j // 2][i] + 16 (j % 2)."""
+    c = codes.to(torch.int64)
+    w = torch.zeros(c.shape[:-1], dtype=torch.int64, device=c.device)
+    for j in range(8):
+        for i, bit in enumerate(PAIR_BITS[j // 2]):
+            w |= ((c[..., j] >> i) & 1) << (bit + 16 * (j % 2))
+    return torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
+
+
 def pair_decode_ptx(scales) -> str:
     """PTX lines that decode word $8 (in the PAIR_BITS layout) into $0..$7, pair p times the bf16x2 register
     scales[p]: pairs 0, 1, 2 by a shift (0, 3, 6) and one mask that keeps both magnitudes under the bf16x2's

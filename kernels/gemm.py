@@ -42,13 +42,13 @@ from kernels import reference as ref
 from kernels._common import (
     EPI_POW,
     INTERPRET,
-    PAIR_BITS,
     check_tensor,
     dequant_tile_loaded,
     dequant_tile_words,
     e4m3_value,
     nib_to_f32_scaled,
     num_sms,
+    pack_pair_bits,
 )
 
 
@@ -83,12 +83,7 @@ def pair_layout(words: torch.Tensor) -> torch.Tensor:
     decode with a shift by 0, 3, 6 and one mask (magnitudes under both halves' exponent fields, signs on both sign
     bits), pair 3 with three shifts and masks. int32 -> same shape."""
     u = words.to(torch.int64) & 0xFFFFFFFF
-    out = torch.zeros_like(u)
-    for j in range(8):
-        code = (u >> (4 * j)) & 0xF
-        for i, bit in enumerate(PAIR_BITS[j // 2]):
-            out |= ((code >> i) & 1) << (bit + 16 * (j % 2))
-    return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
+    return pack_pair_bits(torch.stack([(u >> (4 * j)) & 0xF for j in range(8)], -1))
 
 
 def prepare_weight(codes: torch.Tensor, scales: torch.Tensor, outer: torch.Tensor, gemv: bool = True) -> PreparedFP4Weight:

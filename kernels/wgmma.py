@@ -42,7 +42,7 @@ import torch
 import triton
 
 from kernels import reference as ref
-from kernels._common import PAIR_BITS, check_tensor, num_sms, pair_decode_ptx
+from kernels._common import check_tensor, num_sms, pack_pair_bits, pair_decode_ptx
 from kernels.gemm import EPI_POW, quantize_act_for_gemm
 from kernels.moe import _fields, moe_align
 
@@ -73,12 +73,7 @@ def wgmma_layout(codes: torch.Tensor) -> torch.Tensor:
     t = nd - 6
     c = c.permute(*range(t + 1), t + 4, t + 1, t + 2, t + 3, t + 5)  # [..., t, q, sh, s0, h, p]
     c = c.reshape(*lead, N, K // BK, 8, 8)  # word 2 q + sh, element 4 s0 + 2 h + p
-    w = torch.zeros(c.shape[:-1], dtype=torch.int64, device=codes.device)
-    for j in range(8):
-        for i, bit in enumerate(PAIR_BITS[j // 2]):
-            w |= ((c[..., j] >> i) & 1) << (bit + 16 * (j % 2))
-    w = torch.where(w >= 2**31, w - 2**32, w)
-    return w.to(torch.int32).reshape(*lead, N, K // 8).contiguous()
+    return pack_pair_bits(c).reshape(*lead, N, K // 8).contiguous()
 
 
 # A v4a scale byte: the exponent of s_b * 2^119 as a bf16, less 237, over its 3 mantissa bits (E4M3's subnormal
