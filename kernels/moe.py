@@ -15,8 +15,9 @@ quantize kernel writing each activation's tile values q * s_b * 2^-7 (exact in B
 (`kernels.gemm.quantize_act_for_gemm`); on the decode GEMV path the quantize kernel writes the dequantized
 activations instead (same codes and scales, one rounding to the activation dtype) and the W4A16 kernels read
 them.
-Up to 1.5 (token, slot) rows per expert the GEMMs are the v1 decode GEMV kernels, above that the MMA tile of
-`kernels.gemm._fp4_tile_dot_v3` (v3a in kernels/NOTES.md; decode in bf16 on a GPU), `default_moe_config`.
+Below 1 (token, slot) row per expert the GEMMs are the v1 decode GEMV kernels, from 1 on the MMA tile of
+`kernels.gemm._fp4_tile_dot_v3` (v3a in kernels/NOTES.md; decode in bf16 on a GPU) with BM slots per block chosen
+by the expected number of blocks per expert (`moe_block_rows`), `default_moe_config`.
 Experts with no tokens launch programs that exit at once; their weights are never read.
 
 Compared against: `kernels.reference.moe_fp4_reference` (FP32 dequantize-then-matmul); timing vs
@@ -24,6 +25,8 @@ Compared against: `kernels.reference.moe_fp4_reference` (FP32 dequantize-then-ma
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -424,35 +427,57 @@ class MoEConfig:
     maxnreg_down: int | None = None  # the same for the down launch; None: the compiler's choice
 
 
+# Relative time of one (expert, BM) block, each used expert taking one block: H200 medians, kernels.csv version v5d,
+# BM 32 / BM 16 = 1.05-1.09 and BM 64 / BM 16 = 1.38-1.58 at Qwen3-30B-A3B T 16, T 64 and Mixtral-8x7B T 16 (1-4 rows
+# per expert, where the routing gives every used expert one block of any BM).
+_BLOCK_COST = {16: 1.0, 32: 1.07, 64: 1.47}
+
+
+@functools.lru_cache(maxsize=256)
+def moe_block_rows(T: int, topk: int, E: int) -> int:
+    """BM for T tokens of top-k over E experts. A block decodes its expert's whole weight, so the time goes with the
+    number of blocks (sum over experts of ceil(rows / BM)) times a block's cost at that BM (`_BLOCK_COST`). The
+    rows of an expert are taken as Poisson with mean T*k/E (uniform routing, as the benchmark's; a skewed router
+    gives more rows to a few experts and favours the larger BM earlier). At 16 rows per expert BM 16 decodes each
+    used expert ~1.4 times, BM 32 once: v5d measured 294 -> 230 us (Qwen3 T 256), 663 -> 487 us (Mixtral T 64)."""
+    lam = T * topk / E
+    if lam <= 0:
+        return 16
+    top = int(lam + 12 * math.sqrt(lam) + 30)
+    pmf = [math.exp(n * math.log(lam) - lam - math.lgamma(n + 1)) for n in range(top)]
+
+    def cost(bm: int) -> float:
+        return _BLOCK_COST[bm] * sum(p * -(-n // bm) for n, p in enumerate(pmf))
+
+    return min(_BLOCK_COST, key=cost)  # ties: the smaller BM (dict order)
+
+
 def mma_moe_config(T: int, topk: int, E: int) -> MoEConfig:
-    """The MMA tile for T tokens of top-k over E experts: BM (slots per block) grows with the rows per expert;
-    the best of the variants timed on the H200 at T=256 (kernels/NOTES.md v3b): Qwen3-30B-A3B (16 rows per
-    expert, BM 16) K-tiles of 128 with 3 stages, Mixtral-8x7B (64 rows per expert, BM 64) K-tiles of 64 with 4
-    stages (the [BK, BM] activation tile is 4x larger per stage); 64 weight rows, 4 warps, the bf16 decode."""
+    """The MMA tile for T tokens of top-k over E experts: BM by `moe_block_rows`; K-tiles of 128 with 3 stages, at
+    BM 64 K-tiles of 64 with 4 stages (the [BK, BM] activation tile is 4x larger per stage; kernels/NOTES.md v3b);
+    64 weight rows, 4 warps, the bf16 decode. K-tiles twice as long were slower at every timed size (v5c)."""
     if INTERPRET:
         return MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16)
-    per_expert = T * topk / E
-    bm = 16 if per_expert <= 16 else (32 if per_expert <= 48 else 64)
+    bm = moe_block_rows(T, topk, E)
     bkw, stages = (8, 4) if bm == 64 else (16, 3)
     return MoEConfig(BM=bm, BN=64, BKW=bkw, num_warps=4, num_stages=stages, BN_down=64, bf16_decode=True)
 
 
 def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
-    """The config `fused_moe` runs when it is given none: the v1 decode GEMV up to 1.5 (token, slot) rows
-    per expert (4 in the interpreter, so that the tests reach the GEMV at their small sizes), else the MMA tile
-    (`mma_moe_config`). H200, W4A4, same-run medians (kernels.csv version v3c, results/kernels/crossover.md):
-    GEMV 41.7 / 74.3 / 147.4 us against the MMA tile's 77.9 / 90.6 / 262.7 at 0.06-0.25 rows per expert
-    (Qwen3 T1, T4; Mixtral T1). At 1 row per expert the two families split: Qwen3 T16 GEMV 185.8 against 172.5,
-    Mixtral T4 398.2 against 427.9 (7% either way), and one limit for both keeps the GEMV there, costing Qwen3
-    T16 13.3 us where a limit below 1 would cost Mixtral T4 29.7 us. At 4 the MMA tile (v3b: 277.5 / 625.6
-    against the GEMV's 539.7 / 1202.7 at Qwen3 T64, Mixtral T16). benchmarks/bench_kernels.py times the MMA
-    tile where the GEMV is the default (rows fp4-w4a16-mma / fp4-w4a4-mma)."""
+    """The config `fused_moe` runs when it is given none: the v1 decode GEMV below 1 (token, slot) row per expert
+    (up to 4 in the interpreter, so that the tests reach the GEMV at their small sizes), else the MMA tile
+    (`mma_moe_config`). H200, W4A4, same-run medians (kernels.csv version v5d, results/kernels/crossover.md): the
+    GEMV 41.6 / 74.0 / 145.9 us against the MMA tile's 66.1 / 88.6 / 223.0 at 0.06-0.25 rows per expert (Qwen3 T1,
+    T4; Mixtral T1); at 1 row per expert the MMA tile 174.7 / 347.6 against the GEMV's 184.8 / 395.5 (Qwen3 T16,
+    Mixtral T4; v3c had the two 7% apart either way, v5d's decode made the tile faster). No timed size lies between
+    0.25 and 1. benchmarks/bench_kernels.py times the MMA tile where the GEMV is the default (rows fp4-w4a16-mma /
+    fp4-w4a4-mma)."""
     per_expert = T * topk / E
     if INTERPRET:
         if per_expert <= 4:
             return MoEConfig(BM=min(4, max(1, T * topk)), BN=8, num_warps=1, num_stages=1, BN_down=8, kind="gemv")
         return mma_moe_config(T, topk, E)
-    if per_expert <= 1.5:  # decode: weight-streaming GEMV (v1)
+    if per_expert < 1:  # decode: weight-streaming GEMV (v1)
         bm = 1 if per_expert <= 0.5 else 2
         bn = 16 if bm == 1 else 32  # BN=16 best at T=1 on the H200 (kernels.csv, version v1)
         return MoEConfig(BM=bm, BN=bn, num_warps=4, num_stages=1, BN_down=bn, kind="gemv", U=1)

@@ -44,7 +44,7 @@ import triton
 from kernels import reference as ref
 from kernels._common import check_tensor, num_sms, pack_pair_bits, pair_decode_ptx
 from kernels.gemm import EPI_POW, quantize_act_for_gemm
-from kernels.moe import _fields, moe_align
+from kernels.moe import _fields, moe_align, moe_block_rows
 
 try:  # Gluon ships with Triton >= 3.5; its kernels compile for sm_90 only
     from triton.experimental import gluon
@@ -510,7 +510,7 @@ def fused_moe_wgmma(x: torch.Tensor, w: WgmmaMoE, topk_ids: torch.Tensor, topk_w
         raise ValueError(f"x [T, {w.H}], topk_ids and topk_weights [T, k] expected")
     if T == 0:
         return torch.zeros_like(x)
-    bm = BM or (16 if T * k / w.E <= 16 else 32 if T * k / w.E <= 48 else 64)  # as kernels.moe.mma_moe_config
+    bm = BM or moe_block_rows(T, k, w.E)
     sorted_slots, block_expert = moe_align(topk_ids, w.E, bm)
     S = T * k
     rw = topk_weights.reshape(-1).to(torch.float32)

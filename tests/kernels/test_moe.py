@@ -192,8 +192,8 @@ def test_on_quant_sees_both_activations_in_slot_order(T, E, H, I, k, mma):
 
 def test_default_configs_on_a_gpu_are_the_measured_best(monkeypatch):
     """The GPU heuristics (forced here off the interpreter, 132 SMs as on the H200) give the tiles measured
-    best on the H200 (kernels/NOTES.md v3b): the MMA tile with the bf16 decode above the decode GEMV's sizes,
-    the GEMV below them."""
+    best on the H200 (kernels/NOTES.md v3b, v5d): the MMA tile with the bf16 decode from 1 row per expert on,
+    the GEMV below."""
     import kernels.gemm as kg
     import kernels.moe as km
 
@@ -207,14 +207,29 @@ def test_default_configs_on_a_gpu_are_the_measured_best(monkeypatch):
     assert kg.auto_config(4, 14336, 4096, cuda).kind == "mma"
     assert kg.auto_config(2, 14336, 4096, cuda, gemv=False).kind == "mma"  # a weight without the GEMV layout
     qwen3, mixtral = default_moe_config(256, 8, 128), default_moe_config(256, 2, 8)
-    assert qwen3 == MoEConfig(BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, kind="mma",
-                              bf16_decode=True)
+    assert qwen3 == MoEConfig(BM=32, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, kind="mma",
+                              bf16_decode=True)  # 16 rows per expert: one BM 32 block each (v5d)
     assert mixtral == MoEConfig(BM=64, BN=64, BKW=8, num_warps=4, num_stages=4, BN_down=64, kind="mma",
                                 bf16_decode=True)
-    assert default_moe_config(16, 8, 128).kind == "gemv" and default_moe_config(4, 2, 8).kind == "gemv"
-    assert default_moe_config(64, 8, 128).kind == "mma" and default_moe_config(16, 2, 8).kind == "mma"
+    assert default_moe_config(4, 8, 128).kind == "gemv" and default_moe_config(1, 2, 8).kind == "gemv"
+    assert default_moe_config(16, 8, 128).kind == "mma" and default_moe_config(4, 2, 8).kind == "mma"
+    assert default_moe_config(64, 8, 128).BM == 16 and default_moe_config(64, 2, 8).BM == 32
     assert km.mma_moe_config(4, 2, 8).kind == "mma"  # what the benchmark times beside the GEMV there
 
+
+
+def test_block_rows_follow_the_rows_per_expert():
+    """BM grows with the rows per expert and never shrinks as T grows: 16 while an expert's rows rarely pass 16,
+    32 once a BM 16 block would decode many experts twice, 64 once BM 32 would; the same at any E for the same mean
+    load (the model sees only T*k/E)."""
+    from kernels.moe import moe_block_rows
+
+    bms = [moe_block_rows(T, 8, 128) for T in range(1, 2049, 7)]
+    assert bms == sorted(bms) and set(bms) == {16, 32, 64}
+    assert moe_block_rows(128, 8, 128) == 16 and moe_block_rows(256, 8, 128) == 32
+    assert moe_block_rows(1024, 8, 128) == 64 and moe_block_rows(0, 8, 128) == 16
+    for T in (16, 64, 256, 1024):
+        assert moe_block_rows(T, 8, 128) == moe_block_rows(T // 4, 2, 8)
 
 
 @pytest.mark.parametrize("T,E,H,I,k", [(7, 5, 256, 512, 2), (19, 6, 512, 256, 3)])

@@ -40,13 +40,13 @@ BACKENDS = ("auto", "torch", "triton")
 # the step quantizes the activation with the same kernel (same codes, one launch, its dequantized copy) and
 # multiplies on BF16 tensor cores with the dequantized weights, as prefill does. The sizes are the largest at
 # which a kernel beat that path at every timed shape on the H200 (results/kernels/crossover.md, kernels.csv
-# version v3c, `python benchmarks/crossover.py --version v3c`): dense rows up to 16, the largest timed (the
-# MMA tile 41.4-42.5 us against 47.8-51.6), and up to 16 (token, slot) rows per expert (T*k/E) for routed
-# experts (Qwen3-30B-A3B T256 345.5 against 559.9 us, Mixtral-8x7B T64 708.5 against 1110.9), where
-# Mixtral's 64 rows per expert lost (1120.4 against 1117.4). TRACE_FP4_CROSSOVER="ROWS,LOAD" overrides both
-# (e.g. "inf,inf": kernels at every size; "0,0": never), for benchmarks and tests.
+# version v5d, `python benchmarks/crossover.py --version v5d`): dense rows up to 16, the largest timed (the
+# MMA tile 39.9-40.7 us against 46.9-50.2), and routed experts up to 64 (token, slot) rows per expert (T*k/E), the
+# largest timed (Mixtral-8x7B T256 1032.6 against 1145.7 us; Qwen3-30B-A3B T256, 16 per expert, 337.0 against 558.7).
+# TRACE_FP4_CROSSOVER="ROWS,LOAD" overrides both (e.g. "inf,inf": kernels at every size; "0,0": never), for
+# benchmarks and tests.
 DENSE_KERNEL_ROWS = 16
-MOE_KERNEL_LOAD = 16.0
+MOE_KERNEL_LOAD = 64.0
 
 
 def crossover() -> tuple[float, float]:
