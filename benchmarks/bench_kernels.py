@@ -27,7 +27,7 @@ the MMA tile as well (best of a few tiles, each checked against the oracle first
 GEMV / MMA / BF16 crossover of the engine (trace/rollout/fast.py, benchmarks/crossover.py).
 
 Run (repo root, on a GPU): `PYTHONPATH=. python benchmarks/bench_kernels.py --version v1b`
-(`--quick` for a subset, `--only moe,dense`, `--T 1 4 16 64 256` / `--M 1 2 4 8 16` for the sizes, `--sweep` to
+(`--quick` for a subset, `--only moe,dense`, `--families mixtral-8x7b` for the MoE shapes, `--T 1 4 16 64 256` / `--M 1 2 4 8 16` for the sizes, `--sweep` to
 also time tile-config variants of ours).
 Offline SASS counts (no GPU): `--sass`. Plot: `python -m figures.plot_kernels --out figures/gpu`.
 Over 450 lines because the four kernels' checks and timings share one harness and one run: one GPU
@@ -76,7 +76,7 @@ FAMILIES = {  # name: (H, I, E, topk); trace/models/registry.py
 MOE_T = (1, 4, 16, 64, 256)
 DENSE_M = (1, 2, 4, 8, 16, 32, 64)
 RUN = dict(version="dev", commit="unknown", gpu="cpu", date="")
-STATE = dict(out=None, copy_gbps=None, sweep=False, T=None, M=None)
+STATE = dict(out=None, copy_gbps=None, sweep=False, T=None, M=None, families=None)
 ROWS: list[dict] = []
 
 
@@ -476,7 +476,8 @@ def moe_tol(act_quant):
 
 def run_moe(dev, quick):
     log("== grouped MoE FP4 (routed-expert MLP of one layer)")
-    for fam, (H, I, E, k) in FAMILIES.items():  # correctness per family, odd T, some experts empty
+    for fam in STATE.get("families") or FAMILIES:  # correctness per family, odd T, some experts empty
+        H, I, E, k = FAMILIES[fam]
         T = 5
         g, u, d = nv_weight((E, I, H), dev, "expert"), nv_weight((E, I, H), dev, "expert"), nv_weight((E, H, I), dev, "expert")
         mw = prepare_moe_weights(g, u, d)
@@ -505,7 +506,7 @@ def run_moe(dev, quick):
         check(f"moe {fam} T{T} w4a4 on bf16 gemms", e < 6e-2, f"rel err {e:.2e} (tol 6e-2, bf16 h and output)")
         del g, u, d, mw, w13, w2
     tk = load_anchor()
-    fams = ["qwen3-30b-a3b", "mixtral-8x7b"] if quick else list(FAMILIES)
+    fams = STATE.get("families") or (["qwen3-30b-a3b", "mixtral-8x7b"] if quick else list(FAMILIES))
     for fam in fams:
         H, I, E, k = FAMILIES[fam]
         g, u, d = nv_weight((E, I, H), dev, "expert"), nv_weight((E, I, H), dev, "expert"), nv_weight((E, H, I), dev, "expert")
@@ -905,12 +906,14 @@ def main(argv=None):
     ap.add_argument("--only", default="quantize,dense,moe,attention")
     ap.add_argument("--T", type=int, nargs="+", help=f"MoE tokens per layer (default {MOE_T}; --quick: 1 16 256)")
     ap.add_argument("--M", type=int, nargs="+", help=f"dense rows (default {DENSE_M}; --quick: 1 16 64)")
+    ap.add_argument("--families", nargs="+", choices=list(FAMILIES),
+                    help="MoE shapes to check and time (default: all; --quick: Qwen3 and Mixtral)")
     ap.add_argument("--sass", action="store_true",
                     help="offline: append SASS instruction counts (v1 GEMV, MoE and dense MMA tile, KV decode attention, "
                          "quantize, the v4 Gluon kernels) "
                          "and exit")
     args = ap.parse_args(argv)
-    STATE.update(out=args.out, sweep=args.sweep, T=args.T, M=args.M)
+    STATE.update(out=args.out, sweep=args.sweep, T=args.T, M=args.M, families=args.families)
     RUN.update(version=args.version, commit=git_commit(), date=today())
     if args.sass:
         return sass_counts()

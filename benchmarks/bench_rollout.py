@@ -19,9 +19,12 @@ Shapes: the tiny flavors (`qwen3_moe-tiny`, ...) and `qwen3_30b_a3b` = Qwen3-30B
 (H 2048, 32/4 heads x 128, 128 experts top-8, I 768, vocab 151936) with random weights and FEWER
 LAYERS (`--layers`, default 4; tokens/s scale ~1/layers for the decoder part).
 
-With `--breakdown`, each engine provider is also profiled (torch.profiler, eager, up to 64 tokens minus
-a prefill-only run) and rows `op=rollout_breakdown` give ms per DECODED token in attention / moe / sampling /
-other / total (`note=component=...`, `ms_per_step` holds the value; multiply by the batch for ms per step).
+With `--breakdown`, each engine provider is also profiled (torch.profiler, up to 64 tokens minus a prefill-only
+run, at the timed run's mean context: the prompts extended by gen/2 of their own tokens, the rows' `prompt`) and rows
+`op=rollout_breakdown` give ms per DECODED token (`note=component=...`, `ms_per_step` holds the value; multiply by
+the batch for ms per step): eagerly, kernel time in attention / moe / sampling / other / total; on a GPU also through
+the CUDA graphs the timed run replays, graph-busy (the device runs something) and graph-idle (it waits: the host's
+bookkeeping, the tokens' copy, launches).
 
 Output: rows APPENDED, one by one, to the long table `--out` (default results/rollout/rollout.csv; schema
 `benchmarks.results_table.ROLLOUT_FIELDS`: version, commit, gpu, date, op, shape, provider, batch, prompt,
@@ -151,26 +154,75 @@ def run_engine(model, prov, prompts, gen, device, dtype):
 COMPONENTS = ("attention", "moe", "sampling", "other")
 
 
-def _device_parts(prof) -> dict[str, float]:
-    """Device milliseconds of every kernel / memcpy / memset, summed by the `rollout.*` label whose GPU-side
-    span (a gpu_user_annotation event: first to last kernel of the scope) contains it; from the
-    profiler's Chrome trace, so no kernel is counted twice and launch gaps count nowhere."""
+def _trace_events(prof) -> list[dict]:
+    """The profiler's Chrome-trace events (device kernels with their start and duration in us among them)."""
     import tempfile
 
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        events = json.loads(Path(f.name).read_text())["traceEvents"]
+        return json.loads(Path(f.name).read_text())["traceEvents"]
+
+
+_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _device_parts(prof) -> dict[str, float]:
+    """Device milliseconds of every kernel / memcpy / memset, summed by the `rollout.*` label whose GPU-side
+    span (a gpu_user_annotation event: first to last kernel of the scope) contains it; from the
+    profiler's Chrome trace, so no kernel is counted twice and launch gaps count nowhere."""
+    events = _trace_events(prof)
     spans = sorted((e["ts"], e["ts"] + e["dur"], e["name"].split(".", 1)[1]) for e in events
                    if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("rollout."))
     parts = dict.fromkeys(COMPONENTS, 0.0)
     starts = [s[0] for s in spans]
     for e in events:
-        if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+        if e.get("cat") not in _DEVICE_CATS:
             continue
         j = bisect.bisect_right(starts, e["ts"]) - 1
         label = spans[j][2] if j >= 0 and e["ts"] < spans[j][1] else "other"
         parts[label if label in parts else "other"] += e["dur"] / 1000.0
     return parts
+
+
+def busy_ms(events) -> float:
+    """Milliseconds during which the device runs at least one kernel, copy or memset: the union of their
+    [ts, ts + dur) intervals (us), so overlapping work counts once."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in _DEVICE_CATS):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total / 1000.0
+
+
+def _graph_profile(eng, prompts, gen) -> tuple[float, float, int]:
+    """(wall ms, device-busy ms, generated tokens) of one generate through the CUDA graphs, the profiler
+    recording device activity only (kernels inside graph replays included) and the clock read inside it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = eng.generate(prompts, max_new_tokens=gen, temperature=0.0)
+        torch.cuda.synchronize()
+        wall = 1000 * (time.perf_counter() - t0)
+    return wall, busy_ms(_trace_events(prof)), out.num_generated_tokens
+
+
+def graph_idle(eng, prompts, gen) -> dict[str, float]:
+    """The timed engine's own decode (CUDA graphs on, as `run_engine` times it): ms per DECODED token during which
+    the GPU runs something ('graph-busy') and during which it waits ('graph-idle': the host's bookkeeping, the
+    sampled tokens' copy to the host, launches), a `gen`-token call minus a prefill-and-one-token call, divided by
+    the difference in tokens. Empty where the profiler saw no device work (no CUDA, or graph kernels not traced)."""
+    eng.cuda_graphs = True
+    eng.generate(prompts, max_new_tokens=2, temperature=0.0)  # captures this cache size's graphs if new
+    w_f, b_f, n_f = _graph_profile(eng, prompts, gen)
+    w_p, b_p, n_p = _graph_profile(eng, prompts, 1)
+    if b_f <= 0:
+        return {}
+    n = max(n_f - n_p, 1)
+    busy = max(b_f - b_p, 0.0) / n
+    return {"graph-busy": busy, "graph-idle": max((w_f - w_p) / n - busy, 0.0)}
 
 
 def _profile(eng, prompts, gen, device) -> tuple[dict[str, float], int]:
@@ -193,6 +245,12 @@ def _profile(eng, prompts, gen, device) -> tuple[dict[str, float], int]:
                     parts[k] += evt.cpu_time_total / 1000.0
         parts["other"] = max(wall_ms - sum(parts.values()), 0.0)
     return parts, out.num_generated_tokens
+
+
+def extend_prompts(prompts, context: int) -> list[list[int]]:
+    """Each prompt followed by its own tokens again up to `context` more: a decode step at that much more context
+    (the breakdown profiles a few steps at the timed run's mean context)."""
+    return [(p * (context // len(p) + 2))[: len(p) + context] for p in prompts]
 
 
 def breakdown(eng, prompts, gen, device) -> dict[str, float]:
@@ -284,12 +342,18 @@ def main(argv=None):
                 append(out, [row], ROLLOUT_FIELDS)
                 print(row, flush=True)
                 if a.breakdown and eng is not None and not prov.endswith(("-eager", "-record")) and ntok:
+                    # a few steps at the timed run's mean context (its attention grows with the context)
+                    bgen = min(a.gen, 64)
+                    ctx = max(0, min(a.gen // 2, eng.max_seq_len - a.prompt - bgen - 1))
+                    bprompts = extend_prompts(prompts, ctx)
                     try:
-                        parts = breakdown(eng, prompts, min(a.gen, 64), a.device)
+                        parts = breakdown(eng, bprompts, bgen, a.device)
+                        if a.device.startswith("cuda"):
+                            parts.update(graph_idle(eng, bprompts, bgen))
                     except Exception as e:  # noqa: BLE001
                         parts = {}
                         print(f"breakdown {prov} failed: {type(e).__name__}: {e}", flush=True)
-                    append(out, [dict(row, op="rollout_breakdown", gen=min(a.gen, 64), tokens_per_s="",
+                    append(out, [dict(row, op="rollout_breakdown", prompt=a.prompt + ctx, gen=bgen, tokens_per_s="",
                                        ratio_vs_bf16="", elapsed_s="", prefill_s="", decode_ms_per_step="",
                                        setup_s="", ms_per_step=round(ms, 5), note=f"component={comp}")
                                   for comp, ms in parts.items()], ROLLOUT_FIELDS)

@@ -35,3 +35,18 @@ def test_record_provider_times_a_recorded_generate(tmp_path):
     assert all(float(r["tokens_per_s"]) > 0 and r["note"] == "" for r in rows.values())
     assert bench.recorder_for("engine-w4a4-kv4-record", bench.build("qwen3_moe-tiny", 4, "cpu", torch.float32,
                                                                      "eager", 64)).layers == {2, 3}
+
+
+def test_busy_time_counts_overlapping_device_work_once():
+    """graph-busy: the union of the kernels', copies' and memsets' intervals; host events and gaps count nowhere."""
+    ev = [dict(cat="kernel", ts=0.0, dur=100.0), dict(cat="kernel", ts=50.0, dur=100.0),  # overlap: 0-150
+          dict(cat="gpu_memcpy", ts=140.0, dur=20.0), dict(cat="cpu_op", ts=0.0, dur=1e6),  # 150-160; host op ignored
+          dict(cat="gpu_memset", ts=300.0, dur=10.0), dict(cat="kernel", ts=302.0, dur=3.0)]  # 300-310, nested
+    assert bench.busy_ms(ev) == pytest.approx(0.170)
+    assert bench.busy_ms([]) == 0.0
+
+
+def test_breakdown_prompts_reach_the_mean_context():
+    ext = bench.extend_prompts([[1, 2, 3], [4]], 5)
+    assert ext == [[1, 2, 3, 1, 2, 3, 1, 2], [4, 4, 4, 4, 4, 4]]
+    assert bench.extend_prompts([[7, 8]], 0) == [[7, 8]]
