@@ -630,6 +630,36 @@ def run_moe(dev, quick):
         torch.cuda.empty_cache()
 
 
+def run_sampling(dev, quick):
+    """The rollout engine's per-step sampling at the Qwen3 vocabulary (151,936) over 64 and 256 rows of bf16 logits:
+    its torch passes (`RolloutEngine._sample_torch`) against `kernels.sampling.fused_sample`, greedy and at
+    temperature 1, eager (as the engine launches them: outside its CUDA graphs). Checks first: greedy tokens equal
+    torch.argmax's, log-probs (greedy and sampled) within 1e-4 of float64 log_softmax."""
+    from kernels.sampling import fused_sample
+    from trace.rollout.engine import RolloutEngine
+
+    log("== sampling (one decode step's logits -> tokens, log-probs, finite flag)")
+    V = 151936
+    for A in (64, 256):
+        x = (torch.randn(A, V, device=dev) * 3).to(torch.bfloat16)
+        shape = f"A{A} V{V}"
+        tok, lp, _ = fused_sample(x, 0.0)
+        want = torch.log_softmax(x.double(), -1)
+        e = float((lp.double() - want.gather(-1, tok[:, None]).squeeze(-1)).abs().max())
+        check(f"sampling greedy {shape}", torch.equal(tok, x.float().argmax(-1)) and e < 1e-4, f"max |dlogp| {e:.1e}")
+        tok, lp, _ = fused_sample(x, 1.0, seed=1)
+        e = float((lp.double() - want.gather(-1, tok[:, None]).squeeze(-1)).abs().max())
+        check(f"sampling t=1 {shape}", e < 1e-4, f"max |dlogp| {e:.1e}")
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(0)
+        for t, name in ((0.0, "greedy"), (1.0, "t1")):
+            base = record("sampling", shape, f"torch-{name}", bench(lambda t=t, x=x: RolloutEngine._sample_torch(x, t, 1.0, gen),
+                                                                   graph=False), x.numel() * 2)
+            record("sampling", shape, f"fused-{name}", bench(lambda t=t, x=x: fused_sample(x, t, 7), graph=False),
+                   x.numel() * 2, base_ms=base, config="block=4096;num_warps=8")
+        del x, want
+
+
 def run_attention(dev, quick):
     log("== FP4-KV decode attention")
     Hq, Hkv, D = 32, 4, 128
@@ -892,6 +922,18 @@ def sass_counts():
             _sass_row(rows, "K 64 per tile", f"{fn.__name__} v4b", f"BM={bm};num_warps=4", ops, loop_instr=n,
                       instr_per_weight=round(n * 128 / (64 * 64 * tiles * k_tiles), 2), shared_bytes=shared,
                       registers=int(re.search(r"REG:(\d+)", res).group(1)))
+    # the engine's sampling pass (kernels/sampling.py): 4096 logits per loop step over 8 warps (16 per thread); the
+    # stride and vocabulary divisible by 16 as at 151,936, as the runtime specializes them
+    from kernels.sampling import _sample_kernel
+
+    sig = {"x_ptr": "*bf16", "stride": "i32", "V": "i32", "V4": "i32", "inv_t": "fp32", "seed": "i64",
+           "tok_ptr": "*i64", "lp_ptr": "*fp32", "bad_ptr": "*i32", "GREEDY": "constexpr", "ASM": "constexpr",
+           "BLOCK": "constexpr"}
+    for greedy in (True, False):
+        n, ops, _, _ = _loop_sass(_sample_kernel, sig, ["x_ptr", "stride", "V", "V4"],
+                                  dict(GREEDY=greedy, ASM=True, BLOCK=4096), 8, 1, f"sample_{int(greedy)}")
+        _sass_row(rows, "V 151936", "_sample_kernel", f"{'greedy' if greedy else 'temperature'};BLOCK=4096;num_warps=8",
+                  ops, loop_instr=n, instr_per_logit=round(n / 16, 2))
     RUN.update(gpu="sm_90 (offline ptxas)")
     for r in rows:
         _emit(r)
@@ -903,7 +945,7 @@ def main(argv=None):
     ap.add_argument("--version", default="dev", help="the kernel version under test (a column of every row)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time tile-config variants of ours")
-    ap.add_argument("--only", default="quantize,dense,moe,attention")
+    ap.add_argument("--only", default="quantize,dense,moe,attention,sampling")
     ap.add_argument("--T", type=int, nargs="+", help=f"MoE tokens per layer (default {MOE_T}; --quick: 1 16 256)")
     ap.add_argument("--M", type=int, nargs="+", help=f"dense rows (default {DENSE_M}; --quick: 1 16 64)")
     ap.add_argument("--families", nargs="+", choices=list(FAMILIES),
@@ -927,14 +969,15 @@ def main(argv=None):
     t0 = time.time()
     for part in args.only.split(","):
         try:
-            {"quantize": run_quantize, "dense": run_dense, "moe": run_moe, "attention": run_attention}[part](dev, args.quick)
+            {"quantize": run_quantize, "dense": run_dense, "moe": run_moe, "attention": run_attention,
+             "sampling": run_sampling}[part](dev, args.quick)
         except Exception:
             log(f"!! {part} failed:\n{traceback.format_exc()}")
             note(part, f"failed: {traceback.format_exc()[-300:]}")
         log(f"   [{part} done at {time.time() - t0:.0f}s]")
     log("\n== summary (medians; ratio = baseline time / this time)")
     for r in ROWS:
-        if r["op"] in ("dense", "moe", "attention", "quantize", "dense-part", "moe-part"):
+        if r["op"] in ("dense", "moe", "attention", "quantize", "dense-part", "moe-part", "sampling"):
             log(f"{r['op']:9s} {r['shape']:30s} {r['provider']:24s} {r['median_us']:9.1f} us {r['pct_copy_bw']!s:>5}% "
                 f"x{r['ratio_vs_bf16']!s:>6} bf16 x{r['ratio_vs_anchor']!s:>6} anchor")
     nfail = sum(r["ok"] is False for r in ROWS)

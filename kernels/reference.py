@@ -364,3 +364,18 @@ def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         s = torch.einsum("hd,nhd->hn", q[b].float(), kb) * scale
         out[b] = torch.einsum("hn,nhd->hd", torch.softmax(s, -1), vb)
     return out
+
+
+def sample_reference(logits: torch.Tensor, temperature: float, uniforms: torch.Tensor | None = None):
+    """The sampler's oracle in float64: logits [A, V] -> (tokens [A], log-probs [A] of them under
+    softmax(logits / temperature), all-finite flag). Temperature 0: torch.argmax's token (the first index of the
+    maximum), its log-prob at temperature 1. Temperature t > 0 with `uniforms` [A, V] in [0, 1) (a zero read as
+    1e-30): the exponential race argmax p / q with q = -log(u) ~ Exp(1) (torch.multinomial's one-sample draw), the
+    distribution softmax(logits / t)."""
+    z = logits.double() / (temperature if temperature > 0 else 1.0)
+    if temperature > 0:
+        u = uniforms.double().clamp_min(1e-30)
+        tok = (torch.softmax(z, -1) / -torch.log(u)).argmax(-1)
+    else:
+        tok = logits.float().argmax(-1)
+    return tok, torch.log_softmax(z, -1).gather(-1, tok[:, None]).squeeze(-1), bool(torch.isfinite(logits).all())

@@ -27,8 +27,8 @@ if [ -d "$wheels" ]; then
 fi
 left() { echo $(( limit - ($(date +%s) - t0) )); }
 gpu_tests() {  # gpu_tests SECONDS [pytest options]
-  timeout "$1" python3 -m pytest tests/kernels tests/rl/test_steps.py -q -p no:cacheprovider "${@:2}" \
-    -k "every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert or decoded_activation or fake_tile or tma or fma or register_cap or wgmma" \
+  timeout "$1" python3 -m pytest tests/kernels tests/rl/test_steps.py tests/rollout/test_gpu.py -q -p no:cacheprovider "${@:2}" \
+    -k "every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert or decoded_activation or fake_tile or tma or fma or register_cap or wgmma or sampl" \
     > "$out/tests.log" 2>&1
 }
 # a failure in 8 processes is run again in one (a test that does not share the GPU well is not a kernel bug)

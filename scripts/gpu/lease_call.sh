@@ -57,9 +57,9 @@ elif [ ! -e "$work/tests_done" ]; then
   # narrows them (a -k expression; the default took ~135 s on two H200s before the recording test ran twice,
   # above the engine's crossover and with the kernels forced; most of it the recording graphs).
   if ! timeout 450 python3 -m pytest tests/rollout/test_gpu.py tests/kernels/test_quantize.py tests/kernels/test_attention.py \
-      tests/kernels/test_moe.py tests/rl/test_steps.py tests/test_sft.py tests/fp4/test_kernel_path.py tests/qat/test_patch.py \
+      tests/kernels/test_moe.py tests/kernels/test_sampling.py tests/rl/test_steps.py tests/test_sft.py tests/fp4/test_kernel_path.py tests/qat/test_patch.py \
       -q -p no:cacheprovider \
-      -k "${GPU_TESTS:-self_test or recording or plain_variant or every_gpu_tile or stable_sort or gpu_step or kernel_path}" > "$out/gpu_tests.log" 2>&1; then
+      -k "${GPU_TESTS:-self_test or recording or plain_variant or every_gpu_tile or stable_sort or gpu_step or kernel_path or sampl}" > "$out/gpu_tests.log" 2>&1; then
     tail -40 "$out/gpu_tests.log"
     kill -- -"$(cat "$work/pid")" 2>/dev/null; rm -f "$work/pid"
     echo "GPU tests failed: the chunk is stopped"; exit 1

@@ -80,6 +80,18 @@ def available(device, dtype=torch.bfloat16, backend: str = "auto") -> bool:
     return True
 
 
+def fused_sampling() -> bool:
+    """Whether the engine samples on a GPU with `kernels.sampling.fused_sample` (Triton importable); off with
+    TRACE_ROLLOUT_BACKEND=torch, as the other kernels."""
+    if os.environ.get("TRACE_ROLLOUT_BACKEND", "") == "torch":
+        return False
+    try:
+        import kernels.sampling  # noqa: F401
+    except Exception:  # noqa: BLE001 - kernels missing or broken: the torch passes
+        return False
+    return True
+
+
 def wgmma_wanted(device) -> bool:
     """TRACE_FP4_WGMMA=1 on a Hopper GPU with Triton's Gluon: the projections and routed experts whose shapes the v4
     kernels take (`kernels/wgmma.py`, widths multiples of 64) run on them instead of the Triton ones, same codes.
