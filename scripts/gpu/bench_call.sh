@@ -5,8 +5,9 @@
 # benchmarks/bench_rollout.py at the Qwen3-30B-A3B layer shape. Everything lands in OUT (k.csv, r.csv, logs);
 # here append them with benchmarks/results_table.py. A failing test stops the call before any timing.
 #   bash scripts/gpu/bench_call.sh VERSION [PARTS]   # carry .anchors (triton_kernels v3.6.0, the anchor)
-# PARTS: bench_kernels --only (default attention,moe,dense); LIMIT (default 570) bounds the call in seconds;
-# ENGINE=0 leaves the engine out (its benchmark then gets a call of its own); NCU="TARGET ..." (names of
+# PARTS: bench_kernels --only (default attention,moe,dense; also quantize, sampling); LIMIT (default 570) bounds the call in seconds;
+# ENGINE=0 leaves the engine out (its benchmark then gets a call of its own); BREAKDOWN=1 adds the engine's step
+# breakdown (bench_rollout.py --breakdown: kernel time by component, graph-busy / graph-idle); NCU="TARGET ..." (names of
 # benchmarks/ncu_kernels.py run --list) adds Nsight Compute's counters of those targets after the kernels (ncu.csv,
 # ncu.md in OUT; ~60 s);
 # GIT_COMMIT names the launching commit (the lease's .git is stale). The tests import trace.config, which needs
@@ -39,14 +40,16 @@ tail -1 "$out/tests.log"
 anchor=.anchors/triton_kernels-v3.6.0
 [ -d "$anchor" ] || echo "no $anchor: the anchor's rows are skipped"
 engine=${ENGINE:-1}
+reserve=5  # seconds kept for what follows the kernels: the engine 170, with its breakdown 250
+[ "$engine" = 1 ] && reserve=$(( ${BREAKDOWN:-0} == 1 ? 250 : 170 ))
 ncu_targets=${NCU:-}
-PYTHONPATH=$PYTHONPATH:$anchor timeout $(( $(left) - (engine ? 170 : 5) - (${#ncu_targets} ? 90 : 0) )) python3 benchmarks/bench_kernels.py --quick \
+PYTHONPATH=$PYTHONPATH:$anchor timeout $(( $(left) - reserve - (${#ncu_targets} ? 90 : 0) )) python3 benchmarks/bench_kernels.py --quick \
   --T 1 4 16 64 256 --M 1 2 4 8 16 --only "$parts" --version "$version" --out "$out/k.csv" > "$out/k.log" 2>&1
 echo "kernels: rc $? after $(( $(date +%s) - t0 )) s, $(grep -c 'CHECK FAIL' "$out/k.log") failed checks"
 grep "CHECK FAIL" "$out/k.log" | head -5
 ncu_run() {  # ncu_run METRICS: the targets under Nsight Compute into OUT/ncu.csv
   # shellcheck disable=SC2086  # the targets are words
-  PYTHONPATH=$PYTHONPATH:$anchor timeout $(( $(left) - (engine ? 170 : 5) )) /usr/local/cuda/bin/ncu --profile-from-start off \
+  PYTHONPATH=$PYTHONPATH:$anchor timeout $(( $(left) - reserve )) /usr/local/cuda/bin/ncu --profile-from-start off \
     --clock-control none --csv --page details --section SpeedOfLight --section Occupancy --section LaunchStats \
     --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
     --metrics "$1" python3 benchmarks/ncu_kernels.py run --targets $ncu_targets > "$out/ncu.csv" 2> "$out/ncu.err"
@@ -59,7 +62,7 @@ if [ -n "$ncu_targets" ]; then
 fi
 [ "$engine" = 1 ] || exit 0
 timeout $(( $(left) - 5 )) python3 benchmarks/bench_rollout.py --device cuda --models qwen3_30b_a3b --batch 256 64 \
-  --gen 1024 --providers engine-bf16 engine-w4a4-kv4-triton engine-w4a4-kv4-kernels --version "$version" \
+  --gen 1024 --providers engine-bf16 engine-w4a4-kv4-triton engine-w4a4-kv4-kernels --version "$version" $([ "${BREAKDOWN:-0}" = 1 ] && echo --breakdown) \
   --deadline $(( $(left) - 60 )) --out "$out/r.csv" > "$out/r.log" 2>&1
 echo "rollout: rc $? after $(( $(date +%s) - t0 )) s"
 grep -h "tokens_per_s" "$out/r.log" | sed -E "s/.*'provider': '([^']*)', 'batch': ([0-9]+).*'tokens_per_s': ([0-9.]+).*'ratio_vs_bf16': ([0-9.]+).*/\1 b\2 \3 tok\/s \4x/"
