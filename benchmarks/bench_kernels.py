@@ -405,13 +405,6 @@ def run_dense(dev, quick):
                     if t:
                         record("dense", shape, prov, t, fp4_bytes, base, a_ms,
                                cfg_str(cm) + (";+act-quant launch" if aq else ""))
-            # v5d: the MMA tile with 256-wide K-tiles (4.68 instructions per weight offline against 5.25 at 128)
-            cm0 = default_config(M, N, K, x.device)
-            t, cm = timed_best(lambda cf: (lambda: fp4_linear(x, pw, config=cf, check_finite=False)),
-                               [dataclasses.replace(cm0, BKW=32, num_stages=st) for st in (3, 4)], "dense", shape,
-                               "fp4-w4a16-tile", base, oracle=(r16, 1e-2))
-            if t:
-                record("dense", shape, "fp4-w4a16-tile-best", t, fp4_bytes, base, a_ms, cfg_str(cm))
             # the engine's path above its crossover: the same activation codes on cuBLAS BF16
             record("dense", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_linear(x, wb)), N * K * 2 + io, base, a_ms,
                    "+act-quant launch")
@@ -590,14 +583,12 @@ def run_moe(dev, quick):
                                cfg_str(cm) + (";+2 act-quant launches;routing align inside" if aq else ""),
                                f"experts_hit={hit}")
                     del r
-            # v5c: the MMA tile with more slots per block than the default's BM, and with K-tiles twice the default's.
-            # A block decodes its expert's whole weight, so BM 16 at Qwen3 T 256 (16 rows per expert on average)
-            # decodes each used expert ~1.43 times and BM 32 once (kernels/NOTES.md v5c); with v5d's decode a 256-wide
-            # K-tile takes 4.15 instructions per weight against 4.50 at 128 (offline). Each variant checked, a sweep
-            # row each, the best as -best
+            # the MMA tile at the slots per block the default did not pick (`kernels.moe.moe_block_rows` chose its BM
+            # from the expected blocks per expert; kernels/NOTES.md v5c, v5e): each variant checked, a sweep row each,
+            # the best as -best. K-tiles twice the default's were slower at every size timed (v5d rows) and are not
+            # swept
             if T >= 16:
-                variants = [dataclasses.replace(cm0, BM=bm, BKW=bkw) for bm in sorted({cm0.BM, 32, 64})
-                            if bm >= cm0.BM for bkw in (cm0.BKW, 2 * cm0.BKW)][1:]  # all but the default
+                variants = [dataclasses.replace(cm0, BM=bm) for bm in (16, 32, 64) if bm != cm0.BM]
                 aligns = {c.BM: moe_align(ids, E, c.BM) for c in variants}
                 t, cm = timed_best(lambda c: (lambda: fused_moe(x, mw, ids, tw, config=c, align=aligns[c.BM],
                                                                 check_finite=False)),
@@ -644,11 +635,11 @@ def run_sampling(dev, quick):
         x = (torch.randn(A, V, device=dev) * 3).to(torch.bfloat16)
         shape = f"A{A} V{V}"
         tok, lp, _ = fused_sample(x, 0.0)
-        want = torch.log_softmax(x.double(), -1)
-        e = float((lp.double() - want.gather(-1, tok[:, None]).squeeze(-1)).abs().max())
-        check(f"sampling greedy {shape}", torch.equal(tok, x.float().argmax(-1)) and e < 1e-4, f"max |dlogp| {e:.1e}")
-        tok, lp, _ = fused_sample(x, 1.0, seed=1)
-        e = float((lp.double() - want.gather(-1, tok[:, None]).squeeze(-1)).abs().max())
+        want_tok, want_lp, _ = ref.sample_reference(x, 0.0)
+        e = float((lp.double() - want_lp).abs().max())
+        check(f"sampling greedy {shape}", torch.equal(tok, want_tok) and e < 1e-4, f"max |dlogp| {e:.1e}")
+        tok, lp, _ = fused_sample(x, 1.0, seed=1)  # the log-probs of the sampled tokens (the tokens: the tests)
+        e = float((lp.double() - torch.log_softmax(x.double(), -1).gather(-1, tok[:, None]).squeeze(-1)).abs().max())
         check(f"sampling t=1 {shape}", e < 1e-4, f"max |dlogp| {e:.1e}")
         gen = torch.Generator(device=dev)
         gen.manual_seed(0)
@@ -657,7 +648,7 @@ def run_sampling(dev, quick):
                                                                    graph=False), x.numel() * 2)
             record("sampling", shape, f"fused-{name}", bench(lambda t=t, x=x: fused_sample(x, t, 7), graph=False),
                    x.numel() * 2, base_ms=base, config="block=4096;num_warps=8")
-        del x, want
+        del x
 
 
 def run_attention(dev, quick):
