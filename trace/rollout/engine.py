@@ -367,8 +367,8 @@ class RolloutEngine:
         at temperature 1 for greedy, a flag [] that every logit is finite), all on the device, no host
         synchronisation. On a GPU without nucleus sampling: one pass of `kernels.sampling.fused_sample` (greedy the
         same tokens; sampling the same distribution from other random numbers: Gumbel keys from Philox, keyed by
-        the generator's seed and offset, which it advances), where the passes below cost ~0.56 ms per step at
-        256 x 151,936 (kernels/NOTES.md v5e)."""
+        the generator's seed and offset, which it advances), where `_sample_torch`'s passes cost ~0.56 ms per step
+        at 256 x 151,936 (kernels/NOTES.md v5e)."""
         if logits.is_cuda and top_p >= 1.0 and fast.fused_sampling():
             from kernels.sampling import fused_sample
 
