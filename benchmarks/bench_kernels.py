@@ -673,9 +673,10 @@ def run_attention(dev, quick):
     e = relerr(out, r)
     check("decode attention varlen", e < 2e-2, f"rel err {e:.2e} (tol 2e-2, bf16 P and output)")
     del cache, k, v, kh, vh
-    ctxs = [8192] if quick else [1024, 4096, 8192, 16384]
-    B = 64
-    for L in ctxs:
+    # (sequences, context): the 64 x 8k target, and the engine's own decode at batch 256 and its mean context in the
+    # 1k-generation run (512-token prompts)
+    shapes = [(64, 8192), (256, 1024)] if quick else [(64, 1024), (64, 4096), (64, 8192), (64, 16384), (256, 1024)]
+    for B, L in shapes:
         shape = f"B{B} L{L} Hq{Hq} Hkv{Hkv} D{D}"
         kb = torch.randn(B, Hkv, L, D, device=dev, dtype=torch.bfloat16)
         vb = torch.randn(B, Hkv, L, D, device=dev, dtype=torch.bfloat16)
@@ -695,14 +696,17 @@ def run_attention(dev, quick):
               f"rel err {relerr(out, ref_o):.2e} (includes FP4 KV quantization error)")
         nbytes = B * L * cache.nbytes_per_token() + 2 * B * Hq * D * 2
         best = None
-        # tiles, warps, context splits (auto: one once B x Hkv fills the SMs; 2 was the old default at B64) and the
-        # K/V loads' cp.async stages (Triton's default 3)
-        for bn, w, sp, ns in [(64, 4, None, None), (32, 4, None, None), (64, 8, None, None), (128, 8, None, None),
-                              (64, 4, 2, None), (64, 4, 4, None), (64, 4, None, 2), (64, 4, None, 4)]:
-            cs = f"block_n={bn};num_warps={w};splits={sp or 'auto'};stages={ns or 'default'}"
+        # tiles, warps, context splits (auto: one once B x Hkv fills the SMs; 2 was the old default at B64), the
+        # K/V loads' cp.async stages (Triton's default 3; 1: plain loads) and register caps (the compiler's ~154 per
+        # thread leave 3 programs per SM, 12 warps, latency-bound: kernels/NOTES.md v4b ncu; 128 fit 4, 96 fit 5)
+        for bn, w, sp, ns, nr in [(64, 4, None, None, None), (32, 4, None, None, None), (64, 8, None, None, None),
+                                  (128, 8, None, None, None), (64, 4, 2, None, None), (64, 4, 4, None, None),
+                                  (64, 4, None, 1, None), (64, 4, None, 2, None), (64, 4, None, 4, None),
+                                  (64, 4, None, None, 128), (64, 4, None, None, 96), (32, 4, None, None, 96)]:
+            cs = f"block_n={bn};num_warps={w};splits={sp or 'auto'};stages={ns or 'default'};maxnreg={nr or 'default'}"
             try:
                 run_v = lambda: decode_attention(q, cache, starts, lens, L, block_n=bn, num_warps=w,  # noqa: E731
-                                                 num_splits=sp, num_stages=ns, check_finite=False)
+                                                 num_splits=sp, num_stages=ns, maxnreg=nr, check_finite=False)
                 err = relerr(run_v(), out)  # a timed variant must compute what the checked default does
                 if not check(f"attention variant {cs} vs default {shape}", err < 1e-2, f"rel err {err:.2e}"):
                     continue

@@ -166,22 +166,26 @@ def _trace_events(prof) -> list[dict]:
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def _device_parts(prof) -> dict[str, float]:
+def _device_parts(prof) -> tuple[dict[str, float], dict[str, float]]:
     """Device milliseconds of every kernel / memcpy / memset, summed by the `rollout.*` label whose GPU-side
-    span (a gpu_user_annotation event: first to last kernel of the scope) contains it; from the
-    profiler's Chrome trace, so no kernel is counted twice and launch gaps count nowhere."""
+    span (a gpu_user_annotation event: first to last kernel of the scope) contains it, and by 'label/kernel name';
+    from the profiler's Chrome trace, so no kernel is counted twice and launch gaps count nowhere."""
     events = _trace_events(prof)
     spans = sorted((e["ts"], e["ts"] + e["dur"], e["name"].split(".", 1)[1]) for e in events
                    if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("rollout."))
     parts = dict.fromkeys(COMPONENTS, 0.0)
+    kernels: dict[str, float] = {}
     starts = [s[0] for s in spans]
     for e in events:
         if e.get("cat") not in _DEVICE_CATS:
             continue
         j = bisect.bisect_right(starts, e["ts"]) - 1
         label = spans[j][2] if j >= 0 and e["ts"] < spans[j][1] else "other"
-        parts[label if label in parts else "other"] += e["dur"] / 1000.0
-    return parts
+        label = label if label in parts else "other"
+        parts[label] += e["dur"] / 1000.0
+        key = f"{label}/{str(e.get('name', '?'))[:80]}"
+        kernels[key] = kernels.get(key, 0.0) + e["dur"] / 1000.0
+    return parts, kernels
 
 
 def busy_ms(events) -> float:
@@ -219,7 +223,7 @@ def graph_busy(eng, prompts, gen) -> float | None:
     return max(b_f - b_p, 0.0) / max(n_f - n_p, 1) if b_f > 0 else None
 
 
-def _profile(eng, prompts, gen, device) -> tuple[dict[str, float], int]:
+def _profile(eng, prompts, gen, device) -> tuple[dict[str, float], dict[str, float], int]:
     from torch.profiler import ProfilerActivity, profile
 
     cuda = str(device).startswith("cuda")
@@ -229,8 +233,9 @@ def _profile(eng, prompts, gen, device) -> tuple[dict[str, float], int]:
         out = eng.generate(prompts, max_new_tokens=gen, temperature=0.0)
         sync(device)
     wall_ms = 1000 * (time.perf_counter() - t0)
+    kernels: dict[str, float] = {}
     if cuda:
-        parts = _device_parts(prof)
+        parts, kernels = _device_parts(prof)
     else:  # CPU time of the labelled scopes; the rest of the wall clock is 'other' (Python included)
         parts = dict.fromkeys(COMPONENTS[:-1], 0.0)
         for evt in prof.key_averages():
@@ -238,7 +243,7 @@ def _profile(eng, prompts, gen, device) -> tuple[dict[str, float], int]:
                 if evt.key == f"rollout.{k}":
                     parts[k] += evt.cpu_time_total / 1000.0
         parts["other"] = max(wall_ms - sum(parts.values()), 0.0)
-    return parts, out.num_generated_tokens
+    return parts, kernels, out.num_generated_tokens
 
 
 def extend_prompts(prompts, context: int) -> list[list[int]]:
@@ -247,7 +252,7 @@ def extend_prompts(prompts, context: int) -> list[list[int]]:
     return [(p * (context // len(p) + 2))[: len(p) + context] for p in prompts]
 
 
-def breakdown(eng, prompts, gen, device) -> dict[str, float]:
+def breakdown(eng, prompts, gen, device, top: int = 12) -> tuple[dict[str, float], dict[str, float]]:
     """Milliseconds per DECODED token in attention, MoE (or dense MLP), sampling (the passes over the logits,
     `RolloutEngine._sample`) and everything else (embedding, norms, lm_head): one profiled generate of `gen`
     tokens minus one of a single token (the prefill), divided by the difference in tokens. On CUDA: kernel time
@@ -255,15 +260,17 @@ def breakdown(eng, prompts, gen, device) -> dict[str, float]:
     labelled parts. The profiled engine runs eagerly (labels are not visible inside CUDA-graph replays); the
     kernels are the same ones the graphs replay. Labels: the `record_function` scopes of
     trace/rollout/forward.py and engine.py. `eng` is a synced engine (the timed one: its weights are not
-    quantized again); its CUDA graphs are switched off."""
+    quantized again); its CUDA graphs are switched off. Also the `top` kernels by the same difference, keyed
+    'component/kernel name' (on CUDA; what a component's time is made of)."""
     eng.cuda_graphs = False
     eng.generate(prompts, max_new_tokens=2, temperature=0.0)  # eager warm-up at full size
-    full, n_full = _profile(eng, prompts, gen, device)
-    pre, n_pre = _profile(eng, prompts, 1, device)
+    full, kfull, n_full = _profile(eng, prompts, gen, device)
+    pre, kpre, n_pre = _profile(eng, prompts, 1, device)
     n = max(n_full - n_pre, 1)
     res = {k: max(full[k] - pre[k], 0.0) / n for k in COMPONENTS}
     res["total"] = sum(res.values())
-    return res
+    per = {k: max(v - kpre.get(k, 0.0), 0.0) / n for k, v in kfull.items()}
+    return res, dict(sorted(per.items(), key=lambda kv: -kv[1])[:top])
 
 
 def run_hf(model, prompts, gen, device):
@@ -341,19 +348,25 @@ def main(argv=None):
                     ctx = max(0, min(a.gen // 2, eng.max_seq_len - a.prompt - bgen - 1))
                     bprompts = extend_prompts(prompts, ctx)
                     try:
-                        parts = breakdown(eng, bprompts, bgen, a.device)
+                        parts, kernels = breakdown(eng, bprompts, bgen, a.device)
                         busy = graph_busy(eng, bprompts, bgen) if a.device.startswith("cuda") else None
                         if busy is not None:  # the timed step's ms per token: busy + idle
                             step = row["decode_ms_per_step"] / bsz
                             parts.update({"graph-busy": busy, "graph-idle": max(step - busy, 0.0)})
                     except Exception as e:  # noqa: BLE001
-                        parts = {}
+                        parts, kernels = {}, {}
                         print(f"breakdown {prov} failed: {type(e).__name__}: {e}", flush=True)
-                    append(out, [dict(row, op="rollout_breakdown", prompt=a.prompt + ctx, gen=bgen, tokens_per_s="",
-                                       ratio_vs_bf16="", elapsed_s="", prefill_s="", decode_ms_per_step="",
-                                       setup_s="", ms_per_step=round(ms, 5), note=f"component={comp}")
-                                  for comp, ms in parts.items()], ROLLOUT_FIELDS)
+                    blank = dict(prompt=a.prompt + ctx, gen=bgen, tokens_per_s="", ratio_vs_bf16="", elapsed_s="",
+                                 prefill_s="", decode_ms_per_step="", setup_s="")
+                    # rows in ms per decoded token (x batch: per step), as the components
+                    append(out, [dict(row, op="rollout_breakdown", **blank, ms_per_step=round(ms, 5),
+                                      note=f"component={comp}") for comp, ms in parts.items()]
+                           + [dict(row, op="rollout_kernel", **blank, ms_per_step=round(ms, 6),
+                                   note=f"component={key.split('/', 1)[0]};kernel={key.split('/', 1)[1]}".replace(",", " "))
+                              for key, ms in kernels.items()], ROLLOUT_FIELDS)
                     print("breakdown", prov, {k: round(v, 4) for k, v in parts.items()}, flush=True)
+                    for key, ms in kernels.items():
+                        print(f"  kernel {prov} {ms * bsz:8.3f} ms/step  {key}", flush=True)
                 del eng
                 if a.device.startswith("cuda"):
                     torch.cuda.empty_cache()

@@ -177,10 +177,12 @@ def _combine_kernel(o_ptr, lse_ptr, out_ptr, NSPLIT, SP: tl.constexpr, D: tl.con
 def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tensor, seq_lens: torch.Tensor,
                      max_len: int, *, sm_scale: float | None = None, num_splits: int | None = None,
                      block_n: int | None = None, num_warps: int = 4, num_stages: int | None = None,
-                     check_finite: bool = True) -> torch.Tensor:
+                     maxnreg: int | None = None, check_finite: bool = True) -> torch.Tensor:
     """q [B, Hq, D] (bf16/fp16/fp32) -> [B, Hq, D] in q's dtype. seq_starts/seq_lens int [B]; max_len
     >= max(seq_lens) (a host int, so the launch needs no sync). num_stages: the K/V loads' cp.async stages
-    (Triton's software pipeline; default Triton's, 3 on sm_90)."""
+    (Triton's software pipeline; default Triton's, 3 on sm_90). maxnreg: the compiler's register cap per thread
+    (PTX .maxnreg; None: its choice, ~154 at the 64-token tile, which leaves room for 3 programs per SM:
+    kernels/NOTES.md v4b ncu)."""
     S, Hkv, D = cache.shape
     check_tensor(q, "q", (torch.bfloat16, torch.float16, torch.float32), dim=3, finite=check_finite)
     B, Hq, Dq = q.shape
@@ -226,6 +228,6 @@ def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tenso
         cache.v_packed.view(torch.int32), cache.v_scales, cache.v_outer,
         seq_starts.to(torch.int32), seq_lens.to(torch.int32), o_part, lse, scale, Hq, Hkv, per_split, num_splits,
         G=G, GP=GP, D=D, BLOCK_N=bn, NIT=per_split // bn, INTERP=INTERPRET, num_warps=num_warps,
-        **({} if num_stages is None else {"num_stages": num_stages}))
+        maxnreg=maxnreg, **({} if num_stages is None else {"num_stages": num_stages}))
     _combine_kernel[(B * Hq,)](o_part, lse, out, num_splits, SP=max(2, triton.next_power_of_2(num_splits)), D=D)
     return out

@@ -10,6 +10,8 @@
 # breakdown (bench_rollout.py --breakdown: kernel time by component, graph-busy / graph-idle); NCU="TARGET ..." (names of
 # benchmarks/ncu_kernels.py run --list) adds Nsight Compute's counters of those targets after the kernels (ncu.csv,
 # ncu.md in OUT; ~60 s);
+# TESTS: the GPU tests' paths (default tests/kernels tests/rl/test_steps.py tests/rollout/test_gpu.py);
+# PROVIDERS: the engine's providers (default engine-bf16 engine-w4a4-kv4-triton engine-w4a4-kv4-kernels);
 # GIT_COMMIT names the launching commit (the lease's .git is stale). The tests import trace.config, which needs
 # jsonschema: carry WHEELS too (default .whl-pipe, from scripts/gpu/offline_wheels.sh download .whl-pipe pipeline).
 set -uo pipefail
@@ -28,12 +30,14 @@ if [ -d "$wheels" ]; then
 fi
 left() { echo $(( limit - ($(date +%s) - t0) )); }
 gpu_tests() {  # gpu_tests SECONDS [pytest options]
-  timeout "$1" python3 -m pytest tests/kernels tests/rl/test_steps.py tests/rollout/test_gpu.py -q -p no:cacheprovider "${@:2}" \
+  # shellcheck disable=SC2086  # the paths are words
+  timeout "$1" python3 -m pytest ${TESTS:-tests/kernels tests/rl/test_steps.py tests/rollout/test_gpu.py} -q -p no:cacheprovider "${@:2}" \
     -k "every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert or decoded_activation or fake_tile or tma or fma or register_cap or wgmma or sampl" \
     > "$out/tests.log" 2>&1
 }
-# a failure in 8 processes is run again in one (a test that does not share the GPU well is not a kernel bug)
-if ! { PYTHONPATH=$PYTHONPATH python3 -c "import xdist" 2>/dev/null && gpu_tests 200 -n 8; } && ! gpu_tests 300; then
+# a failure in 8 processes is run again in one (a test that does not share the GPU well is not a kernel bug); the
+# 8-process log stays as tests-n8.log
+if ! { PYTHONPATH=$PYTHONPATH python3 -c "import xdist" 2>/dev/null && { gpu_tests 200 -n 8; rc=$?; cp "$out/tests.log" "$out/tests-n8.log"; [ $rc = 0 ]; }; } && ! gpu_tests 300; then
   tail -40 "$out/tests.log"; echo "GPU tests failed: nothing timed"; exit 1
 fi
 tail -1 "$out/tests.log"
@@ -43,7 +47,9 @@ engine=${ENGINE:-1}
 reserve=5  # seconds kept for what follows the kernels: the engine 170, with its breakdown 250
 [ "$engine" = 1 ] && reserve=$(( ${BREAKDOWN:-0} == 1 ? 250 : 170 ))
 ncu_targets=${NCU:-}
-PYTHONPATH=$PYTHONPATH:$anchor timeout $(( $(left) - reserve - (${#ncu_targets} ? 90 : 0) )) python3 benchmarks/bench_kernels.py --quick \
+budget=$(( $(left) - reserve - (${#ncu_targets} ? 90 : 0) ))
+[ "$budget" -gt 10 ] || { echo "no time left for the kernels ($budget s)"; budget=10; }
+PYTHONPATH=$PYTHONPATH:$anchor timeout $budget python3 benchmarks/bench_kernels.py --quick \
   --T 1 4 16 64 256 --M 1 2 4 8 16 --only "$parts" --version "$version" --out "$out/k.csv" > "$out/k.log" 2>&1
 echo "kernels: rc $? after $(( $(date +%s) - t0 )) s, $(grep -c 'CHECK FAIL' "$out/k.log") failed checks"
 grep "CHECK FAIL" "$out/k.log" | head -5
@@ -62,7 +68,7 @@ if [ -n "$ncu_targets" ]; then
 fi
 [ "$engine" = 1 ] || exit 0
 timeout $(( $(left) - 5 )) python3 benchmarks/bench_rollout.py --device cuda --models qwen3_30b_a3b --batch 256 64 \
-  --gen 1024 --providers engine-bf16 engine-w4a4-kv4-triton engine-w4a4-kv4-kernels --version "$version" $([ "${BREAKDOWN:-0}" = 1 ] && echo --breakdown) \
+  --gen 1024 --providers ${PROVIDERS:-engine-bf16 engine-w4a4-kv4-triton engine-w4a4-kv4-kernels} --version "$version" $([ "${BREAKDOWN:-0}" = 1 ] && echo --breakdown) \
   --deadline $(( $(left) - 60 )) --out "$out/r.csv" > "$out/r.log" 2>&1
 echo "rollout: rc $? after $(( $(date +%s) - t0 )) s"
 grep -h "tokens_per_s" "$out/r.log" | sed -E "s/.*'provider': '([^']*)', 'batch': ([0-9]+).*'tokens_per_s': ([0-9.]+).*'ratio_vs_bf16': ([0-9.]+).*/\1 b\2 \3 tok\/s \4x/"

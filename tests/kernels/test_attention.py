@@ -103,3 +103,16 @@ def test_decode_every_gpu_tile(D, block_n):
     kv_store(cache, *dev(k, v, torch.arange(Bq * Lq)))
     out = decode_attention(dev(q), cache, *dev(starts, lens), Lq, block_n=block_n)
     assert rel(out, _oracle(host(cache), q, lens, Bq, Lq)) < TOL_ATTN
+
+
+@pytest.mark.parametrize("maxnreg", [96, 128])
+def test_register_cap_changes_no_value(maxnreg):
+    """decode_attention(maxnreg=...) compiles the same kernel under a register cap (on a GPU: another allocation, a few
+    spills at 96 with 64-token tiles): the same instructions on the same values, so the uncapped output bit for bit."""
+    k, v, perm, q, lens, starts = _case(5)
+    cache = FP4KVCache.allocate(B * L, Hkv, D, DEV)
+    kv_store(cache, *dev(k, v, torch.arange(B * L)))
+    args = (dev(q), cache, *dev(starts, lens), L)
+    out = decode_attention(*args, block_n=BLOCK_N, maxnreg=maxnreg)
+    assert torch.equal(out, decode_attention(*args, block_n=BLOCK_N))
+    assert rel(out, _oracle(host(cache), q, lens, B, L)) < TOL_ATTN

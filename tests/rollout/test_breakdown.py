@@ -17,7 +17,8 @@ def test_breakdown_components_add_up(prov):
     model = bench.build("qwen3_moe-tiny", 4, "cpu", torch.float32, "eager", 64)
     prompts = torch.randint(5, 100, (2, 8), generator=torch.Generator().manual_seed(0)).tolist()
     eng = bench.make_engine(model, prov, prompts, 6, "cpu", torch.float32)
-    parts = bench.breakdown(eng, prompts, 6, "cpu")
+    parts, kernels = bench.breakdown(eng, prompts, 6, "cpu")
+    assert kernels == {}  # kernel names come from the device trace (CUDA only)
     assert set(parts) == {"attention", "moe", "sampling", "other", "total"}
     assert parts["attention"] > 0 and parts["moe"] > 0 and parts["sampling"] > 0 and parts["other"] >= 0
     assert sum(parts[k] for k in ("attention", "moe", "sampling", "other")) == pytest.approx(parts["total"], rel=1e-6)
@@ -44,6 +45,20 @@ def test_busy_time_counts_overlapping_device_work_once():
           dict(cat="gpu_memset", ts=300.0, dur=10.0), dict(cat="kernel", ts=302.0, dur=3.0)]  # 300-310, nested
     assert bench.busy_ms(ev) == pytest.approx(0.170)
     assert bench.busy_ms([]) == 0.0
+
+
+def test_device_parts_by_label_and_kernel(monkeypatch):
+    """A kernel counts toward the label whose GPU-side span holds its start, else 'other'; per kernel name as well,
+    and the kernels of a label add up to it."""
+    ev = [dict(cat="gpu_user_annotation", name="rollout.attention", ts=0.0, dur=100.0),
+          dict(cat="gpu_user_annotation", name="rollout.moe", ts=200.0, dur=100.0),
+          dict(cat="kernel", name="attn", ts=10.0, dur=50.0), dict(cat="kernel", name="attn", ts=70.0, dur=20.0),
+          dict(cat="kernel", name="gemm", ts=210.0, dur=30.0), dict(cat="gpu_memcpy", name="copy", ts=150.0, dur=4.0),
+          dict(cat="cpu_op", name="host", ts=0.0, dur=1e6)]
+    monkeypatch.setattr(bench, "_trace_events", lambda prof: ev)
+    parts, kernels = bench._device_parts(None)
+    assert parts == pytest.approx({"attention": 0.070, "moe": 0.030, "sampling": 0.0, "other": 0.004})
+    assert kernels == pytest.approx({"attention/attn": 0.070, "moe/gemm": 0.030, "other/copy": 0.004})
 
 
 def test_breakdown_prompts_reach_the_mean_context():
