@@ -144,13 +144,31 @@ def _attention(dev):
             "attention-fp4kv": lambda: decode_attention(q, cache, starts, lens, L, check_finite=False)}
 
 
+def _attention_engine(dev):
+    """The engine's decode attention per layer at batch 256 and the 1k-generation run's mean context (1024): the
+    default tile, and under register caps that fit 4 (128) or 5 (96, 32-token tiles) programs per SM, not 3."""
+    from kernels.attention import FP4KVCache, decode_attention, kv_store
+
+    B, L = 256, 1024
+    cache = FP4KVCache.allocate(B * L, HKV, HD, dev)
+    kv = torch.randn(B * L, HKV, HD, device=dev, dtype=torch.bfloat16)
+    kv_store(cache, kv, kv.flip(0), torch.arange(B * L, device=dev))
+    q = torch.randn(B, HQ, HD, device=dev, dtype=torch.bfloat16)
+    starts = torch.arange(B, device=dev) * L
+    lens = torch.full((B,), L, device=dev)
+    run = lambda **kw: (lambda: decode_attention(q, cache, starts, lens, L, check_finite=False, **kw))  # noqa: E731
+    return {"attention-fp4kv-b256": run(), "attention-fp4kv-b256-r128": run(maxnreg=128),
+            "attention-fp4kv-b256-bn32-r96": run(block_n=32, maxnreg=96)}
+
+
 # each builder's targets (a builder makes the inputs its targets share)
 GROUPS = {_quantize: ("quantize-nvfp4", "copy-bf16"),
           _dense: ("dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b", "dense-triton-tma", "dense-triton-bn128",
                    "dense-triton-r64"),
           _moe: ("moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "moe-triton-tma", "moe-triton-bn128",
                  "moe-triton-r80"),
-          _attention: ("attention-sdpa", "attention-fp4kv")}
+          _attention: ("attention-sdpa", "attention-fp4kv"),
+          _attention_engine: ("attention-fp4kv-b256", "attention-fp4kv-b256-r128", "attention-fp4kv-b256-bn32-r96")}
 # per-reason warp stalls (cycles per issued instruction); ncu's WarpStateStats section charts them without listing
 # them in its CSV, so the command asks for them by name (`--metrics`, see `ncu_metrics`)
 STALLS = ("long_scoreboard", "short_scoreboard", "wait", "barrier", "mio_throttle", "lg_throttle", "math_pipe_throttle",
@@ -184,7 +202,7 @@ def ncu_metrics(counts: bool = True) -> str:
 TARGETS = ("quantize-nvfp4", "copy-bf16", "dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b",
            "moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "attention-sdpa", "attention-fp4kv",
            "dense-triton-tma", "moe-triton-tma", "dense-triton-bn128", "moe-triton-bn128", "dense-triton-r64",
-           "moe-triton-r80")
+           "moe-triton-r80", "attention-fp4kv-b256", "attention-fp4kv-b256-r128", "attention-fp4kv-b256-bn32-r96")
 MARKER = "_ncu_target_marker"
 
 
