@@ -870,10 +870,10 @@ def sass_counts():
            "vs_ptr": "*u8", "vf_ptr": "*fp32", "starts_ptr": "*i32", "lens_ptr": "*i32", "o_ptr": "*fp32",
            "lse_ptr": "*fp32", "qk_scale": "fp32", "Hq": "i32", "Hkv": "i32", "per_split": "i32", "NSPLIT": "i32",
            "G": "constexpr", "GP": "constexpr", "D": "constexpr", "BLOCK_N": "constexpr", "NIT": "constexpr",
-           "INTERP": "constexpr"}
+           "INTERP": "constexpr", "DIRECT": "constexpr"}
     aligned = ["q_ptr", "kp_ptr", "ks_ptr", "kf_ptr", "vp_ptr", "vs_ptr", "vf_ptr", "o_ptr", "lse_ptr"]
     for bn in (32, 64, 128):
-        cst = dict(G=8, GP=16, D=128, BLOCK_N=bn, NIT=8192 // bn, INTERP=False)
+        cst = dict(G=8, GP=16, D=128, BLOCK_N=bn, NIT=8192 // bn, INTERP=False, DIRECT=False)
         n, ops, cvt, shared = _loop_sass(_decode_attn_kernel, sig, aligned, cst, 4, 1, f"attn_{bn}")
         _sass_row(rows, "D128 G8", "_decode_attn_kernel", f"BLOCK_N={bn};num_warps=4", ops, loop_instr=n,
                   lane_instr_per_kv_element=round(n * 128 / (2 * bn * 128), 2), shared_bytes=shared,

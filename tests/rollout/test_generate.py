@@ -245,7 +245,10 @@ def test_multi_turn_fp4_record_replays_policy_logprobs(tok):
     flips at one token here and moves later log-probs by up to 0.24; with ATEN_CPU_CAPABILITY=default
     none does). What is guaranteed is TRACE's replay: the patched trainer model, replaying the
     rollout's record (environment tokens included), uses the rollout's FP4 operands, so its log-probs
-    equal the policy's up to float accumulation order."""
+    equal the policy's up to float accumulation order. The trainer's own values may still flip a rare code
+    against the record (the engine's decode attention is one SDPA per query row over the cache, the
+    trainer's one over the sequence: last-ulp differences; one code of ~33k at one layer on this CPU):
+    replay reports the flip and uses the recorded code."""
     rec = Recorder(full_codes=True)
     m, eng, out = _guess_number_episode(tok, "w4a4", recorder=rec)
     record = rec.finish()
@@ -257,7 +260,7 @@ def test_multi_turn_fp4_record_replays_policy_logprobs(tok):
             logits = m(torch.tensor([t])).logits.float()
         summary = st.summary()
         assert all(v == 0 for v in summary["unrecoverable_rate"].values())
-        assert all(v == 0 for v in summary["code_flip_rate"].values())
+        assert all(v < 1e-3 for v in summary["code_flip_rate"].values())
         lp = torch.log_softmax(logits, -1)[0, :-1].gather(-1, torch.tensor(t[1:])[:, None]).squeeze(-1)
         assert _policy_vs(out, i, lp.tolist()) < 1e-4
 

@@ -200,12 +200,12 @@ class EngineForward:
             if kv4 is not None and rec is not None:
                 self._record_kv(rec, i, kv4)
             kc, vc = cache.read(i, rows, S)  # [R, nkv, S, D]
-        if T == 1:  # decode: grouped-query matmuls, K/V read once per KV head (no repeat_interleave copy)
+        if T == 1:  # decode: a KV head's rep query heads are rep query rows of one fused attention over its K/V
+            # (read once, no GQA copy); the mask is the row's length. One SDPA kernel where the grouped matmuls,
+            # mask and softmax were ~2.4x its time on the H200 (kernels/NOTES.md, "v5g")
             qg = q.view(R, nkv, nh // nkv, D)  # query heads of KV head j are j*rep .. j*rep+rep-1
-            sc = torch.matmul(qg, kc.transpose(-1, -2)).float() * D ** -0.5  # [R, nkv, rep, S]
             keep = torch.arange(S, device=q.device)[None, :] <= start[:, None]  # [R, S]
-            sc = sc.masked_fill(~keep[:, None, None, :], float("-inf"))
-            o = torch.matmul(torch.softmax(sc, dim=-1).to(vc.dtype), vc)  # [R, nkv, rep, D]
+            o = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=keep[:, None, None, :])  # [R, nkv, rep, D]
         elif causal:  # fresh prefill: every row starts at 0 and S == T, so the causal mask is the whole mask
             o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc, is_causal=True, enable_gqa=True)
         else:  # chunk appended at per-row offsets (environment observations)
