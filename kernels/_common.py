@@ -174,26 +174,19 @@ def dequant_tile_loaded(w, sbytes, R: tl.constexpr, BK: tl.constexpr, BF16: tl.c
     return out
 
 
-# PTX: one int32 word of 8 E2M1 nibbles (element j at bits 4j) and a bf16 scale -> its 8 values * scale in
-# bf16, two per bf16x2 multiply. Per nibble pair (one byte): extract the byte, spread its nibbles 16 bits
-# apart (b * 0x1001 = b | b << 12), the magnitudes' three bits under each half's exponent field (<< 6, mask),
-# scale both halves with one mul.rn.bf16x2, then set both signs (<< 12, mask, xor: the scale is positive).
-# E2M1's subnormal 0.5 becomes a bf16 subnormal (2^-127), which bf16 arithmetic keeps (no .ftz for bf16).
-_DECODE8_ASM = tl.constexpr("{\n.reg .b32 ss, b, t, m, g;\nmov.b32 ss, {$9, $9};\n" + "".join(
-    f"bfe.u32 b, $8, {8 * p}, 8;\nmul.lo.u32 t, b, 0x1001;\nshl.b32 m, t, 6;\nand.b32 m, m, 0x01C001C0;\n"
-    f"mul.rn.bf16x2 m, m, ss;\nshl.b32 g, t, 12;\nand.b32 g, g, 0x80008000;\nxor.b32 m, m, g;\n"
-    f"mov.b32 {{${2 * p}, ${2 * p + 1}}}, m;\n" for p in range(4)) + "}")
-
-
-# The same decode with each bf16x2 pairing elements p and p + 4 (nibbles 4p and 4p + 16: already 16 bits apart, as a
-# bf16x2's halves are), so no byte extract and spread: per pair a shift and a mask put both magnitudes under the
-# exponent fields, one mul.rn.bf16x2 scales them, a shift, mask and xor set both signs (6 PTX instructions, 5 for pair
-# 3 whose signs sit at bits 15 and 31 already, against 8). Outputs ($2p, $2p + 1) = elements (p, p + 4).
-_DECODE8_SPREAD_ASM = tl.constexpr("{\n.reg .b32 ss, m, g;\nmov.b32 ss, {$9, $9};\n" + "".join(
+# PTX: one int32 word of 8 E2M1 nibbles (element j at bits 4j) and a bf16 scale -> its 8 values * scale in bf16, each
+# bf16x2 pairing elements p and p + 4 (nibbles 4p and 4p + 16: already 16 bits apart, as a bf16x2's halves are, so no
+# byte extract and spread). Per pair: a shift and a mask put both magnitudes' three bits under the halves' exponent
+# fields, one mul.rn.bf16x2 scales them, a shift, mask and xor set both signs (the scale is positive); 6 PTX
+# instructions, 5 for pair 3 whose signs sit at bits 15 and 31 already (the byte-spread decode it replaced took 8:
+# kernels/NOTES.md v5h). Outputs ($2p, $2p + 1) = elements (p, p + 4). E2M1's subnormal 0.5 becomes a bf16 subnormal
+# (2^-127), which bf16 arithmetic keeps (no .ftz for bf16).
+_DECODE8_ASM = tl.constexpr("{\n.reg .b32 ss, m, g;\nmov.b32 ss, {$9, $9};\n" + "".join(
     (f"shl.b32 m, $8, {6 - 4 * p};\n" if p < 2 else f"shr.u32 m, $8, {4 * p - 6};\n")
-    + f"and.b32 m, m, 0x01C001C0;\nmul.rn.bf16x2 m, m, ss;\n"
+    + "and.b32 m, m, 0x01C001C0;\nmul.rn.bf16x2 m, m, ss;\n"
     + (f"shl.b32 g, $8, {12 - 4 * p};\nand.b32 g, g, 0x80008000;\n" if p < 3 else "and.b32 g, $8, 0x80008000;\n")
     + f"xor.b32 m, m, g;\nmov.b32 {{${2 * p}, ${2 * p + 1}}}, m;\n" for p in range(4)) + "}")
+DECODE8_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # the element each output of _DECODE8_ASM holds
 
 
 # Where the bf16 decode's layouts (`kernels.gemm.pair_layout`, `kernels.wgmma.wgmma_layout`) put each bit of a word's
@@ -245,7 +238,7 @@ def _decode8_bf16(w, scale, PAIRED: tl.constexpr):
                                         dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
     else:
         e0, e4, e1, e5, e2, e6, e3, e7 = tl.inline_asm_elementwise(
-            _DECODE8_SPREAD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, scale], dtype=(tl.bfloat16,) * 8, is_pure=True,
+            _DECODE8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, scale], dtype=(tl.bfloat16,) * 8, is_pure=True,
             pack=1)
         out = e0, e1, e2, e3, e4, e5, e6, e7
     return out
