@@ -29,7 +29,9 @@ less graph-busy: the GPU waits for the host's bookkeeping, the tokens' copy, lau
 Output: rows APPENDED, one by one, to the long table `--out` (default results/rollout/rollout.csv; schema
 `benchmarks.results_table.ROLLOUT_FIELDS`: version, commit, gpu, date, op, shape, provider, batch, prompt,
 gen, tokens_per_s, ratio_vs_bf16 = tokens/s over engine-bf16's in the same run, ...); `--deadline`
-seconds stops starting new runs.
+seconds stops starting new runs. `--repeats N`: the providers of a batch are all built first, then timed in N
+rounds, each provider once per round (the row: the median call; note: every round's tokens/s range and the median and
+range of the per-round ratios against engine-bf16's call of the same round).
 
 Run (CPU, small): `.venv/bin/python benchmarks/bench_rollout.py --models qwen3_moe-tiny --batch 4 --prompt 16 --gen 16`
 Run (GPU):        `python3 benchmarks/bench_rollout.py --device cuda --models qwen3_30b_a3b qwen3_moe-tiny --batch 64 256`
@@ -41,6 +43,7 @@ import argparse
 import bisect
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -139,15 +142,16 @@ def _timed(fn, device):
     return out, time.perf_counter() - t0
 
 
-def run_engine(model, prov, prompts, gen, device, dtype):
-    """-> (generated tokens, seconds for the whole call, seconds for a prefill + 1 token call, setup seconds,
-    the engine)."""
+def prepare_provider(model, prov, prompts, gen, device, dtype):
+    """-> (engine or None for hf, fn(n) running one call of n new tokens and returning its tokens, setup seconds):
+    an engine is built, its graphs captured and warmed up before the clock (`make_engine`), hf generate warmed up."""
     t0 = time.perf_counter()
-    eng = make_engine(model, prov, prompts, gen, device, dtype)
-    setup = time.perf_counter() - t0
-    out, dt = _timed(lambda: _generate(eng, prov, model, prompts, gen), device)
-    _, pre = _timed(lambda: _generate(eng, prov, model, prompts, 1), device)
-    return out.num_generated_tokens, dt, pre, setup, eng
+    if prov == "hf-bf16":
+        eng, fn = None, hf_runner(model, prompts, device)
+    else:
+        eng = make_engine(model, prov, prompts, gen, device, dtype)
+        fn = lambda n: _generate(eng, prov, model, prompts, n).num_generated_tokens  # noqa: E731
+    return eng, fn, time.perf_counter() - t0
 
 
 # the breakdown's components: the `rollout.*` record_function labels, then everything else
@@ -211,7 +215,7 @@ def _graph_busy(eng, prompts, gen) -> tuple[float, int]:
 
 
 def graph_busy(eng, prompts, gen) -> float | None:
-    """The timed engine's own decode (CUDA graphs on, as `run_engine` times it): ms per DECODED token during which
+    """The timed engine's own decode (CUDA graphs on, as the timed calls run it): ms per DECODED token during which
     the GPU runs something, a `gen`-token call minus a prefill-and-one-token call, divided by the difference in
     tokens. The rest of a timed step is the GPU waiting ('graph-idle' in `main`: the host's bookkeeping, the sampled
     tokens' copy, launches). Not the profiled call's wall clock: the profiler itself made it 1.1-1.5x the timed
@@ -273,16 +277,23 @@ def breakdown(eng, prompts, gen, device, top: int = 12) -> tuple[dict[str, float
     return res, dict(sorted(per.items(), key=lambda kv: -kv[1])[:top])
 
 
-def run_hf(model, prompts, gen, device):
+def hf_runner(model, prompts, device):
+    """transformers generate, warmed up at full size -> fn(n) generating n tokens per row (no early stop)."""
     ids = torch.tensor(prompts, device=device)
-    kw = dict(do_sample=False, max_new_tokens=gen, min_new_tokens=gen, pad_token_id=0, eos_token_id=None)
     mask = torch.ones_like(ids)
-    model.generate(ids, attention_mask=mask, **{**kw, "max_new_tokens": 2, "min_new_tokens": 2})  # warm-up, full size
+
+    def fn(n):
+        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                             pad_token_id=0, eos_token_id=None)
+        return (out.shape[1] - ids.shape[1]) * ids.shape[0]
+
+    fn(2)
     sync(device)
-    out, dt = _timed(lambda: model.generate(ids, attention_mask=mask, **kw), device)
-    one = {**kw, "max_new_tokens": 1, "min_new_tokens": 1}
-    _, pre = _timed(lambda: model.generate(ids, attention_mask=mask, **one), device)
-    return (out.shape[1] - ids.shape[1]) * ids.shape[0], dt, pre, 0.0
+    return fn
+
+
+def _spread(xs) -> str:
+    return f"{min(xs):.0f}-{max(xs):.0f}"
 
 
 def main(argv=None):
@@ -299,6 +310,9 @@ def main(argv=None):
     ap.add_argument("--deadline", type=float, default=1e9, help="seconds after which no new run starts")
     ap.add_argument("--out", default="results/rollout/rollout.csv", help="long table to append to")
     ap.add_argument("--version", default="dev", help="the engine / kernel version under test (a column of every row)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="timed calls per provider, in rounds that alternate the providers; rows give the median, "
+                         "the range and the per-round ratios against engine-bf16 (note)")
     ap.add_argument("--breakdown", action="store_true",
                     help="also profile each engine provider: ms per token in attention / moe / other (op rollout_breakdown)")
     a = ap.parse_args(argv)
@@ -315,20 +329,48 @@ def main(argv=None):
         for bsz in a.batch:
             g = torch.Generator().manual_seed(bsz)
             prompts = torch.randint(4, min(vocab, 100), (bsz, a.prompt), generator=g).tolist()
+            # every provider built first, then `--repeats` rounds timing each in turn: providers alternate, so a slow
+            # stretch of the machine (the host's share of a step moves by up to ~1 ms between identical runs on the
+            # H200, kernels/NOTES.md v5h) falls on all of them, and each round gives a paired ratio
+            ready, notes = {}, {}
             for prov in a.providers:
                 if time.perf_counter() - t_start > a.deadline:
                     print(f"deadline reached, skipping {name} b{bsz} {prov}", flush=True)
                     continue
-                note = ""
                 try:
-                    if prov == "hf-bf16":
-                        (ntok, dt, pre, setup), eng = run_hf(model, prompts, a.gen, a.device), None
-                        note = f"experts={a.hf_experts}"
-                    else:
-                        ntok, dt, pre, setup, eng = run_engine(model, prov, prompts, a.gen, a.device, dtype)
+                    ready[prov] = prepare_provider(model, prov, prompts, a.gen, a.device, dtype)
                 except Exception as e:  # noqa: BLE001 - record the failure, keep benchmarking
-                    ntok, dt, pre, setup, eng = 0, float("nan"), float("nan"), float("nan"), None
-                    note = f"error: {type(e).__name__}: {str(e)[:120]}"
+                    notes[prov] = f"error: {type(e).__name__}: {str(e)[:120]}"
+            times: dict[str, list[float]] = {p: [] for p in ready}
+            ntoks: dict[str, int] = {}
+            for r in range(a.repeats):
+                if r and time.perf_counter() - t_start > a.deadline:
+                    print(f"deadline reached after {r} rounds of {name} b{bsz}", flush=True)
+                    break
+                for prov, (_, fn, _) in ready.items():
+                    if prov in notes:
+                        continue
+                    try:
+                        ntoks[prov], dt = _timed(lambda fn=fn: fn(a.gen), a.device)
+                        times[prov].append(dt)
+                    except Exception as e:  # noqa: BLE001
+                        notes[prov] = f"error: {type(e).__name__}: {str(e)[:120]}"
+            for prov in a.providers:
+                eng, fn, setup = ready.get(prov, (None, None, float("nan")))
+                dts = times.get(prov) or []
+                ntok = ntoks.get(prov, 0) if dts and prov not in notes else 0
+                note = notes.get(prov, "")
+                if prov == "hf-bf16":
+                    note = ";".join(x for x in (note, f"experts={a.hf_experts}") if x)
+                dt = float(statistics.median(dts)) if ntok else float("nan")
+                pre = _timed(lambda fn=fn: fn(1), a.device)[1] if ntok else float("nan")
+                if len(dts) > 1:  # tokens/s of every round, and the per-round ratios against BF16's same round
+                    note = ";".join(x for x in (note, f"runs={len(dts)}", f"tok_s_range={_spread([ntok / t for t in dts])}") if x)
+                    ref = times.get("engine-bf16") or []
+                    if prov != "engine-bf16" and len(ref) == len(dts):
+                        paired = sorted(rt / t for rt, t in zip(ref, dts, strict=True))
+                        note += f";paired_ratio_median={statistics.median(paired):.3f}"
+                        note += f";paired_ratio_range={paired[0]:.3f}-{paired[-1]:.3f}"
                 # decode_ms_per_step: (whole call - prefill-and-one-token call) / (gen - 1)
                 row = dict(op="rollout_generate", shape=name, provider=prov, batch=bsz, prompt=a.prompt, gen=a.gen,
                            tokens_per_s=round(ntok / dt, 2) if ntok else 0.0, elapsed_s=round(dt, 3),
@@ -367,9 +409,10 @@ def main(argv=None):
                     print("breakdown", prov, {k: round(v, 4) for k, v in parts.items()}, flush=True)
                     for key, ms in kernels.items():
                         print(f"  kernel {prov} {ms * bsz:8.3f} ms/step  {key}", flush=True)
-                del eng
-                if a.device.startswith("cuda"):
-                    torch.cuda.empty_cache()
+            ready.clear()
+            eng = None
+            if a.device.startswith("cuda"):
+                torch.cuda.empty_cache()
         del model
     print(f"appended to {out}")
 

@@ -12,6 +12,7 @@
 # ncu.md in OUT; ~60 s);
 # TESTS: the GPU tests' paths (default tests/kernels tests/rl/test_steps.py tests/rollout/test_gpu.py);
 # PROVIDERS: the engine's providers (default engine-bf16 engine-w4a4-kv4-triton engine-w4a4-kv4-kernels);
+# REPEATS: timed rounds per engine provider (default 3, bench_rollout.py --repeats);
 # GIT_COMMIT names the launching commit (the lease's .git is stale). The tests import trace.config, which needs
 # jsonschema: carry WHEELS too (default .whl-pipe, from scripts/gpu/offline_wheels.sh download .whl-pipe pipeline).
 set -uo pipefail
@@ -68,7 +69,7 @@ if [ -n "$ncu_targets" ]; then
 fi
 [ "$engine" = 1 ] || exit 0
 timeout $(( $(left) - 5 )) python3 benchmarks/bench_rollout.py --device cuda --models qwen3_30b_a3b --batch 256 64 \
-  --gen 1024 --providers ${PROVIDERS:-engine-bf16 engine-w4a4-kv4-triton engine-w4a4-kv4-kernels} --version "$version" $([ "${BREAKDOWN:-0}" = 1 ] && echo --breakdown) \
+  --gen 1024 --providers ${PROVIDERS:-engine-bf16 engine-w4a4-kv4-triton engine-w4a4-kv4-kernels} --repeats ${REPEATS:-3} --version "$version" $([ "${BREAKDOWN:-0}" = 1 ] && echo --breakdown) \
   --deadline $(( $(left) - 60 )) --out "$out/r.csv" > "$out/r.log" 2>&1
 echo "rollout: rc $? after $(( $(date +%s) - t0 )) s"
 grep -h "tokens_per_s" "$out/r.log" | sed -E "s/.*'provider': '([^']*)', 'batch': ([0-9]+).*'tokens_per_s': ([0-9.]+).*'ratio_vs_bf16': ([0-9.]+).*/\1 b\2 \3 tok\/s \4x/"

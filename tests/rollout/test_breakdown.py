@@ -38,6 +38,29 @@ def test_record_provider_times_a_recorded_generate(tmp_path):
                                                                      "eager", 64)).layers == {2, 3}
 
 
+def test_repeats_alternate_providers_and_give_paired_ratios(tmp_path, monkeypatch):
+    """--repeats 3: each provider timed once per round, in provider order (BF16, FP4, BF16, FP4, ...); the row's
+    tokens/s is the median round's and its note the rounds' range and the per-round ratios against BF16."""
+    import csv
+
+    order = []
+    real = bench._generate
+    monkeypatch.setattr(bench, "_generate", lambda eng, prov, *a: order.append((prov, a[-1])) or real(eng, prov, *a))
+    out = tmp_path / "r.csv"
+    bench.main(["--models", "qwen3_moe-tiny", "--batch", "2", "--prompt", "8", "--gen", "6", "--device", "cpu",
+                "--providers", "engine-bf16", "engine-w4a4-kv4", "--repeats", "3", "--out", str(out)])
+    timed = [p for p, n in order if n == 6]  # the warm-ups generate 2 tokens, the prefill timings 1
+    assert timed == ["engine-bf16", "engine-w4a4-kv4"] * 3
+    rows = {r["provider"]: r for r in csv.DictReader(out.open())}
+    bf, fp = rows["engine-bf16"], rows["engine-w4a4-kv4"]
+    assert "runs=3" in bf["note"] and "paired" not in bf["note"]
+    note = dict(kv.split("=") for kv in fp["note"].split(";"))
+    lo, hi = (float(x) for x in note["paired_ratio_range"].split("-"))
+    assert note["runs"] == "3" and lo <= float(note["paired_ratio_median"]) <= hi
+    lo, hi = (float(x) for x in note["tok_s_range"].split("-"))
+    assert lo - 1 <= float(fp["tokens_per_s"]) <= hi + 1
+
+
 def test_busy_time_counts_overlapping_device_work_once():
     """graph-busy: the union of the kernels', copies' and memsets' intervals; host events and gaps count nowhere."""
     ev = [dict(cat="kernel", ts=0.0, dur=100.0), dict(cat="kernel", ts=50.0, dur=100.0),  # overlap: 0-150
