@@ -10,7 +10,7 @@
 # breakdown (bench_rollout.py --breakdown: kernel time by component, graph-busy / graph-idle); NCU="TARGET ..." (names of
 # benchmarks/ncu_kernels.py run --list) adds Nsight Compute's counters of those targets after the kernels (ncu.csv,
 # ncu.md in OUT; ~60 s);
-# TESTS: the GPU tests' paths (default tests/kernels tests/rl/test_steps.py tests/rollout/test_gpu.py);
+# TEST_LIMIT: seconds for the GPU tests (default 330); TESTS: the GPU tests' paths (default tests/kernels tests/rl/test_steps.py tests/rollout/test_gpu.py);
 # PROVIDERS: the engine's providers (default engine-bf16 engine-w4a4-kv4-triton engine-w4a4-kv4-kernels);
 # REPEATS: timed rounds per engine provider (default 3, bench_rollout.py --repeats);
 # GIT_COMMIT names the launching commit (the lease's .git is stale). The tests import trace.config, which needs
@@ -25,8 +25,6 @@ wheels=${WHEELS:-.whl-pipe}
 if [ -d "$wheels" ]; then
   python3 -m pip install -q --no-index --find-links "$wheels" --target /tmp/site-bench jsonschema > "$out/install.log" 2>&1 \
     || { tail -20 "$out/install.log"; exit 1; }
-  # the tests in 8 processes where the wheels have pytest-xdist: a fresh machine compiles every kernel, 268 s in one
-  python3 -m pip install -q --no-index --find-links "$wheels" --target /tmp/site-bench --no-deps pytest-xdist execnet >> "$out/install.log" 2>&1
   export PYTHONPATH=$PYTHONPATH:/tmp/site-bench
 fi
 left() { echo $(( limit - ($(date +%s) - t0) )); }
@@ -36,10 +34,10 @@ gpu_tests() {  # gpu_tests SECONDS [pytest options]
     -k "every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert or decoded_activation or fake_tile or tma or fma or register_cap or wgmma or sampl" \
     > "$out/tests.log" 2>&1
 }
-# a failure in 8 processes is run again in one (a test that does not share the GPU well is not a kernel bug); the
-# 8-process log stays as tests-n8.log
-if ! { PYTHONPATH=$PYTHONPATH python3 -c "import xdist" 2>/dev/null && { gpu_tests 200 -n 8; rc=$?; cp "$out/tests.log" "$out/tests-n8.log"; [ $rc = 0 ]; }; } && ! gpu_tests 300; then
-  tail -40 "$out/tests.log"; echo "GPU tests failed: nothing timed"; exit 1
+# one process: in 8 (pytest-xdist) the same tests ran past 200 s on a warm H200 where one process took 221 s (v5h:
+# they share one GPU and the compile); --durations names the slow ones in tests.log
+if ! gpu_tests "${TEST_LIMIT:-330}" --durations=15; then
+  tail -40 "$out/tests.log"; echo "GPU tests failed or ran past ${TEST_LIMIT:-330} s: nothing timed"; exit 1
 fi
 tail -1 "$out/tests.log"
 anchor=.anchors/triton_kernels-v3.6.0
