@@ -135,6 +135,51 @@ def test_single_turn_path_equals_the_general_loop(steps, stop_strings):
     assert endings <= seen, seen  # every way a sample ends was compared
 
 
+def test_next_step_launched_ahead_equals_the_general_loop(monkeypatch):
+    """Through decode graphs without stop strings, the next step is launched from the device's sampled tokens before
+    the host sees them, in the bucket of the longest row that may go on; when that row stopped (a stop token) and the
+    rows that went on fit a smaller bucket, the step runs again there. With one attention slot per bucket every such
+    stop moves the bucket: samples, log-probs, stop reasons and record must still equal the general loop's."""
+    from trace.models.tokenizer import build_tokenizer
+    from trace.rollout.graphs import DecodeGraphs
+
+    calls = []
+    real = DecodeGraphs.__call__
+
+    def spy(self, ids, start, lens, max_len, step=None):
+        calls.append(lens)  # the same lens tensor twice in a row: a step run again
+        return real(self, ids, start, lens, max_len, step)
+
+    monkeypatch.setattr(DecodeGraphs, "__call__", spy)
+    m = tiny("qwen3_moe")
+    tok = build_tokenizer()
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in ("1 2 3 4 5", "the sum", "ab", "x y z")]
+    engines = []
+    for single in (True, False):
+        eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, max_seq_len=20)
+        eng.sync_weights(m)
+        eng.single_turn_path = single
+        eng.cuda_graphs, eng.graph_bucket = True, 1
+        engines.append(eng)
+    for seed in range(6):
+        outs = []
+        for eng in engines:
+            rec = Recorder(layers=None, routing=True)
+            out = eng.generate(prompts, n=2, max_new_tokens=9, temperature=1.3, seed=seed, recorder=rec,
+                               stop_token_ids=tuple(range(40, 90)))
+            outs.append((out, rec.finish()))
+        (a, ra), (b, rb) = outs
+        for f in ("tokens", "logprobs", "stop_reason", "num_generated_tokens"):
+            assert getattr(a, f) == getattr(b, f), (seed, f)
+        for key, rows in ra.sites.items():
+            assert torch.equal(rows.keys, rb.sites[key].keys) and torch.equal(rows.mantissa, rb.sites[key].mantissa)
+        for layer in range(m.config.num_hidden_layers):
+            seq = torch.tensor([a.seq_ids[0]] * len(a.tokens[0]))
+            pos = torch.arange(len(a.tokens[0]))
+            assert torch.equal(ra.lookup_routing(layer, seq, pos), rb.lookup_routing(layer, seq, pos))
+    assert sum(x is y for x, y in zip(calls, calls[1:], strict=False)) > 0  # some step did run again
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_batch_of_mixed_lengths_equals_each_alone(family):
     """bf16 mode (float32): identical tokens and |dlp| < 1e-4. W4A4 + FP4 KV (float32): the batch's matmul

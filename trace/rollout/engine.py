@@ -24,19 +24,20 @@ not these log-probs (RL configs have no top_p).
 Decode loop: a call without env (every single-turn rollout: the RL reasoning and coding tasks, the benchmarks)
 takes `_single_turn`, which keeps the per-sample bookkeeping in arrays, searches stop strings only in samples whose
 new token's text holds one of their characters, and launches step t + 1 before storing step t's tokens, one host
-copy per step; multi-turn calls take the general per-sample loop. Both give the same samples, bit for bit
+copy per step; through decode graphs without stop strings it launches step t + 1 from the device's sampled tokens
+before the host has seen them, so the GPU does not wait for the host; multi-turn calls take the general per-sample loop. Both give the same samples, bit for bit
 (tests/rollout/test_generate.py compares them with `single_turn_path` off).
 
 GPU: decode steps replay CUDA graphs (trace/rollout/graphs.py: all B rows, one graph per 256-slot attention
 bucket, kept across calls until the next sync_weights; `prepare(batch, prompt_len, new_tokens)` captures
 them up front); prefill and multi-token chunks run eagerly. Experts are grouped GEMMs (torch._grouped_mm)
-and decode attention is a grouped-query matmul over a head-major cache. In w4a4 mode `fp4_backend`
+and BF16 decode attention is one SDPA call over each KV head's query rows with the length mask. In w4a4 mode `fp4_backend`
 picks how the FP4 numbers are computed: "torch" = FP4 weights dequantized at sync + per-row FP4
 activation quant + BF16 GEMMs (the same codes on BF16 tensor cores), FP4 KV decoded once per token;
 "triton" (the default on CUDA for NVFP4, "auto") = the FP4 kernels of kernels/ for decode steps (FP4
 weights and FP4 KV codes read from memory), the torch path for prefill. Measured on an H200
-(results/rollout/, docs/LOG.md): BF16 engine 17.5-18.8x transformers generate; FP4 modes 0.5-0.7x the
-engine's BF16 (the FP4 kernels lose to cuBLAS/grouped_mm at batch >= 16; see kernels/NOTES.md).
+(results/rollout/, docs/LOG.md): BF16 engine 17.5-18.8x transformers generate; W4A4 + FP4 KV on the Triton
+path 1.14-1.22x the engine's BF16 in device time per decode step at batch 256 (kernels/NOTES.md v5h).
 Recording (a `recorder`) runs the path that generates: decode steps on the Triton path record the codes
 its kernels quantized (trace/rollout/fast.py), so a TRACE rollout samples from the same kernels as the
 other FP4 arms' rollouts; on a GPU its one-token decode steps record inside their CUDA graphs
@@ -408,12 +409,32 @@ class RolloutEngine:
     def _to_host(tok: torch.Tensor, lp: torch.Tensor, finite: torch.Tensor):
         """One device-to-host copy of a step's samples: (tokens [A] int64, log-probs [A] float32) on the
         CPU; raises on non-finite logits."""
+        return RolloutEngine._to_host_async(tok, lp, finite)()
+
+    @staticmethod
+    def _to_host_async(tok: torch.Tensor, lp: torch.Tensor, finite: torch.Tensor):
+        """`_to_host` with the copy enqueued now (into pinned memory on a GPU) and waited for by the returned
+        callable, so that work launched in between (the next decode step) does not delay it."""
         # float64 holds every token id and every float32 log-prob exactly
-        h = torch.cat([tok.double(), lp.double(), finite.double()[None]]).cpu()
-        if not bool(h[-1]):
-            raise ValueError(NONFINITE)
-        A = tok.shape[0]
-        return h[:A].long(), h[A:2 * A].float()
+        d = torch.cat([tok.double(), lp.double(), finite.double()[None]])  # [2A + 1]
+        ev = None
+        if d.is_cuda:
+            h = torch.empty(d.shape, dtype=d.dtype, pin_memory=True)
+            h.copy_(d, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+        else:
+            h = d
+
+        def wait():
+            if ev is not None:
+                ev.synchronize()
+            if not bool(h[-1]):
+                raise ValueError(NONFINITE)
+            A = tok.shape[0]
+            return h[:A].long(), h[A:2 * A].float()
+
+        return wait
 
     # ------------------------------------------------------------------------------ generate
     def generate(self, prompts: list[list[int]], *, n: int = 1, max_new_tokens: int = 32, temperature: float = 1.0,
@@ -578,7 +599,13 @@ class RolloutEngine:
         token, a stop string (`_StopText`), the context, max_new_tokens: every live sample has sampled the same
         number of tokens), launches the next step and only then stores this step's tokens, so the GPU waits for
         the copy and those few operations, not for a Python loop over the samples (benchmarks/engine_host_loop.py
-        measures what remains)."""
+        measures what remains). Through decode graphs and without stop strings nothing the host decides is needed to
+        launch the next step: the device feeds each sampled token whose row goes on (not a stop token, the context
+        not reached; `max_new_tokens` is the same step for every row) and the next step is launched before the host
+        waits for the copy, so the GPU runs it while the host does its bookkeeping (the host's 0.6-1.5 ms per step
+        had the H200 idle ~20% of a step: kernels/NOTES.md v5h). Its attention bucket is the longest row that may go
+        on; where the rows that went on end in a smaller bucket (the longest stopped), the step runs again in it,
+        writing the same slots, so the result is the general loop's bit for bit."""
         B = len(tokens)
         plen = np.array([len(t) for t in tokens], dtype=np.int64)  # [B]
         stop = np.array(sorted(stop_ids), dtype=np.int64)
@@ -593,9 +620,36 @@ class RolloutEngine:
         active = np.arange(B)  # samples still sampling, ascending
         lrow = None  # device rows of `logits` to sample from (None: all, in order)
         ctx = "length" if cap < self.max_seq_len else "context"
+        ahead = graphs is not None and stops is None  # the next step launched from the device's tokens
+        if ahead:
+            dev = self.device
+            stop_d, plen_d = torch.as_tensor(stop, device=dev), torch.as_tensor(plen, device=dev)
+            fed_d = plen_d.clone()  # [B] the device's copy of `fed`
+            every = torch.arange(B, device=dev)
+            rec = graphs.recording
+            step_ix = torch.arange(rec.max_steps, device=dev) if rec is not None else None
         for t in range(steps_max):
             lg = logits if lrow is None else logits.index_select(0, lrow)
-            tok_t, lp_t = self._to_host(*self._sample(lg, temperature, top_p, gen))
+            sampled = self._sample(lg, temperature, top_p, gen)
+            nxt = None
+            may = plen[active] + t + 1 < cap  # [A] rows that go on unless they sampled a stop token
+            if ahead and t + 1 < max_new_tokens and may.any():
+                tok_d, rows_d = sampled[0].long(), every if lrow is None else lrow
+                keep = (plen_d[rows_d] + (t + 1) < cap) & ~torch.isin(tok_d, stop_d)  # [A], as `go` below
+                ids_d = torch.zeros(B, dtype=torch.long, device=dev).index_put_((rows_d,), torch.where(keep, tok_d, 0))
+                lens_d = torch.zeros(B, dtype=torch.long, device=dev).index_put_((rows_d,), keep.long())
+                start_d = fed_d.clamp(max=cap - 1)
+                if rec is not None and len(steps) == rec.max_steps:  # the window is full: hand it over
+                    recorder.timed(rec.flush, recorder._recorder, steps)
+                    steps = []
+                ix = step_ix[len(steps):len(steps) + 1] if rec is not None else None
+                pred = int(fed[active[may]].max()) + 1
+                wait = self._to_host_async(*sampled)  # the copy goes first in the stream, the step after it
+                nxt = (graphs(ids_d[:, None], start_d, lens_d, pred, ix), ids_d, start_d, lens_d, pred, ix)
+                fed_d += lens_d
+                tok_t, lp_t = wait()
+            else:
+                tok_t, lp_t = self._to_host(*sampled)
             tok, lp = tok_t.numpy(), lp_t.numpy()  # [A]
             # the general loop's order of stop reasons: stop token, stop string, the context, max_new_tokens
             is_stop = np.isin(tok, stop)
@@ -611,7 +665,16 @@ class RolloutEngine:
                     tail[b] = [int(tok[j])]  # fed after generation, only so that the record holds it
             if go.size:
                 feed = tok[~fin]
-                if graphs is not None:
+                if nxt is not None:  # launched above with these rows and tokens
+                    logits, ids_d, start_d, lens_d, pred, ix = nxt
+                    exact = int(fed[go].max()) + 1
+                    if graphs.span(exact) != graphs.span(pred):  # the general loop's bucket: the same step again
+                        logits = graphs(ids_d[:, None], start_d, lens_d, exact, ix)
+                    if rec is not None:
+                        steps.append(dict(zip(go.tolist(), fed[go].tolist(), strict=True)))
+                    lrow = None if go.size == B else torch.from_numpy(go).pin_memory().to(dev, non_blocking=True) \
+                        if dev.type == "cuda" else torch.from_numpy(go)
+                elif graphs is not None:
                     ids, lens = np.zeros(B, dtype=np.int64), np.zeros(B, dtype=np.int64)
                     ids[go], lens[go] = feed, 1
                     logits, steps = self._decode_all(graphs, ids, lens, fed, steps, recorder)
