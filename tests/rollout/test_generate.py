@@ -94,6 +94,20 @@ def test_stop_text_finds_what_searching_the_whole_turn_finds():
         assert want and (any(t > 0 for t in want.values()) if stops != ("",) else set(want.values()) == {0})
 
 
+def _single_and_general(m, bucket):
+    """Two W4A4 + FP4 KV engines over m: the single-turn decode path and the general loop; with `bucket`, both decode
+    through DecodeGraphs' all-row steps (uncaptured on the CPU) with that many attention slots per bucket."""
+    engines = []
+    for single in (True, False):
+        eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, max_seq_len=20)
+        eng.sync_weights(m)
+        eng.single_turn_path = single
+        if bucket:
+            eng.cuda_graphs, eng.graph_bucket = True, bucket
+        engines.append(eng)
+    return engines
+
+
 @pytest.mark.parametrize("steps", [False, True], ids=["eager", "all-row-steps"])
 @pytest.mark.parametrize("stop_strings", [(), ("\n", "e", "ab", "zzz")], ids=["stop-tokens", "stop-strings"])
 def test_single_turn_path_equals_the_general_loop(steps, stop_strings):
@@ -106,14 +120,7 @@ def test_single_turn_path_equals_the_general_loop(steps, stop_strings):
     m = tiny("qwen3_moe")
     tok = build_tokenizer()
     prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in ("1 2 3", "the sum of all", "ab", "x")]
-    engines = []
-    for single in (True, False):
-        eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, max_seq_len=20)
-        eng.sync_weights(m)
-        eng.single_turn_path = single
-        if steps:
-            eng.cuda_graphs, eng.graph_bucket = True, 4  # DecodeGraphs' all-row steps, uncaptured on the CPU
-        engines.append(eng)
+    engines = _single_and_general(m, 4 if steps else None)
     endings = {"stop_token", "length", "context"} | ({"stop_string"} if stop_strings else set())
     seen = set()
     for seed in range(8):  # until every ending has occurred (sampled tokens depend on the machine's float bits)
@@ -154,13 +161,7 @@ def test_next_step_launched_ahead_equals_the_general_loop(monkeypatch):
     m = tiny("qwen3_moe")
     tok = build_tokenizer()
     prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in ("1 2 3 4 5", "the sum", "ab", "x y z")]
-    engines = []
-    for single in (True, False):
-        eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, max_seq_len=20)
-        eng.sync_weights(m)
-        eng.single_turn_path = single
-        eng.cuda_graphs, eng.graph_bucket = True, 1
-        engines.append(eng)
+    engines = _single_and_general(m, 1)
     for seed in range(6):
         outs = []
         for eng in engines:
