@@ -215,12 +215,18 @@ def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tenso
         # the oracle to ~1.5e-3). kernels/NOTES.md "v3b attention".
         raise ValueError(f"block_n must be >= 32 on a GPU, got {bn}")
     if num_splits is None:
-        # split the context only while (sequence, KV head) programs leave SMs idle: at B64 x Hkv4 (256 programs
-        # on 132 SMs) one split took 329.6 us and the two that 2x the SMs asked for 382.0 (H200, v3b's sweep rows
-        # in results/kernels/kernels.csv)
         sms = num_sms(q.device)
-        want = 1 if B * Hkv >= sms else triton.cdiv(2 * sms, max(1, B * Hkv))
-        num_splits = max(1, min(want, triton.cdiv(max(max_len, 1), 4 * bn)))
+        if B * Hkv < sms:  # programs leave SMs idle: 2 per SM
+            want = triton.cdiv(2 * sms, max(1, B * Hkv))
+            num_splits = max(1, min(want, triton.cdiv(max(max_len, 1), 4 * bn)))
+        elif B * Hkv < 4 * sms:
+            # ~1,024 programs where each split keeps >= 2,048 tokens: at B64 x Hkv4 x 8k 4 splits took 306.5 / 308.6 us,
+            # 1 split 332.3 / 327.1, 2 splits 329.7 (H200, v5h / v5g sweep rows); contexts up to 2,048 keep one (the
+            # engine's batch 64 at <= 1.5k was timed with one)
+            want = 1 << max(0, (1024 // (B * Hkv)).bit_length() - 1)
+            num_splits = max(1, min(want, triton.cdiv(max(max_len, 1), 2048)))
+        else:  # B256 x Hkv4 x 1k: 1 split 159.6 us, 2 splits 166.0 (v5h)
+            num_splits = 1
     per_split = triton.cdiv(triton.cdiv(max(max_len, 1), num_splits), bn) * bn
     num_splits = triton.cdiv(max(max_len, 1), per_split)
     q = q.contiguous()
