@@ -20,8 +20,12 @@ def test_breakdown_components_add_up(prov):
     parts, kernels = bench.breakdown(eng, prompts, 6, "cpu")
     assert kernels == {}  # kernel names come from the device trace (CUDA only)
     assert set(parts) == {"attention", "moe", "sampling", "other", "total"}
-    assert parts["attention"] > 0 and parts["moe"] > 0 and parts["sampling"] > 0 and parts["other"] >= 0
+    # a difference of two CPU timings (6 tokens less the prefill's 1) may clamp to 0 on a loaded machine: only >= 0
+    # is guaranteed; that every label is measured is checked on one profiled call
+    assert all(parts[k] >= 0 for k in ("attention", "moe", "sampling", "other"))
     assert sum(parts[k] for k in ("attention", "moe", "sampling", "other")) == pytest.approx(parts["total"], rel=1e-6)
+    raw, _, ntok = bench._profile(eng, prompts, 6, "cpu")
+    assert ntok == 2 * 6 and raw["attention"] > 0 and raw["moe"] > 0 and raw["sampling"] > 0
 
 
 def test_record_provider_times_a_recorded_generate(tmp_path):
