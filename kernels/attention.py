@@ -10,7 +10,7 @@ is the last, so the causal mask is the length mask). Flash-decoding: grid (B, Hk
 program serves all Hq/Hkv query heads of its KV head over one chunk of the context, dequantizing
 K and V tiles in registers (whole int32 words of codes per thread, `kernels._common.dequant_tile_words`,
 in bf16 by inline PTX on a GPU; per-token 2^7/S_enc folded into the scores for K and into the
-probabilities for V), online softmax in FP32, BF16 MMA; a second small kernel merges the splits by their
+probabilities for V), online softmax in FP32, BF16 MMA; with more than one split a second small kernel merges them by their
 log-sum-exp. Tiles of at least 32 tokens on a GPU (16 computed wrong there; kernels/NOTES.md "v3b attention").
 
 Compared against: `kernels.reference.decode_attention_reference` over `kv_dequantize`d caches
