@@ -251,8 +251,9 @@ def test_tma_tiles_give_the_pointer_path_bit_for_bit(T, E, H, I, k, act_quant):
 @pytest.mark.parametrize("act_quant", [True, False] if ON_GPU else [True])  # the interpreter ignores the cap: one case
 def test_register_cap_changes_no_value(act_quant):
     """MoEConfig(maxnreg=..., maxnreg_down=...): both launches under a register cap (on a GPU 64 spills registers of
-    the gate/up tile) give the uncapped output bit for bit."""
-    g, u, d, x, ids, tw = _case(7, 5, 256, 256, 2)
+    the gate/up tile) give the uncapped output bit for bit. (The interpreter ignores the cap: there a smaller case
+    checks only that the config reaches both launches.)"""
+    g, u, d, x, ids, tw = _case(7, 5, 256, 256, 2) if ON_GPU else _case(3, 3, 128, 64, 1)
     mw = prepare_moe_weights(*dev(g, u, d))
     xd, idsd, twd = dev(x, ids, tw)
     base = dict(MMA_KW, BM=16, BN=16, num_stages=2, BN_down=16)
