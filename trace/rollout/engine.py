@@ -314,6 +314,23 @@ class RolloutEngine:
         causal = all(st == 0 for st in starts)  # a fresh prefill: then max_len == T
         return self.fwd(ids.to(dev), start, lens, rows_t, cache, rec, all_logits, max_len, causal)
 
+    @staticmethod
+    def _open_window(graphs: DecodeGraphs, steps: list, recorder) -> list:
+        """Before a recording decode step: hands the recorded steps to the recorder when the window of buffers is full
+        (the next step's index into them is then 0). Returns the steps not yet handed over."""
+        if len(steps) == graphs.recording.max_steps:
+            recorder.timed(graphs.recording.flush, recorder._recorder, steps)
+            return []
+        return steps
+
+    def _rows_on_device(self, go: np.ndarray, B: int):
+        """The rows to sample from next ([A] on the device; None: all B in order), copied without waiting for the
+        step just launched (a pinned buffer on a GPU)."""
+        if go.size == B:
+            return None
+        rows = torch.from_numpy(go)
+        return rows.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else rows
+
     def _decode_all(self, graphs: DecodeGraphs, ids: np.ndarray, lens: np.ndarray, fed: np.ndarray, steps: list,
                     recorder) -> tuple[torch.Tensor, list]:
         """One-token step for every cache row through the CUDA graphs. ids [B]: the token each row feeds; lens [B]:
@@ -324,9 +341,7 @@ class RolloutEngine:
         B, cap = graphs.cache.batch, graphs.cache.cap
         go = np.flatnonzero(lens)  # [A] the rows fed, ascending
         if graphs.recording is not None:
-            if len(steps) == graphs.recording.max_steps:  # the window is full: hand it over
-                recorder.timed(graphs.recording.flush, recorder._recorder, steps)
-                steps = []
+            steps = self._open_window(graphs, steps, recorder)
             steps.append(dict(zip(go.tolist(), fed[go].tolist(), strict=True)))
         host = torch.from_numpy(np.concatenate([ids, np.minimum(fed, cap - 1), lens, [len(steps) - 1 if steps else 0]]))
         dev = host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else host
@@ -639,9 +654,8 @@ class RolloutEngine:
                 ids_d = torch.zeros(B, dtype=torch.long, device=dev).index_put_((rows_d,), torch.where(keep, tok_d, 0))
                 lens_d = torch.zeros(B, dtype=torch.long, device=dev).index_put_((rows_d,), keep.long())
                 start_d = fed_d.clamp(max=cap - 1)
-                if rec is not None and len(steps) == rec.max_steps:  # the window is full: hand it over
-                    recorder.timed(rec.flush, recorder._recorder, steps)
-                    steps = []
+                if rec is not None:
+                    steps = self._open_window(graphs, steps, recorder)
                 ix = step_ix[len(steps):len(steps) + 1] if rec is not None else None
                 pred = int(fed[active[may]].max()) + 1
                 wait = self._to_host_async(*sampled)  # the copy goes first in the stream, the step after it
@@ -672,13 +686,12 @@ class RolloutEngine:
                         logits = graphs(ids_d[:, None], start_d, lens_d, exact, ix)
                     if rec is not None:
                         steps.append(dict(zip(go.tolist(), fed[go].tolist(), strict=True)))
-                    lrow = None if go.size == B else torch.from_numpy(go).pin_memory().to(dev, non_blocking=True) \
-                        if dev.type == "cuda" else torch.from_numpy(go)
+                    lrow = self._rows_on_device(go, B)
                 elif graphs is not None:
                     ids, lens = np.zeros(B, dtype=np.int64), np.zeros(B, dtype=np.int64)
                     ids[go], lens[go] = feed, 1
                     logits, steps = self._decode_all(graphs, ids, lens, fed, steps, recorder)
-                    lrow = None if go.size == B else torch.from_numpy(go).to(self.device)
+                    lrow = self._rows_on_device(go, B)
                 else:
                     rows = go.tolist()
                     logits = self._chunk(cache, [[x] for x in feed.tolist()], fed[go].tolist(), rows, recorder, rows)

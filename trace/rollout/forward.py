@@ -201,8 +201,8 @@ class EngineForward:
                 self._record_kv(rec, i, kv4)
             kc, vc = cache.read(i, rows, S)  # [R, nkv, S, D]
         if T == 1:  # decode: a KV head's rep query heads are rep query rows of one fused attention over its K/V
-            # (read once, no GQA copy); the mask is the row's length. One SDPA kernel where the grouped matmuls,
-            # mask and softmax were ~2.4x its time on the H200 (kernels/NOTES.md, "v5g")
+            # (read once, no GQA copy); the mask is the row's length. One SDPA call where grouped matmuls, mask and
+            # softmax took the engine's attention to 2.60 ms per step against 1.56 (H200, batch 256; NOTES.md v5h)
             qg = q.view(R, nkv, nh // nkv, D)  # query heads of KV head j are j*rep .. j*rep+rep-1
             keep = torch.arange(S, device=q.device)[None, :] <= start[:, None]  # [R, S]
             o = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=keep[:, None, None, :])  # [R, nkv, rep, D]
