@@ -696,12 +696,19 @@ def run_attention(dev, quick):
         # enable_gqa: which BF16 formulation the engine's baseline should take
         keep = torch.ones(B, 1, 1, L, dtype=torch.bool, device=dev)
         qg = q.view(B, Hkv, Hq // Hkv, D)
+        # the engine's cache is [B, Hkv, cap + 1, D] and its decode reads the view [:, :, :S] (row stride > S * D)
+        kcap = torch.zeros(B, Hkv, L + 257, D, device=dev, dtype=torch.bfloat16)
+        vcap = torch.zeros_like(kcap)
+        kcap[:, :, :L], vcap[:, :, :L] = kb, vb
+        kv_, vv_ = kcap[:, :, :L], vcap[:, :, :L]
         for name, fn in (("bf16-sdpa-engine-rows", lambda: F.scaled_dot_product_attention(qg, kb, vb, attn_mask=keep)),
+                         ("bf16-sdpa-engine-view", lambda: F.scaled_dot_product_attention(qg, kv_, vv_, attn_mask=keep)),
+                         ("bf16-sdpa-gqa-view", lambda: F.scaled_dot_product_attention(q4, kv_, vv_, enable_gqa=True)),
                          ("bf16-sdpa-masked-gqa", lambda: F.scaled_dot_product_attention(q4, kb, vb, attn_mask=keep,
                                                                                          enable_gqa=True))):
             err = relerr(fn().reshape(B, Hq, D), ref_o)
             if check(f"attention {name} vs bf16 sdpa {shape}", err < 1e-2, f"rel err {err:.2e}"):
-                sweep_row("attention", shape, name, bench(fn), base, "mask=[B,1,1,L]")
+                sweep_row("attention", shape, name, bench(fn), base, "mask=[B,1,1,L]" if "gqa-view" not in name else "no mask")
         out = decode_attention(q, cache, starts, lens, L)
         check(f"attention vs bf16 sdpa {shape}", relerr(out, ref_o) < 0.15,
               f"rel err {relerr(out, ref_o):.2e} (includes FP4 KV quantization error)")
