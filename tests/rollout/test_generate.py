@@ -114,7 +114,10 @@ def test_single_turn_path_equals_the_general_loop(steps, stop_strings):
     """Calls without env run the vectorized single-turn decode (RolloutEngine._single_turn); the general loop
     (`single_turn_path` off) must give the same samples, log-probs, stop reasons and record, bit for bit, with
     rows that stop early (stop tokens; stop strings of one character, of two spanning tokens, and one that never
-    matches), reach the context and run out of new tokens, and with n > 1."""
+    matches), reach the context and run out of new tokens, and with n > 1. Through all-row steps the next step is
+    launched before the host has checked the stop strings; a row that went on wrongly (a string spanning tokens,
+    a token not yet decoded) makes the step run again without it (without that rerun, or with an idle row reading
+    the slot that step wrote, this test fails)."""
     from trace.models.tokenizer import build_tokenizer
 
     m = tiny("qwen3_moe")

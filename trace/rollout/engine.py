@@ -173,14 +173,21 @@ class _StopText:
         self.known = np.zeros(vocab, dtype=bool)
         # a token whose text may complete a stop string (every token if one is empty: "" is in every text)
         self.maybe = np.zeros(vocab, dtype=bool)
+        # a token whose own text holds a whole stop string: it stops its sample whatever came before
+        self.sure = np.zeros(vocab, dtype=bool)
+        self.new_sure: list[int] = []  # such tokens first seen by the last `hits`
 
     def hits(self, tok: np.ndarray, samples: np.ndarray, before: np.ndarray) -> np.ndarray:
         """tok [A]: the tokens just sampled by `samples` [A]; before [t, B]: each sample's earlier tokens of the
         turn (rows are steps). -> [A] bool: the sample's turn now holds a stop string."""
         new = np.unique(tok)
+        self.new_sure = []
         for u in new[~self.known[new]].tolist():
             p = self.piece[u] = self.tok.decode([u])
             self.known[u], self.maybe[u] = True, self.empty or any(c in self.chars for c in p)
+            if any(x in p for x in self.stops):
+                self.sure[u] = True
+                self.new_sure.append(u)
         out = np.zeros(tok.shape, dtype=bool)
         for j in np.flatnonzero(self.maybe[tok]).tolist():
             b, text = int(samples[j]), self.piece[int(tok[j])]
@@ -614,13 +621,16 @@ class RolloutEngine:
         token, a stop string (`_StopText`), the context, max_new_tokens: every live sample has sampled the same
         number of tokens), launches the next step and only then stores this step's tokens, so the GPU waits for
         the copy and those few operations, not for a Python loop over the samples (benchmarks/engine_host_loop.py
-        measures what remains). Through decode graphs and without stop strings nothing the host decides is needed to
-        launch the next step: the device feeds each sampled token whose row goes on (not a stop token, the context
-        not reached; `max_new_tokens` is the same step for every row) and the next step is launched before the host
-        waits for the copy, so the GPU runs it while the host does its bookkeeping (the host's 0.6-1.5 ms per step
-        had the H200 idle ~20% of a step: kernels/NOTES.md v5h). Its attention bucket is the longest row that may go
-        on; where the rows that went on end in a smaller bucket (the longest stopped), the step runs again in it,
-        writing the same slots, so the result is the general loop's bit for bit."""
+        measures what remains). Through decode graphs the next step is launched before the host waits for the
+        copy, from the device's sampled tokens, so the GPU runs it while the host does its bookkeeping (the host's
+        0.6-1.5 ms per step had the H200 idle ~20% of a step: kernels/NOTES.md v5h): the device feeds each sampled
+        token whose row goes on as far as it can tell (not a stop token, not a token whose own text holds a stop
+        string, the context not reached; `max_new_tokens` is the same step for every row). Its attention bucket is
+        the longest row that may go on. Two guesses can be wrong, and then the step runs again as the general loop
+        runs it, writing the same slots, so the result is the general loop's bit for bit: the rows that went on fit
+        a smaller bucket (the longest stopped), or a row went on whose stop string spans earlier tokens or whose
+        token was not yet decoded (once per token and call: RL's one-character stop strings are then decided on
+        the device)."""
         B = len(tokens)
         plen = np.array([len(t) for t in tokens], dtype=np.int64)  # [B]
         stop = np.array(sorted(stop_ids), dtype=np.int64)
@@ -635,10 +645,13 @@ class RolloutEngine:
         active = np.arange(B)  # samples still sampling, ascending
         lrow = None  # device rows of `logits` to sample from (None: all, in order)
         ctx = "length" if cap < self.max_seq_len else "context"
-        ahead = graphs is not None and stops is None  # the next step launched from the device's tokens
+        ahead = graphs is not None  # the next step launched from the device's tokens
+        sure_d = None
         if ahead:
             dev = self.device
             stop_d, plen_d = torch.as_tensor(stop, device=dev), torch.as_tensor(plen, device=dev)
+            # [V] the device's copy of stops.sure (tokens that stop their sample by their own text)
+            sure_d = torch.zeros(self.arch.vocab, dtype=torch.bool, device=dev) if stops is not None else None
             fed_d = plen_d.clone()  # [B] the device's copy of `fed`
             every = torch.arange(B, device=dev)
             rec = graphs.recording
@@ -651,6 +664,9 @@ class RolloutEngine:
             if ahead and t + 1 < max_new_tokens and may.any():
                 tok_d, rows_d = sampled[0].long(), every if lrow is None else lrow
                 keep = (plen_d[rows_d] + (t + 1) < cap) & ~torch.isin(tok_d, stop_d)  # [A], as `go` below
+                if sure_d is not None:
+                    keep &= ~sure_d[tok_d]
+                    sure = stops.sure.copy()  # what the device knew at this launch
                 ids_d = torch.zeros(B, dtype=torch.long, device=dev).index_put_((rows_d,), torch.where(keep, tok_d, 0))
                 lens_d = torch.zeros(B, dtype=torch.long, device=dev).index_put_((rows_d,), keep.long())
                 start_d = fed_d.clamp(max=cap - 1)
@@ -668,6 +684,8 @@ class RolloutEngine:
             # the general loop's order of stop reasons: stop token, stop string, the context, max_new_tokens
             is_stop = np.isin(tok, stop)
             is_str = stops.hits(tok, active, out_tok[:t]) if stops is not None else np.zeros_like(is_stop)
+            if sure_d is not None and stops.new_sure:  # small: only tokens whose text holds a stop string
+                sure_d[torch.tensor(stops.new_sure, device=self.device)] = True
             cap_hit = plen[active] + t + 1 >= cap
             fin = is_stop | is_str | cap_hit | (t + 1 >= max_new_tokens)
             go = active[~fin]  # [A'] samples fed now, ascending
@@ -679,10 +697,18 @@ class RolloutEngine:
                     tail[b] = [int(tok[j])]  # fed after generation, only so that the record holds it
             if go.size:
                 feed = tok[~fin]
-                if nxt is not None:  # launched above with these rows and tokens
+                if nxt is not None:  # launched above with the rows the device kept
                     logits, ids_d, start_d, lens_d, pred, ix = nxt
                     exact = int(fed[go].max()) + 1
-                    if graphs.span(exact) != graphs.span(pred):  # the general loop's bucket: the same step again
+                    again = graphs.span(exact) != graphs.span(pred)  # the general loop's bucket
+                    if stops is not None:  # rows the device fed that a stop string stopped: fed nothing there
+                        wrong = active[is_str & ~is_stop & ~cap_hit & ~sure[tok]]
+                        if wrong.size:
+                            w = torch.as_tensor(wrong, device=self.device)
+                            ids_d[w], lens_d[w] = 0, 0
+                            fed_d[w] -= 1
+                            again = True
+                    if again:  # the general loop's step: the same step again
                         logits = graphs(ids_d[:, None], start_d, lens_d, exact, ix)
                     if rec is not None:
                         steps.append(dict(zip(go.tolist(), fed[go].tolist(), strict=True)))

@@ -300,9 +300,10 @@ class TritonPath:
         return fused_moe(x, self.moe[i], topi, topv, act_quant=True, check_finite=False, on_quant=observe)
 
     @staticmethod
-    def decode_attention(cache, layer: int, rows, slots, start, q, k, v, max_len: int) -> torch.Tensor:
+    def decode_attention(cache, layer: int, rows, slots, start, lens, q, k, v, max_len: int) -> torch.Tensor:
         """One-token decode with the FP4 KV cache: store k, v [R, 1, Hkv, D] at (rows, slots) and attend
-        q [R, 1, Hq, D] over slots 0..start[r] of each row. Returns [R, Hq, D]."""
+        q [R, 1, Hq, D] over slots 0 .. start[r] + lens[r] - 1 of each row (lens 0: an idle row, its cached
+        tokens only). Returns [R, Hq, D]."""
         from kernels.attention import FP4KVCache, decode_attention, kv_store
 
         per = cache.cap + 1
@@ -315,7 +316,7 @@ class TritonPath:
         view = FP4KVCache(views[0], views[1], views[2], views[3], views[4], views[5])
         flat_slots = r * per + slots[:, 0]  # [R]
         kv_store(view, k[:, 0], v[:, 0], flat_slots, check_finite=False)
-        return decode_attention(q[:, 0], view, r * per, start + 1, max_len, check_finite=False).view(R, *q.shape[2:])
+        return decode_attention(q[:, 0], view, r * per, start + lens, max_len, check_finite=False).view(R, *q.shape[2:])
 
 
 class ChunkPath:

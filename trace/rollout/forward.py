@@ -171,20 +171,21 @@ class EngineForward:
         q = q * c + rotate_half(q) * s
         k = k * c + rotate_half(k) * s
         if fast is not None and cache.codes_stored and T == 1 and cache.fmt == "nvfp4":  # FP4-KV decode kernel
-            o = fast.decode_attention(cache, i, rows, slots, start, q, k, v, S).reshape(R * T, nh * D)
+            o = fast.decode_attention(cache, i, rows, slots, start, lens, q, k, v, S).reshape(R * T, nh * D)
             if rec is not None and rec.wants(i):  # the K/V codes the kernel stored, read back
                 self._record_kv(rec, i, cache.stored(i, rows, slots))
         else:
-            o = self._cached_attention(i, q, k, v, slots, start, rows, cache, rec, S, causal, fast)
+            o = self._cached_attention(i, q, k, v, slots, start, lens, rows, cache, rec, S, causal, fast)
         if kern:
             return fast.linear(i, "o", o, lw.get("o_b"), keep=self._keep(rec, i, "o_in")).view(R, T, -1)
         o = act(o, i, "o_in", rec)
         return F.linear(o, lw["o"], lw.get("o_b")).view(R, T, -1)
 
-    def _cached_attention(self, i, q, k, v, slots, start, rows, cache: KVCache, rec, S: int, causal: bool,
+    def _cached_attention(self, i, q, k, v, slots, start, lens, rows, cache: KVCache, rec, S: int, causal: bool,
                           fast=None):
         """q [R, T, nh, D], k/v [R, T, nkv, D] (after norm + RoPE): store k/v in the cache (recording their
-        FP4 codes), attend over the row's slots <= its positions -> o [R*T, nh*D]."""
+        FP4 codes), attend over the row's slots <= its positions -> o [R*T, nh*D]. A decode step's idle row
+        (lens 0, feeding nothing) attends over its cached tokens only (slots < start)."""
         R, T, nh, D = q.shape
         nkv = k.shape[2]
         if causal and fast is CHUNK and cache.codes_stored and cache.fmt == "nvfp4":
@@ -204,7 +205,9 @@ class EngineForward:
             # (read once, no GQA copy); the mask is the row's length. One SDPA call where grouped matmuls, mask and
             # softmax took the engine's attention to 2.60 ms per step against 1.56 (H200, batch 256; NOTES.md v5h)
             qg = q.view(R, nkv, nh // nkv, D)  # query heads of KV head j are j*rep .. j*rep+rep-1
-            keep = torch.arange(S, device=q.device)[None, :] <= start[:, None]  # [R, S]
+            # [R, S]; an idle row's slot `start` may hold a token of a step that did not count for it (a
+            # launched-ahead step run again without it: RolloutEngine._single_turn), never read
+            keep = torch.arange(S, device=q.device)[None, :] < (start + lens)[:, None]
             o = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=keep[:, None, None, :])  # [R, nkv, rep, D]
         elif causal:  # fresh prefill: every row starts at 0 and S == T, so the causal mask is the whole mask
             o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc, is_causal=True, enable_gqa=True)
