@@ -736,6 +736,27 @@ def run_attention(dev, quick):
             if best is None or t[0] < best[0][0]:
                 best = (t, cs)
         record("attention", shape, "fp4kv-triton", best[0], nbytes, base, config=best[1])
+        # the register-operand kernel (kernels/attention_mma.py: one warp per (sequence, KV head, split), mma.sync on
+        # the decoded K/V fragments); its default split and a sweep
+        from kernels.attention_mma import decode_attention_mma, default_splits
+        best = None
+        for sp in (None, 1, 2, 4, 8, 16):
+            cs = f"splits={sp or default_splits(B, Hkv, L, q.device)}{'' if sp else ' (default)'}"
+            try:
+                run_m = lambda sp=sp: decode_attention_mma(q, cache, starts, lens, L, num_splits=sp,  # noqa: E731
+                                                           check_finite=False)
+                err = relerr(run_m(), out)
+                if not check(f"attention mma {cs} vs triton {shape}", err < 1e-2, f"rel err {err:.2e}"):
+                    continue
+                t = bench(run_m)
+            except Exception as ex:
+                log(f"  mma variant {cs} failed: {type(ex).__name__}: {str(ex)[:300]}")
+                continue
+            sweep_row("attention", shape, "fp4kv-mma", t, base, cs)
+            if best is None or t[0] < best[0][0]:
+                best = (t, cs)
+        if best is not None:
+            record("attention", shape, "fp4kv-mma", best[0], nbytes, base, config=best[1])
         torch.cuda.empty_cache()
 
 

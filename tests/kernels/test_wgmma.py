@@ -5,10 +5,6 @@ with the A operand in registers (`assert_trivial` on the layout conversion) and 
 On an H200 (Gluon has no interpreter): outputs against `kernels.reference.fp4_linear`, W4A16 and W4A4, within
 GPU_TOL_MMA (BF16 tensor cores over operands exact in BF16, FP32 accumulation; tests/kernels/conftest.py).
 """
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +13,7 @@ import torch
 from kernels import reference as ref
 from kernels import wgmma
 from kernels._common import PAIR_BITS
-from tests.kernels.conftest import GPU_TOL_MMA, ON_GPU, bf16_exact, dev, rel
+from tests.kernels.conftest import GPU_TOL_MMA, ON_GPU, bf16_exact, compile_sm90, dev, rel
 from tests.kernels.test_moe import (
     _case,  # the MoE kernels' cases: expert weights, x, routing (expert E-1 empty)
 )
@@ -68,40 +64,8 @@ def test_layout_rejects_a_partial_tile():
         wgmma.wgmma_layout(torch.zeros(4, 96, dtype=torch.uint8))
 
 
-_COMPILE = """
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from kernels import wgmma
-out = []
-for name, sig, cst, keys in json.loads(sys.argv[1]):
-    # as a launch specializes them: pointers and the widths and row stride the host keeps multiples of 16
-    names = list(sig)
-    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in names
-             if sig[k].startswith("*") or k in ("N", "K", "stride_xm")}
-    src = GluonASTSource(fn=getattr(wgmma, name), signature=sig, constexprs=cst, attrs=attrs)
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-    out.append(dict({k: ck.asm["ptx"].count(k) for k in keys}, shared=ck.metadata.shared))
-print(json.dumps(out))
-"""
-
-
-def _compile(jobs: list) -> list[dict]:
-    """Compile Gluon kernels of kernels/wgmma.py for sm_90 (no GPU needed) in a fresh process: the interpreter that
-    other kernel tests run in the same process patches Triton's language in place, which breaks a real compile.
-    jobs: [name, signature, constexprs, PTX strings to count]; returns the counts and the shared memory per job."""
-    pytest.importorskip("triton.experimental.gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    out = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(jobs)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def _ptx_counts(name: str, sig: dict, constexprs: dict, keys=("wgmma.mma_async", "ldmatrix", "ld.shared")) -> dict:
-    return _compile([[name, sig, constexprs, list(keys)]])[0]
+    return compile_sm90("kernels.wgmma", name, sig, constexprs, keys, num_warps=4, wide=("N", "K", "stride_xm"))
 
 
 def test_kernel_keeps_the_decoded_tile_in_registers():

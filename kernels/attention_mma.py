@@ -1,0 +1,235 @@
+"""FP4-KV decode attention with the decoded K and V as register operands of mma.sync (Gluon, sm_80+; timed on sm_90).
+
+What: `decode_attention_mma(q, cache, seq_starts, seq_lens, max_len)` computes what `kernels.attention.decode_attention`
+computes (same cache, same arguments, same numerics up to the order of fp32 sums) with one warp per (sequence, KV
+head, split) and no shared-memory trip for K or V. The Triton kernel decodes each 64-token tile into registers and
+moves it through shared memory into the MMA operand layout (ncu at B256 x 1k: 17% occupancy, stalls on that trip,
+~8.5 instructions per K/V element: kernels/NOTES.md v5h). Here each thread loads exactly the words whose decoded
+pairs are its own mma.sync fragment registers:
+- S^T = K q^T (m16n8k16: 16 keys x the G query rows of the KV head): the A fragment pairs two consecutive k; a
+  dot product does not care which d each k stands for, so k is a permutation of d (`k_dim_order`) chosen so that
+  thread (g, t) of the warp (g = lane / 4, t = lane % 4) holds keys g and g + 8 and, of each, the 32 elements of
+  words 4t .. 4t + 3 (one 16-byte load), paired as the bf16 decode pairs them (elements p, p + 4 of a word); q is
+  loaded in the same permuted order, once per program.
+- O^T = V^T P^T (m16n8k16: d x query rows, K = 16 keys): the A fragment's rows are d (again a permutation,
+  `v_dim_order`, undone by the store's addresses) and its pairs are two keys: thread (g, t) loads keys 2t, 2t + 1,
+  2t + 8, 2t + 9 and of each words 2g, 2g + 1 (one NVFP4 block, one 8-byte load); the decode pairs two d of one key,
+  so each A register takes halves of two (one byte permute each). P^T goes from S^T's accumulator layout to the B
+  fragment through a few bytes of shared memory (16 x 8 bf16 per tile).
+`gl.convert_layout(..., assert_trivial=True)` proves at compile time that the decoded tiles move no data between
+threads. The per-token factors 2^7 / S_enc scale S^T's rows (K) and P^T's rows (V), as in the Triton kernel.
+
+Compared against: `kernels.reference.decode_attention_reference` (tests/kernels/test_attention_mma.py on a GPU) and
+the Triton kernel; timing in benchmarks/bench_kernels.py (`--only attention`, rows fp4kv-mma).
+Run: `python -m pytest tests/kernels/test_attention_mma.py -q` (compiles offline for sm_90 on any machine).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from kernels._common import _DECODE8_ASM, DECODE8_ORDER, check_tensor, num_sms
+from kernels.attention import FP4KVCache, _combine_kernel
+
+try:  # Gluon ships with Triton >= 3.5
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+except ImportError:  # pragma: no cover - older Triton
+    gluon = None
+
+D_HEAD = 128  # the layouts below: 16 words of 8 codes per (token, head)
+TILE = 16  # keys per step: one m16 (K) / k16 (V) MMA
+
+
+def k_dim_order() -> list[int]:
+    """The d of each k of S^T = K q^T (k = pair + 2 t + 8 p0 + 16 p1 + 32 w0 + 64 w1 holds element p + 4 pair, p = p0 +
+    2 p1, of word 4 t + 2 w1 + w0: `DECODE8_ORDER`'s pairs in thread t's four words)."""
+    out = []
+    for k in range(D_HEAD):
+        pair, t, p0, p1, w0, w1 = k & 1, (k >> 1) & 3, (k >> 3) & 1, (k >> 4) & 1, (k >> 5) & 1, (k >> 6) & 1
+        out.append(8 * (4 * t + 2 * w1 + w0) + DECODE8_ORDER[2 * (p0 + 2 * p1) + pair])
+    return out
+
+
+def v_dim_order() -> list[int]:
+    """The d of each row m of O^T = V^T P^T (m = g + 8 w0 + 16 pair + 32 p0 + 64 p1 holds element p + 4 pair of word
+    2 g + w0)."""
+    out = []
+    for m in range(D_HEAD):
+        g, w0, pair, p0, p1 = m & 7, (m >> 3) & 1, (m >> 4) & 1, (m >> 5) & 1, (m >> 6) & 1
+        out.append(8 * (2 * g + w0) + DECODE8_ORDER[2 * (p0 + 2 * p1) + pair])
+    return out
+
+
+if gluon is not None:
+    _T = gl.constexpr(TILE)
+    _MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]))
+    _A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA, k_width=2))
+    _B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=_MMA, k_width=2))
+    # K words [16 keys, 16 words]: thread (g, t) holds keys g, g + 8 (lane bits 2-4, a register bit) and words 4t ..
+    # 4t + 3 (registers, lane bits 0-1)
+    _KW = gl.constexpr(gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], warp_bases=[],
+        block_bases=[], shape=[16, 16]))
+    # V words [16 keys, 16 words]: thread (g, t) holds keys 2t, 2t + 1, 2t + 8, 2t + 9 and words 2g, 2g + 1
+    _VW = gl.constexpr(gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [1, 0], [8, 0]], lane_bases=[[2, 0], [4, 0], [0, 2], [0, 4], [0, 8]], warp_bases=[],
+        block_bases=[], shape=[16, 16]))
+
+    @gluon.jit
+    def _decode(w, sbyte):
+        """words int32 and their blocks' E4M3 scale bytes (same layout) -> the 8 outputs of `_DECODE8_ASM` (slot j =
+        2 p + pair holds element p + 4 pair), each value * s_b * 2^-7 in bf16."""
+        sc = (sbyte.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 6.646139978924579e35).to(gl.bfloat16)  # s_b 2^119
+        return gl.inline_asm_elementwise(_DECODE8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, sc],
+                                         dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+
+    @gluon.jit
+    def _k_operand(w, sbyte):
+        """K words [16, 16] (`_KW`) -> the A operand [16 keys, 128 k] of S^T = K q^T (`k_dim_order`)."""
+        s0, s1, s2, s3, s4, s5, s6, s7 = _decode(w, sbyte)
+        # [key, word, pair, p0, p1]: the first join's index is the last dim but one... (join(a, b) adds a last dim)
+        v = gl.join(gl.join(gl.join(s0, s1), gl.join(s2, s3)), gl.join(gl.join(s4, s5), gl.join(s6, s7)))
+        v = gl.reshape(v, [_T, 4, 2, 2, 2, 2, 2])  # [key, t, w1, w0, pair, p0, p1]
+        v = gl.permute(v, (0, 2, 3, 6, 5, 1, 4))  # [key, w1, w0, p1, p0, t, pair]
+        return gl.convert_layout(gl.reshape(v, [_T, 128]), _A, assert_trivial=True)
+
+    @gluon.jit
+    def _v_operand(w, sbyte):
+        """V words [16, 16] (`_VW`) -> the A operand [128 m, 16 keys] of O^T = V^T P^T (`v_dim_order`)."""
+        s0, s1, s2, s3, s4, s5, s6, s7 = _decode(w, sbyte)
+        v = gl.join(gl.join(gl.join(s0, s1), gl.join(s2, s3)), gl.join(gl.join(s4, s5), gl.join(s6, s7)))
+        v = gl.reshape(v, [_T, 8, 2, 2, 2, 2])  # [key, g, w0, pair, p0, p1]
+        v = gl.permute(v, (5, 4, 3, 2, 1, 0))  # [p1, p0, pair, w0, g, key]
+        return gl.convert_layout(gl.reshape(v, [128, _T]), _A, assert_trivial=True)
+
+    @gluon.jit
+    def _decode_attn_mma_kernel(q_ptr, kp_ptr, ks_ptr, kf_ptr, vp_ptr, vs_ptr, vf_ptr, starts_ptr, lens_ptr,
+                                o_ptr, lse_ptr, qk_scale, Hq, Hkv, per_split, NSPLIT,
+                                G: gl.constexpr, GP: gl.constexpr, DIRECT: gl.constexpr):
+        """Grid (B, Hkv, splits), one warp: the G query rows of KV head h of sequence b over the split's tokens, 16
+        keys a step; online softmax in fp32 (log2 domain) over the columns of S^T."""
+        D: gl.constexpr = 128
+        b = gl.program_id(0)
+        h = gl.program_id(1)
+        sp = gl.program_id(2)
+        L = gl.load(lens_ptr + b)
+        base = gl.load(starts_ptr + b).to(gl.int64) * Hkv + h  # cache row (slot, head) of the sequence's first token
+        n_lo = sp * per_split
+        n_hi = gl.minimum(L, n_lo + per_split)
+        # q^T [128 k, GP rows] as the B operand, in k_dim_order
+        kk = gl.arange(0, D, layout=gl.SliceLayout(1, _B))
+        dk = 8 * (4 * ((kk >> 1) & 3) + 2 * ((kk >> 6) & 1) + ((kk >> 5) & 1)) + ((kk >> 3) & 1) + 2 * ((kk >> 4) & 1) \
+            + 4 * (kk & 1)
+        rq = gl.arange(0, GP, layout=gl.SliceLayout(0, _B))
+        qh = h * G + rq
+        qt = gl.load(q_ptr + (b * Hq + qh)[None, :].to(gl.int64) * D + dk[:, None], mask=(rq < G)[None, :], other=0.0)
+        qt = qt.to(gl.bfloat16)
+        # K: thread (g, t) reads keys g, g + 8, words 4t .. 4t + 3; scale byte of word w: its block w // 2
+        kr = gl.arange(0, _T, layout=gl.SliceLayout(1, _KW))
+        kc = gl.arange(0, 16, layout=gl.SliceLayout(0, _KW))
+        # V: keys 2t, 2t + 1, 2t + 8, 2t + 9, words 2g, 2g + 1
+        vr = gl.arange(0, _T, layout=gl.SliceLayout(1, _VW))
+        vc = gl.arange(0, 16, layout=gl.SliceLayout(0, _VW))
+        # the keys of S^T's rows / P^T's rows (the accumulator's and the B operand's key dim)
+        sr = gl.arange(0, _T, layout=gl.SliceLayout(1, _MMA))
+        m_i = gl.full([GP], -float("inf"), gl.float32, layout=gl.SliceLayout(0, _MMA))
+        l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(0, _MMA))
+        acc = gl.zeros([D, GP], gl.float32, layout=_MMA)  # O^T
+        for n0 in range(n_lo, n_hi, _T):
+            krow = n0 + kr
+            kmask = (krow < n_hi)[:, None]
+            krows = (base + krow.to(gl.int64) * Hkv)[:, None]  # [16, 1] cache rows
+            kw = gl.load(kp_ptr + krows * 16 + kc[None, :], mask=kmask, other=0)
+            ksb = gl.load(ks_ptr + krows * 8 + (kc // 2)[None, :], mask=kmask, other=0)
+            vrow = n0 + vr
+            vmask = (vrow < n_hi)[:, None]
+            vrows = (base + vrow.to(gl.int64) * Hkv)[:, None]
+            vw = gl.load(vp_ptr + vrows * 16 + vc[None, :], mask=vmask, other=0)
+            vsb = gl.load(vs_ptr + vrows * 8 + (vc // 2)[None, :], mask=vmask, other=0)
+            srow = n0 + sr
+            smask = srow < n_hi
+            srows = base + srow.to(gl.int64) * Hkv
+            kf = gl.load(kf_ptr + srows, mask=smask, other=1.0)
+            vf = gl.load(vf_ptr + srows, mask=smask, other=1.0)
+            a_k = _k_operand(kw, ksb)
+            s = mma_v2(a_k, qt, gl.zeros([_T, GP], gl.float32, layout=_MMA))  # S^T [16 keys, GP]
+            s = s * ((128.0 / kf) * qk_scale)[:, None]  # log2 domain
+            s = gl.where(smask[:, None], s, -float("inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=0))
+            m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(s - m_safe[None, :])
+            l_i = l_i * alpha + gl.sum(p, axis=0)
+            pv = (p * (128.0 / vf)[:, None]).to(gl.bfloat16)
+            a_v = _v_operand(vw, vsb)
+            acc = mma_v2(a_v, gl.convert_layout(pv, _B), acc * alpha[None, :])
+            m_i = m_new
+        o = acc / gl.where(l_i == 0.0, 1.0, l_i)[None, :]
+        om = gl.arange(0, D, layout=gl.SliceLayout(1, _MMA))
+        dm = 8 * (2 * (om & 7) + ((om >> 3) & 1)) + ((om >> 5) & 1) + 2 * ((om >> 6) & 1) + 4 * ((om >> 4) & 1)
+        ro = gl.arange(0, GP, layout=gl.SliceLayout(0, _MMA))
+        qo = h * G + ro
+        gm = (ro < G)[None, :]
+        if DIRECT:  # o_ptr: the output [B, Hq, D] in q's dtype
+            gl.store(o_ptr + (b * Hq + qo)[None, :].to(gl.int64) * D + dm[:, None], o.to(o_ptr.dtype.element_ty),
+                     mask=gm)
+        else:
+            lse = gl.where(l_i == 0.0, -float("inf"), m_i + gl.log2(gl.where(l_i == 0.0, 1.0, l_i)))
+            ob = (b * Hq + qo) * NSPLIT + sp  # rows of o [B, Hq, NSPLIT, D]
+            gl.store(o_ptr + ob[None, :].to(gl.int64) * D + dm[:, None], o, mask=gm)
+            gl.store(lse_ptr + ob, lse, mask=ro < G)
+
+
+def default_splits(B: int, Hkv: int, max_len: int, device) -> int:
+    """Splits of the context so that the one-warp programs fill the GPU: ~16 warps per SM (the register budget's
+    ~12-16 at ~150 registers), each split >= 256 tokens."""
+    want = max(1, triton.cdiv(16 * num_sms(device), max(1, B * Hkv)))
+    return max(1, min(want, triton.cdiv(max(max_len, 1), 256)))
+
+
+def decode_attention_mma(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tensor, seq_lens: torch.Tensor,
+                         max_len: int, *, sm_scale: float | None = None, num_splits: int | None = None,
+                         check_finite: bool = True) -> torch.Tensor:
+    """`kernels.attention.decode_attention` on the register-operand kernel: q [B, Hq, D] (D = 128, Hq / Hkv <= 16)
+    -> [B, Hq, D] in q's dtype. CUDA only."""
+    if gluon is None:
+        raise RuntimeError("decode_attention_mma needs Gluon (Triton >= 3.5)")
+    S, Hkv, D = cache.shape
+    check_tensor(q, "q", (torch.bfloat16, torch.float16, torch.float32), dim=3, finite=check_finite)
+    B, Hq, Dq = q.shape
+    if D != D_HEAD or Dq != D:
+        raise ValueError(f"decode_attention_mma takes head dim {D_HEAD}, got q {Dq}, cache {D}")
+    if Hq % Hkv or Hq // Hkv > 16:
+        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv} with at most 16 query heads per KV head")
+    for name, t in (("seq_starts", seq_starts), ("seq_lens", seq_lens)):
+        check_tensor(t, name, (torch.int32, torch.int64), dim=1)
+        if t.shape[0] != B:
+            raise ValueError(f"{name} must have {B} entries")
+    if check_finite and B and (int(seq_lens.max()) > max_len or int(seq_lens.min()) < 0
+                               or int((seq_starts + seq_lens).max()) > S):
+        raise ValueError("seq_lens must be in [0, max_len] and seq_starts + seq_lens <= cache slots")
+    G = Hq // Hkv
+    GP = max(8, triton.next_power_of_2(G))
+    if num_splits is None:
+        num_splits = default_splits(B, Hkv, max_len, q.device)
+    per_split = triton.cdiv(triton.cdiv(max(max_len, 1), num_splits), TILE) * TILE
+    num_splits = triton.cdiv(max(max_len, 1), per_split)
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    if B == 0:
+        return out
+    direct = num_splits == 1
+    o_part = out if direct else torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=q.device)
+    lse = out if direct else torch.empty((B, Hq, num_splits), dtype=torch.float32, device=q.device)
+    scale = (sm_scale if sm_scale is not None else D ** -0.5) * math.log2(math.e)
+    _decode_attn_mma_kernel[(B, Hkv, num_splits)](
+        q, cache.k_packed.view(torch.int32), cache.k_scales, cache.k_outer, cache.v_packed.view(torch.int32),
+        cache.v_scales, cache.v_outer, seq_starts, seq_lens, o_part, lse, scale, Hq, Hkv, per_split, num_splits,
+        G=G, GP=GP, DIRECT=direct, num_warps=1)
+    if not direct:
+        _combine_kernel[(B * Hq,)](o_part, lse, out, num_splits, SP=max(2, triton.next_power_of_2(num_splits)), D=D)
+    return out
