@@ -740,11 +740,12 @@ def run_attention(dev, quick):
         # the decoded K/V fragments); its default split and a sweep
         from kernels.attention_mma import decode_attention_mma, default_splits
         best = None
-        for sp in (None, 1, 2, 4, 8, 16):
-            cs = f"splits={sp or default_splits(B, Hkv, L, q.device)}{'' if sp else ' (default)'}"
+        for sp, kv in ((None, {}), (1, {}), (2, {}), (4, {}), (8, {}), (None, {"prefetch": True}),
+                       (None, {"keys_per_step": 32})):
+            cs = f"splits={sp or default_splits(B, Hkv, L, q.device)}{'' if sp else ' (default)'};{kv}"
             try:
-                run_m = lambda sp=sp: decode_attention_mma(q, cache, starts, lens, L, num_splits=sp,  # noqa: E731
-                                                           check_finite=False)
+                run_m = lambda sp=sp, kv=kv: decode_attention_mma(q, cache, starts, lens, L, num_splits=sp,  # noqa: E731
+                                                                  check_finite=False, **kv)
                 err = relerr(run_m(), out)
                 if not check(f"attention mma {cs} vs triton {shape}", err < 1e-2, f"rel err {err:.2e}"):
                     continue

@@ -41,7 +41,6 @@ except ImportError:  # pragma: no cover - older Triton
     gluon = None
 
 D_HEAD = 128  # the layouts below: 16 words of 8 codes per (token, head)
-TILE = 16  # keys per step: one m16 (K) / k16 (V) MMA
 
 
 def k_dim_order() -> list[int]:
@@ -65,53 +64,72 @@ def v_dim_order() -> list[int]:
 
 
 if gluon is not None:
-    _T = gl.constexpr(TILE)
     _MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]))
     _A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA, k_width=2))
     _B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=_MMA, k_width=2))
-    # K words [16 keys, 16 words]: thread (g, t) holds keys g, g + 8 (lane bits 2-4, a register bit) and words 4t ..
-    # 4t + 3 (registers, lane bits 0-1)
-    _KW = gl.constexpr(gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], warp_bases=[],
-        block_bases=[], shape=[16, 16]))
-    # V words [16 keys, 16 words]: thread (g, t) holds keys 2t, 2t + 1, 2t + 8, 2t + 9 and words 2g, 2g + 1
-    _VW = gl.constexpr(gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [1, 0], [8, 0]], lane_bases=[[2, 0], [4, 0], [0, 2], [0, 4], [0, 8]], warp_bases=[],
-        block_bases=[], shape=[16, 16]))
+
+    @triton.constexpr_function
+    def _key_bits(T):
+        """Register bases of the key dim past one MMA's 16 (T = 32: keys + 16 in more registers)."""
+        return [[16, 0]] if T == 32 else []
+
+    @triton.constexpr_function
+    def _kw_layout(T, n):
+        """K [T keys, n] (n = 16 words or 8 blocks): thread (g, t) holds keys g, g + 8 (+ 16) and words 4t .. 4t + 3
+        (blocks 2t, 2t + 1)."""
+        col = [[0, 1], [0, 2]] if n == 16 else [[0, 1]]
+        lanes = [[0, 4], [0, 8]] if n == 16 else [[0, 2], [0, 4]]
+        return gl.DistributedLinearLayout(reg_bases=col + [[8, 0]] + _key_bits(T),
+                                          lane_bases=lanes + [[1, 0], [2, 0], [4, 0]], warp_bases=[], block_bases=[],
+                                          shape=[T, n])
+
+    @triton.constexpr_function
+    def _vw_layout(T, n):
+        """V [T keys, n] (16 words or 8 blocks): thread (g, t) holds keys 2t, 2t + 1, 2t + 8, 2t + 9 (+ 16) and words
+        2g, 2g + 1 (block g)."""
+        col = [[0, 1]] if n == 16 else []
+        lanes = [[0, 2], [0, 4], [0, 8]] if n == 16 else [[0, 1], [0, 2], [0, 4]]
+        return gl.DistributedLinearLayout(reg_bases=col + [[1, 0], [8, 0]] + _key_bits(T),
+                                          lane_bases=[[2, 0], [4, 0]] + lanes, warp_bases=[], block_bases=[],
+                                          shape=[T, n])
 
     @gluon.jit
-    def _decode(w, sbyte):
-        """words int32 and their blocks' E4M3 scale bytes (same layout) -> the 8 outputs of `_DECODE8_ASM` (slot j =
-        2 p + pair holds element p + 4 pair), each value * s_b * 2^-7 in bf16."""
-        sc = (sbyte.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 6.646139978924579e35).to(gl.bfloat16)  # s_b 2^119
+    def _decode(w, sblock, wl: gl.constexpr):
+        """words int32 [T, 16] (layout wl) and their blocks' E4M3 scale bytes [T, 8] -> the 8 outputs of
+        `_DECODE8_ASM` (slot j = 2 p + pair holds element p + 4 pair), each value * s_b * 2^-7 in bf16. A block's
+        scale is converted once for its two words."""
+        sc = (sblock.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 6.646139978924579e35).to(gl.bfloat16)  # 2^119
+        sc = gl.convert_layout(gl.reshape(gl.join(sc, sc), [w.shape[0], 16]), wl, assert_trivial=True)
         return gl.inline_asm_elementwise(_DECODE8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, sc],
                                          dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
 
     @gluon.jit
-    def _k_operand(w, sbyte):
-        """K words [16, 16] (`_KW`) -> the A operand [16 keys, 128 k] of S^T = K q^T (`k_dim_order`)."""
-        s0, s1, s2, s3, s4, s5, s6, s7 = _decode(w, sbyte)
-        # [key, word, pair, p0, p1]: the first join's index is the last dim but one... (join(a, b) adds a last dim)
+    def _k_operand(w, sblock, T: gl.constexpr):
+        """K words [T, 16] and blocks [T, 8] -> the A operand [T keys, 128 k] of S^T = K q^T (`k_dim_order`)."""
+        s0, s1, s2, s3, s4, s5, s6, s7 = _decode(w, sblock, _kw_layout(T, 16))
+        # join(a, b) adds a last dim: [key, word, pair, p0, p1]
         v = gl.join(gl.join(gl.join(s0, s1), gl.join(s2, s3)), gl.join(gl.join(s4, s5), gl.join(s6, s7)))
-        v = gl.reshape(v, [_T, 4, 2, 2, 2, 2, 2])  # [key, t, w1, w0, pair, p0, p1]
+        v = gl.reshape(v, [T, 4, 2, 2, 2, 2, 2])  # [key, t, w1, w0, pair, p0, p1]
         v = gl.permute(v, (0, 2, 3, 6, 5, 1, 4))  # [key, w1, w0, p1, p0, t, pair]
-        return gl.convert_layout(gl.reshape(v, [_T, 128]), _A, assert_trivial=True)
+        return gl.convert_layout(gl.reshape(v, [T, 128]), _A, assert_trivial=True)
 
     @gluon.jit
-    def _v_operand(w, sbyte):
-        """V words [16, 16] (`_VW`) -> the A operand [128 m, 16 keys] of O^T = V^T P^T (`v_dim_order`)."""
-        s0, s1, s2, s3, s4, s5, s6, s7 = _decode(w, sbyte)
+    def _v_operand(w, sblock, T: gl.constexpr):
+        """V words [T, 16] and blocks [T, 8] -> the A operand [128 m, T keys] of O^T = V^T P^T (`v_dim_order`)."""
+        s0, s1, s2, s3, s4, s5, s6, s7 = _decode(w, sblock, _vw_layout(T, 16))
         v = gl.join(gl.join(gl.join(s0, s1), gl.join(s2, s3)), gl.join(gl.join(s4, s5), gl.join(s6, s7)))
-        v = gl.reshape(v, [_T, 8, 2, 2, 2, 2])  # [key, g, w0, pair, p0, p1]
+        v = gl.reshape(v, [T, 8, 2, 2, 2, 2])  # [key, g, w0, pair, p0, p1]
         v = gl.permute(v, (5, 4, 3, 2, 1, 0))  # [p1, p0, pair, w0, g, key]
-        return gl.convert_layout(gl.reshape(v, [128, _T]), _A, assert_trivial=True)
+        return gl.convert_layout(gl.reshape(v, [128, T]), _A, assert_trivial=True)
 
     @gluon.jit
     def _decode_attn_mma_kernel(q_ptr, kp_ptr, ks_ptr, kf_ptr, vp_ptr, vs_ptr, vf_ptr, starts_ptr, lens_ptr,
                                 o_ptr, lse_ptr, qk_scale, Hq, Hkv, per_split, NSPLIT,
-                                G: gl.constexpr, GP: gl.constexpr, DIRECT: gl.constexpr):
-        """Grid (B, Hkv, splits), one warp: the G query rows of KV head h of sequence b over the split's tokens, 16
-        keys a step; online softmax in fp32 (log2 domain) over the columns of S^T."""
+                                G: gl.constexpr, GP: gl.constexpr, T: gl.constexpr, PREFETCH: gl.constexpr,
+                                DIRECT: gl.constexpr):
+        """Grid (B, Hkv, splits), one warp: the G query rows of KV head h of sequence b over the split's tokens, T keys
+        a step (the next step's words loaded before this one is decoded); online softmax in fp32 (log2 domain) over
+        the columns of S^T."""
         D: gl.constexpr = 128
         b = gl.program_id(0)
         h = gl.program_id(1)
@@ -128,46 +146,66 @@ if gluon is not None:
         qh = h * G + rq
         qt = gl.load(q_ptr + (b * Hq + qh)[None, :].to(gl.int64) * D + dk[:, None], mask=(rq < G)[None, :], other=0.0)
         qt = qt.to(gl.bfloat16)
-        # K: thread (g, t) reads keys g, g + 8, words 4t .. 4t + 3; scale byte of word w: its block w // 2
-        kr = gl.arange(0, _T, layout=gl.SliceLayout(1, _KW))
-        kc = gl.arange(0, 16, layout=gl.SliceLayout(0, _KW))
-        # V: keys 2t, 2t + 1, 2t + 8, 2t + 9, words 2g, 2g + 1
-        vr = gl.arange(0, _T, layout=gl.SliceLayout(1, _VW))
-        vc = gl.arange(0, 16, layout=gl.SliceLayout(0, _VW))
-        # the keys of S^T's rows / P^T's rows (the accumulator's and the B operand's key dim)
-        sr = gl.arange(0, _T, layout=gl.SliceLayout(1, _MMA))
+        KW: gl.constexpr = _kw_layout(T, 16)
+        KS: gl.constexpr = _kw_layout(T, 8)
+        VW: gl.constexpr = _vw_layout(T, 16)
+        VS: gl.constexpr = _vw_layout(T, 8)
+        # int32 offsets of a step's words, blocks and factors from the step's first cache row (a sequence spans < 2^31
+        # rows); the step's first row advances as a scalar
+        kr = gl.arange(0, T, layout=gl.SliceLayout(1, KW))
+        kw_o = (kr * Hkv * 16)[:, None] + gl.arange(0, 16, layout=gl.SliceLayout(0, KW))[None, :]
+        ksr = gl.arange(0, T, layout=gl.SliceLayout(1, KS))
+        ks_o = (ksr * Hkv * 8)[:, None] + gl.arange(0, 8, layout=gl.SliceLayout(0, KS))[None, :]
+        vr = gl.arange(0, T, layout=gl.SliceLayout(1, VW))
+        vw_o = (vr * Hkv * 16)[:, None] + gl.arange(0, 16, layout=gl.SliceLayout(0, VW))[None, :]
+        vsr = gl.arange(0, T, layout=gl.SliceLayout(1, VS))
+        vs_o = (vsr * Hkv * 8)[:, None] + gl.arange(0, 8, layout=gl.SliceLayout(0, VS))[None, :]
+        sr = gl.arange(0, T, layout=gl.SliceLayout(1, _MMA))  # keys of S^T's rows (and P^T's)
+        f_o = sr * Hkv
+        row = base + n_lo * Hkv  # int64: the step's first cache row
+        left = n_hi - n_lo  # keys of the split from the step's first
+        if PREFETCH:
+            kw = gl.load(kp_ptr + row * 16 + kw_o, mask=(kr < left)[:, None], other=0)
+            ksb = gl.load(ks_ptr + row * 8 + ks_o, mask=(ksr < left)[:, None], other=0)
+            vw = gl.load(vp_ptr + row * 16 + vw_o, mask=(vr < left)[:, None], other=0)
+            vsb = gl.load(vs_ptr + row * 8 + vs_o, mask=(vsr < left)[:, None], other=0)
+            kf = gl.load(kf_ptr + row + f_o, mask=sr < left, other=1.0)
+            vf = gl.load(vf_ptr + row + f_o, mask=sr < left, other=1.0)
         m_i = gl.full([GP], -float("inf"), gl.float32, layout=gl.SliceLayout(0, _MMA))
         l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(0, _MMA))
         acc = gl.zeros([D, GP], gl.float32, layout=_MMA)  # O^T
-        for n0 in range(n_lo, n_hi, _T):
-            krow = n0 + kr
-            kmask = (krow < n_hi)[:, None]
-            krows = (base + krow.to(gl.int64) * Hkv)[:, None]  # [16, 1] cache rows
-            kw = gl.load(kp_ptr + krows * 16 + kc[None, :], mask=kmask, other=0)
-            ksb = gl.load(ks_ptr + krows * 8 + (kc // 2)[None, :], mask=kmask, other=0)
-            vrow = n0 + vr
-            vmask = (vrow < n_hi)[:, None]
-            vrows = (base + vrow.to(gl.int64) * Hkv)[:, None]
-            vw = gl.load(vp_ptr + vrows * 16 + vc[None, :], mask=vmask, other=0)
-            vsb = gl.load(vs_ptr + vrows * 8 + (vc // 2)[None, :], mask=vmask, other=0)
-            srow = n0 + sr
-            smask = srow < n_hi
-            srows = base + srow.to(gl.int64) * Hkv
-            kf = gl.load(kf_ptr + srows, mask=smask, other=1.0)
-            vf = gl.load(vf_ptr + srows, mask=smask, other=1.0)
-            a_k = _k_operand(kw, ksb)
-            s = mma_v2(a_k, qt, gl.zeros([_T, GP], gl.float32, layout=_MMA))  # S^T [16 keys, GP]
+        for n0 in range(n_lo, n_hi, T):
+            if PREFETCH:  # the next step's loads first (past the split: masked, nothing read)
+                row += T * Hkv
+                nl = n_hi - n0 - T  # keys of the split from the next step's first
+                kw_n = gl.load(kp_ptr + row * 16 + kw_o, mask=(kr < nl)[:, None], other=0)
+                ksb_n = gl.load(ks_ptr + row * 8 + ks_o, mask=(ksr < nl)[:, None], other=0)
+                vw_n = gl.load(vp_ptr + row * 16 + vw_o, mask=(vr < nl)[:, None], other=0)
+                vsb_n = gl.load(vs_ptr + row * 8 + vs_o, mask=(vsr < nl)[:, None], other=0)
+                kf_n = gl.load(kf_ptr + row + f_o, mask=sr < nl, other=1.0)
+                vf_n = gl.load(vf_ptr + row + f_o, mask=sr < nl, other=1.0)
+            else:  # this step's loads; the other warps on the SM hide their latency
+                left = n_hi - n0
+                kw = gl.load(kp_ptr + row * 16 + kw_o, mask=(kr < left)[:, None], other=0)
+                ksb = gl.load(ks_ptr + row * 8 + ks_o, mask=(ksr < left)[:, None], other=0)
+                vw = gl.load(vp_ptr + row * 16 + vw_o, mask=(vr < left)[:, None], other=0)
+                vsb = gl.load(vs_ptr + row * 8 + vs_o, mask=(vsr < left)[:, None], other=0)
+                kf = gl.load(kf_ptr + row + f_o, mask=sr < left, other=1.0)
+                vf = gl.load(vf_ptr + row + f_o, mask=sr < left, other=1.0)
+                row += T * Hkv
+            s = mma_v2(_k_operand(kw, ksb, T), qt, gl.zeros([T, GP], gl.float32, layout=_MMA))  # S^T [T keys, GP]
             s = s * ((128.0 / kf) * qk_scale)[:, None]  # log2 domain
-            s = gl.where(smask[:, None], s, -float("inf"))
+            s = gl.where((sr < n_hi - n0)[:, None], s, -float("inf"))
             m_new = gl.maximum(m_i, gl.max(s, axis=0))
             m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)
             alpha = gl.exp2(m_i - m_safe)
             p = gl.exp2(s - m_safe[None, :])
             l_i = l_i * alpha + gl.sum(p, axis=0)
             pv = (p * (128.0 / vf)[:, None]).to(gl.bfloat16)
-            a_v = _v_operand(vw, vsb)
-            acc = mma_v2(a_v, gl.convert_layout(pv, _B), acc * alpha[None, :])
+            acc = mma_v2(_v_operand(vw, vsb, T), gl.convert_layout(pv, _B), acc * alpha[None, :])
             m_i = m_new
+            if PREFETCH:
+                kw, ksb, vw, vsb, kf, vf = kw_n, ksb_n, vw_n, vsb_n, kf_n, vf_n
         o = acc / gl.where(l_i == 0.0, 1.0, l_i)[None, :]
         om = gl.arange(0, D, layout=gl.SliceLayout(1, _MMA))
         dm = 8 * (2 * (om & 7) + ((om >> 3) & 1)) + ((om >> 5) & 1) + 2 * ((om >> 6) & 1) + 4 * ((om >> 4) & 1)
@@ -193,7 +231,7 @@ def default_splits(B: int, Hkv: int, max_len: int, device) -> int:
 
 def decode_attention_mma(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tensor, seq_lens: torch.Tensor,
                          max_len: int, *, sm_scale: float | None = None, num_splits: int | None = None,
-                         check_finite: bool = True) -> torch.Tensor:
+                         keys_per_step: int = 16, prefetch: bool = False, check_finite: bool = True) -> torch.Tensor:
     """`kernels.attention.decode_attention` on the register-operand kernel: q [B, Hq, D] (D = 128, Hq / Hkv <= 16)
     -> [B, Hq, D] in q's dtype. CUDA only."""
     if gluon is None:
@@ -216,7 +254,9 @@ def decode_attention_mma(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.T
     GP = max(8, triton.next_power_of_2(G))
     if num_splits is None:
         num_splits = default_splits(B, Hkv, max_len, q.device)
-    per_split = triton.cdiv(triton.cdiv(max(max_len, 1), num_splits), TILE) * TILE
+    if keys_per_step not in (16, 32):
+        raise ValueError(f"keys_per_step must be 16 or 32, got {keys_per_step}")
+    per_split = triton.cdiv(triton.cdiv(max(max_len, 1), num_splits), keys_per_step) * keys_per_step
     num_splits = triton.cdiv(max(max_len, 1), per_split)
     q = q.contiguous()
     out = torch.empty_like(q)
@@ -229,7 +269,8 @@ def decode_attention_mma(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.T
     _decode_attn_mma_kernel[(B, Hkv, num_splits)](
         q, cache.k_packed.view(torch.int32), cache.k_scales, cache.k_outer, cache.v_packed.view(torch.int32),
         cache.v_scales, cache.v_outer, seq_starts, seq_lens, o_part, lse, scale, Hq, Hkv, per_split, num_splits,
-        G=G, GP=GP, DIRECT=direct, num_warps=1)
+        G=G, GP=GP, T=keys_per_step, PREFETCH=prefetch, DIRECT=direct,
+        num_warps=1)
     if not direct:
         _combine_kernel[(B * Hq,)](o_part, lse, out, num_splits, SP=max(2, triton.next_power_of_2(num_splits)), D=D)
     return out

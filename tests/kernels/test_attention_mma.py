@@ -35,9 +35,11 @@ def test_dim_orders_pair_what_the_decode_pairs():
 def test_decoded_tiles_reach_the_mma_in_registers():
     """Offline sm_90 compile (no GPU): the decoded K and V tiles' conversions into mma.sync's A layout are asserted
     trivial at compile time, and the kernel reads no shared memory at all (P^T moves by shuffles)."""
-    n = compile_sm90("kernels.attention_mma", "_decode_attn_mma_kernel", SIG, {"G": 8, "GP": 8, "DIRECT": True},
-                     ("mma.sync", "ldmatrix", "ld.shared"), num_warps=1)
-    assert n["mma.sync"] >= 16 and n["ldmatrix"] == 0 and n["ld.shared"] == 0, n
+    for T, pre in ((16, False), (32, True)):
+        n = compile_sm90("kernels.attention_mma", "_decode_attn_mma_kernel", SIG,
+                         {"G": 8, "GP": 8, "T": T, "PREFETCH": pre, "DIRECT": True}, ("mma.sync", "ldmatrix", "ld.shared"),
+                         num_warps=1)
+        assert n["mma.sync"] >= T and n["ldmatrix"] == 0 and n["ld.shared"] == 0, (T, n)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon kernel: a GPU")
@@ -54,9 +56,10 @@ def test_matches_the_oracle(Hq, Hkv, splits):
     cache = FP4KVCache.allocate(Bq * Lq, Hkv, D, DEV)
     kv_store(cache, *dev(k, v, torch.randperm(Bq * Lq)))
     args = (dev(q).to(torch.bfloat16), cache, *dev(starts, lens), Lq)
-    out = am.decode_attention_mma(*args, num_splits=splits)
-    assert out.dtype == torch.bfloat16 and out.shape == (Bq, Hq, D)
-    assert float(out[1].abs().max()) == 0.0  # empty sequence
     r = _oracle(host(cache), q, lens, Bq, Lq)
-    assert rel(out.float(), r) < GPU_TOL_ATTN
-    assert rel(out.float(), decode_attention(*args).float()) < GPU_TOL_ATTN
+    for kw in ({}, {"prefetch": True}, {"keys_per_step": 32}):  # the default and the variants the bench times
+        out = am.decode_attention_mma(*args, num_splits=splits, **kw)
+        assert out.dtype == torch.bfloat16 and out.shape == (Bq, Hq, D)
+        assert float(out[1].abs().max()) == 0.0  # empty sequence
+        assert rel(out.float(), r) < GPU_TOL_ATTN, kw
+        assert rel(out.float(), decode_attention(*args).float()) < GPU_TOL_ATTN, kw
