@@ -300,6 +300,16 @@ class TritonPath:
         return fused_moe(x, self.moe[i], topi, topv, act_quant=True, check_finite=False, on_quant=observe)
 
     @staticmethod
+    def attention_kernel(q: torch.Tensor) -> str:
+        """Which FP4-KV decode attention a step of q [R, 1, Hq, 128] takes: TRACE_FP4_ATTN=mma the register-operand
+        Gluon kernel (kernels/attention_mma.py, head dim 128, <= 16 query heads per KV head), else the Triton one."""
+        if os.environ.get("TRACE_FP4_ATTN", "triton") != "mma" or q.shape[-1] != 128 or not q.is_cuda:
+            return "triton"
+        from kernels.attention_mma import gluon
+
+        return "mma" if gluon is not None else "triton"
+
+    @staticmethod
     def decode_attention(cache, layer: int, rows, slots, start, lens, q, k, v, max_len: int) -> torch.Tensor:
         """One-token decode with the FP4 KV cache: store k, v [R, 1, Hkv, D] at (rows, slots) and attend
         q [R, 1, Hq, D] over slots 0 .. start[r] + lens[r] - 1 of each row (lens 0: an idle row, its cached
@@ -316,7 +326,13 @@ class TritonPath:
         view = FP4KVCache(views[0], views[1], views[2], views[3], views[4], views[5])
         flat_slots = r * per + slots[:, 0]  # [R]
         kv_store(view, k[:, 0], v[:, 0], flat_slots, check_finite=False)
-        return decode_attention(q[:, 0], view, r * per, start + lens, max_len, check_finite=False).view(R, *q.shape[2:])
+        if TritonPath.attention_kernel(q) == "mma" and q.shape[2] // k.shape[2] <= 16:
+            from kernels.attention_mma import decode_attention_mma
+
+            out = decode_attention_mma(q[:, 0], view, r * per, start + lens, max_len, check_finite=False)
+        else:
+            out = decode_attention(q[:, 0], view, r * per, start + lens, max_len, check_finite=False)
+        return out.view(R, *q.shape[2:])
 
 
 class ChunkPath:
