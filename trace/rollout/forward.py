@@ -201,14 +201,14 @@ class EngineForward:
             if kv4 is not None and rec is not None:
                 self._record_kv(rec, i, kv4)
             kc, vc = cache.read(i, rows, S)  # [R, nkv, S, D]
-        if T == 1:  # decode: a KV head's rep query heads are rep query rows of one fused attention over its K/V
-            # (read once, no GQA copy); the mask is the row's length. One SDPA call where grouped matmuls, mask and
-            # softmax took the engine's attention to 2.60 ms per step against 1.56 (H200, batch 256; NOTES.md v5h)
-            qg = q.view(R, nkv, nh // nkv, D)  # query heads of KV head j are j*rep .. j*rep+rep-1
+        if T == 1:  # decode: one SDPA call with GQA (no K/V copy), the mask the row's length. At B256 x 1k it took
+            # 147 us against 207 for the KV heads' query rows as one attention each and 139 unmasked (H200, bench rows
+            # v5j); grouped matmuls, mask and softmax took the engine's attention to 2.60 ms per step (NOTES.md v5h)
             # [R, S]; an idle row's slot `start` may hold a token of a step that did not count for it (a
             # launched-ahead step run again without it: RolloutEngine._single_turn), never read
             keep = torch.arange(S, device=q.device)[None, :] < (start + lens)[:, None]
-            o = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=keep[:, None, None, :])  # [R, nkv, rep, D]
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc, attn_mask=keep[:, None, None, :],
+                                               enable_gqa=True)  # [R, nh, 1, D]
         elif causal:  # fresh prefill: every row starts at 0 and S == T, so the causal mask is the whole mask
             o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc, is_causal=True, enable_gqa=True)
         else:  # chunk appended at per-row offsets (environment observations)
