@@ -92,6 +92,18 @@ def fused_sampling() -> bool:
     return True
 
 
+def attention_wanted() -> str:
+    """The FP4-KV decode attention kernel, read when the engine builds its Triton path (a CUDA graph captured later
+    keeps what was read then): TRACE_FP4_ATTN=triton the Triton kernel (kernels/attention.py), else the register-operand
+    Gluon kernel (kernels/attention_mma.py) where it applies (head dim 128, <= 16 query heads per KV head; Triton
+    with Gluon): 1.30x / 1.37x the Triton kernel at B256 x 1k / B64 x 8k on the H200 (kernels/NOTES.md v5j)."""
+    if os.environ.get("TRACE_FP4_ATTN", "mma") == "triton":
+        return "triton"
+    from kernels.attention_mma import gluon
+
+    return "mma" if gluon is not None else "triton"
+
+
 def wgmma_wanted(device) -> bool:
     """TRACE_FP4_WGMMA=1 on a Hopper GPU with Triton's Gluon: the projections and routed experts whose shapes the v4
     kernels take (`kernels/wgmma.py`, widths multiples of 64) run on them instead of the Triton ones, same codes.
@@ -110,6 +122,7 @@ class TritonPath:
         self.dense, self.moe = dense, moe
         self.dense_wg, self.moe_wg = dense_wg, moe_wg
         self.dense_rows, self.moe_load = crossover()
+        self.attn = attention_wanted()
 
     def dense_kernels(self, rows: int) -> bool:
         """Whether a projection of `rows` activation rows runs on the W4A4 kernels (else BF16 GEMMs)."""
@@ -224,14 +237,21 @@ class TritonPath:
         c, s, o = ref.nvfp4_quantize(k.float(), outer="row")
         if not (torch.equal(kv.k_packed.cpu(), ref.pack_fp4(c)) and torch.equal(kv.k_scales.cpu(), s)):
             fail("FP4 KV store", (B * L, a.num_kv_heads, a.head_dim), "codes or scales")
-        y = decode_attention(q.to(dev), kv, torch.arange(B, device=dev) * L, lens.to(dev), L,
-                             check_finite=False).float().cpu()
         kh, vh = (ref.kv_dequantize(p.cpu(), sc.cpu(), ou.cpu()).view(B, L, a.num_kv_heads, a.head_dim)
                   for p, sc, ou in ((kv.k_packed, kv.k_scales, kv.k_outer), (kv.v_packed, kv.v_scales, kv.v_outer)))
         r = ref.decode_attention_reference(q.float(), kh, vh, lens)
-        err = rel(y, r)
-        if not err < 5e-3:
-            fail("FP4-KV decode attention", (B, a.num_heads, a.num_kv_heads, a.head_dim), f"rel. error {err:.3g}, tol 5e-3")
+        attend = [("", decode_attention)]
+        if self.attn == "mma" and a.head_dim == 128 and a.num_heads // a.num_kv_heads <= 16:
+            from kernels.attention_mma import decode_attention_mma  # the kernel the engine's steps take
+
+            attend.append((" (register-operand kernel)", decode_attention_mma))
+        for name, fn in attend:
+            y = fn(q.to(dev).to(dtype), kv, torch.arange(B, device=dev) * L, lens.to(dev), L,
+                   check_finite=False).float().cpu()
+            err = rel(y, r)
+            if not err < 5e-3:
+                fail("FP4-KV decode attention" + name, (B, a.num_heads, a.num_kv_heads, a.head_dim),
+                     f"rel. error {err:.3g}, tol 5e-3")
         layer = next((i for i, m in enumerate(self.moe) if m is not None), None)
         if layer is not None:
             m = self.moe[layer]
@@ -299,18 +319,7 @@ class TritonPath:
             return fused_moe_wgmma(x, wg, topi, topv, act_quant=True, on_quant=observe)
         return fused_moe(x, self.moe[i], topi, topv, act_quant=True, check_finite=False, on_quant=observe)
 
-    @staticmethod
-    def attention_kernel(q: torch.Tensor) -> str:
-        """Which FP4-KV decode attention a step of q [R, 1, Hq, 128] takes: TRACE_FP4_ATTN=mma the register-operand
-        Gluon kernel (kernels/attention_mma.py, head dim 128, <= 16 query heads per KV head), else the Triton one."""
-        if os.environ.get("TRACE_FP4_ATTN", "triton") != "mma" or q.shape[-1] != 128 or not q.is_cuda:
-            return "triton"
-        from kernels.attention_mma import gluon
-
-        return "mma" if gluon is not None else "triton"
-
-    @staticmethod
-    def decode_attention(cache, layer: int, rows, slots, start, lens, q, k, v, max_len: int) -> torch.Tensor:
+    def decode_attention(self, cache, layer: int, rows, slots, start, lens, q, k, v, max_len: int) -> torch.Tensor:
         """One-token decode with the FP4 KV cache: store k, v [R, 1, Hkv, D] at (rows, slots) and attend
         q [R, 1, Hq, D] over slots 0 .. start[r] + lens[r] - 1 of each row (lens 0: an idle row, its cached
         tokens only). Returns [R, Hq, D]."""
@@ -326,7 +335,7 @@ class TritonPath:
         view = FP4KVCache(views[0], views[1], views[2], views[3], views[4], views[5])
         flat_slots = r * per + slots[:, 0]  # [R]
         kv_store(view, k[:, 0], v[:, 0], flat_slots, check_finite=False)
-        if TritonPath.attention_kernel(q) == "mma" and q.shape[2] // k.shape[2] <= 16:
+        if self.attn == "mma" and q.shape[-1] == 128 and q.shape[2] // k.shape[2] <= 16:
             from kernels.attention_mma import decode_attention_mma
 
             out = decode_attention_mma(q[:, 0], view, r * per, start + lens, max_len, check_finite=False)
