@@ -175,3 +175,18 @@ def test_wgmma_is_never_wanted_off_a_hopper_gpu(monkeypatch):
 
     monkeypatch.setenv("TRACE_FP4_WGMMA", "1")
     assert not fast_mod.wgmma_wanted("cpu")
+
+
+def test_attention_kernel_is_read_when_the_path_is_built(monkeypatch):
+    """The FP4-KV decode attention is chosen once, when the Triton path is built (a decode graph captured later keeps
+    it whatever the environment says then): the register-operand kernel by default where Gluon exists, the Triton one
+    with TRACE_FP4_ATTN=triton."""
+    from kernels.attention_mma import gluon
+    from trace.rollout import fast as fast_mod
+
+    monkeypatch.delenv("TRACE_FP4_ATTN", raising=False)
+    path = fast_mod.TritonPath([], [])
+    assert path.attn == ("mma" if gluon is not None else "triton")
+    monkeypatch.setenv("TRACE_FP4_ATTN", "triton")
+    assert fast_mod.TritonPath([], []).attn == "triton"
+    assert path.attn == ("mma" if gluon is not None else "triton")  # unchanged by the later setting
