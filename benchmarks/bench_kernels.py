@@ -651,6 +651,25 @@ def run_sampling(dev, quick):
         del x
 
 
+def _sweep(provider, shape, variants, want, base):
+    """Time each (config, fn) attention variant whose output is `want`'s (rel. err < 1e-2, a check row each) as sweep
+    rows -> the fastest (times, config), or None."""
+    best = None
+    for cs, fn in variants:
+        try:
+            err = relerr(fn(), want)  # a timed variant must compute what the checked default does
+            if not check(f"attention {provider} {cs} vs the checked default {shape}", err < 1e-2, f"rel err {err:.2e}"):
+                continue
+            t = bench(fn)
+        except Exception as ex:
+            log(f"  {provider} variant {cs} failed: {type(ex).__name__}: {str(ex)[:300]}")
+            continue
+        sweep_row("attention", shape, provider, t, base, cs)
+        if best is None or t[0] < best[0][0]:
+            best = (t, cs)
+    return best
+
+
 def run_attention(dev, quick):
     log("== FP4-KV decode attention")
     Hq, Hkv, D = 32, 4, 128
@@ -713,49 +732,29 @@ def run_attention(dev, quick):
         check(f"attention vs bf16 sdpa {shape}", relerr(out, ref_o) < 0.15,
               f"rel err {relerr(out, ref_o):.2e} (includes FP4 KV quantization error)")
         nbytes = B * L * cache.nbytes_per_token() + 2 * B * Hq * D * 2
-        best = None
         # tiles, warps, context splits (auto: one once B x Hkv fills the SMs; 2 was the old default at B64), the
         # K/V loads' cp.async stages (Triton's default 3; 1: plain loads) and register caps (the compiler's ~154 per
         # thread leave 3 programs per SM, 12 warps, latency-bound: kernels/NOTES.md v4b ncu; 128 fit 4, 96 fit 5)
+        variants = []
         for bn, w, sp, ns, nr in [(64, 4, None, None, None), (32, 4, None, None, None), (64, 8, None, None, None),
                                   (128, 8, None, None, None), (64, 4, 2, None, None), (64, 4, 4, None, None),
                                   (64, 4, None, 1, None), (64, 4, None, 2, None), (64, 4, None, 4, None),
                                   (64, 4, None, None, 128), (64, 4, None, None, 96), (32, 4, None, None, 96)]:
             cs = f"block_n={bn};num_warps={w};splits={sp or 'auto'};stages={ns or 'default'};maxnreg={nr or 'default'}"
-            try:
-                run_v = lambda: decode_attention(q, cache, starts, lens, L, block_n=bn, num_warps=w,  # noqa: E731
-                                                 num_splits=sp, num_stages=ns, maxnreg=nr, check_finite=False)
-                err = relerr(run_v(), out)  # a timed variant must compute what the checked default does
-                if not check(f"attention variant {cs} vs default {shape}", err < 1e-2, f"rel err {err:.2e}"):
-                    continue
-                t = bench(run_v)
-            except Exception as ex:
-                log(f"  variant bn={bn} w={w} failed: {type(ex).__name__}: {str(ex)[:200]}")
-                continue
-            sweep_row("attention", shape, "fp4kv-triton", t, base, cs)
-            if best is None or t[0] < best[0][0]:
-                best = (t, cs)
+            variants.append((cs, lambda bn=bn, w=w, sp=sp, ns=ns, nr=nr: decode_attention(
+                q, cache, starts, lens, L, block_n=bn, num_warps=w, num_splits=sp, num_stages=ns, maxnreg=nr,
+                check_finite=False)))
+        best = _sweep("fp4kv-triton", shape, variants, out, base)
         record("attention", shape, "fp4kv-triton", best[0], nbytes, base, config=best[1])
         # the register-operand kernel (kernels/attention_mma.py: one warp per (sequence, KV head, split), mma.sync on
-        # the decoded K/V fragments); its default split and a sweep
+        # the decoded K/V fragments): its default split, a sweep, the next step's loads first, 32 keys a step
         from kernels.attention_mma import decode_attention_mma, default_splits
-        best = None
-        for sp, kv in ((None, {}), (1, {}), (2, {}), (4, {}), (8, {}), (None, {"prefetch": True}),
-                       (None, {"keys_per_step": 32})):
-            cs = f"splits={sp or default_splits(B, Hkv, L, q.device)}{'' if sp else ' (default)'};{kv}"
-            try:
-                run_m = lambda sp=sp, kv=kv: decode_attention_mma(q, cache, starts, lens, L, num_splits=sp,  # noqa: E731
-                                                                  check_finite=False, **kv)
-                err = relerr(run_m(), out)
-                if not check(f"attention mma {cs} vs triton {shape}", err < 1e-2, f"rel err {err:.2e}"):
-                    continue
-                t = bench(run_m)
-            except Exception as ex:
-                log(f"  mma variant {cs} failed: {type(ex).__name__}: {str(ex)[:300]}")
-                continue
-            sweep_row("attention", shape, "fp4kv-mma", t, base, cs)
-            if best is None or t[0] < best[0][0]:
-                best = (t, cs)
+        variants = [(f"splits={sp or default_splits(B, Hkv, L, q.device)}{'' if sp else ' (default)'};{kv}",
+                     lambda sp=sp, kv=kv: decode_attention_mma(q, cache, starts, lens, L, num_splits=sp,
+                                                               check_finite=False, **kv))
+                    for sp, kv in ((None, {}), (1, {}), (2, {}), (4, {}), (8, {}), (None, {"prefetch": True}),
+                                   (None, {"keys_per_step": 32}))]
+        best = _sweep("fp4kv-mma", shape, variants, out, base)
         if best is not None:
             record("attention", shape, "fp4kv-mma", best[0], nbytes, base, config=best[1])
         torch.cuda.empty_cache()

@@ -181,6 +181,27 @@ def _combine_kernel(o_ptr, lse_ptr, out_ptr, NSPLIT, SP: tl.constexpr, D: tl.con
     tl.store(out_ptr + r * D + offs_d, res.to(out_ptr.dtype.element_ty))
 
 
+def check_decode_args(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tensor, seq_lens: torch.Tensor,
+                      max_len: int, check_finite: bool) -> tuple[int, int, int, int]:
+    """A decode attention's arguments (shared with kernels/attention_mma.py) -> (B, Hq, Hkv, D); the lengths against
+    the cache only with check_finite (it syncs)."""
+    S, Hkv, D = cache.shape
+    check_tensor(q, "q", (torch.bfloat16, torch.float16, torch.float32), dim=3, finite=check_finite)
+    B, Hq, Dq = q.shape
+    if Dq != D:
+        raise ValueError(f"q head dim {Dq} != cache head dim {D}")
+    if Hq % Hkv:
+        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv}")
+    for name, t in (("seq_starts", seq_starts), ("seq_lens", seq_lens)):
+        check_tensor(t, name, (torch.int32, torch.int64), dim=1)
+        if t.shape[0] != B:
+            raise ValueError(f"{name} must have {B} entries")
+    if check_finite and B and (int(seq_lens.max()) > max_len or int(seq_lens.min()) < 0
+                               or int((seq_starts + seq_lens).max()) > S):
+        raise ValueError("seq_lens must be in [0, max_len] and seq_starts + seq_lens <= cache slots")
+    return B, Hq, Hkv, D
+
+
 def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tensor, seq_lens: torch.Tensor,
                      max_len: int, *, sm_scale: float | None = None, num_splits: int | None = None,
                      block_n: int | None = None, num_warps: int = 4, num_stages: int | None = None,
@@ -190,22 +211,9 @@ def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tenso
     (Triton's software pipeline; default Triton's, 3 on sm_90). maxnreg: the compiler's register cap per thread
     (PTX .maxnreg; None: its choice, ~154 at the 64-token tile, which leaves room for 3 programs per SM:
     kernels/NOTES.md v4b ncu)."""
-    S, Hkv, D = cache.shape
-    check_tensor(q, "q", (torch.bfloat16, torch.float16, torch.float32), dim=3, finite=check_finite)
-    B, Hq, Dq = q.shape
-    if Dq != D:
-        raise ValueError(f"q head dim {Dq} != cache head dim {D}")
-    if Hq % Hkv:
-        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv}")
+    B, Hq, Hkv, D = check_decode_args(q, cache, seq_starts, seq_lens, max_len, check_finite)
     if D & (D - 1) or D < 16:
         raise ValueError(f"head dim must be a power of two >= 16, got {D}")
-    for name, t in (("seq_starts", seq_starts), ("seq_lens", seq_lens)):
-        check_tensor(t, name, (torch.int32, torch.int64), dim=1)
-        if t.shape[0] != B:
-            raise ValueError(f"{name} must have {B} entries")
-    if check_finite and B and (int(seq_lens.max()) > max_len or int(seq_lens.min()) < 0
-                               or int((seq_starts + seq_lens).max()) > S):
-        raise ValueError("seq_lens must be in [0, max_len] and seq_starts + seq_lens <= cache slots")
     G = Hq // Hkv
     GP = max(16, triton.next_power_of_2(G))
     bn = block_n or (16 if INTERPRET else 64)

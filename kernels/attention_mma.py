@@ -30,8 +30,8 @@ import math
 import torch
 import triton
 
-from kernels._common import _DECODE8_ASM, DECODE8_ORDER, check_tensor, num_sms
-from kernels.attention import FP4KVCache, _combine_kernel
+from kernels._common import _DECODE8_ASM, DECODE8_ORDER, num_sms
+from kernels.attention import FP4KVCache, _combine_kernel, check_decode_args
 
 try:  # Gluon ships with Triton >= 3.5
     from triton.experimental import gluon
@@ -123,6 +123,19 @@ if gluon is not None:
         return gl.convert_layout(gl.reshape(v, [128, T]), _A, assert_trivial=True)
 
     @gluon.jit
+    def _load_step(kp_ptr, ks_ptr, vp_ptr, vs_ptr, kf_ptr, vf_ptr, row, left, offs):
+        """A step's K / V words, scale blocks and per-token factors from cache row `row` on, keys past `left` masked
+        (zero words decode to 0, factors 1); offs: the int32 offsets and key indices of each tensor's layout."""
+        kw_o, ks_o, vw_o, vs_o, f_o, kr, ksr, vr, vsr, sr = offs
+        kw = gl.load(kp_ptr + row * 16 + kw_o, mask=(kr < left)[:, None], other=0)
+        ksb = gl.load(ks_ptr + row * 8 + ks_o, mask=(ksr < left)[:, None], other=0)
+        vw = gl.load(vp_ptr + row * 16 + vw_o, mask=(vr < left)[:, None], other=0)
+        vsb = gl.load(vs_ptr + row * 8 + vs_o, mask=(vsr < left)[:, None], other=0)
+        kf = gl.load(kf_ptr + row + f_o, mask=sr < left, other=1.0)
+        vf = gl.load(vf_ptr + row + f_o, mask=sr < left, other=1.0)
+        return kw, ksb, vw, vsb, kf, vf
+
+    @gluon.jit
     def _decode_attn_mma_kernel(q_ptr, kp_ptr, ks_ptr, kf_ptr, vp_ptr, vs_ptr, vf_ptr, starts_ptr, lens_ptr,
                                 o_ptr, lse_ptr, qk_scale, Hq, Hkv, per_split, NSPLIT,
                                 G: gl.constexpr, GP: gl.constexpr, T: gl.constexpr, PREFETCH: gl.constexpr,
@@ -164,13 +177,9 @@ if gluon is not None:
         f_o = sr * Hkv
         row = base + n_lo * Hkv  # int64: the step's first cache row
         left = n_hi - n_lo  # keys of the split from the step's first
+        offs = (kw_o, ks_o, vw_o, vs_o, f_o, kr, ksr, vr, vsr, sr)
         if PREFETCH:
-            kw = gl.load(kp_ptr + row * 16 + kw_o, mask=(kr < left)[:, None], other=0)
-            ksb = gl.load(ks_ptr + row * 8 + ks_o, mask=(ksr < left)[:, None], other=0)
-            vw = gl.load(vp_ptr + row * 16 + vw_o, mask=(vr < left)[:, None], other=0)
-            vsb = gl.load(vs_ptr + row * 8 + vs_o, mask=(vsr < left)[:, None], other=0)
-            kf = gl.load(kf_ptr + row + f_o, mask=sr < left, other=1.0)
-            vf = gl.load(vf_ptr + row + f_o, mask=sr < left, other=1.0)
+            kw, ksb, vw, vsb, kf, vf = _load_step(kp_ptr, ks_ptr, vp_ptr, vs_ptr, kf_ptr, vf_ptr, row, left, offs)
         m_i = gl.full([GP], -float("inf"), gl.float32, layout=gl.SliceLayout(0, _MMA))
         l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(0, _MMA))
         acc = gl.zeros([D, GP], gl.float32, layout=_MMA)  # O^T
@@ -178,20 +187,11 @@ if gluon is not None:
             if PREFETCH:  # the next step's loads first (past the split: masked, nothing read)
                 row += T * Hkv
                 nl = n_hi - n0 - T  # keys of the split from the next step's first
-                kw_n = gl.load(kp_ptr + row * 16 + kw_o, mask=(kr < nl)[:, None], other=0)
-                ksb_n = gl.load(ks_ptr + row * 8 + ks_o, mask=(ksr < nl)[:, None], other=0)
-                vw_n = gl.load(vp_ptr + row * 16 + vw_o, mask=(vr < nl)[:, None], other=0)
-                vsb_n = gl.load(vs_ptr + row * 8 + vs_o, mask=(vsr < nl)[:, None], other=0)
-                kf_n = gl.load(kf_ptr + row + f_o, mask=sr < nl, other=1.0)
-                vf_n = gl.load(vf_ptr + row + f_o, mask=sr < nl, other=1.0)
+                kw_n, ksb_n, vw_n, vsb_n, kf_n, vf_n = _load_step(kp_ptr, ks_ptr, vp_ptr, vs_ptr, kf_ptr, vf_ptr, row, nl,
+                                                                  offs)
             else:  # this step's loads; the other warps on the SM hide their latency
-                left = n_hi - n0
-                kw = gl.load(kp_ptr + row * 16 + kw_o, mask=(kr < left)[:, None], other=0)
-                ksb = gl.load(ks_ptr + row * 8 + ks_o, mask=(ksr < left)[:, None], other=0)
-                vw = gl.load(vp_ptr + row * 16 + vw_o, mask=(vr < left)[:, None], other=0)
-                vsb = gl.load(vs_ptr + row * 8 + vs_o, mask=(vsr < left)[:, None], other=0)
-                kf = gl.load(kf_ptr + row + f_o, mask=sr < left, other=1.0)
-                vf = gl.load(vf_ptr + row + f_o, mask=sr < left, other=1.0)
+                kw, ksb, vw, vsb, kf, vf = _load_step(kp_ptr, ks_ptr, vp_ptr, vs_ptr, kf_ptr, vf_ptr, row, n_hi - n0,
+                                                      offs)
                 row += T * Hkv
             s = mma_v2(_k_operand(kw, ksb, T), qt, gl.zeros([T, GP], gl.float32, layout=_MMA))  # S^T [T keys, GP]
             s = s * ((128.0 / kf) * qk_scale)[:, None]  # log2 domain
@@ -237,20 +237,11 @@ def decode_attention_mma(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.T
     -> [B, Hq, D] in q's dtype. CUDA only."""
     if gluon is None:
         raise RuntimeError("decode_attention_mma needs Gluon (Triton >= 3.5)")
-    S, Hkv, D = cache.shape
-    check_tensor(q, "q", (torch.bfloat16, torch.float16, torch.float32), dim=3, finite=check_finite)
-    B, Hq, Dq = q.shape
-    if D != D_HEAD or Dq != D:
-        raise ValueError(f"decode_attention_mma takes head dim {D_HEAD}, got q {Dq}, cache {D}")
-    if Hq % Hkv or Hq // Hkv > 16:
-        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv} with at most 16 query heads per KV head")
-    for name, t in (("seq_starts", seq_starts), ("seq_lens", seq_lens)):
-        check_tensor(t, name, (torch.int32, torch.int64), dim=1)
-        if t.shape[0] != B:
-            raise ValueError(f"{name} must have {B} entries")
-    if check_finite and B and (int(seq_lens.max()) > max_len or int(seq_lens.min()) < 0
-                               or int((seq_starts + seq_lens).max()) > S):
-        raise ValueError("seq_lens must be in [0, max_len] and seq_starts + seq_lens <= cache slots")
+    B, Hq, Hkv, D = check_decode_args(q, cache, seq_starts, seq_lens, max_len, check_finite)
+    if D != D_HEAD:
+        raise ValueError(f"decode_attention_mma takes head dim {D_HEAD}, got {D}")
+    if Hq // Hkv > 16:
+        raise ValueError(f"at most 16 query heads per KV head, got {Hq // Hkv}")
     G = Hq // Hkv
     GP = max(8, triton.next_power_of_2(G))
     if num_splits is None:
