@@ -202,6 +202,29 @@ def check_decode_args(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tens
     return B, Hq, Hkv, D
 
 
+def split_buffers(q: torch.Tensor, max_len: int, num_splits: int, step: int):
+    """The context cut into num_splits chunks of whole steps (tiles of `step` tokens) -> (per_split, num_splits (the
+    chunks that hold a token), out [B, Hq, D] in q's dtype, o_part, lse). With one split the kernel writes `out`
+    itself (o_part and lse are out: no fp32 partials, no merge launch, 7.7 us a layer at B256 x 1k on the H200, ncu
+    v5g); with more, o_part [B, Hq, splits, D] and lse [B, Hq, splits] in fp32 for `merge_splits`."""
+    B, Hq, D = q.shape
+    per_split = triton.cdiv(triton.cdiv(max(max_len, 1), num_splits), step) * step
+    num_splits = triton.cdiv(max(max_len, 1), per_split)
+    out = torch.empty_like(q)
+    if num_splits == 1:
+        return per_split, num_splits, out, out, out
+    return (per_split, num_splits, out, torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=q.device),
+            torch.empty((B, Hq, num_splits), dtype=torch.float32, device=q.device))
+
+
+def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out <- the splits' partial outputs weighted by their log-sum-exps (nothing to do with one split)."""
+    if o_part is not out:
+        B, Hq, n, D = o_part.shape
+        _combine_kernel[(B * Hq,)](o_part, lse, out, n, SP=max(2, triton.next_power_of_2(n)), D=D)
+    return out
+
+
 def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tensor, seq_lens: torch.Tensor,
                      max_len: int, *, sm_scale: float | None = None, num_splits: int | None = None,
                      block_n: int | None = None, num_warps: int = 4, num_stages: int | None = None,
@@ -235,16 +258,11 @@ def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tenso
             num_splits = max(1, min(want, triton.cdiv(max(max_len, 1), 2048)))
         else:  # B256 x Hkv4 x 1k: 1 split 159.6 us, 2 splits 166.0 (v5h)
             num_splits = 1
-    per_split = triton.cdiv(triton.cdiv(max(max_len, 1), num_splits), bn) * bn
-    num_splits = triton.cdiv(max(max_len, 1), per_split)
     q = q.contiguous()
-    out = torch.empty_like(q)
+    per_split, num_splits, out, o_part, lse = split_buffers(q, max_len, num_splits, bn)
     if B == 0:
         return out
-    direct = num_splits == 1  # the kernel writes out itself: no fp32 partials, no merge launch (7.7 us a layer at
-    # B256 x 1k on the H200, ncu v5g)
-    o_part = out if direct else torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=q.device)
-    lse = out if direct else torch.empty((B, Hq, num_splits), dtype=torch.float32, device=q.device)
+    direct = num_splits == 1
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * math.log2(math.e)
     _decode_attn_kernel[(B, Hkv, num_splits)](
         q, cache.k_packed.view(torch.int32), cache.k_scales, cache.k_outer,  # codes as words [S, Hkv, D/8]
@@ -252,6 +270,4 @@ def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tenso
         seq_starts, seq_lens, o_part, lse, scale, Hq, Hkv, per_split, num_splits,  # int32 or int64, read as given
         G=G, GP=GP, D=D, BLOCK_N=bn, NIT=per_split // bn, INTERP=INTERPRET, DIRECT=direct, num_warps=num_warps,
         maxnreg=maxnreg, **({} if num_stages is None else {"num_stages": num_stages}))
-    if not direct:
-        _combine_kernel[(B * Hq,)](o_part, lse, out, num_splits, SP=max(2, triton.next_power_of_2(num_splits)), D=D)
-    return out
+    return merge_splits(o_part, lse, out)

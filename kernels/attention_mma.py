@@ -31,7 +31,7 @@ import torch
 import triton
 
 from kernels._common import _DECODE8_ASM, DECODE8_ORDER, num_sms
-from kernels.attention import FP4KVCache, _combine_kernel, check_decode_args
+from kernels.attention import FP4KVCache, check_decode_args, merge_splits, split_buffers
 
 try:  # Gluon ships with Triton >= 3.5
     from triton.experimental import gluon
@@ -222,6 +222,11 @@ if gluon is not None:
             gl.store(lse_ptr + ob, lse, mask=ro < G)
 
 
+def applies(head_dim: int, groups: int) -> bool:
+    """Whether the kernel takes a model's attention: head dim 128, at most 16 query heads per KV head."""
+    return head_dim == D_HEAD and groups <= 16
+
+
 def default_splits(B: int, Hkv: int, max_len: int, device) -> int:
     """Splits of the context toward ~8 one-warp programs per SM, never past that, each split >= 256 tokens: at B256 x
     Hkv4 x 1k (1,024 programs) one split took 121.0 us, 2 145.6, 3 148.8; at B64 x 8k 4 splits (1,024 programs)
@@ -238,31 +243,24 @@ def decode_attention_mma(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.T
     if gluon is None:
         raise RuntimeError("decode_attention_mma needs Gluon (Triton >= 3.5)")
     B, Hq, Hkv, D = check_decode_args(q, cache, seq_starts, seq_lens, max_len, check_finite)
-    if D != D_HEAD:
-        raise ValueError(f"decode_attention_mma takes head dim {D_HEAD}, got {D}")
-    if Hq // Hkv > 16:
-        raise ValueError(f"at most 16 query heads per KV head, got {Hq // Hkv}")
+    if not applies(D, Hq // Hkv):
+        raise ValueError(f"decode_attention_mma takes head dim {D_HEAD} and <= 16 query heads per KV head, got "
+                         f"{D} and {Hq // Hkv}")
     G = Hq // Hkv
     GP = max(8, triton.next_power_of_2(G))
     if num_splits is None:
         num_splits = default_splits(B, Hkv, max_len, q.device)
     if keys_per_step not in (16, 32):
         raise ValueError(f"keys_per_step must be 16 or 32, got {keys_per_step}")
-    per_split = triton.cdiv(triton.cdiv(max(max_len, 1), num_splits), keys_per_step) * keys_per_step
-    num_splits = triton.cdiv(max(max_len, 1), per_split)
     q = q.contiguous()
-    out = torch.empty_like(q)
+    per_split, num_splits, out, o_part, lse = split_buffers(q, max_len, num_splits, keys_per_step)
     if B == 0:
         return out
     direct = num_splits == 1
-    o_part = out if direct else torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=q.device)
-    lse = out if direct else torch.empty((B, Hq, num_splits), dtype=torch.float32, device=q.device)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * math.log2(math.e)
     _decode_attn_mma_kernel[(B, Hkv, num_splits)](
         q, cache.k_packed.view(torch.int32), cache.k_scales, cache.k_outer, cache.v_packed.view(torch.int32),
         cache.v_scales, cache.v_outer, seq_starts, seq_lens, o_part, lse, scale, Hq, Hkv, per_split, num_splits,
         G=G, GP=GP, T=keys_per_step, PREFETCH=prefetch, DIRECT=direct,
         num_warps=1)
-    if not direct:
-        _combine_kernel[(B * Hq,)](o_part, lse, out, num_splits, SP=max(2, triton.next_power_of_2(num_splits)), D=D)
-    return out
+    return merge_splits(o_part, lse, out)

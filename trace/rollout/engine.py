@@ -666,7 +666,6 @@ class RolloutEngine:
                 keep = (plen_d[rows_d] + (t + 1) < cap) & ~torch.isin(tok_d, stop_d)  # [A], as `go` below
                 if sure_d is not None:
                     keep &= ~sure_d[tok_d]
-                    sure = stops.sure.copy()  # what the device knew at this launch
                 ids_d = torch.zeros(B, dtype=torch.long, device=dev).index_put_((rows_d,), torch.where(keep, tok_d, 0))
                 lens_d = torch.zeros(B, dtype=torch.long, device=dev).index_put_((rows_d,), keep.long())
                 start_d = fed_d.clamp(max=cap - 1)
@@ -702,7 +701,10 @@ class RolloutEngine:
                     exact = int(fed[go].max()) + 1
                     again = graphs.span(exact) != graphs.span(pred)  # the general loop's bucket
                     if stops is not None:  # rows the device fed that a stop string stopped: fed nothing there
-                        wrong = active[is_str & ~is_stop & ~cap_hit & ~sure[tok]]
+                        # the device dropped the rows whose token it knew as stopping: known before this step's
+                        # `hits`, i.e. sure now and not first seen now
+                        known = stops.sure[tok] & ~np.isin(tok, stops.new_sure)
+                        wrong = active[is_str & ~is_stop & ~cap_hit & ~known]
                         if wrong.size:
                             w = torch.as_tensor(wrong, device=self.device)
                             ids_d[w], lens_d[w] = 0, 0

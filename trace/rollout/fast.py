@@ -241,7 +241,7 @@ class TritonPath:
                   for p, sc, ou in ((kv.k_packed, kv.k_scales, kv.k_outer), (kv.v_packed, kv.v_scales, kv.v_outer)))
         r = ref.decode_attention_reference(q.float(), kh, vh, lens)
         attend = [("", decode_attention)]
-        if self.attn == "mma" and a.head_dim == 128 and a.num_heads // a.num_kv_heads <= 16:
+        if self.mma_attention(a.head_dim, a.num_heads // a.num_kv_heads):
             from kernels.attention_mma import decode_attention_mma  # the kernel the engine's steps take
 
             attend.append((" (register-operand kernel)", decode_attention_mma))
@@ -319,6 +319,14 @@ class TritonPath:
             return fused_moe_wgmma(x, wg, topi, topv, act_quant=True, on_quant=observe)
         return fused_moe(x, self.moe[i], topi, topv, act_quant=True, check_finite=False, on_quant=observe)
 
+    def mma_attention(self, head_dim: int, groups: int) -> bool:
+        """Whether decode steps take the register-operand attention (chosen, and applicable at these heads)."""
+        if self.attn != "mma":
+            return False
+        from kernels.attention_mma import applies
+
+        return applies(head_dim, groups)
+
     def decode_attention(self, cache, layer: int, rows, slots, start, lens, q, k, v, max_len: int) -> torch.Tensor:
         """One-token decode with the FP4 KV cache: store k, v [R, 1, Hkv, D] at (rows, slots) and attend
         q [R, 1, Hq, D] over slots 0 .. start[r] + lens[r] - 1 of each row (lens 0: an idle row, its cached
@@ -335,7 +343,7 @@ class TritonPath:
         view = FP4KVCache(views[0], views[1], views[2], views[3], views[4], views[5])
         flat_slots = r * per + slots[:, 0]  # [R]
         kv_store(view, k[:, 0], v[:, 0], flat_slots, check_finite=False)
-        if self.attn == "mma" and q.shape[-1] == 128 and q.shape[2] // k.shape[2] <= 16:
+        if self.mma_attention(q.shape[-1], q.shape[2] // k.shape[2]):
             from kernels.attention_mma import decode_attention_mma
 
             out = decode_attention_mma(q[:, 0], view, r * per, start + lens, max_len, check_finite=False)
