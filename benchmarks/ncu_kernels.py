@@ -129,6 +129,7 @@ def _moe(dev):
 
 def _attention(dev):
     from kernels.attention import FP4KVCache, decode_attention, kv_store
+    from kernels.attention_mma import decode_attention_mma
 
     B, L = 64, 8192
     kb = torch.randn(B, HKV, L, HD, device=dev, dtype=torch.bfloat16)
@@ -141,13 +142,16 @@ def _attention(dev):
     lens = torch.full((B,), L, device=dev)
     q4 = q.unsqueeze(2)
     return {"attention-sdpa": lambda: F.scaled_dot_product_attention(q4, kb, vb, enable_gqa=True),
-            "attention-fp4kv": lambda: decode_attention(q, cache, starts, lens, L, check_finite=False)}
+            "attention-fp4kv": lambda: decode_attention(q, cache, starts, lens, L, check_finite=False),
+            "attention-mma": lambda: decode_attention_mma(q, cache, starts, lens, L, check_finite=False)}
 
 
 def _attention_engine(dev):
     """The engine's decode attention per layer at batch 256 and the 1k-generation run's mean context (1024): the
-    default tile, and under register caps that fit 4 (128) or 5 (96, 32-token tiles) programs per SM, not 3."""
+    default tile, and under register caps that fit 4 (128) or 5 (96, 32-token tiles) programs per SM, not 3; the
+    register-operand kernel (the engine's default) at its default splits."""
     from kernels.attention import FP4KVCache, decode_attention, kv_store
+    from kernels.attention_mma import decode_attention_mma
 
     B, L = 256, 1024
     cache = FP4KVCache.allocate(B * L, HKV, HD, dev)
@@ -158,7 +162,8 @@ def _attention_engine(dev):
     lens = torch.full((B,), L, device=dev)
     run = lambda **kw: (lambda: decode_attention(q, cache, starts, lens, L, check_finite=False, **kw))  # noqa: E731
     return {"attention-fp4kv-b256": run(), "attention-fp4kv-b256-r128": run(maxnreg=128),
-            "attention-fp4kv-b256-bn32-r96": run(block_n=32, maxnreg=96)}
+            "attention-fp4kv-b256-bn32-r96": run(block_n=32, maxnreg=96),
+            "attention-mma-b256": lambda: decode_attention_mma(q, cache, starts, lens, L, check_finite=False)}
 
 
 # each builder's targets (a builder makes the inputs its targets share)
@@ -167,8 +172,9 @@ GROUPS = {_quantize: ("quantize-nvfp4", "copy-bf16"),
                    "dense-triton-r64"),
           _moe: ("moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "moe-triton-tma", "moe-triton-bn128",
                  "moe-triton-r80"),
-          _attention: ("attention-sdpa", "attention-fp4kv"),
-          _attention_engine: ("attention-fp4kv-b256", "attention-fp4kv-b256-r128", "attention-fp4kv-b256-bn32-r96")}
+          _attention: ("attention-sdpa", "attention-fp4kv", "attention-mma"),
+          _attention_engine: ("attention-fp4kv-b256", "attention-fp4kv-b256-r128", "attention-fp4kv-b256-bn32-r96",
+                              "attention-mma-b256")}
 # per-reason warp stalls (cycles per issued instruction); ncu's WarpStateStats section charts them without listing
 # them in its CSV, so the command asks for them by name (`--metrics`, see `ncu_metrics`)
 STALLS = ("long_scoreboard", "short_scoreboard", "wait", "barrier", "mio_throttle", "lg_throttle", "math_pipe_throttle",
@@ -202,7 +208,8 @@ def ncu_metrics(counts: bool = True) -> str:
 TARGETS = ("quantize-nvfp4", "copy-bf16", "dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b",
            "moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "attention-sdpa", "attention-fp4kv",
            "dense-triton-tma", "moe-triton-tma", "dense-triton-bn128", "moe-triton-bn128", "dense-triton-r64",
-           "moe-triton-r80", "attention-fp4kv-b256", "attention-fp4kv-b256-r128", "attention-fp4kv-b256-bn32-r96")
+           "moe-triton-r80", "attention-fp4kv-b256", "attention-fp4kv-b256-r128", "attention-fp4kv-b256-bn32-r96",
+           "attention-mma", "attention-mma-b256")
 MARKER = "_ncu_target_marker"
 
 
