@@ -405,6 +405,16 @@ def run_dense(dev, quick):
                     if t:
                         record("dense", shape, prov, t, fp4_bytes, base, a_ms,
                                cfg_str(cm) + (";+act-quant launch" if aq else ""))
+            if auto_config(M, N, K, x.device, pw.gv_words is not None).kind == "mma":  # v5j's pair order (as the MoE's)
+                for aq in (False, True):
+                    r = ref.fp4_linear(x.float(), c, s, o, act_quant=True) if aq else r16
+                    t, cm = timed_best(lambda cf, aq=aq: (lambda: fp4_linear(x, pw, act_quant=aq, config=cf,
+                                                                             check_finite=False)),
+                                       [dataclasses.replace(default_config(M, N, K, x.device), dot_order=False)],
+                                       "dense", shape, f"fp4-w4a{4 if aq else 16}-pair", base, oracle=(r, 1e-2))
+                    if t:
+                        record("dense", shape, f"fp4-w4a{4 if aq else 16}-pair", t, fp4_bytes, base, a_ms,
+                               cfg_str(cm) + (";+act-quant launch" if aq else ""))
             # the engine's path above its crossover: the same activation codes on cuBLAS BF16
             record("dense", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_linear(x, wb)), N * K * 2 + io, base, a_ms,
                    "+act-quant launch")
@@ -434,6 +444,11 @@ def moe_variants(T, k, E):
                 if c not in vs:
                     vs.append(c)
     return vs
+
+
+def pair_moe_config(cfg):
+    """The MoE tile `cfg` with v5j's weights in the pair order (BM 64: its K-tiles of 64 in 4 stages)."""
+    return dataclasses.replace(cfg, dot_order=False, **(dict(BKW=8, num_stages=4) if cfg.BM == 64 else {}))
 
 
 def route(T, E, k, dev):
@@ -596,6 +611,19 @@ def run_moe(dev, quick):
                 if t:
                     record("moe", shape, "fp4-w4a16-tile-best", t, fp4_bytes, base, a_ms, cfg_str(cm),
                            f"experts_hit={hit}")
+            if cfg.kind == "mma":  # the tile's A/B of weight orders: v5j's pair order (v5k made the dot order the default)
+                for aq in (False, True):
+                    r = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=True) if aq else r16
+                    cp = pair_moe_config(cfg)
+                    al2 = moe_align(ids, E, cp.BM)
+                    t, cm = timed_best(lambda c, aq=aq: (lambda: fused_moe(x, mw, ids, tw, act_quant=aq, config=c,
+                                                                           align=None if aq else al2, check_finite=False)),
+                                       [cp], "moe", shape, f"fp4-w4a{4 if aq else 16}-pair", base, oracle=(r, moe_tol(aq)))
+                    if t:
+                        record("moe", shape, f"fp4-w4a{4 if aq else 16}-pair", t, fp4_bytes, base, a_ms,
+                               cfg_str(cm) + (";+2 act-quant launches;routing align inside" if aq else ""),
+                               f"experts_hit={hit}")
+                    del r
             del r16
             # the engine's path above its crossover: the same activation codes on BF16 grouped GEMMs
             record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13, w2)),
@@ -902,6 +930,23 @@ def sass_counts():
                       "A=bf16;BM=16;BN=64;BKW=32;num_warps=4;num_stages=3", ops, loop_instr=n,
                       lane_instr_per_weight=round(n * 128 / (64 * 8 * 32 * w_iter), 2), shared_bytes=shared,
                       ttgir_convert_layouts=cvt, memory_ops=_mem_ops(ops))
+    # v5k: both tiles (W4A16, bf16 decode, K-tiles of 128) with the weights in the dot order (int32 scale words) beside
+    # the pair order: the decoded tile's shared-memory trip (STS, LDSM, barriers) gone
+    for fn, sig, aligned, cst, shape, w_iter in (
+            (_moe_gemm_kernel, moe_sig, moe_aligned, dict(GATED=True, ROUTE_W=False, NIT=16), "K2048 gate+up", 2),
+            (_fp4_gemm_kernel, dense_sig, dense_aligned, dict(SPLIT=4, NIT=8, KMASK=False), "K4096 split4", 1)):
+        for bm in (16, 32):
+            for dot in (False, True):
+                s_dot = dict(sig, WDESC="constexpr", DOT="constexpr", ws_ptr="*i32" if dot else "*u8",
+                             **({"KMASK": "constexpr"} if "KMASK" in cst else {}))
+                c = dict(cst, BM=bm, BN=64, BKW=16, INTERP=False, BF16D=True, XF=False, WDESC=False, DOT=dot)
+                if "KMASK" in c:
+                    c["KMASK"] = not dot
+                n, ops, cvt, shared = _loop_sass(fn, s_dot, aligned, c, 4, 3, f"{fn.__name__}_v5k_{bm}_{int(dot)}")
+                _sass_row(rows, shape, f"{fn.__name__} {'v5k-dot' if dot else 'v3a-bf16'}",
+                          f"A=bf16;BM={bm};BN=64;BKW=16;num_warps=4;num_stages=3", ops, loop_instr=n,
+                          lane_instr_per_weight=round(n * 128 / (64 * 8 * 16 * w_iter), 2), shared_bytes=shared,
+                          ttgir_convert_layouts=cvt, memory_ops=_mem_ops(ops))
     # FP4-KV decode attention, D 128, 8 query heads per KV head (16 MMA rows), 64-token tiles, 4 warps (the
     # engine's default tile): loop instructions per K/V element (kernels/NOTES.md v2i, v3b)
     from kernels.attention import _decode_attn_kernel

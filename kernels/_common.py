@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import reference as ref
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # 2^119 as an FP32 constant: block-scale factor of the decode trick; 2^7 goes to the epilogue.
@@ -207,6 +209,45 @@ def pack_pair_bits(codes: torch.Tensor) -> torch.Tensor:
         for i, bit in enumerate(PAIR_BITS[j // 2]):
             w |= ((c[..., j] >> i) & 1) << (bit + 16 * (j % 2))
     return torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
+
+
+def dot_layout(codes: torch.Tensor, group: int) -> torch.Tensor:
+    """E2M1 codes uint8 [..., N, K] (K % group == 0, group = 32 T for T = 2 or 4) -> int32 words [..., N, K / 8] whose
+    8 values are one thread's registers of the MMA's bf16 left operand (kWidth 2): per group u of K elements, word
+    T q + t (q = 0..3, t = 0..T-1) holds element e = 4 s0 + 2 h + c of k = group u + 32 t + 16 s0 + 8 h + 2 q + c, its
+    code bit i at bit PAIR_BITS[e // 2][i] + 16 (e % 2). Group 64 is v4a's `kernels.wgmma.wgmma_layout`; group 128
+    the Triton tile's dot order (`kernels.gemm.dot_decode`). As `triton_kernels`' Hopper value layout
+    (tensor_details/layout_details/hopper_value.py, v3.6.0), every bit that tells a word's 8 values apart is a
+    register bit of the operand layout, so the compiler builds the decode in that layout back to the load and the
+    decoded tile never passes through shared memory (kernels/NOTES.md, "The MoE / dense tile without the
+    shared-memory trip")."""
+    *lead, N, K = codes.shape
+    T = group // 32
+    if group not in (64, 128) or K % group:
+        raise ValueError(f"K={K} must be a multiple of {group} (the group: 64 or 128)")
+    c = codes.to(torch.int64).reshape(*lead, N, K // group, T, 2, 2, 4, 2)  # [..., u, t, s0, h, q, c]
+    u = c.dim() - 6
+    c = c.permute(*range(u + 1), u + 4, u + 1, u + 2, u + 3, u + 5)  # [..., u, q, t, s0, h, c]
+    return pack_pair_bits(c.reshape(*lead, N, K // 8, 8)).contiguous()
+
+
+# A v4a scale byte: the exponent of s_b * 2^119 as a bf16, less 237, over its 3 mantissa bits (E4M3's subnormal
+# scales m * 2^-9 are bf16 normals there: every E4M3 value from 2^-9 to 448 is exponent 237..254), so one integer
+# multiply-add turns a byte into the bf16x2 pair (s_b * 2^119, s_b * 2^119): byte * 0x100010 + 0x76807680.
+SCALE_EXP0 = 237
+SCALE_MAD = (SCALE_EXP0 << 7) * 0x10001  # 0x76807680: the exponent offset under both halves
+
+
+def wgmma_scales(scales: torch.Tensor) -> torch.Tensor:
+    """E4M3 scale bytes uint8 [..., N, K/16] -> v4a scale bytes viewed as int16 [..., N, K/32] (blocks 2i, 2i + 1
+    of a row in one 16-bit load, low byte first). A zero scale (its block's codes are all zero) becomes byte 0."""
+    s = ref.e4m3_decode(scales)
+    bits = (s * 2.0**119).to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF  # exact: 4 significant bits
+    exp, man = bits >> 7, (bits >> 4) & 7
+    byte = torch.where(s > 0, ((exp - SCALE_EXP0) << 3) | man, torch.zeros_like(bits))
+    if bool(((exp < SCALE_EXP0) & (s > 0)).any()) or bool((exp > SCALE_EXP0 + 31).any()):
+        raise ValueError("a scale outside E4M3's positive range")
+    return byte.to(torch.uint8).contiguous().view(torch.int16)
 
 
 def pair_decode_ptx(scales) -> str:

@@ -42,13 +42,17 @@ from kernels import reference as ref
 from kernels._common import (
     EPI_POW,
     INTERPRET,
+    SCALE_MAD,
     check_tensor,
     dequant_tile_loaded,
     dequant_tile_words,
+    dot_layout,
     e4m3_value,
     nib_to_f32_scaled,
     num_sms,
     pack_pair_bits,
+    pair_decode_ptx,
+    wgmma_scales,
 )
 
 
@@ -66,6 +70,7 @@ class PreparedFP4Weight:
     gv_words: torch.Tensor | None = None  # GEMV layout (v1), see gemv_layout
     gv_scales: torch.Tensor | None = None
     pair_words: torch.Tensor | None = None  # `pair_layout(words)`, made by the first MMA call that decodes in bf16
+    dot_words: tuple[torch.Tensor, torch.Tensor] | None = None  # `dotted()`, made by the first call in the dot order
 
     def nbytes(self) -> int:
         return self.words.numel() * 4 + self.scales.numel() + self.factor.numel() * 4
@@ -75,6 +80,15 @@ class PreparedFP4Weight:
         if self.pair_words is None:
             self.pair_words = pair_layout(self.words)
         return self.pair_words
+
+    def dotted(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(words int32 [(E,) N, K/8] in the dot order, scales int32 [(E,) N, K/64]: v4a's scale bytes, blocks
+        4i..4i+3 of a row in one int32) for the tile with `dot_order` (built once, kept). K % 128 == 0."""
+        if self.dot_words is None:
+            u = self.words.to(torch.int64) & 0xFFFFFFFF
+            codes = torch.stack([(u >> (4 * j)) & 0xF for j in range(8)], -1).flatten(-2)  # [(E,) N, K]
+            self.dot_words = (dot_layout(codes, DOT_GROUP), wgmma_scales(self.scales).view(torch.int32))
+        return self.dot_words
 
 
 def pair_layout(words: torch.Tensor) -> torch.Tensor:
@@ -338,9 +352,61 @@ def _act_tile(x_ptr, rows, mmask, stride_xm, k0, K, BK: tl.constexpr):
                    mask=(offs_k < K)[:, None] & mmask[None, :], other=0.0)
 
 
+# ------------------------------------------------------------------------------------------------
+# The dot order (v5k): each word's 8 values are one thread's registers of the MMA's left operand
+# ------------------------------------------------------------------------------------------------
+DOT_GROUP = 128  # K elements per group of the dot order (`kernels._common.dot_layout`); the tile's BK a multiple
+
+# word $8 (dot order), $9 four v4a scale bytes (blocks 4i..4i+3 of the row), $10 a selector ptxas sees as a constant
+# per register (0x4140: bytes 0 and 1, the word's blocks when t is even; 0x4342: bytes 2 and 3) -> $0..$7 = element
+# e = 4 s0 + 2 h + c times its block's s_b * 2^-7 in bf16: one PRMT and one multiply-add make both blocks' bf16x2
+# scales (`kernels._common.SCALE_MAD`), the pairs decode as in `pair_decode_ptx` (pairs 0, 1: block s0 = 0)
+_DOT_ASM = tl.constexpr("{\n.reg .b32 x, sp, sa, sb, m, g;\n.reg .b16 lo, hi;\nprmt.b32 x, $9, 0, $10;\n"
+                        f"mad.lo.u32 sp, x, 16, {SCALE_MAD};\n"
+                        "mov.b32 {lo, hi}, sp;\nmov.b32 sa, {lo, lo};\nmov.b32 sb, {hi, hi};\n"
+                        + pair_decode_ptx(("sa", "sa", "sb", "sb")) + "}")
+
+
+@triton.jit
+def _code_at(w, b0: tl.constexpr, b1: tl.constexpr, b2: tl.constexpr, b3: tl.constexpr):
+    """The E2M1 code whose bits 0-3 sit at word bits b0..b3 -> its value * 2^-126 (fp32)."""
+    n = ((w >> b0) & 1) | (((w >> b1) & 1) << 1) | (((w >> b2) & 1) << 2) | (((w >> b3) & 1) << 3)
+    return nib_to_f32_scaled(n)
+
+
+@triton.jit
+def dot_decode(w, s, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
+    """w int32 [BN, BK/8] words in the dot order, s int32 [BN, BK/64] v4a scale bytes (`PreparedFP4Weight.dotted`)
+    -> [BN, BK] = E2M1 * s_b * 2^-7 in natural k order: bf16 by `_DOT_ASM` with ASM (GPU), else fp32 in plain
+    Triton (the interpreter; the same values). The join / reshape / permute chain only renames registers on a GPU:
+    a word's 8 values differ in register bits of the dot operand layout (`dot_layout`)."""
+    U: tl.constexpr = BK // 128
+    # per word (u, q, t = 2 t1 + t0): its row's scale int32 t1 of group u and t0, which half of it holds its blocks
+    sw = tl.reshape(tl.broadcast_to(tl.reshape(s, [BN, U, 1, 2, 1]), [BN, U, 4, 2, 2]), [BN, BK // 8])
+    t0 = tl.reshape(tl.broadcast_to(tl.reshape(tl.arange(0, 2), [1, 1, 1, 1, 2]), [BN, U, 4, 2, 2]), [BN, BK // 8])
+    if ASM:
+        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+            _DOT_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [w, sw, 0x4140 + 0x202 * t0], dtype=(tl.bfloat16,) * 8,
+            is_pure=True, pack=1)
+    else:  # s_b * 2^119 as fp32: bf16 bits (byte << 4) + 0x7680 (`kernels._common.wgmma_scales`)
+        sh = 16 * t0
+        sa = (((((sw >> sh) & 0xFF) << 4) + 0x7680) << 16).to(tl.float32, bitcast=True)
+        sb = (((((sw >> (sh + 8)) & 0xFF) << 4) + 0x7680) << 16).to(tl.float32, bitcast=True)
+        # element e's code bits at PAIR_BITS[e // 2] + 16 (e % 2) (`kernels._common.PAIR_BITS`)
+        o0, o1 = _code_at(w, 6, 7, 8, 15) * sa, _code_at(w, 22, 23, 24, 31) * sa
+        o2, o3 = _code_at(w, 3, 4, 5, 12) * sa, _code_at(w, 19, 20, 21, 28) * sa
+        o4, o5 = _code_at(w, 0, 1, 2, 9) * sb, _code_at(w, 16, 17, 18, 25) * sb
+        o6, o7 = _code_at(w, 13, 10, 11, 14) * sb, _code_at(w, 29, 26, 27, 30) * sb
+    v = tl.join(tl.join(tl.join(o0, o1), tl.join(o2, o3)), tl.join(tl.join(o4, o5), tl.join(o6, o7)))  # [.., c, h, s0]
+    v = tl.reshape(v, [BN, U, 4, 4, 2, 2, 2])  # n, u, q, t, c, h, s0
+    v = tl.permute(v, (0, 1, 3, 6, 5, 2, 4))  # n, u, t, s0, h, q, c: k = 128 u + 32 t + 16 s0 + 8 h + 2 q + c
+    return tl.reshape(v, [BN, BK])
+
+
 @triton.jit
 def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, xv, k0, K, BN: tl.constexpr, BK: tl.constexpr,
-                     INTERP: tl.constexpr, BF16D: tl.constexpr = False, WDESC: tl.constexpr = False, n0=0):
+                     INTERP: tl.constexpr, BF16D: tl.constexpr = False, WDESC: tl.constexpr = False, n0=0,
+                     DOT: tl.constexpr = False, KMASK: tl.constexpr = True):
     """acc[BN, BM] += dequant(W[offs_n, k0 : k0+BK]) @ xv, one MMA per K-tile (the v3a tile); xv [BK, BM] the
     activation tile (`_act_tile`). wb / ws: the weight's words [N, K/8] and scale bytes [N, K/16] (rows
     offs_n). The tile is decoded in element order (`dequant_tile_words`), so one dot of K = BK covers it: no
@@ -348,13 +414,23 @@ def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, xv, k0, K, BN: tl.constexpr, BK
     v3a). BF16D: decode and scale in bf16 (GPU only; the weight words in `pair_layout`). WDESC: wb and ws are
     tensor descriptors over the words [N, K/8] and the scale bytes [N, K/16] with blocks [BN, BK/8] and [BN,
     BK/16], n0 the tile's first row: the tile comes by TMA (rows and columns past the ends read 0), not by
-    per-thread cp.async through L1 (kernels/NOTES.md, "Where the time goes", v5a)."""
+    per-thread cp.async through L1 (kernels/NOTES.md, "Where the time goes", v5a).
+    DOT: wb holds the words in the dot order and ws the scales as int32 [N, K/64] (`PreparedFP4Weight.dotted`;
+    `dot_decode`, BK a multiple of 128); KMASK False: the tile lies inside K (no mask along K)."""
     offs_w = k0 // 8 + tl.arange(0, BK // 8)
     wkmask = offs_w < K // 8
     offs_s = k0 // 16 + tl.arange(0, BK // 16)
     smask = offs_s < K // 16
     n64 = offs_n[:, None].to(tl.int64)
-    if WDESC:
+    if DOT:
+        offs_s = k0 // 64 + tl.arange(0, BK // 64)
+        if KMASK:
+            wmask, smask = nmask[:, None] & wkmask[None, :], nmask[:, None] & (offs_s < K // 64)[None, :]
+        else:
+            wmask, smask = nmask[:, None], nmask[:, None]
+        wv = dot_decode(tl.load(wb + n64 * (K // 8) + offs_w[None, :], mask=wmask, other=0),
+                        tl.load(ws + n64 * (K // 64) + offs_s[None, :], mask=smask, other=0), BN, BK, BF16D)
+    elif WDESC:
         wv = dequant_tile_loaded(wb.load([n0, k0 // 8]), ws.load([n0, k0 // 16]), BN, BK, BF16D, BF16D)  # [BN, BK]
     else:
         wv = dequant_tile_words(wb + n64 * (K // 8) + offs_w[None, :], ws + n64 * (K // 16) + offs_s[None, :],
@@ -372,10 +448,12 @@ def _fp4_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
                      M, N, KW, stride_xm, kw_per_split,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
                      SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BF16D: tl.constexpr,
-                     XF: tl.constexpr, WDESC: tl.constexpr = False):
+                     XF: tl.constexpr, WDESC: tl.constexpr = False, DOT: tl.constexpr = False,
+                     KMASK: tl.constexpr = True):
     """Grid (N / BN, M / BM, split-K): out[offs_m, offs_n] (+)= the tile's share of K (`_fp4_tile_dot_v3`),
     times the weight's 2^7 / S_enc and, with XF (W4A4: x holds the activation's tile values), the activation
-    row's (xf_ptr). WDESC: w_ptr and ws_ptr are tensor descriptors over the words and scales (`GemmConfig.tma`)."""
+    row's (xf_ptr). WDESC: w_ptr and ws_ptr are tensor descriptors over the words and scales (`GemmConfig.tma`).
+    DOT / KMASK: the weight in the dot order, the tiles masked along K (`_fp4_tile_dot_v3`)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -389,7 +467,7 @@ def _fp4_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
         k0 = (kw_lo + it * BKW) * 8
         xv = _act_tile(x_ptr, offs_m, mmask, stride_xm, k0, KW * 8, 8 * BKW)
         acc = _fp4_tile_dot_v3(acc, w_ptr, ws_ptr, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D,
-                               WDESC, pid_n * BN)
+                               WDESC, pid_n * BN, DOT, KMASK)
     acc = acc * tl.load(wf_ptr)
     if XF:
         acc = acc * tl.load(xf_ptr + offs_m, mask=mmask, other=0.0)[None, :]
@@ -463,6 +541,8 @@ class GemmConfig:
     maxnreg: int | None = None  # mma: registers per thread the compiler may use (PTX .maxnreg): fewer registers,
     #                             more resident warps, but not a higher issue rate: 2-12% slower on the H200
     #                             (kernels/NOTES.md v5b); None: the compiler's choice
+    dot_order: bool = False  # mma: the weight in the dot order (`PreparedFP4Weight.dotted`, `dot_decode`) where K and
+    #                          the K-tile are multiples of 128 and without tma; else the pair / element order
 
 
 def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
@@ -487,7 +567,8 @@ def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
 def default_config(M: int, N: int, K: int, device) -> GemmConfig:
     """The MMA tile for M rows: BM covers the batch up to 64; 64 weight rows and K-tiles of 128 elements per
     program, 4 warps, 3 stages, the bf16 decode (the best of the variants timed at 14336x4096, M=16, on the
-    H200; kernels/NOTES.md v3b); split-K until ~4 waves of CTAs while each split keeps >= 1024 elements."""
+    H200; kernels/NOTES.md v3b) of the weight in the dot order (v5k: no shared-memory trip of the decoded tile, ~16%
+    fewer loop instructions per weight); split-K until ~4 waves of CTAs while each split keeps >= 1024 elements."""
     if INTERPRET:
         return GemmConfig(BN=16, BM=16, BKW=4, split=2 if K >= 128 else 1, num_warps=1, num_stages=1)
     bm = 16 if M <= 16 else (32 if M <= 32 else 64)
@@ -498,7 +579,7 @@ def default_config(M: int, N: int, K: int, device) -> GemmConfig:
     target = 4 * num_sms(device)
     while tiles * split < target and kw // (split * 2) >= 128 and M <= 64:
         split *= 2
-    return GemmConfig(BN=bn, BM=bm, BKW=16, split=split, num_warps=4, num_stages=3, bf16_decode=True)
+    return GemmConfig(BN=bn, BM=bm, BKW=16, split=split, num_warps=4, num_stages=3, bf16_decode=True, dot_order=True)
 
 
 def auto_config(M: int, N: int, K: int, device, gemv: bool = True) -> GemmConfig:
@@ -513,6 +594,12 @@ def auto_config(M: int, N: int, K: int, device, gemv: bool = True) -> GemmConfig
     if gemv and M <= 2:
         return gemv2_config(M, N, K, device)
     return default_config(M, N, K, device)
+
+
+def uses_dot_order(dot_order: bool, K: int, BKW: int, tma: bool) -> bool:
+    """Whether an MMA launch (dense or MoE) reads the weight in the dot order: asked for, K and the K-tile (8 BKW)
+    multiples of 128, no TMA."""
+    return dot_order and not tma and K % DOT_GROUP == 0 and (8 * BKW) % DOT_GROUP == 0
 
 
 def quantize_act_for_gemm(x: torch.Tensor, check_finite: bool = True, on_quant=None):
@@ -603,7 +690,8 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
         return out if out.dtype == out_dtype else out.to(out_dtype)
     grid = (triton.cdiv(N, cfg.BN), triton.cdiv(M, cfg.BM), split)
     bf16d = cfg.bf16_decode and not INTERPRET
-    words, scales = w.paired() if bf16d else w.words, w.scales
+    dot = uses_dot_order(cfg.dot_order, K, cfg.BKW, cfg.tma)
+    words, scales = w.dotted() if dot else (w.paired() if bf16d else w.words, w.scales)
     if cfg.tma:  # TMA rows (global strides and block rows) are multiples of 16 bytes
         if K % 256 or cfg.BKW % 32:
             raise ValueError(f"tma needs K a multiple of 256 and BKW a multiple of 32, got K={K}, BKW={cfg.BKW}")
@@ -612,5 +700,6 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
     _fp4_gemm_kernel[grid](xa, xf, words, scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
                            BM=cfg.BM, BN=cfg.BN, BKW=cfg.BKW, SPLIT=split,
                            INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW, BF16D=bf16d, XF=act_quant, WDESC=cfg.tma,
+                           DOT=dot, KMASK=split * kw_per_split != KW,
                            num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -43,6 +43,7 @@ from kernels.gemm import (
     _gv_group,
     prepare_weight,
     quantize_act_for_gemm,
+    uses_dot_order,
 )
 
 
@@ -231,15 +232,16 @@ def _moe_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, b
                      S, N, KW, stride_xm, A_DIV,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, GATED: tl.constexpr,
                      ROUTE_W: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BF16D: tl.constexpr,
-                     XF: tl.constexpr, WDESC: tl.constexpr = False):
+                     XF: tl.constexpr, WDESC: tl.constexpr = False, DOT: tl.constexpr = False):
     """One program = one block of BM slots of one expert x BN output rows, over the MMA tile of
     `kernels.gemm._fp4_tile_dot_v3` (gate and up rows in one program, reading one activation tile, SiLU product
     fused; routing weight fused into down). BF16D: the tile's decode in bf16 (GPU only; weight words in
     `pair_layout`). XF (W4A4: x holds the activation's tile values): times the activation row's 2^7 / S_enc
     (xf_ptr). WDESC: w_ptr / ws_ptr are tensor descriptors over the experts' words and scales as 2-D [E * NW, K/8]
     and [E * NW, K/16] (TMA, `MoEConfig.tma`); a tile's rows past its expert's N read the next expert's rows (or 0
-    past the last), which only feed output rows the store masks. Programs of padding blocks (expert -1) exit at
-    once."""
+    past the last), which only feed output rows the store masks. DOT: the words in the dot order and the scales int32
+    [E * NW, K/64] (`PreparedFP4Weight.dotted`; K a multiple of the K-tile, no mask along K). Programs of padding
+    blocks (expert -1) exit at once."""
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(bexp_ptr + pid_b)
@@ -258,20 +260,22 @@ def _moe_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, b
     acc = tl.zeros([BN, BM], tl.float32)
     if GATED:
         acc_u = tl.zeros([BN, BM], tl.float32)
+    SKW: tl.constexpr = 8 if DOT else 2  # words per scale element: int32 of 4 bytes / one byte
     if WDESC:  # the descriptors themselves; the tile's first row of the 2-D view
         wb, sb, wb_u, sb_u = w_ptr, ws_ptr, w_ptr, ws_ptr
     else:
         wb = w_ptr + e64 * NW * KW  # words of expert e: [NW, K/8]
-        sb = ws_ptr + e64 * NW * (KW // 2)
-        wb_u, sb_u = wb + N * KW, sb + N * (KW // 2)
+        sb = ws_ptr + e64 * NW * (KW // SKW)
+        wb_u, sb_u = wb + N * KW, sb + N * (KW // SKW)
     n0 = e * NW + pid_n * BN
     for it in range(NIT):
         k0 = it * BKW * 8
         xv = _act_tile(x_ptr, rows, mmask, stride_xm, k0, KW * 8, 8 * BKW)  # [BK, BM]
-        acc = _fp4_tile_dot_v3(acc, wb, sb, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D, WDESC, n0)
+        acc = _fp4_tile_dot_v3(acc, wb, sb, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D, WDESC, n0,
+                               DOT, not DOT)
         if GATED:  # the up rows read the same activation tile
             acc_u = _fp4_tile_dot_v3(acc_u, wb_u, sb_u, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D,
-                                     WDESC, n0 + N)
+                                     WDESC, n0 + N, DOT, not DOT)
     if GATED:
         acc = acc * tl.load(wf_ptr + e * 2)
         acc_u = acc_u * tl.load(wf_ptr + e * 2 + 1)
@@ -425,6 +429,8 @@ class MoEConfig:
     maxnreg: int | None = None  # mma: register cap per thread of the gate/up launch (PTX .maxnreg; level to 23% slower on
     #                             the H200, kernels/NOTES.md v5b)
     maxnreg_down: int | None = None  # the same for the down launch; None: the compiler's choice
+    dot_order: bool = False  # mma: the weights in the dot order (`kernels.gemm.PreparedFP4Weight.dotted`) where K and
+    #                          the K-tile are multiples of 128 and without tma; else the pair / element order
 
 
 # Relative time of one (expert, BM) block, each used expert taking one block: H200 medians, kernels.csv version v5d,
@@ -453,14 +459,14 @@ def moe_block_rows(T: int, topk: int, E: int) -> int:
 
 
 def mma_moe_config(T: int, topk: int, E: int) -> MoEConfig:
-    """The MMA tile for T tokens of top-k over E experts: BM by `moe_block_rows`; K-tiles of 128 with 3 stages, at
-    BM 64 K-tiles of 64 with 4 stages (the [BK, BM] activation tile is 4x larger per stage; kernels/NOTES.md v3b);
-    64 weight rows, 4 warps, the bf16 decode. K-tiles twice as long were slower at every timed size (v5c)."""
+    """The MMA tile for T tokens of top-k over E experts: BM by `moe_block_rows`; K-tiles of 128 with 3 stages (K-tiles
+    twice as long were slower at every timed size, v5c; in the pair order BM 64 took K-tiles of 64 with 4 stages,
+    v3b, which the dot order cannot: its groups are 128 long); 64 weight rows, 4 warps, the bf16 decode of the weights
+    in the dot order (v5k: no shared-memory trip of the decoded tile, ~22% fewer loop instructions per weight)."""
     if INTERPRET:
         return MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16)
     bm = moe_block_rows(T, topk, E)
-    bkw, stages = (8, 4) if bm == 64 else (16, 3)
-    return MoEConfig(BM=bm, BN=64, BKW=bkw, num_warps=4, num_stages=stages, BN_down=64, bf16_decode=True)
+    return MoEConfig(BM=bm, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, bf16_decode=True, dot_order=True)
 
 
 def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
@@ -486,18 +492,20 @@ def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
 
 def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_div: int, gated: bool,
              route_w=None, a_factor=None, BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, out_dtype=None,
-             bf16_decode: bool = True, tma: bool = False, maxnreg: int | None = None):
+             bf16_decode: bool = True, tma: bool = False, maxnreg: int | None = None, dot_order: bool = False):
     """One grouped launch of the MMA kernel. a: activations [R, K] (R = tokens or slots; row of slot s = s // a_div),
     or with a_factor [R] (W4A4) the activation's tile values from `quantize_act_for_gemm` and a_factor each row's
     2^7 / S_enc. Returns [S, N] in out_dtype (default a.dtype).
     bf16_decode: the tile's decode in bf16 (GPU only; the interpreter decodes in fp32). tma: the weight tiles by TMA
-    (`_moe_gemm_kernel`'s WDESC). maxnreg: the compiler's register cap per thread (None: its choice)."""
+    (`_moe_gemm_kernel`'s WDESC). maxnreg: the compiler's register cap per thread (None: its choice). dot_order: the
+    weights in the dot order where `kernels.gemm.uses_dot_order` allows."""
     N = w.N // 2 if gated else w.N
     KW = w.K // 8
     out = torch.empty((S, N), dtype=out_dtype or a.dtype, device=w.words.device)
     bf16d = bf16_decode and not INTERPRET
     grid = (block_expert.numel(), triton.cdiv(N, BN))
-    words, scales = w.paired() if bf16d else w.words, w.scales
+    dot = uses_dot_order(dot_order, w.K, BKW, tma)
+    words, scales = w.dotted() if dot else (w.paired() if bf16d else w.words, w.scales)
     if tma:  # TMA rows are multiples of 16 bytes
         if w.K % 256 or BKW % 32:
             raise ValueError(f"tma needs K a multiple of 256 and BKW a multiple of 32, got K={w.K}, BKW={BKW}")
@@ -507,7 +515,7 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
                            w.factor, out, sorted_slots, block_expert, route_w if route_w is not None else out, S, N, KW,
                            a.stride(0), a_div, BM=BM, BN=BN, BKW=BKW, GATED=gated, ROUTE_W=route_w is not None,
                            INTERP=INTERPRET, NIT=triton.cdiv(KW, BKW), BF16D=bf16d, XF=a_factor is not None,
-                           WDESC=tma, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
+                           WDESC=tma, DOT=dot, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
     return out
 
 
@@ -563,7 +571,7 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
         y = moe_gemv(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, BN=cfg.BN_down, **kw)
         return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)
     kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages, bf16_decode=cfg.bf16_decode,
-              out_dtype=x.dtype, tma=cfg.tma)
+              out_dtype=x.dtype, tma=cfg.tma, dot_order=cfg.dot_order)
     if act_quant:  # the MMA tile reads the activations' tile values, each row's 2^7 / S_enc applied after it
         xq, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=_tagged(on_quant, "gate_up"))
         h = moe_gemm(xq, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, a_factor=xf, BN=cfg.BN,

@@ -41,8 +41,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from kernels import reference as ref
-from kernels._common import check_tensor, num_sms, pack_pair_bits, pair_decode_ptx
+from kernels._common import SCALE_MAD, check_tensor, dot_layout, num_sms, pair_decode_ptx, wgmma_scales
 from kernels.gemm import EPI_POW, quantize_act_for_gemm
 from kernels.moe import _fields, moe_align, moe_block_rows
 
@@ -63,36 +62,9 @@ BK = 64  # K per tile: 4 k16 wgmmas, 4 words per thread
 
 def wgmma_layout(codes: torch.Tensor) -> torch.Tensor:
     """E2M1 codes uint8 [..., N, K] (K % 64 == 0) -> int32 words [..., N, K / 8] in the v4a layout (module
-    docstring): per 64-wide tile, word c = 2 q + sh holds element j = 4 s0 + 2 h + p of k = 32 sh + 16 s0 + 8 h +
-    2 q + p, its code bit i at bit PAIR_BITS[j // 2][i] + 16 (j % 2) (`kernels._common.PAIR_BITS`)."""
-    *lead, N, K = codes.shape
-    if K % BK:
-        raise ValueError(f"K={K} must be a multiple of {BK}")
-    c = codes.to(torch.int64).reshape(*lead, N, K // BK, 2, 2, 2, 4, 2)  # [..., t, sh, s0, h, q, p]
-    nd = c.dim()
-    t = nd - 6
-    c = c.permute(*range(t + 1), t + 4, t + 1, t + 2, t + 3, t + 5)  # [..., t, q, sh, s0, h, p]
-    c = c.reshape(*lead, N, K // BK, 8, 8)  # word 2 q + sh, element 4 s0 + 2 h + p
-    return pack_pair_bits(c).reshape(*lead, N, K // 8).contiguous()
-
-
-# A v4a scale byte: the exponent of s_b * 2^119 as a bf16, less 237, over its 3 mantissa bits (E4M3's subnormal
-# scales m * 2^-9 are bf16 normals there: every E4M3 value from 2^-9 to 448 is exponent 237..254), so one integer
-# multiply-add turns a byte into the bf16x2 pair (s_b * 2^119, s_b * 2^119): byte * 0x100010 + 0x76807680.
-SCALE_EXP0 = 237
-SCALE_MAD = (SCALE_EXP0 << 7) * 0x10001  # 0x76807680: the exponent offset under both halves
-
-
-def wgmma_scales(scales: torch.Tensor) -> torch.Tensor:
-    """E4M3 scale bytes uint8 [..., N, K/16] -> v4a scale bytes viewed as int16 [..., N, K/32] (blocks 2i, 2i + 1
-    of a row in one 16-bit load, low byte first). A zero scale (its block's codes are all zero) becomes byte 0."""
-    s = ref.e4m3_decode(scales)
-    bits = (s * 2.0**119).to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF  # exact: 4 significant bits
-    exp, man = bits >> 7, (bits >> 4) & 7
-    byte = torch.where(s > 0, ((exp - SCALE_EXP0) << 3) | man, torch.zeros_like(bits))
-    if bool(((exp < SCALE_EXP0) & (s > 0)).any()) or bool((exp > SCALE_EXP0 + 31).any()):
-        raise ValueError("a scale outside E4M3's positive range")
-    return byte.to(torch.uint8).contiguous().view(torch.int16)
+    docstring): `kernels._common.dot_layout` with groups of 64 (word 2 q + sh holds element 4 s0 + 2 h + p of
+    k = 32 sh + 16 s0 + 8 h + 2 q + p)."""
+    return dot_layout(codes, BK)
 
 
 @dataclass

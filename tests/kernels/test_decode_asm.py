@@ -67,6 +67,10 @@ def run_ptx(text: str, operands: list[int]) -> list[int]:
             r = (a[0] * a[1]) & M32
         elif op == "mad.lo.u32":
             r = (a[0] * a[1] + a[2]) & M32
+        elif op == "prmt.b32":  # default mode: byte i of the result = byte sel[i] of (a, b)
+            src = [(a[0] >> (8 * i)) & 0xFF for i in range(4)] + [(a[1] >> (8 * i)) & 0xFF for i in range(4)]
+            assert all(((a[2] >> (4 * i)) & 8) == 0 for i in range(4)), "sign-replicating selectors not emulated"
+            r = sum(src[(a[2] >> (4 * i)) & 7] << (8 * i) for i in range(4))
         elif op == "cvt.u32.u16":
             r = a[0] & 0xFFFF
         elif op == "mul.rn.bf16x2":
@@ -150,3 +154,32 @@ def test_wgmma_decoder_gives_the_oracle_values():
             want = (values[i].double() * want_scale).numpy()
             assert np.array_equal(got, want), (i, codes[i].tolist(), got, want)
 
+
+
+def test_dot_order_decoder_gives_the_oracle_values():
+    """`kernels.gemm._DOT_ASM` (the tile's decode in the dot order) run by the emulator on words from
+    `kernels._common.dot_layout` (groups of 128) and the int32 scale words of `PreparedFP4Weight.dotted`: word 4 q + t
+    with the scale word t // 2 of its group and selector t % 2 gives element e = 4 s0 + 2 h + c of
+    k = 32 t + 16 s0 + 8 h + 2 q + c as E2M1(code) * s_b * 2^-7, for every code and E4M3 scales from the subnormal
+    minimum to the maximum (a zero block too)."""
+    from kernels._common import dot_layout, wgmma_scales
+    from kernels.gemm import _DOT_ASM
+
+    g = torch.Generator().manual_seed(5)
+    codes = torch.randint(0, 16, (6, 128), generator=g, dtype=torch.uint8)
+    codes[0] = torch.arange(128) % 16  # every code in every position class
+    sv = torch.tensor([0.001953125, 0.375, 448.0, 1.0, 2.5, 0.0078125, 96.0, 0.0])
+    scale_vals = torch.stack([sv.roll(r) for r in range(6)])  # [6, 8]
+    codes[scale_vals.repeat_interleave(16, 1) == 0] = 0  # a zero scale's block holds zero codes
+    words = dot_layout(codes, 128).to(torch.int64) & M32  # [6, 16]
+    s32 = wgmma_scales(ref.e4m3_encode(scale_vals)).view(torch.int32).to(torch.int64) & M32  # [6, 2]
+    values = torch.tensor(ref.E2M1_GRID)[codes.long() & 7] * torch.where(codes >= 8, -1.0, 1.0)  # [6, 128]
+    for r in range(codes.shape[0]):
+        for q in range(4):
+            for t in range(4):
+                out = run_ptx(_DOT_ASM.value, [0] * 8 + [int(words[r, 4 * q + t]), int(s32[r, t // 2]),
+                                                         0x4140 + 0x202 * (t % 2)])
+                for e in range(8):
+                    k = 32 * t + 16 * (e >> 2) + 8 * ((e >> 1) & 1) + 2 * q + (e & 1)
+                    want = float(values[r, k]) * float(scale_vals[r, k // 16]) * 2.0**-7
+                    assert _bf16_bits_to_f64(out[e]) == want, (r, q, t, e, k)

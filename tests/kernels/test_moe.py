@@ -192,8 +192,8 @@ def test_on_quant_sees_both_activations_in_slot_order(T, E, H, I, k, mma):
 
 def test_default_configs_on_a_gpu_are_the_measured_best(monkeypatch):
     """The GPU heuristics (forced here off the interpreter, 132 SMs as on the H200) give the tiles measured
-    best on the H200 (kernels/NOTES.md v3b, v5d): the MMA tile with the bf16 decode from 1 row per expert on,
-    the GEMV below."""
+    best on the H200 (kernels/NOTES.md v3b, v5d, v5k): the MMA tile with the bf16 decode of the dot order from 1 row per
+    expert on, the GEMV below."""
     import kernels.gemm as kg
     import kernels.moe as km
 
@@ -202,15 +202,15 @@ def test_default_configs_on_a_gpu_are_the_measured_best(monkeypatch):
     monkeypatch.setattr(kg, "num_sms", lambda device: 132)
     cuda = torch.device("cuda")
     assert kg.auto_config(16, 14336, 4096, cuda) == kg.GemmConfig(
-        kind="mma", BN=64, BM=16, BKW=16, split=4, num_warps=4, num_stages=3, bf16_decode=True)
+        kind="mma", BN=64, BM=16, BKW=16, split=4, num_warps=4, num_stages=3, bf16_decode=True, dot_order=True)
     assert kg.auto_config(2, 14336, 4096, cuda).kind == "gemv2"
     assert kg.auto_config(4, 14336, 4096, cuda).kind == "mma"
     assert kg.auto_config(2, 14336, 4096, cuda, gemv=False).kind == "mma"  # a weight without the GEMV layout
     qwen3, mixtral = default_moe_config(256, 8, 128), default_moe_config(256, 2, 8)
     assert qwen3 == MoEConfig(BM=32, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, kind="mma",
-                              bf16_decode=True)  # 16 rows per expert: one BM 32 block each (v5d)
-    assert mixtral == MoEConfig(BM=64, BN=64, BKW=8, num_warps=4, num_stages=4, BN_down=64, kind="mma",
-                                bf16_decode=True)
+                              bf16_decode=True, dot_order=True)  # 16 rows per expert: one BM 32 block each (v5d)
+    assert mixtral == MoEConfig(BM=64, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, kind="mma",
+                                bf16_decode=True, dot_order=True)
     assert default_moe_config(4, 8, 128).kind == "gemv" and default_moe_config(1, 2, 8).kind == "gemv"
     assert default_moe_config(16, 8, 128).kind == "mma" and default_moe_config(4, 2, 8).kind == "mma"
     assert default_moe_config(64, 8, 128).BM == 16 and default_moe_config(64, 2, 8).BM == 32
@@ -246,6 +246,25 @@ def test_tma_tiles_give_the_pointer_path_bit_for_bit(T, E, H, I, k, act_quant):
     assert torch.equal(y_tma, fused_moe(xd, mw, idsd, twd, act_quant=act_quant, config=MoEConfig(**base)))
     r = ref.moe_fp4_reference(x, g, u, d, ids, tw, act_quant=act_quant)
     assert rel(y_tma, r) < (TOL_MMA if act_quant else TOL_MOE_MMA)
+
+
+@pytest.mark.parametrize("T,E,H,I,k", [(7, 5, 256, 128, 2), (19, 6, 128, 256, 3)])
+@pytest.mark.parametrize("act_quant", [False, True])
+def test_dot_order_gives_the_pair_order_values(T, E, H, I, k, act_quant):
+    """MoEConfig(dot_order=True): both launches read the experts' weights in the dot order (`kernels.gemm.dot_decode`),
+    gate and up rows and every expert at their offsets in the int32 scale rows: the pair path's output bit for bit in
+    the interpreter (same values, same dots), within the oracle's tolerance on a GPU (the MMA's left operand from
+    registers). Empty experts and padding blocks included."""
+    g, u, d, x, ids, tw = _case(T, E, H, I, k)
+    mw = prepare_moe_weights(*dev(g, u, d))
+    xd, idsd, twd = dev(x, ids, tw)
+    base = dict(MMA_KW, BM=16, BN=16, num_stages=1, BN_down=16, BKW=16)
+    y_dot = fused_moe(xd, mw, idsd, twd, act_quant=act_quant, config=MoEConfig(dot_order=True, **base))
+    assert mw.w13.dot_words is not None and mw.w2.dot_words is not None
+    if not ON_GPU:
+        assert torch.equal(y_dot, fused_moe(xd, mw, idsd, twd, act_quant=act_quant, config=MoEConfig(**base)))
+    r = ref.moe_fp4_reference(x, g, u, d, ids, tw, act_quant=act_quant)
+    assert rel(y_dot, r) < (TOL_MMA if act_quant else TOL_MOE_MMA)
 
 
 @pytest.mark.parametrize("act_quant", [True, False] if ON_GPU else [True])  # the interpreter ignores the cap: one case
