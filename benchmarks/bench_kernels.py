@@ -781,7 +781,7 @@ def run_attention(dev, quick):
                      lambda sp=sp, kv=kv: decode_attention_mma(q, cache, starts, lens, L, num_splits=sp,
                                                                check_finite=False, **kv))
                     for sp, kv in ((None, {}), (1, {}), (2, {}), (4, {}), (8, {}), (None, {"prefetch": True}),
-                                   (None, {"keys_per_step": 32}))]
+                                   (None, {"keys_per_step": 32}), (None, {"maxnreg": 128}), (2, {"maxnreg": 128}))]
         best = _sweep("fp4kv-mma", shape, variants, out, base)
         if best is not None:
             record("attention", shape, "fp4kv-mma", best[0], nbytes, base, config=best[1])

@@ -237,9 +237,11 @@ def default_splits(B: int, Hkv: int, max_len: int, device) -> int:
 
 def decode_attention_mma(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tensor, seq_lens: torch.Tensor,
                          max_len: int, *, sm_scale: float | None = None, num_splits: int | None = None,
-                         keys_per_step: int = 16, prefetch: bool = False, check_finite: bool = True) -> torch.Tensor:
+                         keys_per_step: int = 16, prefetch: bool = False, maxnreg: int | None = None,
+                         check_finite: bool = True) -> torch.Tensor:
     """`kernels.attention.decode_attention` on the register-operand kernel: q [B, Hq, D] (D = 128, Hq / Hkv <= 16)
-    -> [B, Hq, D] in q's dtype. CUDA only."""
+    -> [B, Hq, D] in q's dtype. CUDA only. maxnreg: the compiler's register cap per thread (None: its choice, 164 on
+    sm_90, which leaves room for 12 one-warp programs per SM; 128 fits 16 and spills 14 registers offline)."""
     if gluon is None:
         raise RuntimeError("decode_attention_mma needs Gluon (Triton >= 3.5)")
     B, Hq, Hkv, D = check_decode_args(q, cache, seq_starts, seq_lens, max_len, check_finite)
@@ -262,5 +264,5 @@ def decode_attention_mma(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.T
         q, cache.k_packed.view(torch.int32), cache.k_scales, cache.k_outer, cache.v_packed.view(torch.int32),
         cache.v_scales, cache.v_outer, seq_starts, seq_lens, o_part, lse, scale, Hq, Hkv, per_split, num_splits,
         G=G, GP=GP, T=keys_per_step, PREFETCH=prefetch, DIRECT=direct,
-        num_warps=1)
+        num_warps=1, **({"maxnreg": maxnreg} if maxnreg else {}))
     return merge_splits(o_part, lse, out)
