@@ -394,6 +394,17 @@ def run_dense(dev, quick):
                                    "fp4-w4a16-wgmma", base, oracle=(r16, 1e-2))
                 if t:
                     record("dense", shape, "fp4-w4a16-wgmma-best", t, fp4_bytes, base, a_ms, cfg_str(cm))
+            if M <= 2 and pw.gv_words is not None:  # the v1 decode GEMV, the default up to M 2 before v5k
+                from kernels.gemm import gemv2_config
+                for aq in (False, True):
+                    r = ref.fp4_linear(x.float(), c, s, o, act_quant=True) if aq else r16
+                    t, cm = timed_best(lambda cf, aq=aq: (lambda: fp4_linear(x, pw, act_quant=aq, config=cf,
+                                                                             check_finite=False)),
+                                       [gemv2_config(M, N, K, x.device)], "dense", shape, f"fp4-w4a{4 if aq else 16}-gemv",
+                                       base, oracle=(r, 1e-2))
+                    if t:
+                        record("dense", shape, f"fp4-w4a{4 if aq else 16}-gemv", t, fp4_bytes, base, a_ms,
+                               cfg_str(cm) + (";+act-quant launch" if aq else ""))
             if auto_config(M, N, K, x.device, pw.gv_words is not None).kind != "mma":
                 # the default is the decode GEMV: the MMA tile too, for the crossover (best of a few tiles)
                 for aq in (False, True):
@@ -775,13 +786,14 @@ def run_attention(dev, quick):
         best = _sweep("fp4kv-triton", shape, variants, out, base)
         record("attention", shape, "fp4kv-triton", best[0], nbytes, base, config=best[1])
         # the register-operand kernel (kernels/attention_mma.py: one warp per (sequence, KV head, split), mma.sync on
-        # the decoded K/V fragments): its default split, a sweep, the next step's loads first, 32 keys a step
+        # the decoded K/V fragments): its default split, a sweep, the next step's loads first, 16 keys a step (v5j's
+        # default), a register cap
         from kernels.attention_mma import decode_attention_mma, default_splits
         variants = [(f"splits={sp or default_splits(B, Hkv, L, q.device)}{'' if sp else ' (default)'};{kv}",
                      lambda sp=sp, kv=kv: decode_attention_mma(q, cache, starts, lens, L, num_splits=sp,
                                                                check_finite=False, **kv))
                     for sp, kv in ((None, {}), (1, {}), (2, {}), (4, {}), (8, {}), (None, {"prefetch": True}),
-                                   (None, {"keys_per_step": 32}), (None, {"maxnreg": 128}), (2, {"maxnreg": 128}))]
+                                   (None, {"keys_per_step": 16}), (None, {"maxnreg": 128}), (2, {"maxnreg": 128}))]
         best = _sweep("fp4kv-mma", shape, variants, out, base)
         if best is not None:
             record("attention", shape, "fp4kv-mma", best[0], nbytes, base, config=best[1])

@@ -57,6 +57,8 @@ def _paths(prov: dict[str, float], load: float, legacy: bool) -> dict[str, float
             t["MMA"] = min(t.get("MMA", math.inf), prov[name])
     if "fp4-w4a4-dec" in prov:  # version v3c: today's MMA tile (the decoded activation); the rows above decode codes
         t["MMA"] = prov["fp4-w4a4-dec"]
+    if "fp4-w4a4-gemv" in prov:  # from version v5k the dense default is the MMA tile and the GEMV has its own rows
+        t["GEMV"] = prov["fp4-w4a4-gemv"]
     if "w4a4-bf16gemm" in prov:
         t["BF16 GEMM"] = prov["w4a4-bf16gemm"]
     return t

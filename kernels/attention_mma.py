@@ -237,11 +237,14 @@ def default_splits(B: int, Hkv: int, max_len: int, device) -> int:
 
 def decode_attention_mma(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tensor, seq_lens: torch.Tensor,
                          max_len: int, *, sm_scale: float | None = None, num_splits: int | None = None,
-                         keys_per_step: int = 16, prefetch: bool = False, maxnreg: int | None = None,
+                         keys_per_step: int = 32, prefetch: bool = False, maxnreg: int | None = None,
                          check_finite: bool = True) -> torch.Tensor:
     """`kernels.attention.decode_attention` on the register-operand kernel: q [B, Hq, D] (D = 128, Hq / Hkv <= 16)
-    -> [B, Hq, D] in q's dtype. CUDA only. maxnreg: the compiler's register cap per thread (None: its choice, 164 on
-    sm_90, which leaves room for 12 one-warp programs per SM; 128 fits 16 and spills 14 registers offline)."""
+    -> [B, Hq, D] in q's dtype. CUDA only. keys_per_step: keys a loop step loads and multiplies (16 or 32; 32: twice the
+    loads in flight per warp, 242 registers offline against 164, still 8 one-warp programs per SM, as `default_splits`
+    aims for; at the default splits 102.5 against 120.6 us at B256 x 1k and 185.2 against 224.4 at B64 x 8k on the
+    H200, kernels.csv v5k). prefetch: the next step's loads issued before this step's math. maxnreg: the compiler's
+    register cap per thread (None: its choice; 128 spills and was slower at both sizes, v5k)."""
     if gluon is None:
         raise RuntimeError("decode_attention_mma needs Gluon (Triton >= 3.5)")
     B, Hq, Hkv, D = check_decode_args(q, cache, seq_starts, seq_lens, max_len, check_finite)

@@ -565,10 +565,12 @@ def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
 
 
 def default_config(M: int, N: int, K: int, device) -> GemmConfig:
-    """The MMA tile for M rows: BM covers the batch up to 64; 64 weight rows and K-tiles of 128 elements per
-    program, 4 warps, 3 stages, the bf16 decode (the best of the variants timed at 14336x4096, M=16, on the
-    H200; kernels/NOTES.md v3b) of the weight in the dot order (v5k: no shared-memory trip of the decoded tile, ~16%
-    fewer loop instructions per weight); split-K until ~4 waves of CTAs while each split keeps >= 1024 elements."""
+    """The MMA tile for M rows: BM covers the batch up to 64; 64 weight rows, 4 warps, 3 stages, the bf16 decode (the
+    best of the variants timed at 14336x4096, M=16, on the H200; kernels/NOTES.md v3b) of the weight in the dot order
+    (v5k: no shared-memory trip of the decoded tile, ~16% fewer loop instructions per weight); K-tiles of 256 elements
+    at BM 16 (v5k, the best of the tiles timed at M 1 and 2, which run the same BM 16 tile as M up to 16: 24.7 / 23.4
+    us at 14336x4096 / 4096x14336 against 28.0-28.5 / 26.2-26.5 for K-tiles of 128 at M 4-16), else 128; split-K until
+    ~4 waves of CTAs while each split keeps >= 1024 elements."""
     if INTERPRET:
         return GemmConfig(BN=16, BM=16, BKW=4, split=2 if K >= 128 else 1, num_warps=1, num_stages=1)
     bm = 16 if M <= 16 else (32 if M <= 32 else 64)
@@ -579,19 +581,19 @@ def default_config(M: int, N: int, K: int, device) -> GemmConfig:
     target = 4 * num_sms(device)
     while tiles * split < target and kw // (split * 2) >= 128 and M <= 64:
         split *= 2
-    return GemmConfig(BN=bn, BM=bm, BKW=16, split=split, num_warps=4, num_stages=3, bf16_decode=True, dot_order=True)
+    return GemmConfig(BN=bn, BM=bm, BKW=32 if bm == 16 else 16, split=split, num_warps=4, num_stages=3,
+                      bf16_decode=True, dot_order=True)
 
 
 def auto_config(M: int, N: int, K: int, device, gemv: bool = True) -> GemmConfig:
-    """The config `fp4_linear` runs when it is given none: the v1 decode GEMV up to 2 rows (`gemv2_config`;
-    gemv: the weight has the GEMV layout), else the MMA tile (`default_config`). H200, W4A4, same-run medians
-    at 14336x4096 / 4096x14336 (kernels.csv version v3c, results/kernels/crossover.md): GEMV 33.2 / 37.2 us
-    against the MMA tile's 40.1 / 40.8 at M=1; at M=2 39.5 / 43.1 against 41.9 / 42.0, so one limit for both
-    shapes costs 4096x14336 1.1 us at M=2 (a limit of 1 would cost 14336x4096 2.4 us); at M=4 the MMA tile
-    (v3b: 44.3-45.6 us against the GEMV's 53.6-56.9). W4A16 crosses earlier (the MMA tile 7-14% faster at
-    M=2). benchmarks/bench_kernels.py times the MMA tile where the GEMV is the default (rows fp4-w4a16-mma /
-    fp4-w4a4-mma)."""
-    if gemv and M <= 2:
+    """The config `fp4_linear` runs when it is given none: on a GPU the MMA tile at every M (`default_config`): with
+    the weight in the dot order it beat the v1 decode GEMV at M 1 and 2 at both timed shapes (H200, kernels.csv
+    version v5k, 14336x4096 / 4096x14336: W4A16 24.7 / 23.4 us against 28.0 / 29.1 at M 1, 25.4 / 23.4 against
+    34.7 / 34.9 at M 2; W4A4 32.4 / 33.4 against 32.5 / 36.0 at M 1), where in v3c the GEMV had won up to M 2. In the
+    interpreter the GEMV up to 2 rows (`gemv2_config`; gemv: the weight has the GEMV layout), so that the CPU tests
+    reach both kernels through the default. benchmarks/bench_kernels.py still times both (rows fp4-w4a16 /
+    fp4-w4a16-mma, and the same for W4A4)."""
+    if INTERPRET and gemv and M <= 2:
         return gemv2_config(M, N, K, device)
     return default_config(M, N, K, device)
 

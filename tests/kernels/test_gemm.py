@@ -228,16 +228,18 @@ def test_register_cap_changes_no_value(M, N, K, act_quant):
     assert rel(y, ref.fp4_linear(x, c, s, o, act_quant=act_quant)) < TOL_MMA
 
 
-@pytest.mark.parametrize("M,N,K,split", [(1, 40, 256, 1), (17, 33, 512, 2), (5, 70, 384, 2)])
+@pytest.mark.parametrize("M,N,K,split,bkw", [(1, 40, 256, 1, 16), (17, 33, 512, 2, 16), (5, 70, 384, 2, 16),
+                                              (3, 20, 768, 2, 32)])
 @pytest.mark.parametrize("act_quant", [False, True])
-def test_dot_order_gives_the_pair_order_values(M, N, K, split, act_quant):
+def test_dot_order_gives_the_pair_order_values(M, N, K, split, bkw, act_quant):
     """GemmConfig(dot_order=True): the weight in the dot order (`PreparedFP4Weight.dotted`) decoded by
     `kernels.gemm.dot_decode` into the same tile values in the same k order. In the interpreter that is the pair
     path's output bit for bit; on a GPU the MMA takes its left operand from registers, not from shared memory, so the
-    check there is the oracle's tolerance. K 384 in two splits: a split that ends inside a tile (the K mask)."""
+    check there is the oracle's tolerance. K 384 in two splits: a split that ends inside a tile (the K mask); K-tiles
+    of 256 (two groups of the order per tile, the GPU default at BM 16) over K 768 in two splits."""
     (c, s, o), x = _mma_case(M, N, K)
     pw = prepare_weight(*dev(c, s, o))
-    base = dict(MMA_KW, BN=16, BM=16, split=split, num_stages=1, BKW=16)
+    base = dict(MMA_KW, BN=16, BM=16, split=split, num_stages=1, BKW=bkw)
     y_dot = fp4_linear(dev(x), pw, act_quant=act_quant, config=GemmConfig(dot_order=True, **base))
     assert pw.dot_words is not None
     if not ON_GPU:

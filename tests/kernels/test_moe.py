@@ -202,10 +202,9 @@ def test_default_configs_on_a_gpu_are_the_measured_best(monkeypatch):
     monkeypatch.setattr(kg, "num_sms", lambda device: 132)
     cuda = torch.device("cuda")
     assert kg.auto_config(16, 14336, 4096, cuda) == kg.GemmConfig(
-        kind="mma", BN=64, BM=16, BKW=16, split=4, num_warps=4, num_stages=3, bf16_decode=True, dot_order=True)
-    assert kg.auto_config(2, 14336, 4096, cuda).kind == "gemv2"
-    assert kg.auto_config(4, 14336, 4096, cuda).kind == "mma"
-    assert kg.auto_config(2, 14336, 4096, cuda, gemv=False).kind == "mma"  # a weight without the GEMV layout
+        kind="mma", BN=64, BM=16, BKW=32, split=4, num_warps=4, num_stages=3, bf16_decode=True, dot_order=True)
+    assert kg.auto_config(1, 14336, 4096, cuda) == kg.auto_config(16, 14336, 4096, cuda)  # the tile beats the GEMV (v5k)
+    assert kg.auto_config(64, 14336, 4096, cuda).BKW == 16
     qwen3, mixtral = default_moe_config(256, 8, 128), default_moe_config(256, 2, 8)
     assert qwen3 == MoEConfig(BM=32, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, kind="mma",
                               bf16_decode=True, dot_order=True)  # 16 rows per expert: one BM 32 block each (v5d)

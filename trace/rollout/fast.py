@@ -35,14 +35,14 @@ from trace import fp4
 
 BACKENDS = ("auto", "torch", "triton")
 
-# Which code runs a decode step's projection, by size: the W4A4 kernels (the decode GEMV at the fewest rows,
+# Which code runs a decode step's projection, by size: the W4A4 kernels (the MoE decode GEMV at the fewest rows,
 # the MMA tile above, kernels.gemm.auto_config / kernels.moe.default_moe_config) up to these sizes, above them
 # the step quantizes the activation with the same kernel (same codes, one launch, its dequantized copy) and
 # multiplies on BF16 tensor cores with the dequantized weights, as prefill does. The sizes are the largest at
 # which a kernel beat that path at every timed shape on the H200 (results/kernels/crossover.md, kernels.csv
-# version v5d, `python benchmarks/crossover.py --version v5d`): dense rows up to 16, the largest timed (the
-# MMA tile 39.9-40.7 us against 46.9-50.2), and routed experts up to 64 (token, slot) rows per expert (T*k/E), the
-# largest timed (Mixtral-8x7B T256 1032.6 against 1145.7 us; Qwen3-30B-A3B T256, 16 per expert, 337.0 against 558.7).
+# version v5k, `python benchmarks/crossover.py --version v5k`): dense rows up to 16, the largest timed (the
+# MMA tile 35.8-36.2 us against 47.3-50.5), and routed experts up to 64 (token, slot) rows per expert (T*k/E), the
+# largest timed (Mixtral-8x7B T256 811.3 against 1144.7 us; Qwen3-30B-A3B T256, 16 per expert, 218.7 against 561.4).
 # TRACE_FP4_CROSSOVER="ROWS,LOAD" overrides both (e.g. "inf,inf": kernels at every size; "0,0": never), for
 # benchmarks and tests.
 DENSE_KERNEL_ROWS = 16
