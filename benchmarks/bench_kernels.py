@@ -44,7 +44,6 @@ import subprocess
 import sys
 import time
 import traceback
-import types
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +63,6 @@ from kernels.moe import (
     prepare_moe_weights,
 )
 from kernels.quantize import fake_rows, quantize_rows
-from kernels.wgmma import fp4_linear_wgmma, fused_moe_wgmma, prepare_moe_wgmma, prepare_wgmma, wgmma_config
 from trace.rollout.forward import routed_experts
 
 FAMILIES = {  # name: (H, I, E, topk); trace/models/registry.py
@@ -334,18 +332,11 @@ def run_dense(dev, quick):
                 e = relerr(fp4_linear(x, pw, act_quant=aq, config=cm), r)
                 check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} mma {'bf16' if bd else 'fp32'}-decode", e < 1e-2,
                       f"rel err {e:.2e} (tol 1e-2)")
-            if N % 64 == 0 and K % 64 == 0:  # the v4 wgmma kernel (decoded weights as the register A operand)
-                try:
-                    e = relerr(fp4_linear_wgmma(x, prepare_wgmma(c, s, o), act_quant=aq), r)
-                    check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} wgmma", e < 1e-2, f"rel err {e:.2e} (tol 1e-2)")
-                except Exception as ex:
-                    check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} wgmma", False, f"{type(ex).__name__}: {str(ex)[:300]}")
     tk = load_anchor()
     shapes = [(14336, 4096), (4096, 14336)] + ([] if quick else [(11264, 2048), (2048, 5632)])
     for N, K in shapes:
         c, s, o = nv_weight((N, K), dev)
         pw = prepare_weight(c, s, o)
-        wg = prepare_wgmma(c, s, o) if N % 64 == 0 and K % 64 == 0 else None
         wb = ref.nvfp4_dequantize(c, s, o).to(torch.bfloat16)  # [N, K]
         anc = None
         if tk is not None:
@@ -377,23 +368,6 @@ def run_dense(dev, quick):
             record("dense", shape, "fp4-w4a4", bench(lambda: fp4_linear(x, pw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+act-quant launch")
             r16 = ref.fp4_linear(x.float(), c, s, o)  # the W4A16 oracle of the checked variants below
-            if wg is not None:  # v4: the decoded weights as the wgmma A operand in registers (kernels/wgmma.py)
-                bm, split = wgmma_config(M, N, K, x.device)
-                for aq in (False, True):
-                    try:
-                        record("dense", shape, f"fp4-w4a{4 if aq else 16}-wgmma",
-                               bench(lambda aq=aq: fp4_linear_wgmma(x, wg, act_quant=aq, check_finite=False)), fp4_bytes,
-                               base, a_ms, f"BM={bm};split={split}" + (";+act-quant launch" if aq else ""))
-                    except Exception as ex:
-                        note("dense", f"wgmma {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
-                # its split-K around the default, a sweep row each, the best as -best, each checked first
-                splits = sorted({split, 2 * split, max(1, split // 2)})
-                t, cm = timed_best(lambda cf: (lambda: fp4_linear_wgmma(x, wg, config=(cf.BM, cf.split),
-                                                                        check_finite=False)),
-                                   [types.SimpleNamespace(BM=bm, split=sp) for sp in splits], "dense", shape,
-                                   "fp4-w4a16-wgmma", base, oracle=(r16, 1e-2))
-                if t:
-                    record("dense", shape, "fp4-w4a16-wgmma-best", t, fp4_bytes, base, a_ms, cfg_str(cm))
             if M <= 2 and pw.gv_words is not None:  # the v1 decode GEMV, the default up to M 2 before v5k
                 from kernels.gemm import gemv2_config
                 for aq in (False, True):
@@ -506,13 +480,6 @@ def run_moe(dev, quick):
             e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
             tol = moe_tol(aq)
             check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'}", e < tol, f"rel err {e:.2e} (tol {tol:g}, bf16 h and output)")
-            name = f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'} wgmma"  # v4 (kernels/wgmma.py)
-            try:
-                e = relerr(fused_moe_wgmma(x, prepare_moe_wgmma(g, u, d), ids, tw, act_quant=aq),
-                           ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
-                check(name, e < tol, f"rel err {e:.2e} (tol {tol:g})")
-            except Exception as ex:
-                check(name, False, f"{type(ex).__name__}: {str(ex)[:300]}")
             for bd in (False, True):  # the MMA tile (the default above 1.5 rows per expert), both decodes
                 cm = MoEConfig(BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, bf16_decode=bd)
                 e = relerr(fused_moe(x, mw, ids, tw, act_quant=aq, config=cm),
@@ -530,7 +497,6 @@ def run_moe(dev, quick):
         H, I, E, k = FAMILIES[fam]
         g, u, d = nv_weight((E, I, H), dev, "expert"), nv_weight((E, I, H), dev, "expert"), nv_weight((E, H, I), dev, "expert")
         mw = prepare_moe_weights(g, u, d)
-        mwg = prepare_moe_wgmma(g, u, d) if H % 64 == 0 and I % 64 == 0 else None
         w13 = torch.cat([ref.nvfp4_dequantize(*g), ref.nvfp4_dequantize(*u)], 1).to(torch.bfloat16)  # [E, 2I, H]
         w2 = ref.nvfp4_dequantize(*d).to(torch.bfloat16)  # [E, H, I]
         w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)  # [E, H, 2I], [E, I, H] (K-major views)
@@ -581,15 +547,6 @@ def run_moe(dev, quick):
                    fp4_bytes, base, a_ms, cfg_str(cfg), f"experts_hit={hit}")
             record("moe", shape, "fp4-w4a4", bench(lambda: fused_moe(x, mw, ids, tw, act_quant=True, check_finite=False)),
                    fp4_bytes, base, a_ms, "default;+2 act-quant launches;routing align inside", f"experts_hit={hit}")
-            if mwg is not None:  # v4 (kernels/wgmma.py); the routing sort inside, as the W4A4 row above
-                for aq in (False, True):
-                    try:
-                        record("moe", shape, f"fp4-w4a{4 if aq else 16}-wgmma",
-                               bench(lambda aq=aq: fused_moe_wgmma(x, mwg, ids, tw, act_quant=aq)),
-                               fp4_bytes, base, a_ms, "routing align inside" + (";+2 act-quant launches" if aq else ""),
-                               f"experts_hit={hit}")
-                    except Exception as ex:
-                        note("moe", f"wgmma {shape} failed: {type(ex).__name__}: {str(ex)[:200]}")
             cm0 = mma_moe_config(T, k, E)  # the MMA tile (the default's above the GEMV's crossover)
             # the W4A16 oracle of the checked variants below (the crossover's where the GEMV is the default, the tile
             # sweep's from T 16)
@@ -815,7 +772,6 @@ def _loop_sass(fn, sig, aligned, constexprs, num_warps, num_stages, name, whole=
     a Gluon kernel, whose epilogue may loop; with whole, of the kernel), op counts, TTGIR convert_layout count,
     shared bytes). gluon: fn is a Gluon kernel (its layouts and pipelining are in the source: no num_stages)."""
     import glob
-    import re
     from collections import Counter
 
     from triton.backends.compiler import GPUTarget
@@ -974,6 +930,21 @@ def sass_counts():
         _sass_row(rows, "D128 G8", "_decode_attn_kernel", f"BLOCK_N={bn};num_warps=4", ops, loop_instr=n,
                   lane_instr_per_kv_element=round(n * 128 / (2 * bn * 128), 2), shared_bytes=shared,
                   ttgir_convert_layouts=cvt)
+    # the register-operand kernel (kernels/attention_mma.py, Gluon; one warp per program): per loop step of 16 or 32
+    # keys a thread holds 2 keys x 32 elements of K and of V (v5j, v5k), registers bound the programs per SM
+    from kernels.attention_mma import _decode_attn_mma_kernel
+    sig = {"q_ptr": "*bf16", "kp_ptr": "*i32", "ks_ptr": "*u8", "kf_ptr": "*fp32", "vp_ptr": "*i32", "vs_ptr": "*u8",
+           "vf_ptr": "*fp32", "starts_ptr": "*i32", "lens_ptr": "*i32", "o_ptr": "*bf16", "lse_ptr": "*bf16",
+           "qk_scale": "fp32", "Hq": "i32", "Hkv": "i32", "per_split": "i32", "NSPLIT": "i32"}
+    for keys in (16, 32):
+        name = f"attn_mma_{keys}"
+        n, ops, _, shared = _loop_sass(_decode_attn_mma_kernel, sig, [k for k in sig if sig[k].startswith("*")],
+                                       dict(G=8, GP=8, T=keys, PREFETCH=False, DIRECT=True), 1, 1, name, gluon=True)
+        res = subprocess.run([os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump"),
+                              "-res-usage", f"/tmp/{name}.cubin"], capture_output=True, text=True).stdout
+        _sass_row(rows, "D128 G8", "_decode_attn_mma_kernel", f"keys_per_step={keys};num_warps=1", ops, loop_instr=n,
+                  lane_instr_per_kv_element=round(n / (2 * keys * 128 / 32), 2), shared_bytes=shared,
+                  registers=int(re.search(r"REG:(\d+)", res).group(1)))
     # activation quantize, one row of 4096 per program (the GPU's tile at 8192x4096), bf16 in, RTN, codes and scales
     # out: whole-kernel instructions per element and the widths of its loads and stores (kernels/NOTES.md, quantize)
     from kernels.quantize import _quant_rows_kernel
@@ -996,23 +967,6 @@ def sass_counts():
                   instr_per_element=round(n * 128 / 4096, 2), shared_bytes=shared, ttgir_convert_layouts=cvt,
                   memory_ops=_mem_ops(ops, ("LDG", "STG", "BAR")), alu_ops=alu,
                   alu_bound_us=bound_us(2 * alu), issue_bound_us=bound_us(n))
-    # v4 (kernels/wgmma.py, Gluon): the dense kernel per 64-wide K tile (v4b's loop takes two) and the MoE gate/up
-    # per tile pair, BM 16 / 64; registers and shared memory bound the programs per SM (kernels/NOTES.md v4b)
-    from kernels import wgmma
-
-    dense, moe = wgmma.DENSE_SIG, wgmma.moe_sig("*bf16")
-    aligned = ["x_ptr", "w_ptr", "s_ptr", "out_ptr", "N", "K", "stride_xm"]
-    for fn, sig, base, tiles in ((wgmma._w4_wgmma_kernel, dense, dict(SPLIT=4, XF=False), 1),
-                                 (wgmma._moe_wgmma_kernel, moe, dict(GATED=True, ROUTE_W=False, XF=False, SPLIT=1), 2)):
-        for bm in (16, 64):
-            name = f"v4_{fn.__name__}_{bm}"
-            n, ops, _, shared = _loop_sass(fn, sig, aligned, dict(base, BM=bm, num_warps=4), 4, 1, name, gluon=True)
-            res = subprocess.run([os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump"),
-                                  "-res-usage", f"/tmp/{name}.cubin"], capture_output=True, text=True).stdout
-            k_tiles = 2 if tiles == 1 else 1  # per loop iteration: the dense register loop takes two
-            _sass_row(rows, "K 64 per tile", f"{fn.__name__} v4b", f"BM={bm};num_warps=4", ops, loop_instr=n,
-                      instr_per_weight=round(n * 128 / (64 * 64 * tiles * k_tiles), 2), shared_bytes=shared,
-                      registers=int(re.search(r"REG:(\d+)", res).group(1)))
     # the engine's sampling pass (kernels/sampling.py): 4096 logits per loop step over 8 warps (16 per thread); the
     # stride and vocabulary divisible by 16 as at 151,936, as the runtime specializes them
     from kernels.sampling import _sample_kernel

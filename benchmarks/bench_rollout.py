@@ -7,7 +7,6 @@ one short warm-up). Providers (trace.rollout.RolloutEngine unless hf): `engine-b
 `engine-w4a4-triton`, `engine-w4a4-kv4-triton` (the Triton path: the FP4 kernels of kernels/ for decode
 projections up to their crossover sizes, the same codes on BF16 GEMMs above, trace/rollout/fast.py);
 `engine-w4a4-kv4-kernels` (the Triton path with the FP4 kernels at every size: TRACE_FP4_CROSSOVER=inf,inf);
-`engine-w4a4-kv4-wgmma` (the same with the v4 kernels of kernels/wgmma.py where shapes allow: TRACE_FP4_WGMMA=1);
 `engine-w4a4-kv4-tritonattn` (the Triton path with the Triton decode attention, kernels/attention.py, in place of the
 default register-operand one, kernels/attention_mma.py: TRACE_FP4_ATTN=triton);
 `engine-bf16-eager` (no CUDA graphs, to show what they are worth); `engine-w4a4-kv4-record` (what a TRACE
@@ -60,7 +59,7 @@ from trace.models import build_config, get_spec  # noqa: E402
 from trace.rollout import RolloutEngine  # noqa: E402
 
 PROVIDERS = ("engine-bf16", "engine-w4a4", "engine-w4a4-kv4", "engine-w4a4-triton", "engine-w4a4-kv4-triton",
-             "engine-w4a4-kv4-kernels", "engine-w4a4-kv4-wgmma", "engine-w4a4-kv4-tritonattn", "engine-w4a4-kv4-record", "engine-bf16-eager", "hf-bf16")
+             "engine-w4a4-kv4-kernels", "engine-w4a4-kv4-tritonattn", "engine-w4a4-kv4-record", "engine-bf16-eager", "hf-bf16")
 def build(name: str, layers: int, device, dtype, hf_experts: str, max_len: int):
     if name == "qwen3_30b_a3b":
         cfg = build_config("qwen3_moe-paper", num_hidden_layers=layers, max_position_embeddings=max(max_len, 4096),
@@ -91,7 +90,7 @@ def engine_kwargs(prov: str) -> dict:
     codes on BF16 tensor cores; triton = the FP4 kernels of kernels/; -record = the engine's default, the
     kernels on a GPU and the torch path on a CPU, as the RL trainer builds it), CUDA graphs (off for -eager)."""
     return dict(mode="bf16" if prov.startswith("engine-bf16") else "w4a4", kv_fp4="-kv4" in prov,
-                fp4_backend="triton" if prov.endswith(("-triton", "-kernels", "-wgmma", "-tritonattn")) else "auto" if prov.endswith("-record")
+                fp4_backend="triton" if prov.endswith(("-triton", "-kernels", "-tritonattn")) else "auto" if prov.endswith("-record")
                 else "torch",
                 cuda_graphs=not prov.endswith("-eager"))
 
@@ -105,18 +104,16 @@ def recorder_for(prov: str, model):
 
 
 _CROSSOVER = os.environ.get("TRACE_FP4_CROSSOVER")
-_WGMMA = os.environ.get("TRACE_FP4_WGMMA", "0")
 _ATTN = os.environ.get("TRACE_FP4_ATTN", "mma")
 
 
 def make_engine(model, prov, prompts, gen, device, dtype):
     # read when the engine builds its Triton path (every weight sync); the caller's own setting otherwise
-    crossover = "inf,inf" if prov.endswith(("-kernels", "-wgmma")) else _CROSSOVER
+    crossover = "inf,inf" if prov.endswith("-kernels") else _CROSSOVER
     if crossover is None:
         os.environ.pop("TRACE_FP4_CROSSOVER", None)
     else:
         os.environ["TRACE_FP4_CROSSOVER"] = crossover
-    os.environ["TRACE_FP4_WGMMA"] = "1" if prov.endswith("-wgmma") else _WGMMA
     os.environ["TRACE_FP4_ATTN"] = "triton" if prov.endswith("-tritonattn") else _ATTN
     eng = RolloutEngine(model.config, dtype=dtype, device=device, max_seq_len=len(prompts[0]) + gen + 1,
                         **engine_kwargs(prov))

@@ -18,7 +18,7 @@ device notes ask):
         python3 benchmarks/ncu_kernels.py run > ncu.csv
     python3 benchmarks/ncu_kernels.py summarize ncu.csv > ncu.md
 
-`run --targets dense-v4b moe-triton ...` narrows it (`run --list` names them). Compared against: the same
+`run --targets dense-triton moe-triton ...` narrows it (`run --list` names them). Compared against: the same
 kernels' timings in benchmarks/bench_kernels.py (results/kernels/kernels.csv); kernels/NOTES.md keeps the readings.
 """
 from __future__ import annotations
@@ -51,7 +51,6 @@ def _quantize(dev):
 def _dense(dev):
     from benchmarks.bench_kernels import nv_weight
     from kernels.gemm import default_config, fp4_linear, prepare_weight
-    from kernels.wgmma import fp4_linear_wgmma, prepare_wgmma, usable
 
     M, N, K = 16, 14336, 4096
     c, s, o = nv_weight((N, K), dev)
@@ -71,9 +70,6 @@ def _dense(dev):
     out["dense-triton-bn128"] = lambda: fp4_linear(x, pw, config=bn128, check_finite=False)
     r64 = dataclasses.replace(d, maxnreg=64)  # v5b: 64 registers, 8 programs per SM instead of 5 (no spills offline)
     out["dense-triton-r64"] = lambda: fp4_linear(x, pw, config=r64, check_finite=False)
-    if usable(dev):
-        wg = prepare_wgmma(c, s, o)
-        out["dense-v4b"] = lambda: fp4_linear_wgmma(x, wg, check_finite=False)
     return out
 
 
@@ -82,7 +78,6 @@ def _moe(dev):
     from benchmarks.bench_kernels import FAMILIES, nv_weight, route
     from kernels import reference as ref
     from kernels.moe import default_moe_config, fused_moe, moe_align, prepare_moe_weights
-    from kernels.wgmma import fused_moe_wgmma, prepare_moe_wgmma, usable
 
     H, I, E, k = FAMILIES["qwen3-30b-a3b"]
     T = 256
@@ -114,9 +109,6 @@ def _moe(dev):
     out["moe-triton-bn128"] = lambda: fused_moe(x, mw, ids, tw, config=bn128, align=al, check_finite=False)
     r80 = dataclasses.replace(cfg, maxnreg=80, maxnreg_down=80)  # v5b: 6 programs per SM instead of 3 (gate/up), 5 (down)
     out["moe-triton-r80"] = lambda: fused_moe(x, mw, ids, tw, config=r80, align=al, check_finite=False)
-    if usable(dev):
-        mwg = prepare_moe_wgmma(g, u, d)
-        out["moe-v4b"] = lambda: fused_moe_wgmma(x, mwg, ids, tw)
     if anchor_mod.load() is not None:
         anc = anchor_mod.MoELayer(w13t.contiguous(), w2t.contiguous(), k)
         st, _, _ = anc.route(torch.randn(T, E, device=dev, dtype=torch.float16))
@@ -168,9 +160,9 @@ def _attention_engine(dev):
 
 # each builder's targets (a builder makes the inputs its targets share)
 GROUPS = {_quantize: ("quantize-nvfp4", "copy-bf16"),
-          _dense: ("dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b", "dense-triton-tma", "dense-triton-bn128",
+          _dense: ("dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-triton-tma", "dense-triton-bn128",
                    "dense-triton-r64"),
-          _moe: ("moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "moe-triton-tma", "moe-triton-bn128",
+          _moe: ("moe-grouped_mm", "moe-triton", "moe-triton_kernels", "moe-triton-tma", "moe-triton-bn128",
                  "moe-triton-r80"),
           _attention: ("attention-sdpa", "attention-fp4kv", "attention-mma"),
           _attention_engine: ("attention-fp4kv-b256", "attention-fp4kv-b256-r128", "attention-fp4kv-b256-bn32-r96",
@@ -204,7 +196,7 @@ def ncu_metrics(counts: bool = True) -> str:
 
 
 # A marker's grid names its target by the index here: append only (committed CSVs, results/kernels/ncu/, were
-# summarized by these indices).
+# summarized by these indices; dense-v4b / moe-v4b name the Gluon wgmma kernels deleted in v5k).
 TARGETS = ("quantize-nvfp4", "copy-bf16", "dense-cublas", "dense-triton", "dense-triton-w4a4", "dense-v4b",
            "moe-grouped_mm", "moe-triton", "moe-v4b", "moe-triton_kernels", "attention-sdpa", "attention-fp4kv",
            "dense-triton-tma", "moe-triton-tma", "dense-triton-bn128", "moe-triton-bn128", "dense-triton-r64",
@@ -222,7 +214,7 @@ def _ncu_target_marker(x_ptr):
 
 def run(targets: list[str] | None, warmup: int = 3) -> list[str]:
     """Each target's kernels: `warmup` launches, then one inside cudaProfilerStart/Stop. Returns the names run."""
-    unknown = set(targets or ()) - set(TARGETS)
+    unknown = set(targets or ()) - {n for names in GROUPS.values() for n in names}
     if unknown:
         raise ValueError(f"unknown targets {sorted(unknown)}; `run --list` names them")
     dev = torch.device("cuda")
@@ -337,7 +329,7 @@ def main(argv=None):
     elif a.cmd == "metrics":
         print(ncu_metrics(not a.no_counts))
     elif a.list:
-        print(" ".join(TARGETS))
+        print(" ".join(n for n in TARGETS if any(n in names for names in GROUPS.values())))
     else:
         run(a.targets)
 

@@ -191,7 +191,7 @@ _DECODE8_ASM = tl.constexpr("{\n.reg .b32 ss, m, g;\nmov.b32 ss, {$9, $9};\n" + 
 DECODE8_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # the element each output of _DECODE8_ASM holds
 
 
-# Where the bf16 decode's layouts (`kernels.gemm.pair_layout`, `kernels.wgmma.wgmma_layout`) put each bit of a word's
+# Where the bf16 decode's layouts (`kernels.gemm.pair_layout`, `dot_layout`) put each bit of a word's
 # element j = 2p + h (h: 0 low half, 1 high half), as code bit -> word bit (+ 16 h): pairs 0-2 keep a code's
 # magnitude (bits 0-2) 9 bits below its sign (bit 3), as a bf16's exponent field sits below its sign, so one shift and
 # one mask land both codes of the pair in bf16x2 position; pair 3 fills the four bits left over. The same split as
@@ -215,9 +215,9 @@ def dot_layout(codes: torch.Tensor, group: int) -> torch.Tensor:
     """E2M1 codes uint8 [..., N, K] (K % group == 0, group = 32 T for T = 2 or 4) -> int32 words [..., N, K / 8] whose
     8 values are one thread's registers of the MMA's bf16 left operand (kWidth 2): per group u of K elements, word
     T q + t (q = 0..3, t = 0..T-1) holds element e = 4 s0 + 2 h + c of k = group u + 32 t + 16 s0 + 8 h + 2 q + c, its
-    code bit i at bit PAIR_BITS[e // 2][i] + 16 (e % 2). Group 64 is v4a's `kernels.wgmma.wgmma_layout`; group 128
-    the Triton tile's dot order (`kernels.gemm.dot_decode`). As `triton_kernels`' Hopper value layout
-    (tensor_details/layout_details/hopper_value.py, v3.6.0), every bit that tells a word's 8 values apart is a
+    code bit i at bit PAIR_BITS[e // 2][i] + 16 (e % 2). Group 128 is the Triton tile's dot order
+    (`kernels.gemm.dot_decode`); group 64 was the Gluon wgmma kernels' (v4a, deleted in v5k). As `triton_kernels`'
+    Hopper value layout (tensor_details/layout_details/hopper_value.py, v3.6.0), every bit that tells a word's 8 values apart is a
     register bit of the operand layout, so the compiler builds the decode in that layout back to the load and the
     decoded tile never passes through shared memory (kernels/NOTES.md, "The MoE / dense tile without the
     shared-memory trip")."""
@@ -233,14 +233,15 @@ def dot_layout(codes: torch.Tensor, group: int) -> torch.Tensor:
 
 # A v4a scale byte: the exponent of s_b * 2^119 as a bf16, less 237, over its 3 mantissa bits (E4M3's subnormal
 # scales m * 2^-9 are bf16 normals there: every E4M3 value from 2^-9 to 448 is exponent 237..254), so one integer
-# multiply-add turns a byte into the bf16x2 pair (s_b * 2^119, s_b * 2^119): byte * 0x100010 + 0x76807680.
+# multiply-add turns two bytes into the bf16x2 pair of their blocks' s_b * 2^119: (byte << 4) + 0x7680 in each half
+# (`kernels.gemm._DOT_ASM`). The encoding came with the v4a kernels (deleted in v5k).
 SCALE_EXP0 = 237
 SCALE_MAD = (SCALE_EXP0 << 7) * 0x10001  # 0x76807680: the exponent offset under both halves
 
 
-def wgmma_scales(scales: torch.Tensor) -> torch.Tensor:
-    """E4M3 scale bytes uint8 [..., N, K/16] -> v4a scale bytes viewed as int16 [..., N, K/32] (blocks 2i, 2i + 1
-    of a row in one 16-bit load, low byte first). A zero scale (its block's codes are all zero) becomes byte 0."""
+def dot_scales(scales: torch.Tensor) -> torch.Tensor:
+    """E4M3 scale bytes uint8 [..., N, K/16] -> the dot order's scale bytes viewed as int16 [..., N, K/32] (blocks
+    2i, 2i + 1 of a row in one 16-bit load, low byte first; `PreparedFP4Weight.dotted` reads them as int32). A zero scale (its block's codes are all zero) becomes byte 0."""
     s = ref.e4m3_decode(scales)
     bits = (s * 2.0**119).to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF  # exact: 4 significant bits
     exp, man = bits >> 7, (bits >> 4) & 7

@@ -47,12 +47,12 @@ from kernels._common import (
     dequant_tile_loaded,
     dequant_tile_words,
     dot_layout,
+    dot_scales,
     e4m3_value,
     nib_to_f32_scaled,
     num_sms,
     pack_pair_bits,
     pair_decode_ptx,
-    wgmma_scales,
 )
 
 
@@ -87,7 +87,7 @@ class PreparedFP4Weight:
         if self.dot_words is None:
             u = self.words.to(torch.int64) & 0xFFFFFFFF
             codes = torch.stack([(u >> (4 * j)) & 0xF for j in range(8)], -1).flatten(-2)  # [(E,) N, K]
-            self.dot_words = (dot_layout(codes, DOT_GROUP), wgmma_scales(self.scales).view(torch.int32))
+            self.dot_words = (dot_layout(codes, DOT_GROUP), dot_scales(self.scales).view(torch.int32))
         return self.dot_words
 
 
@@ -388,7 +388,7 @@ def dot_decode(w, s, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
         o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
             _DOT_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [w, sw, 0x4140 + 0x202 * t0], dtype=(tl.bfloat16,) * 8,
             is_pure=True, pack=1)
-    else:  # s_b * 2^119 as fp32: bf16 bits (byte << 4) + 0x7680 (`kernels._common.wgmma_scales`)
+    else:  # s_b * 2^119 as fp32: bf16 bits (byte << 4) + 0x7680 (`kernels._common.dot_scales`)
         sh = 16 * t0
         sa = (((((sw >> sh) & 0xFF) << 4) + 0x7680) << 16).to(tl.float32, bitcast=True)
         sb = (((((sw >> (sh + 8)) & 0xFF) << 4) + 0x7680) << 16).to(tl.float32, bitcast=True)

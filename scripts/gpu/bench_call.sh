@@ -31,7 +31,7 @@ left() { echo $(( limit - ($(date +%s) - t0) )); }
 gpu_tests() {  # gpu_tests SECONDS [pytest options]
   # shellcheck disable=SC2086  # the paths are words
   timeout "$1" python3 -m pytest ${TESTS:-tests/kernels tests/rl/test_steps.py tests/rollout/test_gpu.py} -q -p no:cacheprovider "${@:2}" \
-    -k "every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert or decoded_activation or fake_tile or tma or fma or register_cap or wgmma or sampl" \
+    -k "every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert or decoded_activation or fake_tile or tma or fma or register_cap or dot_order or sampl" \
     > "$out/tests.log" 2>&1
 }
 # one process: in 8 (pytest-xdist) the same tests ran past 200 s on a warm H200 where one process took 221 s (v5h:

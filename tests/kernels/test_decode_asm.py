@@ -130,30 +130,43 @@ def test_a_prepared_weight_builds_its_pair_layout_once():
     assert p is w.paired() and torch.equal(p, pair_layout(w.words))
 
 
-def test_wgmma_decoder_gives_the_oracle_values():
-    """`kernels.wgmma._DECODE8_WG` (v4b's decode: a word in `wgmma_layout`'s bit order and its two blocks' scale bytes
-    from `wgmma_scales`) run by the emulator: elements 0-3 times the first block's scale, 4-7 the second's."""
-    from kernels import wgmma
+def test_dot_layout_holds_every_code_where_the_decode_reads_it():
+    """Element k of a row sits in word (G / 8) (k // G) + (G / 32) q + t, its code bit i at bit PAIR_BITS[e // 2][i] +
+    16 (e % 2), with k % G = 32 t + 16 s0 + 8 h + 2 q + c and e = 4 s0 + 2 h + c, for groups G of 64 and 128."""
+    from kernels._common import PAIR_BITS, dot_layout
 
-    g = torch.Generator().manual_seed(11)
-    codes = torch.cat([torch.arange(16, dtype=torch.uint8).repeat(8, 1).T.reshape(16, 8),
-                       torch.randint(0, 16, (48, 8), generator=g, dtype=torch.uint8)])  # [64, 8]: element j of a word
-    # one 64-wide tile whose word 0 (q = 0, sh = 0) holds element j at k = 16 s0 + 8 h + p (j = 4 s0 + 2 h + p)
-    tiles = torch.zeros(codes.shape[0], 64, dtype=torch.uint8)
-    j = torch.arange(8)
-    tiles[:, 16 * (j // 4) + 8 * ((j // 2) % 2) + j % 2] = codes
-    words = wgmma.wgmma_layout(tiles)[:, 0]  # [64]
-    values = torch.tensor(ref.E2M1_GRID)[codes.long() & 7] * torch.where(codes >= 8, -1.0, 1.0)
-    for sa, sb in ((1.0, 448.0), (0.001953125, 0.375)):  # E4M3 values: the max, subnormal min, a fraction
-        enc = wgmma.wgmma_scales(ref.e4m3_encode(torch.tensor([[sa, sb]])))  # [1, 1] int16: both blocks
-        sbits = int(enc.view(torch.int16).item()) & 0xFFFF
-        want_scale = torch.tensor([sa] * 4 + [sb] * 4, dtype=torch.float64) * 2.0**-7
-        for i in range(codes.shape[0]):
-            out = run_ptx(wgmma._DECODE8_WG.value, [0] * 8 + [int(words[i]) & M32, sbits])
-            got = np.array([_bf16_bits_to_f64(b) for b in out])
-            want = (values[i].double() * want_scale).numpy()
-            assert np.array_equal(got, want), (i, codes[i].tolist(), got, want)
+    codes = torch.randint(0, 16, (2, 3, 384), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    for G in (64, 128):
+        words = dot_layout(codes, G).to(torch.int64) & M32  # [2, 3, 48]
+        k = torch.arange(384)
+        r = k % G
+        t, s0, h, q, c = r // 32, (r // 16) % 2, (r // 8) % 2, (r // 2) % 4, r % 2
+        col = (G // 8) * (k // G) + (G // 32) * q + t
+        e = 4 * s0 + 2 * h + c
+        bits = torch.tensor(PAIR_BITS)[e // 2] + 16 * (e % 2)[:, None]  # [384, 4]: code bit i -> word bit
+        got = sum(((words[..., col] >> bits[:, i]) & 1) << i for i in range(4))
+        assert torch.equal(got.to(torch.uint8), codes), G
+    with pytest.raises(ValueError, match="multiple of 128"):
+        dot_layout(codes[..., :192], 128)
 
+
+def test_scale_bytes_become_the_bf16_multiplier_by_one_multiply_add():
+    """Every positive E4M3 scale (subnormals included) re-encoded (`dot_scales`) and made a bf16 as the dot decode's PTX
+    does ((byte << 4) + 0x7680 per half, one multiply-add over two bytes) is s_b * 2^119 exactly; a zero scale is
+    byte 0; consecutive blocks share a word, the lower block in the lower byte."""
+    from kernels._common import SCALE_MAD, dot_scales
+    from kernels.gemm import _DOT_ASM
+
+    b = torch.arange(0, 127, dtype=torch.uint8)  # 0 and every positive finite E4M3 value
+    enc = dot_scales(torch.stack([b, b.flip(0)], -1).reshape(1, -1))  # [1, 127] int16
+    pairs = enc.view(torch.uint8).reshape(127, 2).to(torch.int64)
+    assert torch.equal(pairs[:, 0].flip(0), pairs[:, 1])
+    assert f"mad.lo.u32 sp, x, 16, {SCALE_MAD};" in _DOT_ASM.value
+    word = ((pairs[:, 0] | (pairs[:, 1] << 16)) * 16 + SCALE_MAD) & M32
+    lo, hi = word & 0xFFFF, word >> 16
+    want = (ref.e4m3_decode(b) * 2.0**119).to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
+    assert int(pairs[0, 0]) == 0
+    assert torch.equal(lo[1:], want[1:]) and torch.equal(hi[:-1], want.flip(0)[:-1])
 
 
 def test_dot_order_decoder_gives_the_oracle_values():
@@ -162,7 +175,7 @@ def test_dot_order_decoder_gives_the_oracle_values():
     with the scale word t // 2 of its group and selector t % 2 gives element e = 4 s0 + 2 h + c of
     k = 32 t + 16 s0 + 8 h + 2 q + c as E2M1(code) * s_b * 2^-7, for every code and E4M3 scales from the subnormal
     minimum to the maximum (a zero block too)."""
-    from kernels._common import dot_layout, wgmma_scales
+    from kernels._common import dot_layout, dot_scales
     from kernels.gemm import _DOT_ASM
 
     g = torch.Generator().manual_seed(5)
@@ -172,7 +185,7 @@ def test_dot_order_decoder_gives_the_oracle_values():
     scale_vals = torch.stack([sv.roll(r) for r in range(6)])  # [6, 8]
     codes[scale_vals.repeat_interleave(16, 1) == 0] = 0  # a zero scale's block holds zero codes
     words = dot_layout(codes, 128).to(torch.int64) & M32  # [6, 16]
-    s32 = wgmma_scales(ref.e4m3_encode(scale_vals)).view(torch.int32).to(torch.int64) & M32  # [6, 2]
+    s32 = dot_scales(ref.e4m3_encode(scale_vals)).view(torch.int32).to(torch.int64) & M32  # [6, 2]
     values = torch.tensor(ref.E2M1_GRID)[codes.long() & 7] * torch.where(codes >= 8, -1.0, 1.0)  # [6, 128]
     for r in range(codes.shape[0]):
         for q in range(4):

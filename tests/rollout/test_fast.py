@@ -169,14 +169,6 @@ def test_recording_on_the_fast_path_keeps_every_site_the_torch_path_keeps(monkey
         assert torch.equal(k, rb.routing[layer][0]) and torch.equal(ids, rb.routing[layer][1])
 
 
-def test_wgmma_is_never_wanted_off_a_hopper_gpu(monkeypatch):
-    """TRACE_FP4_WGMMA=1 asks for the v4 kernels (Gluon, sm_90 only); a CPU keeps the Triton path."""
-    from trace.rollout import fast as fast_mod
-
-    monkeypatch.setenv("TRACE_FP4_WGMMA", "1")
-    assert not fast_mod.wgmma_wanted("cpu")
-
-
 def test_attention_kernel_is_read_when_the_path_is_built(monkeypatch):
     """The FP4-KV decode attention is chosen once, when the Triton path is built (a decode graph captured later keeps
     it whatever the environment says then): the register-operand kernel by default where Gluon exists, the Triton one

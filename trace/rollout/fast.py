@@ -104,23 +104,10 @@ def attention_wanted() -> str:
     return "mma" if gluon is not None else "triton"
 
 
-def wgmma_wanted(device) -> bool:
-    """TRACE_FP4_WGMMA=1 on a Hopper GPU with Triton's Gluon: the projections and routed experts whose shapes the v4
-    kernels take (`kernels/wgmma.py`, widths multiples of 64) run on them instead of the Triton ones, same codes.
-    Opt-in until their GPU tests and timings are in (kernels/NOTES.md v4a, v4b / v4c)."""
-    if os.environ.get("TRACE_FP4_WGMMA", "0") != "1":
-        return False
-    from kernels.wgmma import usable
-
-    return usable(device)
-
-
 class TritonPath:
-    def __init__(self, dense: list[dict], moe: list, dense_wg: list[dict] | None = None, moe_wg: list | None = None):
-        """dense / moe: per layer, the Triton kernels' weights; dense_wg / moe_wg: the v4 kernels' (`wgmma_wanted`),
-        where a weight's shape allows them."""
+    def __init__(self, dense: list[dict], moe: list):
+        """dense / moe: per layer, the kernels' prepared weights."""
         self.dense, self.moe = dense, moe
-        self.dense_wg, self.moe_wg = dense_wg, moe_wg
         self.dense_rows, self.moe_load = crossover()
         self.attn = attention_wanted()
 
@@ -137,26 +124,13 @@ class TritonPath:
         from kernels.gemm import prepare_weight
         from kernels.moe import prepare_moe_weights
 
-        dense, moe, dense_wg, moe_wg = [], [], [], []
-        wg = None
+        dense, moe = [], []
         for i in range(weights.arch.num_layers):
             fp4s = _dense_fp4(weights, i)
             experts = _expert_fp4(weights, i)
-            if wg is None:  # from the first layer's device
-                t0 = next(iter(fp4s.values()), None)
-                if t0 is None and experts is not None:
-                    t0 = experts[0]
-                wg = t0 is not None and wgmma_wanted(t0.codes.device)
             dense.append({key: prepare_weight(t.codes, t.scales, t.outer) for key, t in fp4s.items()})
             moe.append(None if experts is None else prepare_moe_weights(*experts))
-            if wg:
-                from kernels.wgmma import prepare_moe_wgmma, prepare_wgmma
-
-                dense_wg.append({key: prepare_wgmma(t.codes, t.scales, t.outer) for key, t in fp4s.items()
-                                 if t.codes.shape[-1] % 64 == 0 and t.codes.shape[-2] % 64 == 0})
-                ok = experts is not None and all(d % 64 == 0 for d in experts[2].codes.shape[-2:])
-                moe_wg.append(prepare_moe_wgmma(*experts) if ok else None)
-        return TritonPath(dense, moe, dense_wg if wg else None, moe_wg if wg else None)
+        return TritonPath(dense, moe)
 
     def self_test(self, weights, dtype: torch.dtype, device, rows=(1, 2, 5, 64, 300), seed: int = 0) -> None:
         """Check the kernels against `kernels.reference` at this model's own shapes before a run uses
@@ -218,15 +192,6 @@ class TritonPath:
                 err = rel(y, r)
                 if not err < 1e-2:
                     fail(f"W4A4 linear {key} of layer {layer}", (M, w.N, w.K), f"rel. error {err:.3g}, tol 1e-2")
-                wg = self.dense_wg[layer].get(key) if self.dense_wg is not None and dtype == torch.bfloat16 else None
-                if wg is not None:  # the v4 kernel that `linear` runs instead
-                    from kernels.wgmma import fp4_linear_wgmma
-
-                    y = fp4_linear_wgmma(x.to(dev).to(dtype), wg, act_quant=True, out_dtype=torch.float32,
-                                         check_finite=False).cpu()
-                    err = rel(y, r)
-                    if not err < 1e-2:
-                        fail(f"W4A4 v4 linear {key} of layer {layer}", (M, w.N, w.K), f"rel. error {err:.3g}, tol 1e-2")
         a = weights.arch  # FP4-KV store and decode attention at the model's heads: 3 sequences, lengths 40, 0, 17
         B, L, lens = 3, 40, torch.tensor([40, 0, 17])
         kv = FP4KVCache.allocate(B * L, a.num_kv_heads, a.head_dim, dev)
@@ -274,15 +239,6 @@ class TritonPath:
                 if not err < 1e-2:
                     fail(f"W4{'A4' if aq else 'A16'} experts of layer {layer}", (T, m.E, m.H, m.I),
                          f"rel. error {err:.3g}, tol 1e-2")
-                wg = self.moe_wg[layer] if self.moe_wg is not None and dtype == torch.bfloat16 else None
-                if wg is not None:  # the v4 kernels that `experts` runs instead: exact FP4 operands, h in bf16
-                    from kernels.wgmma import fused_moe_wgmma
-
-                    y = fused_moe_wgmma(x.to(dev).to(dtype), wg, ids.to(dev), wts.to(dev), act_quant=True).float().cpu()
-                    r = ref.moe_fp4_reference(x.float(), gate, up, down, ids, wts, act_quant=True, h_dtype=dtype)
-                    err = rel(y, r)
-                    if not err < 1e-2:
-                        fail(f"W4A4 v4 experts of layer {layer}", (T, m.E, m.H, m.I), f"rel. error {err:.3g}, tol 1e-2")
 
     def linear(self, i: int, key: str, x: torch.Tensor, bias=None, keep=None) -> torch.Tensor:
         """x [N, K] (unquantized) -> W4A4 x @ W^T [N, out] (+ bias). keep(FP4Tensor [N, K]), if given,
@@ -290,13 +246,7 @@ class TritonPath:
         from kernels.gemm import fp4_linear
 
         seen = None if keep is None else (lambda q: keep(as_fp4(q, x.dtype)))
-        wg = self.dense_wg[i].get(key) if self.dense_wg is not None and x.dtype == torch.bfloat16 else None
-        if wg is not None:
-            from kernels.wgmma import fp4_linear_wgmma
-
-            y = fp4_linear_wgmma(x, wg, act_quant=True, check_finite=False, on_quant=seen)
-        else:
-            y = fp4_linear(x, self.dense[i][key], act_quant=True, check_finite=False, on_quant=seen)
+        y = fp4_linear(x, self.dense[i][key], act_quant=True, check_finite=False, on_quant=seen)
         return y if bias is None else y + bias
 
     def experts(self, i: int, x, topi, topv, keep_in=None, keep_down=None) -> torch.Tensor:
@@ -312,11 +262,6 @@ class TritonPath:
                 keeps[which](as_fp4(q, x.dtype, (N, k) if which == "down" else (N,)))
 
         observe = None if keep_in is None and keep_down is None else seen
-        wg = self.moe_wg[i] if self.moe_wg is not None and x.dtype == torch.bfloat16 else None
-        if wg is not None:
-            from kernels.wgmma import fused_moe_wgmma
-
-            return fused_moe_wgmma(x, wg, topi, topv, act_quant=True, on_quant=observe)
         return fused_moe(x, self.moe[i], topi, topv, act_quant=True, check_finite=False, on_quant=observe)
 
     def mma_attention(self, head_dim: int, groups: int) -> bool:
