@@ -17,17 +17,19 @@ MMA kernel ("swap AB", the v3a tile of kernels/NOTES.md): each program computes 
 W_tile[BN, K] @ x^T[K, BM], so the tiny decode batch is the MMA's N dimension. A K-tile of BK = 8 * BKW
 elements is BKW words per weight row; each thread decodes whole words into their 8 values in element
 order (`kernels._common.dequant_tile_words`, the bit trick E2M1 * 2^-126 times s_b * 2^119), so one MMA
-covers the tile. On a GPU the decode runs in bf16 by inline PTX (`bf16_decode`, on by default; the weight
-words then in `pair_layout`, built once per weight). Decode uses split-K (FP32 atomics) so that the whole
-GPU streams the weights. Up to 2 rows `fp4_linear` takes the decode GEMV kernels instead (no tensor
-cores, their own `gemv_layout`; `auto_config`).
+covers the tile. On a GPU the decode runs in bf16 by inline PTX (`bf16_decode`, on by default) over the weight
+in the dot order (`dot_order`, on by default: `dot_decode`, each word's 8 values one thread's registers of the
+MMA's left operand, so the decoded tile never passes through shared memory; `PreparedFP4Weight.dotted`, built once
+per weight), or in `pair_layout` where K is not a multiple of 128. Decode uses split-K (FP32 atomics) so that the
+whole GPU streams the weights. The decode GEMV kernels (no tensor cores, their own `gemv_layout`) are the default
+up to 2 rows only in the interpreter; on the H200 the dot-order tile beat them there (`auto_config`).
 
 Compared against: `kernels.reference.fp4_linear` (FP32 dequantize-then-matmul); tests in
 tests/kernels/test_gemm.py (interpreter), timing vs cuBLAS BF16 `F.linear` in benchmarks/bench_kernels.py.
 Run: `python -m pytest tests/kernels/test_gemm.py -q`.
 
-Over 450 lines because the MMA path, the decode GEMV kernels and `prepare_weight` share one weight
-layout: a change to the layout has to be made in all three at once.
+Over 450 lines because the MMA path (in two weight orders), the decode GEMV kernels and `prepare_weight` share
+one weight: a change to its layout has to be made in all of them at once.
 """
 from __future__ import annotations
 

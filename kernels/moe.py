@@ -16,7 +16,8 @@ quantize kernel writing each activation's tile values q * s_b * 2^-7 (exact in B
 activations instead (same codes and scales, one rounding to the activation dtype) and the W4A16 kernels read
 them.
 Below 1 (token, slot) row per expert the GEMMs are the v1 decode GEMV kernels, from 1 on the MMA tile of
-`kernels.gemm._fp4_tile_dot_v3` (v3a in kernels/NOTES.md; decode in bf16 on a GPU) with BM slots per block chosen
+`kernels.gemm._fp4_tile_dot_v3` (v3a in kernels/NOTES.md; on a GPU decoded in bf16 from the weights in the dot
+order, `kernels.gemm.dot_decode`, v5k) with BM slots per block chosen
 by the expected number of blocks per expert (`moe_block_rows`), `default_moe_config`.
 Experts with no tokens launch programs that exit at once; their weights are never read.
 
