@@ -647,6 +647,54 @@ def run_sampling(dev, quick):
         del x
 
 
+def run_norm(dev, quick):
+    """The rollout engine's norms at a Qwen3-30B-A3B decode step (256 and 64 rows; H 2048, 32 / 4 heads x 128): the
+    torch ops of `trace/rollout/forward.py` (residual add + RMSNorm; per-head q/k RMSNorm + RoPE) against
+    `kernels.norm`, in CUDA graphs as the engine replays them. Checks first: the residual sums and a RoPE without the
+    norm bit-identical to torch's, the normed values within 3 bf16 roundings."""
+    from kernels.norm import norm_rope, rms_norm
+    from trace.rollout.forward import rms_norm as torch_rms_norm
+    from trace.rollout.forward import rotate_half
+
+    log("== norms (residual add + RMSNorm, q/k norm + RoPE)")
+    H, nh, nkv, D, eps, bf = 2048, 32, 4, 128, 1e-6, torch.bfloat16
+    for R in (256, 64):
+        x, r = (torch.randn(R, H, device=dev) * 4).to(bf), torch.randn(R, H, device=dev).to(bf)
+        w = (1 + 0.3 * torch.randn(H, device=dev)).to(bf)
+        s, y = rms_norm(x, w, eps, residual=r)
+        want = torch_rms_norm(x + r, w, eps)
+        e = float(((y.float() - want.float()).abs() / want.float().abs().clamp_min(1e-30)).max())
+        check(f"add+rmsnorm R{R}", torch.equal(s, x + r) and e <= 3 * 2 ** -7, f"sum exact; max rel {e:.1e}")
+
+        def torch_add_norm(x=x, r=r, w=w):
+            t = x + r
+            return t, torch_rms_norm(t, w, eps)
+
+        shape = f"R{R} H{H}"
+        nbytes = 4 * R * H * 2  # x, residual in; sum, norm out
+        base = record("norm", shape, "torch-add+rmsnorm", bench(torch_add_norm), nbytes)
+        record("norm", shape, "fused-add+rmsnorm", bench(lambda x=x, r=r, w=w: rms_norm(x, w, eps, residual=r)), nbytes,
+               base_ms=base)
+        pos = torch.randint(0, 4096, (R,), device=dev).float()
+        inv = 1.0 / (1e6 ** (torch.arange(0, D, 2, device=dev).float() / D))
+        emb = torch.cat([pos[:, None] * inv] * 2, -1)
+        c, sn = emb.cos().to(bf), emb.sin().to(bf)
+        q, k = torch.randn(R, nh, D, device=dev).to(bf), torch.randn(R, nkv, D, device=dev).to(bf)
+        qw, kw = (1 + 0.3 * torch.randn(D, device=dev)).to(bf), (1 + 0.3 * torch.randn(D, device=dev)).to(bf)
+
+        def torch_rope(t, wt):
+            t = torch_rms_norm(t, wt, eps)
+            return t * c[:, None] + rotate_half(t) * sn[:, None]
+
+        check(f"rope R{R}", torch.equal(norm_rope(q, c, sn), q * c[:, None] + rotate_half(q) * sn[:, None]),
+              "bit-identical without the norm")
+        shape = f"R{R} q{nh} k{nkv} x{D}"
+        nbytes = 2 * R * (nh + nkv) * D * 2
+        base = record("norm", shape, "torch-qk-norm+rope", bench(lambda: (torch_rope(q, qw), torch_rope(k, kw))), nbytes)
+        record("norm", shape, "fused-qk-norm+rope", bench(lambda: (norm_rope(q, c, sn, qw, eps), norm_rope(k, c, sn, kw, eps))),
+               nbytes, base_ms=base)
+
+
 def _sweep(provider, shape, variants, want, base):
     """Time each (config, fn) attention variant whose output is `want`'s (rel. err < 1e-2, a check row each) as sweep
     rows -> the fastest (times, config), or None."""
@@ -990,7 +1038,7 @@ def main(argv=None):
     ap.add_argument("--version", default="dev", help="the kernel version under test (a column of every row)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time tile-config variants of ours")
-    ap.add_argument("--only", default="quantize,dense,moe,attention,sampling")
+    ap.add_argument("--only", default="quantize,dense,moe,attention,sampling,norm")
     ap.add_argument("--T", type=int, nargs="+", help=f"MoE tokens per layer (default {MOE_T}; --quick: 1 16 256)")
     ap.add_argument("--M", type=int, nargs="+", help=f"dense rows (default {DENSE_M}; --quick: 1 16 64)")
     ap.add_argument("--families", nargs="+", choices=list(FAMILIES),
@@ -1015,14 +1063,14 @@ def main(argv=None):
     for part in args.only.split(","):
         try:
             {"quantize": run_quantize, "dense": run_dense, "moe": run_moe, "attention": run_attention,
-             "sampling": run_sampling}[part](dev, args.quick)
+             "sampling": run_sampling, "norm": run_norm}[part](dev, args.quick)
         except Exception:
             log(f"!! {part} failed:\n{traceback.format_exc()}")
             note(part, f"failed: {traceback.format_exc()[-300:]}")
         log(f"   [{part} done at {time.time() - t0:.0f}s]")
     log("\n== summary (medians; ratio = baseline time / this time)")
     for r in ROWS:
-        if r["op"] in ("dense", "moe", "attention", "quantize", "dense-part", "moe-part", "sampling"):
+        if r["op"] in ("dense", "moe", "attention", "quantize", "dense-part", "moe-part", "sampling", "norm"):
             log(f"{r['op']:9s} {r['shape']:30s} {r['provider']:24s} {r['median_us']:9.1f} us {r['pct_copy_bw']!s:>5}% "
                 f"x{r['ratio_vs_bf16']!s:>6} bf16 x{r['ratio_vs_anchor']!s:>6} anchor")
     nfail = sum(r.get("ok") is False for r in ROWS)  # notes carry no ok

@@ -124,6 +124,17 @@ def e4m3_byte(s, INTERP: tl.constexpr):
 
 
 @triton.jit
+def round_as(g, ptr, INTERP: tl.constexpr):
+    """fp32 g rounded (RNE) to ptr's element dtype and back to fp32: the rounding every torch op in that dtype
+    makes. The interpreter's fp32 -> bf16 cast truncates, so there bf16 is rounded on the bits."""
+    if INTERP and ptr.dtype.element_ty == tl.bfloat16:
+        b = g.to(tl.int32, bitcast=True)
+        return ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    else:
+        return g.to(ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
 def e4m3_value(b):
     """E4M3 byte (uint8) -> fp32."""
     return b.to(tl.float8e4nv, bitcast=True).to(tl.float32)

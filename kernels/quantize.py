@@ -40,6 +40,7 @@ from kernels._common import (
     e2m1_rtn_idx_scaled,
     e4m3_byte,
     e4m3_value,
+    round_as,
 )
 
 _AMAX_MIN = ref._AMAX_MIN  # smallest amax that keeps S_enc finite
@@ -82,10 +83,7 @@ def _load_chunk(x_ptr, rows, rmask, stride_xm, k0, K, NB: tl.constexpr, BLOCK: t
 @triton.jit
 def _store_values(ptr, offs, g, mask, INTERP: tl.constexpr):
     """Store fp32 values g in ptr's dtype (one RNE cast)."""
-    if INTERP and ptr.dtype.element_ty == tl.bfloat16:  # the interpreter's cast truncates: round (RNE) here
-        b = g.to(tl.int32, bitcast=True)
-        g = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
-    tl.store(ptr + offs, g.to(ptr.dtype.element_ty), mask=mask)
+    tl.store(ptr + offs, round_as(g, ptr, INTERP).to(ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

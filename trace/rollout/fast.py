@@ -80,6 +80,20 @@ def available(device, dtype=torch.bfloat16, backend: str = "auto") -> bool:
     return True
 
 
+def fused_norms(device, dtype=torch.bfloat16, backend: str = "auto") -> bool:
+    """Whether the engine's forward, in either mode, takes `kernels.norm` (residual add + RMSNorm, q/k norm + RoPE:
+    one launch each where torch makes ~6-8): on CUDA where the Triton path would run (`available`). Not on a CPU,
+    where the interpreter's tests compare the Triton path's GEMMs against the torch path's records bit for bit and
+    the fused norms' inverse RMS may differ in its last bits (tests/rollout/test_fast.py turns them on by hand)."""
+    if torch.device(device).type != "cuda" or not available(device, dtype, backend):
+        return False
+    try:
+        import kernels.norm  # noqa: F401
+    except Exception:  # noqa: BLE001 - kernels missing or broken: the torch ops
+        return False
+    return True
+
+
 def fused_sampling() -> bool:
     """Whether the engine samples on a GPU with `kernels.sampling.fused_sample` (Triton importable); off with
     TRACE_ROLLOUT_BACKEND=torch, as the other kernels."""

@@ -94,8 +94,34 @@ class EngineForward:
         self.w, self.a, self.mode, self.fmt, self.dtype = w, w.arch, mode, fmt, dtype
         self.acts = mode == "w4a4"
         self.fast = None  # TritonPath (trace/rollout/fast.py) when enabled by the engine
+        self.norms = False  # kernels/norm.py for the norms and RoPE (`fast.fused_norms`), both modes
 
     # ------------------------------------------------------------------------------ helpers
+    def _norm(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None):
+        """rms_norm(x) or, with residual, (s, rms_norm(s)) for s = x + residual: one launch of `kernels.norm` when
+        enabled (the same roundings; the inverse RMS to its last float32 bits), else the torch ops."""
+        if self.norms:
+            from kernels.norm import rms_norm as fused
+
+            return fused(x, w, self.a.eps, residual)
+        if residual is None:
+            return rms_norm(x, w, self.a.eps)
+        s = x + residual
+        return s, rms_norm(s, w, self.a.eps)
+
+    def _rope_heads(self, t: torch.Tensor, cos, sin, w: torch.Tensor | None) -> torch.Tensor:
+        """t [R, T, Hh, D] -> RoPE(per-head rms_norm_w(t)) (the norm only with w, Qwen3's q/k norm); cos, sin [R, T, D]."""
+        if self.norms:
+            from kernels.norm import norm_rope
+
+            R, T, Hh, D = t.shape
+            return norm_rope(t.reshape(R * T, Hh, D), cos.reshape(R * T, D), sin.reshape(R * T, D), w,
+                             self.a.eps).view(R, T, Hh, D)
+        if w is not None:
+            t = rms_norm(t, w, self.a.eps)
+        c, s = cos[:, :, None, :], sin[:, :, None, :]  # [R, T, 1, D]
+        return t * c + rotate_half(t) * s
+
     def _act(self, x: torch.Tensor, layer: int, site: str, rec: Recording | None) -> torch.Tensor:
         """Per-row FP4 RTN of x [N, *inner, K] at (layer, site); returns the dequantized value."""
         if not self.acts:
@@ -157,19 +183,14 @@ class EngineForward:
             k = F.linear(xq, lw["k"], lw.get("k_b"))  # [R*T, nkv*D]
             v = F.linear(xq, lw["v"], lw.get("v_b"))
         if a.family == "olmoe":  # q/k norm over the whole projection, before the head split
-            q = rms_norm(q, lw["q_norm"], a.eps)
-            k = rms_norm(k, lw["k_norm"], a.eps)
+            q = self._norm(q, lw["q_norm"])
+            k = self._norm(k, lw["k_norm"])
         if a.clip_qkv is not None:
             q, k, v = (t.clamp(-a.clip_qkv, a.clip_qkv) for t in (q, k, v))
-        q = q.view(R, T, nh, D)
-        k = k.view(R, T, nkv, D)
+        per_head = a.family == "qwen3_moe"  # per-head q/k norm, then RoPE
+        q = self._rope_heads(q.view(R, T, nh, D), cos, sin, lw["q_norm"] if per_head else None)
+        k = self._rope_heads(k.view(R, T, nkv, D), cos, sin, lw["k_norm"] if per_head else None)
         v = v.view(R, T, nkv, D)
-        if a.family == "qwen3_moe":  # per-head q/k norm
-            q = rms_norm(q, lw["q_norm"], a.eps)
-            k = rms_norm(k, lw["k_norm"], a.eps)
-        c, s = cos[:, :, None, :], sin[:, :, None, :]  # [R, T, 1, D]
-        q = q * c + rotate_half(q) * s
-        k = k * c + rotate_half(k) * s
         if fast is not None and cache.codes_stored and T == 1 and cache.fmt == "nvfp4":  # FP4-KV decode kernel
             o = fast.decode_attention(cache, i, rows, slots, start, lens, q, k, v, S).reshape(R * T, nh * D)
             if rec is not None and rec.wants(i):  # the K/V codes the kernel stored, read back
@@ -269,7 +290,7 @@ class EngineForward:
         every row starts at 0 and max_len == T (a fresh prefill), so attention needs only the causal mask.
         Returns logits [R, V] at each row's last fed token (or [R, T, V] with all_logits)."""
         S = int((start + lens).max()) if max_len is None else max_len
-        a, w = self.a, self.w
+        w = self.w
         R, T = ids.shape
         t = torch.arange(T, device=ids.device)
         pos = start[:, None] + t  # [R, T] absolute positions
@@ -280,18 +301,21 @@ class EngineForward:
         # is memory-bound; prefill and multi-token chunks are compute-bound and run the same codes on BF16
         # tensor cores (dequantized weights), quantized by the Triton quantize kernel (`fast.ChunkPath`)
         fast = self.fast if T == 1 or self.fast is None else CHUNK
-        x = F.embedding(ids, w.embed)  # [R, T, H]
+        x = F.embedding(ids, w.embed)  # [R, T, H] residual stream
+        h = self._norm(x, w.layers[0]["ln1"])
         for i, lw in enumerate(w.layers):
-            h = rms_norm(x, lw["ln1"], a.eps)
             # profiler labels (no-ops unless torch.profiler is active): benchmarks/bench_rollout.py
             # --breakdown splits step time into attention / moe / other with them
             with record_function("rollout.attention"):
                 att = self._attention(i, lw, h, cos, sin, slots, start, lens, rows, cache, rec, S, causal, fast)
-            x = x + att
-            h = rms_norm(x, lw["ln2"], a.eps).reshape(R * T, -1)  # [N, H]
+            x, h = self._norm(x, lw["ln2"], residual=att)  # x += att; h = norm(x)
+            h = h.reshape(R * T, -1)  # [N, H]
             with record_function("rollout.moe"):
                 m = self._moe(i, lw, h, rec, fast) if "gate_up" in lw else self._dense_mlp(i, lw, h, rec, fast)
-            x = x + m.view(R, T, -1)
-        if not all_logits:
-            x = x[torch.arange(R, device=ids.device), lens - 1]  # [R, H] last fed token
-        return F.linear(rms_norm(x, w.norm, a.eps), w.lm_head)
+            m = m.view(R, T, -1)
+            if i + 1 < len(w.layers):  # the add into the stream fused with the next layer's norm
+                x, h = self._norm(x, w.layers[i + 1]["ln1"], residual=m)
+        if not all_logits:  # the last layer's add on the last fed tokens only, [R, H]
+            last = (torch.arange(R, device=ids.device), lens - 1)
+            x, m = x[last], m[last]
+        return F.linear(self._norm(x, w.norm, residual=m)[1], w.lm_head)
