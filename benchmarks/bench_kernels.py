@@ -647,12 +647,14 @@ def run_sampling(dev, quick):
         del x
 
 
-def run_norm(dev, quick):
-    """The rollout engine's norms at a Qwen3-30B-A3B decode step (256 and 64 rows; H 2048, 32 / 4 heads x 128): the
-    torch ops of `trace/rollout/forward.py` (residual add + RMSNorm; per-head q/k RMSNorm + RoPE) against
-    `kernels.norm`, in CUDA graphs as the engine replays them. Checks first: the residual sums and a RoPE without the
-    norm bit-identical to torch's, the normed values within 3 bf16 roundings."""
+def run_fused(dev, quick):
+    """The rollout engine's small fused ops at a Qwen3-30B-A3B decode step (256 and 64 rows; H 2048, 32 / 4 heads x
+    128, 128 experts top-8): the torch ops of `trace/rollout/forward.py` (residual add + RMSNorm; per-head q/k RMSNorm +
+    RoPE; the router's softmax + top-k + renormalisation) against `kernels.norm` / `kernels.routing`, in CUDA graphs as
+    the engine replays them. Checks first: the residual sums and a RoPE without the norm bit-identical to torch's, the
+    normed values within 3 bf16 roundings, the routing's experts torch's where no two probabilities are near-tied."""
     from kernels.norm import norm_rope, rms_norm
+    from kernels.routing import topk_softmax
     from trace.rollout.forward import rms_norm as torch_rms_norm
     from trace.rollout.forward import rotate_half
 
@@ -693,6 +695,21 @@ def run_norm(dev, quick):
         base = record("norm", shape, "torch-qk-norm+rope", bench(lambda: (torch_rope(q, qw), torch_rope(k, kw))), nbytes)
         record("norm", shape, "fused-qk-norm+rope", bench(lambda: (norm_rope(q, c, sn, qw, eps), norm_rope(k, c, sn, kw, eps))),
                nbytes, base_ms=base)
+        E, k = 128, 8
+        logits = torch.randn(R, E, device=dev).to(bf)
+
+        def torch_route():
+            v, i = torch.topk(torch.softmax(logits.float(), -1), k, dim=-1)
+            return (v / v.sum(-1, keepdim=True)).to(bf), i
+
+        (v, i), (wv, wi) = topk_softmax(logits, k, True, bf), torch_route()
+        p = torch.softmax(logits.float(), -1).sort(-1, descending=True).values
+        clear = ((p[:, :k] - p[:, 1:k + 1]) > 1e-5 * p[:, :k]).all(-1)  # rows with no near-tie in their top k + 1
+        same = bool((i == wi).all(-1)[clear].all()) and bool(((v.float() - wv.float()).abs() <= 2 ** -7 * wv.float().abs()).all(-1)[clear].all())
+        check(f"routing R{R}", same, f"experts and weights torch's on {int(clear.sum())} of {R} rows without a near-tie")
+        shape, nbytes = f"R{R} E{E} top{k}", R * E * 2
+        base = record("routing", shape, "torch-softmax+topk+renorm", bench(torch_route), nbytes)
+        record("routing", shape, "fused-topk-softmax", bench(lambda: topk_softmax(logits, k, True, bf)), nbytes, base_ms=base)
 
 
 def _sweep(provider, shape, variants, want, base):
@@ -1038,7 +1055,7 @@ def main(argv=None):
     ap.add_argument("--version", default="dev", help="the kernel version under test (a column of every row)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time tile-config variants of ours")
-    ap.add_argument("--only", default="quantize,dense,moe,attention,sampling,norm")
+    ap.add_argument("--only", default="quantize,dense,moe,attention,sampling,fused")
     ap.add_argument("--T", type=int, nargs="+", help=f"MoE tokens per layer (default {MOE_T}; --quick: 1 16 256)")
     ap.add_argument("--M", type=int, nargs="+", help=f"dense rows (default {DENSE_M}; --quick: 1 16 64)")
     ap.add_argument("--families", nargs="+", choices=list(FAMILIES),
@@ -1063,14 +1080,14 @@ def main(argv=None):
     for part in args.only.split(","):
         try:
             {"quantize": run_quantize, "dense": run_dense, "moe": run_moe, "attention": run_attention,
-             "sampling": run_sampling, "norm": run_norm}[part](dev, args.quick)
+             "sampling": run_sampling, "fused": run_fused}[part](dev, args.quick)
         except Exception:
             log(f"!! {part} failed:\n{traceback.format_exc()}")
             note(part, f"failed: {traceback.format_exc()[-300:]}")
         log(f"   [{part} done at {time.time() - t0:.0f}s]")
     log("\n== summary (medians; ratio = baseline time / this time)")
     for r in ROWS:
-        if r["op"] in ("dense", "moe", "attention", "quantize", "dense-part", "moe-part", "sampling", "norm"):
+        if r["op"] in ("dense", "moe", "attention", "quantize", "dense-part", "moe-part", "sampling", "norm", "routing"):
             log(f"{r['op']:9s} {r['shape']:30s} {r['provider']:24s} {r['median_us']:9.1f} us {r['pct_copy_bw']!s:>5}% "
                 f"x{r['ratio_vs_bf16']!s:>6} bf16 x{r['ratio_vs_anchor']!s:>6} anchor")
     nfail = sum(r.get("ok") is False for r in ROWS)  # notes carry no ok

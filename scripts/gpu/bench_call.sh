@@ -5,7 +5,7 @@
 # benchmarks/bench_rollout.py at the Qwen3-30B-A3B layer shape. Everything lands in OUT (k.csv, r.csv, logs);
 # here append them with benchmarks/results_table.py. A failing test stops the call before any timing.
 #   bash scripts/gpu/bench_call.sh VERSION [PARTS]   # carry .anchors (triton_kernels v3.6.0, the anchor)
-# PARTS: bench_kernels --only (default attention,moe,dense; also quantize, sampling, norm); LIMIT (default 570) bounds the call in seconds;
+# PARTS: bench_kernels --only (default attention,moe,dense; also quantize, sampling, fused); LIMIT (default 570) bounds the call in seconds;
 # ENGINE=0 leaves the engine out (its benchmark then gets a call of its own); BREAKDOWN=1 adds the engine's step
 # breakdown (bench_rollout.py --breakdown: kernel time by component, graph-busy / graph-idle); NCU="TARGET ..." (names of
 # benchmarks/ncu_kernels.py run --list) adds Nsight Compute's counters of those targets after the kernels (ncu.csv,

@@ -186,27 +186,29 @@ def test_attention_kernel_is_read_when_the_path_is_built(monkeypatch):
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "olmoe", "mixtral"])
 @pytest.mark.parametrize("mode", ["bf16", "w4a4"])
-def test_fused_norms_give_the_torch_ops_rollout(monkeypatch, family, mode):
-    """kernels/norm.py in the forward (the GPU's default, `fast.fused_norms`; switched on by hand here): Qwen3's
-    per-head q/k norm, OLMoE's full-width one, Mixtral's RoPE alone, every residual add fused into the next norm.
-    float32 under the interpreter: the same greedy tokens as the torch ops, log-probs within 1e-5 (they differ by
-    the inverse RMS's last bits only)."""
+def test_fused_ops_give_the_torch_ops_rollout(monkeypatch, family, mode):
+    """kernels/norm.py and kernels/routing.py in the forward (the GPU's default, `fast.fused_ops`; switched on by hand
+    here): Qwen3's per-head q/k norm, OLMoE's full-width one, Mixtral's RoPE alone and float32 routing weights, every
+    residual add fused into the next norm. float32 under the interpreter: the same greedy tokens as the torch ops,
+    log-probs within 1e-5 (they differ by the inverse RMS's and the exponentials' last bits only)."""
+    import kernels.norm as kn
+    import kernels.routing as kr
+
     m = tiny(family)
     prompts = random_seqs([5, 3], seed=7)
     eng = RolloutEngine(m.config, mode=mode, kv_fp4=mode == "w4a4", fp4_backend="torch")
     eng.sync_weights(m)
-    assert not eng.fwd.norms  # a CPU engine keeps the torch ops unless told
+    assert not eng.fwd.fused  # a CPU engine keeps the torch ops unless told
     a = eng.generate(prompts, max_new_tokens=3, temperature=0.0)
-    import kernels.norm as kn
-
-    calls = {"rms_norm": 0, "norm_rope": 0}
-    for name in calls:
-        real = getattr(kn, name)
-        monkeypatch.setattr(kn, name, lambda *a, _f=real, _n=name, **kw: (calls.__setitem__(_n, calls[_n] + 1), _f(*a, **kw))[1])
-    eng.fwd.norms = True
+    calls = {"rms_norm": 0, "norm_rope": 0, "topk_softmax": 0}
+    for mod, name in ((kn, "rms_norm"), (kn, "norm_rope"), (kr, "topk_softmax")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _f=real, _n=name, **kw: (calls.__setitem__(_n, calls[_n] + 1), _f(*a, **kw))[1])
+    eng.fwd.fused = True
     b = eng.generate(prompts, max_new_tokens=3, temperature=0.0)
     L = m.config.num_hidden_layers
-    # per forward: two norms a layer and the final one (+ OLMoE's q and k), q and k through norm_rope
-    assert calls["rms_norm"] >= 3 * (2 * L + 1) and calls["norm_rope"] >= 3 * 2 * L, calls
+    # per forward (a prefill and two decode steps): two norms a layer and the final one (+ OLMoE's q and k), q and k
+    # through norm_rope, one routing a layer
+    assert calls["rms_norm"] >= 3 * (2 * L + 1) and calls["norm_rope"] >= 3 * 2 * L and calls["topk_softmax"] >= 3 * L, calls
     assert a.tokens == b.tokens
     assert max(abs(x - y) for la, lb in zip(a.logprobs, b.logprobs, strict=True) for x, y in zip(la, lb, strict=True)) < 1e-5

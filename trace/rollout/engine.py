@@ -244,7 +244,7 @@ class RolloutEngine:
         self.weights = EngineWeights.load(self.arch, model_or_state_dict, self.mode, self.fmt, self.dtype,
                                           self.device)
         self.fwd = EngineForward(self.weights, mode=self.mode, fmt=self.fmt, dtype=self.dtype)
-        self.fwd.norms = fast.fused_norms(self.device, self.dtype, self.fp4_backend)
+        self.fwd.fused = fast.fused_ops(self.device, self.dtype, self.fp4_backend)
         if self.mode == "w4a4" and self.fmt == "nvfp4" and fast.available(self.device, self.dtype, self.fp4_backend):
             path = fast.TritonPath.build(self.weights)
             if self.device.type == "cuda" and not self._fast_checked:  # once per engine: shapes do not change

@@ -80,15 +80,17 @@ def available(device, dtype=torch.bfloat16, backend: str = "auto") -> bool:
     return True
 
 
-def fused_norms(device, dtype=torch.bfloat16, backend: str = "auto") -> bool:
-    """Whether the engine's forward, in either mode, takes `kernels.norm` (residual add + RMSNorm, q/k norm + RoPE:
-    one launch each where torch makes ~6-8): on CUDA where the Triton path would run (`available`). Not on a CPU,
-    where the interpreter's tests compare the Triton path's GEMMs against the torch path's records bit for bit and
-    the fused norms' inverse RMS may differ in its last bits (tests/rollout/test_fast.py turns them on by hand)."""
+def fused_ops(device, dtype=torch.bfloat16, backend: str = "auto") -> bool:
+    """Whether the engine's forward, in either mode, takes `kernels.norm` (residual add + RMSNorm, q/k norm + RoPE)
+    and `kernels.routing` (the router's softmax + top-k + renormalisation): one launch each where torch makes ~6-8.
+    On CUDA where the Triton path would run (`available`). Not on a CPU, where the interpreter's tests compare the
+    Triton path's GEMMs against the torch path's records bit for bit and these may differ in last bits (the inverse
+    RMS, the exponentials); tests/rollout/test_fast.py turns them on by hand."""
     if torch.device(device).type != "cuda" or not available(device, dtype, backend):
         return False
     try:
         import kernels.norm  # noqa: F401
+        import kernels.routing  # noqa: F401
     except Exception:  # noqa: BLE001 - kernels missing or broken: the torch ops
         return False
     return True

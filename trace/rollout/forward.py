@@ -94,13 +94,13 @@ class EngineForward:
         self.w, self.a, self.mode, self.fmt, self.dtype = w, w.arch, mode, fmt, dtype
         self.acts = mode == "w4a4"
         self.fast = None  # TritonPath (trace/rollout/fast.py) when enabled by the engine
-        self.norms = False  # kernels/norm.py for the norms and RoPE (`fast.fused_norms`), both modes
+        self.fused = False  # kernels/norm.py and kernels/routing.py for the norms, RoPE, routing (`fast.fused_ops`)
 
     # ------------------------------------------------------------------------------ helpers
     def _norm(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None):
         """rms_norm(x) or, with residual, (s, rms_norm(s)) for s = x + residual: one launch of `kernels.norm` when
         enabled (the same roundings; the inverse RMS to its last float32 bits), else the torch ops."""
-        if self.norms:
+        if self.fused:
             from kernels.norm import rms_norm as fused
 
             return fused(x, w, self.a.eps, residual)
@@ -111,7 +111,7 @@ class EngineForward:
 
     def _rope_heads(self, t: torch.Tensor, cos, sin, w: torch.Tensor | None) -> torch.Tensor:
         """t [R, T, Hh, D] -> RoPE(per-head rms_norm_w(t)) (the norm only with w, Qwen3's q/k norm); cos, sin [R, T, D]."""
-        if self.norms:
+        if self.fused:
             from kernels.norm import norm_rope
 
             R, T, Hh, D = t.shape
@@ -244,12 +244,17 @@ class EngineForward:
         N = x.shape[0]
         k = a.top_k
         logits = F.linear(x, lw["router"])  # [N, E], unquantized router
-        probs = torch.softmax(logits.float(), dim=-1)
-        topv, topi = torch.topk(probs, k, dim=-1)  # [N, k], slot order = top-k order
-        if a.renorm:
-            topv = topv / topv.sum(-1, keepdim=True)
-        if a.family != "mixtral":  # Mixtral keeps its routing weights float32
-            topv = topv.to(x.dtype)
+        wdt = torch.float32 if a.family == "mixtral" else x.dtype  # Mixtral keeps its routing weights float32
+        if self.fused:
+            from kernels.routing import topk_softmax
+
+            topv, topi = topk_softmax(logits, k, a.renorm, wdt)
+        else:
+            probs = torch.softmax(logits.float(), dim=-1)
+            topv, topi = torch.topk(probs, k, dim=-1)  # [N, k], slot order = top-k order
+            if a.renorm:
+                topv = topv / topv.sum(-1, keepdim=True)
+            topv = topv.to(wdt)
         if rec is not None:
             rec.add_routing(i, topi)
         if fast is not None and fast.moe_kernels(i, N, k):
