@@ -11,6 +11,7 @@
 # benchmarks/ncu_kernels.py run --list) adds Nsight Compute's counters of those targets after the kernels (ncu.csv,
 # ncu.md in OUT; ~60 s);
 # TEST_LIMIT: seconds for the GPU tests (default 330); TESTS: the GPU tests' paths (default tests/kernels tests/rl/test_steps.py tests/rollout/test_gpu.py);
+# TEST_K: their pytest -k expression (default: the GPU-relevant names below);
 # PROVIDERS: the engine's providers (default engine-bf16 engine-w4a4-kv4-triton engine-w4a4-kv4-kernels);
 # REPEATS: timed rounds per engine provider (default 3, bench_rollout.py --repeats);
 # GIT_COMMIT names the launching commit (the lease's .git is stale). The tests import trace.config, which needs
@@ -31,7 +32,7 @@ left() { echo $(( limit - ($(date +%s) - t0) )); }
 gpu_tests() {  # gpu_tests SECONDS [pytest options]
   # shellcheck disable=SC2086  # the paths are words
   timeout "$1" python3 -m pytest ${TESTS:-tests/kernels tests/rl/test_steps.py tests/rollout/test_gpu.py} -q -p no:cacheprovider "${@:2}" \
-    -k "every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert or decoded_activation or fake_tile or tma or fma or register_cap or dot_order or sampl" \
+    -k "${TEST_K:-every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert or decoded_activation or fake_tile or tma or fma or register_cap or dot_order or sampl}" \
     > "$out/tests.log" 2>&1
 }
 # one process: in 8 (pytest-xdist) the same tests ran past 200 s on a warm H200 where one process took 221 s (v5h:
