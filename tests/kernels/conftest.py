@@ -96,29 +96,33 @@ _COMPILE = """
 import importlib, json, sys
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-module, name, sig, cst, keys, num_warps, wide = json.loads(sys.argv[1])
+from triton.compiler import ASTSource
+module, name, sig, cst, keys, options, wide = json.loads(sys.argv[1])
 # as a launch specializes them: pointers and the integers the host keeps multiples of 16
 names = list(sig)
 attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in names if sig[k].startswith("*") or k in wide}
-src = GluonASTSource(fn=getattr(importlib.import_module(module), name), signature=sig, constexprs=cst, attrs=attrs)
-ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+fn = getattr(importlib.import_module(module), name)
+if type(fn).__name__.startswith("Gluon"):
+    from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
+src = ASTSource(fn=fn, signature=sig, constexprs=cst, attrs=attrs)
+ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 print(json.dumps(dict({k: ck.asm["ptx"].count(k) for k in keys}, shared=ck.metadata.shared)))
 """
 
 
-def compile_sm90(module: str, name: str, sig: dict, constexprs: dict, keys, num_warps: int, wide=()) -> dict:
-    """Compile the Gluon kernel `module.name` for sm_90 (no GPU needed) in a fresh process (the interpreter that other
-    kernel tests run in this process patches Triton's language in place, which breaks a real compile) -> how often
-    each PTX string of `keys` occurs, and the shared memory in bytes. wide: integer arguments compiled as multiples of
-    16."""
+def compile_sm90(module: str, name: str, sig: dict, constexprs: dict, keys, num_warps: int, wide=(),
+                 options=None) -> dict:
+    """Compile the Triton or Gluon kernel `module.name` for sm_90 (no GPU needed) in a fresh process (the interpreter
+    that other kernel tests run in this process patches Triton's language in place, which breaks a real compile) ->
+    how often each PTX string of `keys` occurs, and the shared memory in bytes. wide: integer arguments compiled as
+    multiples of 16; options: the launch's compile options (e.g. enable_fp_fusion) beside num_warps."""
     import pytest
 
     pytest.importorskip("triton.experimental.gluon")
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(root)
-    job = json.dumps([module, name, sig, constexprs, list(keys), num_warps, list(wide)])
+    job = json.dumps([module, name, sig, constexprs, list(keys), dict(options or {}, num_warps=num_warps), list(wide)])
     out = subprocess.run([sys.executable, "-c", _COMPILE, job], cwd=root, env=env, capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -5,8 +5,8 @@ random inputs at the engine's shapes and at odd ones. Runs on a GPU, or on the C
 import pytest
 import torch
 
-from kernels.norm import norm_rope, rms_norm
-from tests.kernels.conftest import DEV
+from kernels.norm import LAUNCH, norm_rope, rms_norm
+from tests.kernels.conftest import DEV, compile_sm90
 from trace.rollout.forward import rms_norm as torch_rms_norm
 from trace.rollout.forward import rotate_half
 
@@ -96,3 +96,19 @@ def test_bad_shapes_and_dtypes_are_refused():
         rms_norm(x, torch.ones(63).to(DEV), 1e-6)
     with pytest.raises((TypeError, ValueError)):
         rms_norm(x, torch.ones(64, dtype=torch.bfloat16).to(DEV), 1e-6)
+
+
+_ROPE_SIG = dict(t_ptr="*bf16", w_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16", out_ptr="*bf16", Hh="i32",
+                 inv_d="fp32", eps="fp32", D="constexpr", HB="constexpr", NORM="constexpr", INTERP="constexpr")
+
+
+def test_rope_compiles_to_torchs_roundings_for_sm90():
+    """Offline sm_90 PTX of the RoPE kernel as the launch compiles it: no fused multiply-add in the narrow dtype
+    (Triton narrows the fp32 ops between the roundings and, with fp fusion, contracts them: one rounding where torch
+    makes two, an ulp off on the H200). The default options do contract, so the check can see it."""
+    keys = ["fma.rn.bf16", "mul.rn.bf16", "add.rn.bf16"]
+    cst = dict(D=128, HB=4, NORM=True, INTERP=False)
+    ours = compile_sm90("kernels.norm", "_norm_rope_kernel", _ROPE_SIG, cst, keys, 4, options=LAUNCH)
+    default = compile_sm90("kernels.norm", "_norm_rope_kernel", _ROPE_SIG, cst, keys, 4)
+    assert ours["fma.rn.bf16"] == 0 and ours["mul.rn.bf16"] > 0 and ours["add.rn.bf16"] > 0, ours
+    assert default["fma.rn.bf16"] > 0, default
