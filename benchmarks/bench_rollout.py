@@ -88,10 +88,13 @@ def engine_kwargs(prov: str) -> dict:
     """engine-<bf16|w4a4>[-kv4][-triton|-eager|-record]: mode, FP4 KV cache, FP4 compute backend (torch =
     FP4 weights dequantized to BF16 at sync + per-row FP4 activation quant + BF16 GEMMs, i.e. the same
     codes on BF16 tensor cores; triton = the FP4 kernels of kernels/; -record = the engine's default, the
-    kernels on a GPU and the torch path on a CPU, as the RL trainer builds it), CUDA graphs (off for -eager)."""
-    return dict(mode="bf16" if prov.startswith("engine-bf16") else "w4a4", kv_fp4="-kv4" in prov,
-                fp4_backend="triton" if prov.endswith(("-triton", "-kernels", "-tritonattn")) else "auto" if prov.endswith("-record")
-                else "torch",
+    kernels on a GPU and the torch path on a CPU, as the RL trainer builds it), CUDA graphs (off for -eager).
+    engine-bf16 is the BF16 engine as the trainer builds it ("auto"): on a GPU with the fused norms, routing and
+    sampling that the FP4 modes use too, so the ratio is FP4's alone."""
+    bf16 = prov.startswith("engine-bf16")
+    return dict(mode="bf16" if bf16 else "w4a4", kv_fp4="-kv4" in prov,
+                fp4_backend="triton" if prov.endswith(("-triton", "-kernels", "-tritonattn"))
+                else "auto" if bf16 or prov.endswith("-record") else "torch",
                 cuda_graphs=not prov.endswith("-eager"))
 
 
