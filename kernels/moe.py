@@ -460,14 +460,17 @@ def moe_block_rows(T: int, topk: int, E: int) -> int:
 
 
 def mma_moe_config(T: int, topk: int, E: int) -> MoEConfig:
-    """The MMA tile for T tokens of top-k over E experts: BM by `moe_block_rows`; K-tiles of 128 with 3 stages (K-tiles
-    twice as long were slower at every timed size, v5c; in the pair order BM 64 took K-tiles of 64 with 4 stages,
-    v3b, which the dot order cannot: its groups are 128 long); 64 weight rows, 4 warps, the bf16 decode of the weights
-    in the dot order (v5k: no shared-memory trip of the decoded tile, ~22% fewer loop instructions per weight)."""
+    """The MMA tile for T tokens of top-k over E experts: BM by `moe_block_rows`; 3 stages, 64 weight rows, 4 warps,
+    the bf16 decode of the weights in the dot order (v5k: no shared-memory trip of the decoded tile, ~22% fewer loop
+    instructions per weight). K-tiles of 256 at BM 16, of 128 above: the H200 sweep in the dot order (kernels.csv
+    v5l-sweep, W4A16) had 256 faster at BM 16 (Qwen3 T16 / T64 117.8 -> 115.5 / 158.8 -> 153.2 us, Mixtral T16 378.6 ->
+    304.9) and slower at BM 32-64 (Qwen3 T256 184.4 -> 213.0, Mixtral T256 758.8 -> 1033.4; Mixtral T64 at BM 32 was
+    3% faster). The pair order, v5c, had 256 slower everywhere; the dot order cannot take 64 (its groups are 128)."""
     if INTERPRET:
         return MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16)
     bm = moe_block_rows(T, topk, E)
-    return MoEConfig(BM=bm, BN=64, BKW=16, num_warps=4, num_stages=3, BN_down=64, bf16_decode=True, dot_order=True)
+    return MoEConfig(BM=bm, BN=64, BKW=32 if bm == 16 else 16, num_warps=4, num_stages=3, BN_down=64,
+                     bf16_decode=True, dot_order=True)
 
 
 def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
