@@ -282,3 +282,37 @@ def test_final_accuracy_error_bars(tmp_path):
     plt.close(fig)
     assert np.allclose(bf16_err, np.array([0.03, 0.06]) / np.sqrt(3))
     assert np.allclose(fp4_err, np.array([0.09, 0.0]) / np.sqrt(3))
+
+
+def test_kernel_figures_draw_the_defaults_and_the_anchor_only(tmp_path, monkeypatch):
+    """figures.plot_kernels: of a table with study rows (tile variants, sweeps) and several versions, a MoE panel
+    draws our defaults' newest version as lines, an older run's other sizes as rings, the first version dashed and
+    the anchor; no study provider."""
+    import matplotlib.pyplot as mplt
+
+    import figures.plot_kernels as pk
+    from figures import style
+
+    rows = ["version,commit,gpu,date,op,shape,provider,median_us,ratio_vs_bf16,pct_copy_bw"]
+    for ver, ts in (("v0", (1, 16, 256)), ("v5", (1, 16)), ("v6", (16, 256))):
+        for t in ts:
+            rows += [f"{ver},c,H200,d,moe,qwen3 T{t},fp4-w4a16,100,{2 + int(ver[1])/10},30",
+                     f"{ver},c,H200,d,moe,qwen3 T{t},fp4-w4a16-pair,120,1.5,25",
+                     f"{ver},c,H200,d,moe,qwen3 T{t},triton_kernels-mxfp4,110,2.2,28"]
+    rows += ["v6-sweep,c,H200,d,moe-sweep,qwen3 T16,fp4-w4a16,90,3.0,33"]
+    (tmp_path / "k.csv").write_text("\n".join(rows) + "\n")
+    seen = {}
+
+    def keep(fig, out_dir, name):
+        seen[name] = [(t.get_text(), ln.get_linestyle()) for ax in fig.axes
+                      for t, ln in zip(ax.get_legend().get_texts(), ax.get_legend_handles_labels()[0], strict=True)]
+        mplt.close(fig)
+        return [name]
+
+    monkeypatch.setattr(style, "save", keep)
+    pk.plot_kernels(str(tmp_path / "k.csv"), str(tmp_path / "out"))
+    labels = dict(seen["kernels_moe"])
+    assert set(labels) == {"fp4-w4a16 (v6)", "fp4-w4a16 (other sizes: v5)", "fp4-w4a16 (v0, first)",
+                           "triton_kernels-mxfp4 (v6)", "triton_kernels-mxfp4 (other sizes: v5)"}, labels
+    assert labels["fp4-w4a16 (v6)"] == "-" and labels["fp4-w4a16 (v0, first)"] == "--"
+    assert labels["fp4-w4a16 (other sizes: v5)"] == "None"
