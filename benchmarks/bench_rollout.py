@@ -2,8 +2,9 @@
 
 What: for each model shape, batch size and provider, generate `--gen` tokens after a `--prompt`-token random
 prompt (greedy, no stop), and report generated tokens per second (prefill included, wall clock, after
-one short warm-up). Providers (trace.rollout.RolloutEngine unless hf): `engine-bf16`; `engine-w4a4` and `engine-w4a4-kv4`
-(FP4 codes, computed with BF16 GEMMs on the dequantized FP4 weights: fp4_backend="torch");
+one short warm-up). Providers (trace.rollout.RolloutEngine unless hf): `engine-bf16` (the BF16 engine as the trainer
+builds it: on a GPU with the fused norms, routing and sampling the FP4 modes use); `engine-w4a4` and `engine-w4a4-kv4`
+(FP4 codes, computed with BF16 GEMMs on the dequantized FP4 weights: fp4_backend="torch", no Triton at all);
 `engine-w4a4-triton`, `engine-w4a4-kv4-triton` (the Triton path: the FP4 kernels of kernels/ for decode
 projections up to their crossover sizes, the same codes on BF16 GEMMs above, trace/rollout/fast.py);
 `engine-w4a4-kv4-kernels` (the Triton path with the FP4 kernels at every size: TRACE_FP4_CROSSOVER=inf,inf);
