@@ -656,7 +656,7 @@ def run_fused(dev, quick):
     from kernels.norm import norm_rope, rms_norm
     from kernels.routing import topk_softmax
     from trace.rollout.forward import rms_norm as torch_rms_norm
-    from trace.rollout.forward import rotate_half
+    from trace.rollout.forward import rope
 
     log("== norms (residual add + RMSNorm, q/k norm + RoPE)")
     H, nh, nkv, D, eps, bf = 2048, 32, 4, 128, 1e-6, torch.bfloat16
@@ -685,11 +685,9 @@ def run_fused(dev, quick):
         qw, kw = (1 + 0.3 * torch.randn(D, device=dev)).to(bf), (1 + 0.3 * torch.randn(D, device=dev)).to(bf)
 
         def torch_rope(t, wt):
-            t = torch_rms_norm(t, wt, eps)
-            return t * c[:, None] + rotate_half(t) * sn[:, None]
+            return rope(torch_rms_norm(t, wt, eps), c, sn)
 
-        check(f"rope R{R}", torch.equal(norm_rope(q, c, sn), q * c[:, None] + rotate_half(q) * sn[:, None]),
-              "bit-identical without the norm")
+        check(f"rope R{R}", torch.equal(norm_rope(q, c, sn), rope(q, c, sn)), "bit-identical without the norm")
         shape = f"R{R} q{nh} k{nkv} x{D}"
         nbytes = 2 * R * (nh + nkv) * D * 2
         base = record("norm", shape, "torch-qk-norm+rope", bench(lambda: (torch_rope(q, qw), torch_rope(k, kw))), nbytes)

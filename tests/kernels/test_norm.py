@@ -8,7 +8,7 @@ import torch
 from kernels.norm import LAUNCH, norm_rope, rms_norm
 from tests.kernels.conftest import DEV, compile_sm90
 from trace.rollout.forward import rms_norm as torch_rms_norm
-from trace.rollout.forward import rotate_half
+from trace.rollout.forward import rope, rotate_half
 
 DTYPES = [torch.bfloat16, torch.float16]
 
@@ -23,10 +23,6 @@ def _rope_inputs(M, D, dtype, g):
     pos = torch.randint(0, 40000, (M,), generator=g).float()
     emb = torch.cat([pos[:, None] * inv] * 2, dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _torch_rope(t, c, s):
-    return t * c[:, None] + rotate_half(t) * s[:, None]
 
 
 def _within(got, want, scale, dtype, ulps):
@@ -67,7 +63,7 @@ def test_rope_alone_is_torch_bit_for_bit(dtype, M, Hh, D):
     t = (torch.randn(M, Hh, D, generator=g) * 4).to(dtype)
     c, s = _rope_inputs(M, D, dtype, g)
     got = norm_rope(t.to(DEV), c.to(DEV), s.to(DEV)).cpu()
-    assert torch.equal(got, _torch_rope(t, c, s))
+    assert torch.equal(got, rope(t, c, s))
 
 
 @pytest.mark.parametrize("dtype", DTYPES + [torch.float32])
@@ -79,7 +75,7 @@ def test_per_head_norm_then_rope_is_qwen3s_within_the_roundings(dtype, M, Hh, D)
     c, s = _rope_inputs(M, D, dtype, g)
     got = norm_rope(t.to(DEV), c.to(DEV), s.to(DEV), w.to(DEV), 1e-6).cpu()
     n = torch_rms_norm(t, w, 1e-6)
-    want = _torch_rope(n, c, s)
+    want = rope(n, c, s)
     # two roundings of each normed input (the inverse RMS's last bits), then the RoPE's two products and its sum
     scale = (n * c[:, None]).abs() + (rotate_half(n) * s[:, None]).abs()
     assert _within(got, want, scale + want.abs(), dtype, 4)

@@ -89,6 +89,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """t [..., Hh, D], cos / sin [..., D] -> t * cos + rotate_half(t) * sin, the same angles for every head
+    (transformers' `apply_rotary_pos_emb` on one tensor; `kernels.norm.norm_rope` makes the same roundings)."""
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [..., 1, D]
+    return t * c + rotate_half(t) * s
+
+
 class EngineForward:
     def __init__(self, w: EngineWeights, *, mode: str, fmt: str, dtype: torch.dtype):
         self.w, self.a, self.mode, self.fmt, self.dtype = w, w.arch, mode, fmt, dtype
@@ -119,8 +126,7 @@ class EngineForward:
                              self.a.eps).view(R, T, Hh, D)
         if w is not None:
             t = rms_norm(t, w, self.a.eps)
-        c, s = cos[:, :, None, :], sin[:, :, None, :]  # [R, T, 1, D]
-        return t * c + rotate_half(t) * s
+        return rope(t, cos, sin)
 
     def _act(self, x: torch.Tensor, layer: int, site: str, rec: Recording | None) -> torch.Tensor:
         """Per-row FP4 RTN of x [N, *inner, K] at (layer, site); returns the dequantized value."""
