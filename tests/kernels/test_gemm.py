@@ -7,9 +7,17 @@ import numpy as np
 import pytest
 import torch
 
+from kernels import gemm as kg
 from kernels import quantize as kq
 from kernels import reference as ref
-from kernels.gemm import GemmConfig, default_config, fp4_linear, prepare_weight, quantize_act_for_gemm
+from kernels.gemm import (
+    GemmConfig,
+    default_config,
+    fp4_linear,
+    prepare_weight,
+    quantize_act_for_gemm,
+    uses_dot_order,
+)
 from tests.kernels.conftest import DEV, GPU_TOL_MMA, MMA_KW, ON_GPU, TOL, TOL_MMA, bf16_exact, dev, host, rel
 
 MMA_CASES = [(1, 40, 96), (17, 33, 256), (5, 64, 48)]
@@ -140,17 +148,21 @@ def test_w4a4_mma_with_the_gpu_tiles_of_m128_k2048(monkeypatch):
     """W4A4 on the MMA path with the tiles a GPU takes at M=128, K=2048 (the shape of the benchmark's
     dense W4A4 check): the activation quantize at one row of 128 blocks per program (`kq._config` on a
     GPU; two rows per program with 4 warps saturated every code of a bf16 input on an H200), the GEMM
-    at BM=64, BN=64, BKW=16, one K split (`default_config` for M > 64). Forced in the interpreter, the
-    defaults on a GPU. BF16 input as in the benchmark, FP32 output. The activation
+    at BM=64, BN=64, BKW=16, one K split, the weight in the dot order (`default_config` for M > 64). Forced in the
+    interpreter, the defaults on a GPU. BF16 input as in the benchmark, FP32 output. The activation
     codes and scales are checked first, so a failure says which of the two kernels is wrong."""
     (c, s, o), x = _m128_k2048_case()
     (M, K), N = x.shape, c.shape[0]
     gpu_q = kq._config(M, K, 16, interpret=False)
-    cfg = GemmConfig(BN=64, BM=64, BKW=16, split=1, num_warps=4, num_stages=3, bf16_decode=True)
+    cfg = GemmConfig(BN=64, BM=64, BKW=16, split=1, num_warps=4, num_stages=3, bf16_decode=True, dot_order=True)
+    assert uses_dot_order(cfg.dot_order, K, cfg.BKW, cfg.tma)  # K and the K-tile of 128 elements: the dot order runs
     assert gpu_q[:3] == (1, 128, True)
     if ON_GPU:
         assert kq._config(M, K, 16) == gpu_q and default_config(M, N, K, DEV) == cfg
     else:
+        with monkeypatch.context() as mp:  # the GPU's choice, read on the CPU too (M > 64: no split-K, no SM count)
+            mp.setattr(kg, "INTERPRET", False)
+            assert default_config(M, N, K, DEV) == cfg
         monkeypatch.setattr(kq, "_config", lambda *a: gpu_q)
     q = host(kq.quantize_rows(dev(x), "nvfp4"))
     qc, qs, qo = ref.nvfp4_quantize(x.float(), outer="row")
