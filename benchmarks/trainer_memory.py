@@ -1,5 +1,5 @@
 """What the RL trainer's forward keeps for the backward, by source line: the memory that decides how many
-runs share a GPU (the small profile's `gpu_slots_per_device`, lease_call.sh's SLOTS).
+runs share a GPU (the small profile's `gpu_slots_per_device`, profile_chunk.sh's SLOTS).
 
 One RL step of a profile's run config on the CPU (random initial weights unless --init-ckpt, so generations
 run to their length limit: an upper bound), with a saved-tensors hook around the trainer's forward that adds

@@ -103,7 +103,7 @@ def test_bad_inputs_create_no_run_dir(tmp_path):
 
 def test_meta_git_tree_names_the_files_on_disk():
     """meta.json's git_tree is the tree of the tracked files as they are, also when they differ from HEAD
-    (a GPU lease once carried a newer commit's files beside an older .git: git_commit named the old one)."""
+    (a copy holding a newer commit's files beside an older .git: git_commit alone would name the old one)."""
     import subprocess
 
     tree = rundir._git_tree()
@@ -119,7 +119,7 @@ def test_meta_git_tree_names_the_files_on_disk():
 
 
 def test_meta_git_commit_from_the_launcher(monkeypatch):
-    """A lease names the launching commit (TRACE_GIT_COMMIT) where its copy's .git is older than its files."""
+    """The launcher names its commit (TRACE_GIT_COMMIT) where a copy's .git is older than its files."""
     monkeypatch.setenv("TRACE_GIT_COMMIT", "0123abc")
     assert rundir.collect_meta()["git_commit"] == "0123abc"
     monkeypatch.delenv("TRACE_GIT_COMMIT")

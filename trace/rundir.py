@@ -42,8 +42,8 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 
 def _git_commit() -> str | None:
     """HEAD (with -dirty when tracked files differ). TRACE_GIT_COMMIT overrides it where the copy's .git is not
-    the repository's (a GPU lease carries the files of the launching commit beside an older .git; git_tree
-    below still checks that the files are that commit's)."""
+    the repository's (a copy of the working tree sent to a GPU machine can hold the launching commit's files
+    beside an older .git; git_tree below still checks that the files are that commit's)."""
     if os.environ.get("TRACE_GIT_COMMIT"):
         return os.environ["TRACE_GIT_COMMIT"]
     try:
@@ -61,8 +61,8 @@ def _git_commit() -> str | None:
 
 def _git_tree() -> str | None:
     """The git tree id of the tracked files as they are on disk (the commit's tree when clean). A copy of the
-    repository whose .git lags its files (a GPU lease can carry the files of a newer commit beside the .git
-    of an older one) still names its code: `git log --format='%H %T' | grep TREE` finds the commit."""
+    repository whose .git lags its files (a copy holding a newer commit's files beside the .git of an older
+    one) still names its code: `git log --format='%H %T' | grep TREE` finds the commit."""
     import tempfile
     try:
         root = _ROOT
@@ -87,7 +87,7 @@ def _version(mod: str) -> str | None:
 
 
 ENV_KEYS = ("TRACE_ROLLOUT_BACKEND", "TRACE_FP4_CROSSOVER", "TRACE_FP4_KERNELS", "TRACE_FP4_ATTN",
-            "TRACE_SFT_REBUILD")
+            "TRACE_SFT_REBUILD", "TRACE_GPU_TESTS")
 
 
 def utc_now() -> str:
@@ -105,7 +105,7 @@ def _host_gpus() -> int | None:
 
 
 def _boot_id() -> str | None:
-    """Tells apart machines of one hostname (fresh leased machines are all called alike)."""
+    """Tells apart machines of one hostname (freshly started cloud machines are often all called alike)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip() or None
@@ -146,8 +146,9 @@ def collect_meta() -> dict:
         "boot_id": _boot_id(),
         "argv": sys.argv,
         # settings read from the environment that change what a run computes (the rollout's FP4 backend and
-        # its kernels-vs-BF16 crossover, trace/rollout/fast.py; the FP4 library's RTN path, trace/fp4) and how
-        # the SFT base it starts from was trained again on a lease (scripts/gpu/profile_chunk.sh)
+        # its kernels-vs-BF16 crossover, trace/rollout/fast.py; the FP4 library's RTN path, trace/fp4), how
+        # the SFT base it starts from was trained again on another machine, and the GPU test suite's outcome
+        # before the run started (both set by scripts/gpu/profile_chunk.sh)
         "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
         "start_time": utc_now(),
     }

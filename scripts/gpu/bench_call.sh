@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# One GPU call (the device tool's `run`, at most 600 s) that checks and times the kernels and the rollout
-# engine: the kernels' GPU tests, then benchmarks/bench_kernels.py at the crossover sizes of the Qwen3 and
-# Mixtral shapes (every T and M, the MMA tile also where the GEMV is the default), then
-# benchmarks/bench_rollout.py at the Qwen3-30B-A3B layer shape. Everything lands in OUT (k.csv, r.csv, logs);
-# here append them with benchmarks/results_table.py. A failing test stops the call before any timing.
+# One bounded command on a GPU machine (at most 600 s; the working tree is copied there, what it writes under
+# $OUT comes back) that checks and times the kernels and the rollout engine: the GPU test suite
+# (scripts/gpu/gpu_tests.sh), then benchmarks/bench_kernels.py at the crossover sizes of the Qwen3 and Mixtral
+# shapes (every T and M, the MMA tile also where the GEMV is the default), then benchmarks/bench_rollout.py at
+# the Qwen3-30B-A3B layer shape. Everything lands in OUT (gpu_tests.txt, k.csv, r.csv, logs); here append
+# them with benchmarks/results_table.py. A failing test stops the command before any timing.
 #   bash scripts/gpu/bench_call.sh VERSION [PARTS]   # carry .anchors (triton_kernels v3.6.0, the anchor)
 # PARTS: bench_kernels --only (default attention,moe,dense; also quantize, sampling, fused); LIMIT (default 570) bounds the call in seconds;
 # ENGINE=0 leaves the engine out (its benchmark then gets a call of its own); BREAKDOWN=1 adds the engine's step
 # breakdown (bench_rollout.py --breakdown: kernel time by component, graph-busy / graph-idle); NCU="TARGET ..." (names of
 # benchmarks/ncu_kernels.py run --list) adds Nsight Compute's counters of those targets after the kernels (ncu.csv,
 # ncu.md in OUT; ~60 s);
-# TEST_LIMIT: seconds for the GPU tests (default 330); TESTS: the GPU tests' paths (default tests/kernels tests/rl/test_steps.py tests/rollout/test_gpu.py);
-# TEST_K: their pytest -k expression (default: the GPU-relevant names below);
+# GPU_SUITE: full (default; about 7 min, so a fresh machine's first call runs the suite and stops, and the next
+# call on that machine, for the same source tree, goes straight to the timings) or fast (gpu_tests.sh's named
+# subset, one test or more of every GPU test file); SKIP_GPU_TESTS=1 skips the suite, which OUT/gpu_tests.txt
+# and the output say; GPU_TESTS_K narrows it (a pytest -k expression);
 # PROVIDERS: the engine's providers (default engine-bf16 engine-w4a4-kv4-triton engine-w4a4-kv4-kernels);
 # REPEATS: timed rounds per engine provider (default 3, bench_rollout.py --repeats);
-# GIT_COMMIT names the launching commit (the lease's .git is stale). The tests import trace.config, which needs
-# jsonschema: carry WHEELS too (default .whl-pipe, from scripts/gpu/offline_wheels.sh download .whl-pipe pipeline).
+# GIT_COMMIT names the launching commit (the copy's .git may be older than its files). The tests import
+# trace.config, which needs jsonschema: carry WHEELS too (default .whl-pipe, from scripts/gpu/offline_wheels.sh
+# download .whl-pipe pipeline).
 set -uo pipefail
 t0=$(date +%s)
 version=${1:?usage: bench_call.sh VERSION [PARTS]}; parts=${2:-attention,moe,dense}
@@ -29,18 +33,12 @@ if [ -d "$wheels" ]; then
   export PYTHONPATH=$PYTHONPATH:/tmp/site-bench
 fi
 left() { echo $(( limit - ($(date +%s) - t0) )); }
-gpu_tests() {  # gpu_tests SECONDS [pytest options]
-  # shellcheck disable=SC2086  # the paths are words
-  timeout "$1" python3 -m pytest ${TESTS:-tests/kernels tests/rl/test_steps.py tests/rollout/test_gpu.py} -q -p no:cacheprovider "${@:2}" \
-    -k "${TEST_K:-every_gpu_tile or decodes or plain_variant or gpu_step or stable_sort or pads_per_expert or decoded_activation or fake_tile or tma or fma or register_cap or dot_order or sampl}" \
-    > "$out/tests.log" 2>&1
-}
-# one process: in 8 (pytest-xdist) the same tests ran past 200 s on a warm H200 where one process took 221 s (v5h:
-# they share one GPU and the compile); --durations names the slow ones in tests.log
-if ! gpu_tests "${TEST_LIMIT:-330}" --durations=15; then
-  tail -40 "$out/tests.log"; echo "GPU tests failed or ran past ${TEST_LIMIT:-330} s: nothing timed"; exit 1
+# the GPU suite first; where it ran in this call and left less than 300 s, the timings wait for the next call
+suite_start=$(date +%s)
+TEST_LIMIT=$(( $(left) - 20 )) bash scripts/gpu/gpu_tests.sh "${GPU_SUITE:-full}" || { echo "nothing timed"; exit 1; }
+if [ $(( $(date +%s) - suite_start )) -gt 60 ] && [ "$(left)" -lt 300 ]; then
+  echo "the GPU suite took this call's time: call again on this machine for the timings"; exit 0
 fi
-tail -1 "$out/tests.log"
 anchor=.anchors/triton_kernels-v3.6.0
 [ -d "$anchor" ] || echo "no $anchor: the anchor's rows are skipped"
 engine=${ENGINE:-1}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The OpenRLHF stack for a GPU machine without package access (e.g. a lent node with torch, triton and
-# transformers preinstalled, Python 3.12): download here, carry the folder, install there into a target
-# directory that goes on PYTHONPATH.
+# The OpenRLHF stack for a GPU machine without package-registry access (e.g. a node with torch, triton and
+# transformers preinstalled, Python 3.12): download here, copy the folder with the working tree, install
+# there into a target directory that goes on PYTHONPATH.
 #   bash scripts/gpu/offline_wheels.sh download DIR [SET]   # on a machine with pip access (any OS/arch)
 #   bash scripts/gpu/offline_wheels.sh install DIR          # on the GPU machine, into $SITE (default /tmp/site);
 #                                                           # a second install of the same DIR there is a no-op
@@ -66,7 +66,7 @@ PY
   du -sh "$dir";;
 install)
   site=${SITE:-/tmp/site}
-  # a machine kept warm between calls keeps $site: the same set installed once (~60 s) is not installed again
+  # a machine that keeps $site between commands: the same set installed once (~60 s) is not installed again
   stamp="$site/.installed-$(ls "$dir" | sha256sum | cut -c1-16)"
   if [ ! -e "$stamp" ]; then
     # one pip call for wheels and sdists (deepspeed, connection-pool): a second `--target --upgrade` call

@@ -6,8 +6,12 @@
 #   bash scripts/gpu/openrlhf_small.sh OUT_DIR [--set key=value ...]
 # Needs openrlhf, ray and deepspeed (scripts/install.sh; on a machine without package access, the wheel
 # files of docs/openrlhf.md). OUT_DIR/<model>/<task>/<arm>/seed0 are run dirs as analysis/ reads them.
+# The GPU test suite runs first (scripts/gpu/gpu_tests.sh; GPU_SUITE, default full; SKIP_GPU_TESTS=1 skips it):
+# its line is OUT_DIR/gpu_tests.txt.
 set -euo pipefail
 out=${1:?usage: scripts/gpu/openrlhf_small.sh OUT_DIR [--set key=value ...]}
+mkdir -p "$out"
+OUT=$out bash scripts/gpu/gpu_tests.sh "${GPU_SUITE:-full}" || { echo "no run started" >&2; exit 1; }
 shift
 cfg=experiments/configs/openrlhf_small.yaml
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1

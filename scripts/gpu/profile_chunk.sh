@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One stretch of a GPU profile that has to finish on the machine it starts on (checkpoints stay there, a
-# leased machine goes back with them): the runs of one model (and task) through the pipeline, in a copy
-# of the repository and in a process session of its own, so it outlives the command that started it;
-# then a later command waits for it and packs the run dirs without checkpoints.
+# One stretch of a GPU profile that has to finish on the machine it starts on (its checkpoints stay on that
+# machine; only the run dirs without checkpoints come back): the runs of one model (and task) through the
+# pipeline, in a copy of the repository and in a process group of its own (setsid), so it outlives the
+# command that started it; then a later command waits for it and packs the run dirs without checkpoints.
 #   bash scripts/gpu/profile_chunk.sh start PROFILE MODEL[,MODEL...] [TASK[,TASK...]]   # returns at once
 #   bash scripts/gpu/profile_chunk.sh wait SECONDS OUT.tgz         # waits up to SECONDS, packs what is done
 # e.g. `start experiments/profiles/small.yaml qwen3_moe-small reasoning` on two H200s runs its SFT base, the
@@ -17,10 +17,13 @@
 # ablation runs failed again and again where 6 ran clean) bounds SLOTS; a failed attempt's log is kept in LOG.failed;
 # a run that fails (e.g. out of memory next to others) is tried twice more and resumes from its checkpoint.
 # ARMS (space-separated arm names, e.g. "trace-rho0 trace-alignelements") narrows the chunk to those arms' runs,
-# so a short lease spends its time on them first (snakemake's --prioritize did not). Within a chunk the rules'
+# so a machine held for a short time spends it on them first (snakemake's --prioritize did not). Within a chunk the rules'
 # priorities order the jobs: evaluations before new runs, the longest arms first (workflow/rules/train.smk).
 # SNAKEMAKE_EXTRA adds snakemake options (`-n`: a dry run, as tests/workflow/test_profile_chunk.py does). Snakemake runs with the greedy scheduler, so
 # PuLP's solver binaries are not needed (scripts/gpu/offline_wheels.sh SET all leaves them out).
+# `start` runs the GPU test suite first (scripts/gpu/gpu_tests.sh, GPU_SUITE default full, once per machine and
+# source tree; SKIP_GPU_TESTS=1 skips it) unless the caller ran it and passes its line in TRACE_GPU_TESTS
+# (remote_call.sh does); that line goes into every run's meta.json (env TRACE_GPU_TESTS).
 set -euo pipefail
 work=${WORK:-/tmp/trace-chunk}
 py=${PYTHON:-python3}
@@ -54,20 +57,24 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   done
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   [ "$gpus" -gt 0 ] || { echo "no GPU visible" >&2; exit 1; }
+  if [ -z "${TRACE_GPU_TESTS:-}" ]; then
+    bash scripts/gpu/gpu_tests.sh "${GPU_SUITE:-full}" || { echo "the chunk is not started" >&2; exit 1; }
+    TRACE_GPU_TESTS=$(cat "${RECORD:-${OUT:-/tmp}/gpu_tests.txt}")
+  fi
   rm -rf "$work" && mkdir -p "$work"
   printf '%s' "$later" > "$work/later.list"
   # .git travels: meta.json records the commit. GNU tar exits 1 when a file changed while it read it (a git
   # command refreshing .git/index beside it): the copy is still whole, so only 2 (fatal) stops the start
   { tar cf - --warning=no-file-changed --exclude='./.whl*' --exclude='./.venv' . || [ $? -eq 1 ]; } | tar xf - -C "$work"
   cd "$work"
-  # An SFT base that came back from an earlier lease without its checkpoint (done, no ckpt) is trained again
+  # An SFT base that came back from an earlier chunk without its checkpoint (done, no ckpt) is trained again
   # first, into a side dir; its logged losses must equal the committed ones bit for bit, then the checkpoint
   # goes in place and snakemake, whose runs depend on ancient(sft/done), starts only what is missing.
   # SFT_REBUILD_TOL (relative, default 0) accepts a base whose losses differ by at most that much
   # (workflow/scripts/rebuild_check.py): for bases trained before the SFT was deterministic on a GPU.
   # The rebuilds run before any other job, one at a time per GPU (GPUs side by side), each in the determinism
   # mode its base trained in (trace/sft.py): bases trained with PyTorch's own choices did not train again to
-  # their losses on later leases, alone on the GPU or not (docs/LOG.md), and a base that differs would start
+  # their losses on other machines, alone on the GPU or not (trace/sft.py), and a base that differs would start
   # its arms from another model than the committed runs'. A mismatch prints where the losses part and holds
   # back only the runs on that base; the rebuild's metrics are packed.
   # Then the models that need no rebuild and the rebuilt ones run together (--nolock: two snakemakes, each
@@ -75,6 +82,7 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
   # targets go before the options: --config takes every word after it
   sm="$py -m snakemake"; smo="--cores ${CORES:-$(nproc)} --resources gpu=$((gpus * slots)) --scheduler greedy --keep-going --retries 2 ${SNAKEMAKE_EXTRA:-} --configfile $profile --config gpu_slots_per_device=$slots"
   cat > run.sh <<EOS
+echo "GPU tests: \$TRACE_GPU_TESTS"
 rebuild() {
   local log="rebuild/\$1.log"
   mkdir -p "\$(dirname "\$log")"
@@ -124,7 +132,7 @@ fi
 if [ -n "\$first" ]; then wait \$first || status=1; fi
 exit \$status
 EOS
-  PYTHONPATH=$work${PYTHONPATH:+:$PYTHONPATH} setsid nohup bash run.sh > "$work/snakemake.log" 2>&1 < /dev/null &
+  TRACE_GPU_TESTS=$TRACE_GPU_TESTS PYTHONPATH=$work${PYTHONPATH:+:$PYTHONPATH} setsid nohup bash run.sh > "$work/snakemake.log" 2>&1 < /dev/null &
   echo $! > "$work/pid"
   echo "$name" > "$work/profile_name"
   echo "started $n targets on $gpus GPU(s) x $slots slots ($(echo $sfts | wc -w) SFT checkpoints to rebuild first); log $work/snakemake.log";;

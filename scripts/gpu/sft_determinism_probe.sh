@@ -2,8 +2,8 @@
 # Does an SFT config train to the same losses in two processes on this GPU? Trains it for STEPS steps, logging
 # every step, twice in the strict mode and twice in the math mode (trace/sft.py), all four at once on the
 # visible GPU, then prints per mode the first step whose losses differ (None: bit for bit the same) and the
-# determinism warnings of a strict run (ops without a deterministic variant). A base that will be rebuilt on a
-# later lease must train in a mode that prints None here.
+# determinism warnings of a strict run (ops without a deterministic variant). A base whose checkpoint is
+# rebuilt on another machine (scripts/gpu/profile_chunk.sh) must train in a mode that prints None here.
 #   PYTHONPATH=$PWD bash scripts/gpu/sft_determinism_probe.sh results/runs/small/mixtral-small/long_horizon/sft/config.yaml [STEPS]
 # OUT (default /tmp/sft-determinism) holds the four run dirs and their logs; DEVICE (default cuda) for a dry try on
 # the CPU, where both modes are PyTorch's own choices.

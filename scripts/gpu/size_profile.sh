@@ -3,8 +3,12 @@
 # evaluated at the end), then a few RL steps of each FP4-relevant arm from that base (per-step rollout
 # and train seconds in each run's metrics.jsonl). Families run side by side on the visible GPU.
 #   bash scripts/gpu/size_profile.sh OUT_DIR [SFT_STEPS] [RL_STEPS]
+# The GPU test suite runs first (scripts/gpu/gpu_tests.sh; GPU_SUITE, default full; SKIP_GPU_TESTS=1 skips it):
+# its line is OUT_DIR/gpu_tests.txt.
 set -uo pipefail
 out=${1:?usage: scripts/gpu/size_profile.sh OUT_DIR [SFT_STEPS] [RL_STEPS]}
+mkdir -p "$out"
+OUT=$out bash scripts/gpu/gpu_tests.sh "${GPU_SUITE:-full}" || { echo "no run started" >&2; exit 1; }
 sft_steps=${2:-1000}; rl_steps=${3:-3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Unpack what a GPU chunk brought back (scripts/gpu/profile_chunk.sh's OUT.tgz) into the repository: the
 # run dirs that are complete and not here yet, and the generated run configs that are new. Complete: an
-# RL run with `done` and `eval.json` (its checkpoint stayed on the leased machine, so a run without its
+# RL run with `done` and `eval.json` (its checkpoint stayed on the GPU machine, so a run without its
 # evaluation could never be evaluated: it is left out and reruns), an SFT base with `done` (the next chunk
 # rebuilds its checkpoint and checks it against these logged losses). Run dirs already here are never
 # overwritten; a base here without its evaluation gains the one that came back, if its logged losses match.

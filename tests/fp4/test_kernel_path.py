@@ -2,7 +2,7 @@
 against the reference ops (TRACE_FP4_KERNELS=off): codes, scale bytes, outer scales and the fake-quantized
 values bit for bit, per row, per tensor and per expert, NVFP4 and MXFP4, fp32 and bf16, with zero rows
 and blocks, and the straight-through gradient. On a GPU this file compares the compiled kernel with the reference ops
-(lease_call.sh runs it before a chunk's runs), at the tests' shapes and at the small flavors' weight shapes."""
+(in the GPU suite, scripts/gpu/gpu_tests.sh), at the tests' shapes and at the small flavors' weight shapes."""
 import pytest
 import torch
 

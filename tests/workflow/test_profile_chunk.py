@@ -1,6 +1,7 @@
 """scripts/gpu/profile_chunk.sh on the CPU: `start` with a fake nvidia-smi and snakemake in dry-run mode
 (SNAKEMAKE_EXTRA=-n), then `wait`: the command line it builds must be one snakemake accepts (a chunk once
-failed on a lease because its targets came after `--config`, which took them as config entries).
+failed on a GPU machine because its targets came after `--config`, which took them as config entries).
+The GPU test suite that `start` runs first is skipped (SKIP_GPU_TESTS=1), which the chunk's log says.
 Each chunk runs in a copy of the repository's files with qwen3_moe-small's long-horizon and coding run dirs left
 out, so that family stands for one whose SFT base is not committed, whatever has been committed since."""
 import os
@@ -36,7 +37,7 @@ def _run_chunk(tmp_path, models: str, task: str, python: str = sys.executable, *
     smi.chmod(0o755)
     work = tmp_path / "work"
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", WORK=str(work), PYTHON=python,
-               SNAKEMAKE_EXTRA="-n", SLOTS="2", **env_extra)
+               SNAKEMAKE_EXTRA="-n", SLOTS="2", SKIP_GPU_TESTS="1", OUT=str(tmp_path), **env_extra)
     start = subprocess.run(["bash", str(script), "start", "experiments/profiles/small.yaml", models, task],
                            cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert start.returncode == 0, start.stderr
@@ -44,7 +45,7 @@ def _run_chunk(tmp_path, models: str, task: str, python: str = sys.executable, *
     wait = subprocess.run(["bash", str(script), "wait", "240", str(out)], cwd=repo, env=env, capture_output=True,
                           text=True, timeout=300)
     assert "finished" in wait.stdout, wait.stdout + wait.stderr
-    (tmp_path / "wait.txt").write_text(wait.stdout)  # what a lease call prints at its end
+    (tmp_path / "wait.txt").write_text(wait.stdout)  # what remote_call.sh prints at its end
     return start.stdout, work, out
 
 
@@ -58,6 +59,8 @@ def _dry_chunk(tmp_path, task="coding", **env_extra):
 def test_start_builds_a_snakemake_call_that_parses(tmp_path):
     started, log, out = _dry_chunk(tmp_path)
     assert "started" in started and "1 GPU(s) x 2 slots" in started
+    assert "GPU tests skipped (SKIP_GPU_TESTS=1)" in started
+    assert "GPU tests: GPU tests skipped (SKIP_GPU_TESTS=1)" in log  # the runs' environment (meta.json env)
     assert "This was a dry-run" in log and "Error" not in log, log[-2000:]
     assert "results/runs/small/qwen3_moe-small/coding/trace/seed0/eval.json" in log  # a target, not a config entry
     with tarfile.open(out) as t:
