@@ -31,8 +31,8 @@ the GPUs each uses; and where ``host_gpus`` is not recorded, the machine has cpu
 A group's GPU-seconds are its jobs' shares, so the groups add up to the total; its wall time is the length of
 the union of its jobs' intervals, and groups that ran at the same time overlap in it.
 
-Compared against: docs/LOG.md's wall times of each lease chunk, measured from the lease calls (those also
-hold what is not a committed job: installs, GPU tests, SFT rebuilds, failed attempts).
+Compared against: the wall times of the profile chunks (scripts/gpu/remote_call.sh prints each call's seconds;
+those also hold what is not a committed job: installs, GPU tests, SFT rebuilds, failed attempts).
 """
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ import pandas as pd
 
 from trace.rundir import read_metrics
 
-# The leased H200 machines had 16 CPU cores per GPU (nvidia-h200: 16, nvidia-h200-x2: 32, ...); runs
-# made before host_gpus was recorded are sized by it (docs/LOG.md names the same machines).
+# The H200 machines the small profile ran on had 16 CPU cores per GPU (one GPU: 16, two: 32, ...); runs
+# made before host_gpus was recorded are sized by it.
 CORES_PER_GPU = 16
 
 
@@ -278,8 +278,8 @@ def notes(jobs: list[Job], profile: str) -> str:
     unplaced = sum(j.devices is None for j in timed)
     unsized = sum(j.legacy_host for j in timed)
     text = ("GPU time: the jobs of the profile whose meta.json lists a GPU (SFT runs, RL runs, evaluations) under "
-            f"results/runs/{profile}/; not in it: what a lease ran besides them (installs, GPU tests, benchmarks, SFT "
-            "checkpoints rebuilt on a later lease, failed or out-of-memory attempts whose run was redone). A job's "
+            f"results/runs/{profile}/; not in it: what the GPU machines ran besides them (installs, GPU tests, "
+            "benchmarks, SFT checkpoints rebuilt on another machine, failed or out-of-memory attempts whose run was redone). A job's "
             "interval: from meta.json's start_time to its end_time (evaluations: eval.json's meta).")
     if not jobs:
         text = text.replace("GPU time: ", f"GPU time: none (no job of the {profile} profile lists a GPU). Counted: ", 1)
@@ -300,10 +300,10 @@ def notes(jobs: list[Job], profile: str) -> str:
                  "takes slots slot-major), i.e. min(GPUs, running jobs) GPUs busy.")
     if unsized:
         text += (f" The machine's GPU count (host_gpus), unrecorded for {unsized} of them, is taken as cpu_count / "
-                 f"{CORES_PER_GPU} (the leased H200 machines had {CORES_PER_GPU} cores per GPU).")
+                 f"{CORES_PER_GPU} (the H200 machines had {CORES_PER_GPU} cores per GPU).")
     text += (" GPU-h: GPU-s / 3600. GPU-s / RL step: the GPU-s of the row's RL runs and their final evaluations "
              "over the RL steps they ran, at the sharing they ran with (gpu_slots_per_device runs per GPU, or the "
-             "lease chunk's SLOTS); the main table's s/step is one run's wall time per step.")
+             "profile chunk's SLOTS); the main table's s/step is one run's wall time per step.")
     return text
 
 
