@@ -14,7 +14,7 @@ def _rows(n):
 
 
 def test_plain_runtime_is_rtn_fake_quant():
-    x = torch.randn(5, 32, requires_grad=True)
+    x = torch.randn(5, 32, generator=torch.Generator().manual_seed(4)).requires_grad_(True)
     y = Runtime().act(0, "attn_in", x)
     assert torch.equal(y, fp4.fake_quant(x, "nvfp4", "row"))
     y.sum().backward()
@@ -46,19 +46,23 @@ def test_recording_then_replay_counts_flips_by_hand_and_reproduces_the_rollout()
 
 
 def test_padding_rows_get_rtn_and_are_not_recorded():
-    x = torch.randn(6, 32)
+    """Valid rows replay the rollout's quantization (guided: the trainer's values are 2% off the rollout's, so their
+    own RTN differs), padding rows keep the trainer's own RTN."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 32, generator=g)
     seq, pos = torch.zeros(1, dtype=torch.long), torch.tensor([[0, 1, 2, 3, -1, -1]])
     rt, rec = Runtime(), Recorder()
     with recording(rt, rec, seq, pos):
         rt.act(0, "attn_in", x)
     record = rec.finish()
     assert record.sites[(0, "attn_in")].keys.numel() == 4
-    x2 = x.clone()
-    x2[4:] = torch.randn(2, 32)
+    x2 = x * (1 + 0.02 * torch.randn(x.shape, generator=g))
+    x2[4:] = torch.randn(2, 32, generator=g)
     with replay(rt, record, seq, pos) as st:
         y = rt.act(0, "attn_in", x2)
     assert torch.equal(y[4:], fp4.fake_quant(x2[4:], "nvfp4", "row"))
     assert torch.equal(y[:4], fp4.quantize(x[:4], "nvfp4", "row").dequantize())
+    assert not torch.equal(y[:4], fp4.fake_quant(x2[:4], "nvfp4", "row"))  # what plain RTN would give
     assert st.layer(0).blocks == 4 * 2 and st.layer(0).elements == 0  # a compact record: scales only
     with pytest.raises(RecordMismatch, match="token rows"):
         with replay(rt, record, seq, pos):
@@ -71,7 +75,7 @@ def test_route_replays_recorded_ids_with_weights_of_own_logits():
     with recording(rt, rec, *_rows(3)):
         rt.record_routing(1, ids_roll)
     record = rec.finish()
-    logits = torch.randn(3, 4, requires_grad=True)
+    logits = torch.randn(3, 4, generator=torch.Generator().manual_seed(6)).requires_grad_(True)
     own = torch.topk(logits, 2).indices
     assert rt.route(1, logits, own, renorm=True) is None  # not replaying
     with replay(rt, record, *_rows(3)) as st:
@@ -88,11 +92,12 @@ def test_route_replays_recorded_ids_with_weights_of_own_logits():
 
 
 def test_zero_scale_block_keeps_alignment_gradient_finite():
-    x_roll = torch.randn(4, 32)
+    g = torch.Generator().manual_seed(7)
+    x_roll = torch.randn(4, 32, generator=g)
     x_roll[:, :16] = 0.0
     r = Recorder()
     r.add(0, "attn_in", fp4.quantize(x_roll, "nvfp4", "row"), torch.zeros(4, dtype=torch.long), torch.arange(4))
-    x = (x_roll + 0.05 * torch.randn(4, 32)).requires_grad_(True)
+    x = (x_roll + 0.05 * torch.randn(4, 32, generator=g)).requires_grad_(True)
     rt = Runtime()
     with replay(rt, r.finish(), torch.zeros(1, dtype=torch.long), torch.arange(4)[None], align=True) as st:
         (rt.act(0, "attn_in", x).sum() + st.alignment_loss()).backward()
@@ -186,7 +191,7 @@ def test_expert_slots_are_compared_and_guided_by_expert_id():
     record = rec.finish()
     ids_own = torch.tensor([[1, 0], [2, 5]])
     h_own = torch.stack([h_roll[0].flip(0), torch.stack([h_roll[1, 0], torch.randn(32, generator=g)])])
-    logits = torch.randn(2, 6)
+    logits = torch.randn(2, 6, generator=g)
     with replay(rt, record, *_rows(2), routing=False, guide=False) as st:
         assert rt.route(0, logits, ids_own, renorm=True) is None
         rt.act(0, "moe_down_in", h_own)
@@ -235,7 +240,7 @@ def test_replay_never_makes_the_host_wait():
     n, k = 8, 2
     xs = {(layer, site): torch.randn(n, *shape, generator=g) for layer in (0, 1)
           for site, shape in (("attn_in", (64,)), ("moe_down_in", (k, 32)))}
-    ids = torch.randint(0, 4, (n, 1)) + torch.tensor([[0, 4]])  # [n, k] distinct experts
+    ids = torch.randint(0, 4, (n, 1), generator=g) + torch.tensor([[0, 4]])  # [n, k] distinct experts
     rt, guide, diag = Runtime(), Recorder(layers=[1]), Recorder(full_codes=True)
     with recording(rt, Tee(guide, diag), seq, pos):
         for (layer, site), x in xs.items():
