@@ -17,9 +17,9 @@ dev = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("V,block", [(1000, 256), (777, 1024)])
 def test_greedy_is_torch_argmax_with_its_log_prob(dtype, V, block):
-    """Fresh random logits, a row whose maximum repeats in two blocks and one whose maximum is the last element:
+    """Seeded random logits, a row whose maximum repeats in two blocks and one whose maximum is the last element:
     the token is the first index of the row's maximum, the log-prob log_softmax's at temperature 1."""
-    g = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
+    g = torch.Generator().manual_seed(V + block)  # other logits per case, the same every run
     x = (torch.randn(5, V, generator=g) * 4).to(dtype)
     x[1, 3] = x[1, V - 2] = 50.0  # a tie across blocks: the first wins
     x[2, V - 1] = 60.0
@@ -30,7 +30,7 @@ def test_greedy_is_torch_argmax_with_its_log_prob(dtype, V, block):
 
 
 def test_non_finite_logits_are_flagged():
-    x = torch.randn(3, 300)
+    x = torch.randn(3, 300, generator=torch.Generator().manual_seed(2))
     for bad in (float("nan"), float("inf"), float("-inf")):
         y = x.clone()
         y[2, 123] = bad
@@ -41,10 +41,10 @@ def test_non_finite_logits_are_flagged():
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_samples_are_the_exponential_race_over_the_same_uniforms(temperature):
-    """Fresh random logits over several blocks: the token is argmax p / q over q = -log(u) of the uniforms the kernel
+    """Seeded random logits over several blocks: the token is argmax p / q over q = -log(u) of the uniforms the kernel
     draws (`sampler_uniforms`), computed in float64 (torch.multinomial's one-sample draw), up to near-ties the
     kernel's fp32 keys cannot order (the two keys within 1e-5 relative); the log-prob is that token's."""
-    g = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
+    g = torch.Generator().manual_seed(round(100 * temperature))  # other logits per case, the same every run
     x = torch.randn(6, 700, generator=g) * 2
     seed = int(torch.randint(1 << 40, (), generator=g))
     tok, lp, finite = fused_sample(x.to(dev), temperature, seed=seed, block=256)
@@ -86,7 +86,8 @@ def test_a_dominant_logit_is_always_drawn_and_empty_input_is_fine():
 def test_sampler_at_the_engine_size_on_a_gpu():
     """256 x 151,936 bf16 logits at the default block: greedy tokens exactly torch.argmax's; log-probs of greedy
     and sampled tokens within 1e-4 of float64 log_softmax (the normalizer sums 151,936 terms in fp32)."""
-    x = (torch.randn(256, 151936, device="cuda") * 3).to(torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(9)
+    x = (torch.randn(256, 151936, device="cuda", generator=g) * 3).to(torch.bfloat16)
     tok, lp, finite = fused_sample(x, 0.0)
     want_tok, want_lp, _ = ref.sample_reference(x, 0.0)
     assert torch.equal(tok, want_tok) and torch.allclose(lp.double(), want_lp, atol=1e-4, rtol=0) and bool(finite)
