@@ -7,10 +7,15 @@ Runs figures.plot_runs (curves_reward, curves_mismatch, flip_rates, mismatch_vs_
 paired_differences)
 figures.plot_speedups (speedups) and figures.plot_rollout (rollout); PNG + PDF each. This is what the pipeline's `plot` rule and the
 `figures` target call; no GPU and no training needed.
+
+FIGURES_INJECT_FAILURE=1 in the environment makes it fail after the run figures are written (before the
+speedup and rollout figures): the check that a failed plotting job keeps every committed figure
+(.ci/run, tests/workflow/test_pipeline_figures.py).
 """
 from __future__ import annotations
 
 import argparse
+import os
 
 from figures.plot_rollout import plot_rollout
 from figures.plot_runs import plot_all_runs
@@ -27,6 +32,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     written = plot_all_runs(a.runs, a.tables, a.out, a.manifest)
+    if os.environ.get("FIGURES_INJECT_FAILURE"):
+        raise RuntimeError("FIGURES_INJECT_FAILURE is set: failing after the run figures")
     written += plot_speedups(a.kernels, a.rollout, a.tables, a.out)
     written += plot_rollout(a.rollout, a.out)
     for p in written:

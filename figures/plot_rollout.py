@@ -38,7 +38,18 @@ def read_rollout(d: str | None) -> pd.DataFrame:
     df = df[df["gpu"].astype(str) != "cpu"].copy()
     df["note"] = df["note"].fillna("").astype(str)
     df["source"] = df["version"].astype(str) + "@" + df["commit"].astype(str)  # the run a row came from
-    return newest(df, ["op", "shape", "provider", "batch", "gen", "note"])
+    return newest(df, ["op", "shape", "provider", "batch", "prompt", "gen", "note"])
+
+
+def current_providers(df: pd.DataFrame, keep: tuple[str, ...] = ()) -> pd.DataFrame:
+    """The rows of the providers the newest run (version@commit of the last appended row) measured, plus
+    `keep`: modes an older run measured and the benchmark no longer has are not drawn."""
+    if df.empty:
+        return df
+    last = df.loc[df["row_"].idxmax()]
+    run = (df["version"].astype(str) == str(last["version"])) & (df["commit"].astype(str) == str(last["commit"]))
+    provs = set(df.loc[run, "provider"]) | set(keep)
+    return df[df["provider"].isin(provs)]
 
 
 def ratios(gen: pd.DataFrame) -> pd.DataFrame:
@@ -56,7 +67,8 @@ def ratios(gen: pd.DataFrame) -> pd.DataFrame:
 def plot_rollout(rollout_dir: str | None, out: str) -> list[str]:
     style.setup()
     df = read_rollout(rollout_dir)
-    fig, axes = plt.subplots(1, 2, figsize=(17, 5.2), squeeze=False, gridspec_kw={"width_ratios": [1.7, 1]})
+    fig, axes = plt.subplots(2, 1, figsize=(11, 10.5), squeeze=False)
+    axes = axes.reshape(1, 2)  # [0, 0]: throughput (top), [0, 1]: decode-step breakdown (below)
     if df.empty:
         for ax in axes[0]:
             ax.axis("off")
@@ -66,7 +78,7 @@ def plot_rollout(rollout_dir: str | None, out: str) -> list[str]:
         gen = df[df["op"] == "rollout_generate"].copy()
         gen = gen[pd.to_numeric(gen["tokens_per_s"], errors="coerce") > 0]
         # one bar per provider and configuration: the newest, whatever its note (an A/B row's note names its variant)
-        gen = newest(gen, ["shape", "batch", "gen", "provider"])
+        gen = newest(current_providers(gen, keep=("hf-bf16",)), ["shape", "batch", "gen", "provider"])
         configs = list(dict.fromkeys(zip(gen["shape"], gen["batch"], gen["gen"], strict=True)))
         provs = list(dict.fromkeys(gen["provider"]))
         ax, w = axes[0, 0], 0.8 / max(1, len(provs))
@@ -97,7 +109,7 @@ def plot_rollout(rollout_dir: str | None, out: str) -> list[str]:
         ax.legend(fontsize=7, ncol=4, loc="upper right")
 
         ax = axes[0, 1]
-        br = df[df["op"] == "rollout_breakdown"].copy()
+        br = current_providers(df[df["op"] == "rollout_breakdown"].copy())
         if br.empty:
             ax.axis("off")
             ax.text(0.5, 0.5, "no breakdown rows (bench_rollout.py --breakdown)", ha="center", va="center",
@@ -105,31 +117,37 @@ def plot_rollout(rollout_dir: str | None, out: str) -> list[str]:
         else:
             br["component"] = br["note"].str.replace("component=", "", regex=False)
             br["ms_step"] = br["ms_per_step"].astype(float) * br["batch"].astype(float)
-            bars = list(dict.fromkeys(zip(br["shape"], br["batch"], br["provider"], strict=True)))
-            src = {k: v for k, v in zip(zip(br["shape"], br["batch"], br["provider"], strict=True), br["source"],
-                                        strict=True)}  # the generate row measured with the breakdown
+            # a breakdown is keyed by everything that identifies it, its profiled context (`prompt`) included;
+            # the generate row it was measured with has the same source and a mean context prompt + gen/2
+            key_cols = ["shape", "batch", "provider", "prompt"]
+            bars = list(dict.fromkeys(br[key_cols].itertuples(index=False, name=None)))
+            src = dict(zip(br[key_cols].itertuples(index=False, name=None), br["source"], strict=True))
             bottom = np.zeros(len(bars))
             for k, comp in enumerate(COMPONENTS):
-                v = np.array([br[(br["shape"] == s) & (br["batch"] == b) & (br["provider"] == p)
-                                 & (br["component"] == comp)]["ms_step"].sum() for s, b, p in bars])
+                v = np.array([br[(br[key_cols].apply(tuple, axis=1) == bar) & (br["component"] == comp)]["ms_step"].sum()
+                              for bar in bars])
                 ax.bar(range(len(bars)), v, 0.7, bottom=bottom, label=comp, color=plt.cm.Set2(k))
                 bottom += v
-            wall = gen.set_index(["source", "shape", "batch", "provider"])["decode_ms_per_step"] \
-                if "decode_ms_per_step" in gen.columns else pd.Series(dtype=float)
-            busy_labelled = False
-            for j, key in enumerate(bars):
-                k = (src[key], *key)
-                if k in wall.index and np.isfinite(float(wall[k])):
-                    ax.plot([j - 0.35, j + 0.35], [float(wall[k])] * 2, color="black", linewidth=2,
-                            label="decode step, wall (graphs)" if j == 0 else None)
-                gb = br[(br["shape"] == key[0]) & (br["batch"] == key[1]) & (br["provider"] == key[2])
-                        & (br["component"] == "graph-busy")]["ms_step"]
+            wall = {}
+            if "decode_ms_per_step" in gen.columns:
+                for row in gen.itertuples(index=False):
+                    ctx = int(row.prompt) + int(row.gen) // 2
+                    wall[(row.source, row.shape, row.batch, row.provider, ctx)] = float(row.decode_ms_per_step)
+            wall_labelled = busy_labelled = False
+            for j, bar in enumerate(bars):
+                s, b, p, ctx = bar
+                w = wall.get((src[bar], s, b, p, int(ctx)), np.nan)
+                if np.isfinite(w):
+                    ax.plot([j - 0.35, j + 0.35], [w] * 2, color="black", linewidth=2,
+                            label="decode step, wall (graphs)" if not wall_labelled else None)
+                    wall_labelled = True
+                gb = br[(br[key_cols].apply(tuple, axis=1) == bar) & (br["component"] == "graph-busy")]["ms_step"]
                 if len(gb):
                     ax.plot([j - 0.35, j + 0.35], [float(gb.iloc[-1])] * 2, color="black", linewidth=1.5,
                             linestyle="--", label="device busy (graphs)" if not busy_labelled else None)
                     busy_labelled = True
             ax.set_xticks(range(len(bars)))
-            ax.set_xticklabels([f"{p}\n{s} b{b}" for s, b, p in bars], fontsize=6, rotation=30, ha="right")
+            ax.set_xticklabels([f"{p}\n{s} b{b} ctx {c}" for s, b, p, c in bars], fontsize=6, rotation=30, ha="right")
             ax.set_ylabel("ms per decode step")
             ax.set_title("Decode step: kernel time by component (eager profile) vs wall", fontsize=9)
             ax.legend(fontsize=7)

@@ -36,7 +36,7 @@ from analysis.runs import MAIN_METHODS, load_runs
 from figures import style
 from figures.style import plt
 
-NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy", "paired_differences"]
+NAMES = ["curves_reward", "curves_mismatch", "ablation_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy", "paired_differences"]
 
 
 def _groups(runs):
@@ -84,22 +84,42 @@ def _seed_band(runs, name, smooth: int = 1):
     return np.array(steps), np.nanmin(vals, axis=0), np.nanmax(vals, axis=0)
 
 
-def _panel_grid(n_groups: int, n_cols: int, w: float = 4.2, h: float = 3.0):
-    fig, axes = plt.subplots(n_groups, n_cols, figsize=(w * n_cols, h * n_groups), squeeze=False)
+def _panel_grid(n_rows: int, n_cols: int, w: float = 4.2, h: float = 3.0):
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(w * n_cols, h * n_rows), squeeze=False)
     return fig, axes
 
 
-def _legend(fig, axes):
+def _wrap_grid(n: int, n_cols: int = 3, w: float = 4.2, h: float = 3.2):
+    """n panels, at most n_cols to a row (readable at page width); the unused cells are removed."""
+    n_cols = max(1, min(n_cols, n))
+    n_rows = math.ceil(n / n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(w * n_cols, h * n_rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        fig.delaxes(ax)
+    return fig, list(axes.flat[:n])
+
+
+def _finish(fig, axes, title: str, extra: tuple[list, list] | None = None, ncol: int = 5) -> None:
+    """The figure's title, then its one legend (every labelled line of every panel, once, plus `extra`
+    handles/labels) just below it, above the panels."""
     handles, labels = {}, []
-    for ax in axes.flat:
+    for ax in np.asarray(axes, dtype=object).flat:
         for hd, lb in zip(*ax.get_legend_handles_labels(), strict=False):
             if lb not in handles:
                 handles[lb] = hd
                 labels.append(lb)
-    if handles:
-        fig.legend([handles[lb] for lb in labels], labels, loc="lower center", ncol=min(5, len(labels)),
-                   bbox_to_anchor=(0.5, -0.02), frameon=False)
-        fig.tight_layout(rect=(0, 0.04 + 0.025 * math.ceil(len(labels) / 5), 1, 1))
+    for hd, lb in zip(*(extra or ([], [])), strict=True):
+        if lb not in handles:
+            handles[lb] = hd
+            labels.append(lb)
+    height = fig.get_size_inches()[1]
+    rows = math.ceil(len(labels) / ncol) if labels else 0
+    title_in, row_in = 0.32, 0.18  # inches: the title's line, one legend row
+    fig.suptitle(title, y=1 - 0.08 / height, va="top", fontsize=10)
+    if labels:
+        fig.legend([handles[lb] for lb in labels], labels, loc="upper center", ncol=min(ncol, len(labels)),
+                   bbox_to_anchor=(0.5, 1 - title_in / height), frameon=False, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 1 - (title_in + row_in * rows + 0.02) / height))
 
 
 def curves_reward_figure(runs, main_only: bool = True):
@@ -132,9 +152,8 @@ def curves_reward_figure(runs, main_only: bool = True):
             ax.set_title(f"{model} / {task}: {title}")
             ax.set_xlabel("RL step")
             ax.set_ylabel(ylabel)
-    fig.suptitle(f"Reward and test accuracy per arm (mean over seeds, band: lowest to highest seed"
-                 f"{'; reward smoothed' if smooth > 1 else ''})", y=1.0)
-    _legend(fig, axes)
+    _finish(fig, axes, f"Reward and test accuracy per arm (mean over seeds, band: lowest to highest seed"
+                       f"{'; reward smoothed' if smooth > 1 else ''})")
     return fig
 
 
@@ -144,13 +163,23 @@ def plot_curves(runs, out: str, main_only: bool = True) -> list[str]:
     return style.save(curves_reward_figure(runs, main_only), out, "curves_reward")
 
 
+def _mismatch_axes(ax, model: str, task: str, label: str, unit: str) -> None:
+    ax.set_yscale("log")
+    ax.set_title(f"{model} / {task}: {label}")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(unit)
+
+
 def plot_mismatch(runs, out: str) -> list[str]:
+    """Main arms only: token k3 and max |Δ log-prob| per step, one row per model / task."""
     groups = _groups(runs)
     if not groups:
         return style.placeholder(out, "curves_mismatch", "Mismatch", "no logged runs with metrics")
     fig, axes = _panel_grid(len(groups), 2)
     for i, ((model, task), arms) in enumerate(groups.items()):
         for arm, rs in arms.items():
+            if arm not in MAIN_METHODS:
+                continue
             for j, name in enumerate(("k3", "dlp_abs_max")):
                 x, y = _mean_curve(rs, name)
                 pos = y > 0
@@ -158,14 +187,37 @@ def plot_mismatch(runs, out: str) -> list[str]:
                     axes[i, j].plot(x[pos], y[pos], label=arm, **style.arm_style(arm))
         for j, (label, unit) in enumerate((("token k3 mismatch", "k3 (nats, log scale)"),
                                            ("max |Δ log-prob|", "max |Δlp| (nats, log scale)"))):
-            ax = axes[i, j]
-            ax.set_yscale("log")
-            ax.set_title(f"{model} / {task}: {label}")
-            ax.set_xlabel("RL step")
-            ax.set_ylabel(unit)
-    fig.suptitle("Trainer vs rollout mismatch of sampled tokens' log-probs (lower is better)", y=1.0)
-    _legend(fig, axes)
+            _mismatch_axes(axes[i, j], model, task, label, unit)
+    _finish(fig, axes, "Trainer vs rollout mismatch of sampled tokens' log-probs, main arms (lower is better)")
     return style.save(fig, out, "curves_mismatch")
+
+
+ABLATION_REFERENCE = ("qat-independent", "trace")  # drawn beside the ablations for scale
+
+
+def plot_ablation_mismatch(runs, out: str) -> list[str]:
+    """The ablation arms' token k3 per step (smoothed), one panel per model / task that has ablations,
+    with the main table's trace and qat-independent arms for reference."""
+    groups = {k: v for k, v in _groups(runs).items() if any(a not in MAIN_METHODS for a in v)}
+    if not groups:
+        return style.placeholder(out, "ablation_mismatch", "Ablation mismatch", "no ablation arms in these runs")
+    fig, axes = _wrap_grid(len(groups), 2, w=5.6, h=3.8)
+    for ax, ((model, task), arms) in zip(axes, groups.items(), strict=True):
+        n_steps = max(len(r.metrics) for rs in arms.values() for r in rs)
+        for arm, rs in arms.items():
+            if arm in MAIN_METHODS and arm not in ABLATION_REFERENCE:
+                continue
+            x, y = _mean_curve(rs, "k3", max(1, n_steps // 20))
+            pos = y > 0
+            if pos.any():
+                st = style.arm_style(arm)
+                if arm in ABLATION_REFERENCE:
+                    st = {**st, "linestyle": ":", "linewidth": 2.2}
+                ax.plot(x[pos], y[pos], label=arm + (" (reference)" if arm in ABLATION_REFERENCE else ""), **st)
+        _mismatch_axes(ax, model, task, "token k3 mismatch", "k3 (nats, log scale)")
+    _finish(fig, axes, "Ablations: token k3 per step (mean over seeds, smoothed); dotted: main-table arms",
+            ncol=4)
+    return style.save(fig, out, "ablation_mismatch")
 
 
 def _layer_index(layer: str) -> int:
@@ -200,8 +252,7 @@ def flip_rates_figure(runs):
             ax.set_title(f"{model} / {task}: {label}")
             ax.set_xlabel("layer index (deeper to the right)")
             ax.set_ylabel("fraction differing, trainer vs rollout")
-    fig.suptitle("Per-layer disagreement between trainer and rollout (mean over steps and seeds)", y=1.0)
-    _legend(fig, axes)
+    _finish(fig, axes, "Per-layer disagreement between trainer and rollout (mean over steps and seeds)")
     return fig
 
 
@@ -250,10 +301,9 @@ def _stack_labels(ax, points: list[tuple[float, float, str]], fontsize: float = 
 def mismatch_vs_bytes_figure(runs_df: pd.DataFrame):
     d = runs_df.groupby(["model", "task", "arm"], as_index=False)[["k3_mean", "guidance_bytes_per_gen_token"]].mean()
     groups = list(d.groupby(["model", "task"], sort=True))
-    fig, axes = _panel_grid(1, len(groups), w=4.6, h=3.6)
+    fig, axes = _wrap_grid(len(groups), 3, w=4.6, h=3.8)
     labels = []
-    for j, ((model, task), g) in enumerate(groups):
-        ax = axes[0, j]
+    for ax, ((model, task), g) in zip(axes, groups, strict=True):
         pts = []
         for _, row in g.iterrows():
             if not (np.isfinite(row.k3_mean) and row.k3_mean > 0 and np.isfinite(row.guidance_bytes_per_gen_token)):
@@ -267,12 +317,14 @@ def mismatch_vs_bytes_figure(runs_df: pd.DataFrame):
         ax.set_ylabel("mean token k3 (nats, log scale)")
         ax.set_title(f"{model} / {task}")
         xmax = max([1.0] + [p[0] for p in pts])
-        ax.set_xlim(-0.05 * xmax, 1.4 * xmax)  # room for the labels right of the points
-        ax.margins(y=0.15)
-    fig.suptitle("Mismatch vs guidance cost (each point: one arm, mean over steps and seeds)", y=1.0)
-    _legend(fig, axes)
-    for j, pts in enumerate(labels):
-        _stack_labels(axes[0, j], pts)
+        ax.set_xlim(-0.05 * xmax, 1.45 * xmax)  # room for the labels right of the points
+        if pts:  # decades of room above the highest point for labels stacked upwards, below the title
+            lo, hi = min(p[1] for p in pts), max(p[1] for p in pts)
+            span = max(math.log10(hi / lo), 1.0)
+            ax.set_ylim(lo / 10 ** (0.15 * span), hi * 10 ** (0.6 * span))
+    _finish(fig, axes, "Mismatch vs guidance cost (each point: one arm, mean over steps and seeds)", ncol=5)
+    for ax, pts in zip(axes, labels, strict=True):
+        _stack_labels(ax, pts)
     return fig
 
 
@@ -307,27 +359,42 @@ def accuracy_stderr(g: pd.DataFrame, col: str, n_eval: int | None) -> np.ndarray
 
 
 def final_accuracy_figure(main_df: pd.DataFrame, n_eval: dict | None = None):
+    """One panel per model / task (3 to a row): each arm's accuracy under BF16 (circle) and FP4 (square)
+    deployment with 1 SE bars; the y axis is zoomed to the points and their bars, so differences of a
+    few hundredths are visible (the axis does not start at 0)."""
     groups = list(main_df.groupby(["model", "task"], sort=True))
-    fig, axes = _panel_grid(1, len(groups), w=max(4.6, 0.7 * main_df["arm"].nunique() + 1.5), h=3.6)
-    for j, ((model, task), g) in enumerate(groups):
-        ax = axes[0, j]
+    n_arms = main_df["arm"].nunique()
+    fig, axes = _wrap_grid(len(groups), 3, w=max(4.2, 0.55 * n_arms + 1.6), h=3.6)
+    deps = (("acc_bf16", "BF16 deployment", "o", -0.15), ("acc_fp4", "FP4 deployment", "s", 0.15))
+    for ax, ((model, task), g) in zip(axes, groups, strict=True):
         x = np.arange(len(g))
-        w = 0.38
-        for k, (col, lab, hatch) in enumerate((("acc_bf16", "BF16 deployment", ""), ("acc_fp4", "FP4 deployment", "//"))):
+        lo, hi = np.inf, -np.inf
+        for col, lab, marker, dx in deps:
             vals = g[col].to_numpy(dtype=float)
             err = accuracy_stderr(g, col, (n_eval or {}).get((model, task)))
-            ax.bar(x + (k - 0.5) * w, vals, w, yerr=err if np.isfinite(err).any() else None, label=lab,
-                   hatch=hatch, color=[style.arm_color(a) for a in g["arm"]], alpha=1.0 if k == 0 else 0.55,
-                   edgecolor="black", linewidth=0.5, capsize=2, error_kw={"elinewidth": 0.8})
+            for xi, v, e, arm in zip(x, vals, err, g["arm"], strict=True):
+                # a NaN point (posthoc-fp4 has no BF16 deployment) draws nothing but keeps the arms' order
+                ax.errorbar(xi + dx, v, yerr=e if np.isfinite(e) else None, fmt=marker, ms=5,
+                            color=style.arm_color(arm), mfc=style.arm_color(arm) if marker == "o" else "white",
+                            capsize=2, elinewidth=0.9)
+                if np.isfinite(v):
+                    lo, hi = min(lo, v - (e if np.isfinite(e) else 0)), max(hi, v + (e if np.isfinite(e) else 0))
+        if np.isfinite(lo):
+            pad = max(0.15 * (hi - lo), 0.005)
+            ax.set_ylim(max(0.0, lo - pad), min(1.0, hi + pad))
         ax.set_xticks(x)
         ax.set_xticklabels(g["arm"], rotation=35, ha="right", fontsize=8)
+        ax.set_xlim(-0.6, len(g) - 0.4)
         ax.set_ylabel("test accuracy (fraction correct)")
-        ax.set_ylim(0, min(1.05, max(1e-3, float(np.nanmax(g[["acc_bf16", "acc_fp4"]].to_numpy(dtype=float)))) * 1.2))
         ax.set_title(f"{model} / {task}")
     multi = "n_seeds" in main_df and (main_df["n_seeds"] > 1).any()
-    fig.suptitle("Final test accuracy: solid = BF16 deployment, hatched = FP4 deployment; bars: 1 standard error "
-                 + ("over seeds" if multi else "(binomial, over evaluation samples)"), y=1.0, fontsize=9)
-    fig.tight_layout()
+    has_se = "acc_fp4_se" in main_df and np.isfinite(main_df["acc_fp4_se"].to_numpy(dtype=float)).any()
+    bar = ("as in the main table" if has_se else "over seeds" if multi else "binomial, over evaluation samples")
+    keys = ([plt.Line2D([], [], color="0.3", marker="o", linestyle="none"),
+             plt.Line2D([], [], color="0.3", marker="s", mfc="white", linestyle="none")],
+            ["BF16 deployment (filled circle)", "FP4 deployment (open square)"])
+    _finish(fig, axes, f"Final test accuracy per arm (colour: arm; bars: 1 standard error, {bar}; "
+            "axes zoomed to the data)", extra=keys, ncol=2)
     return fig
 
 
@@ -365,8 +432,11 @@ def paired_figure(cmp: pd.DataFrame):
     ax.set_ylim(y + 0.4, 0.8)
     ax.set_xlabel("held-out accuracy, A - B; bars: 2 standard errors")
     over = f"{seeds[0]} seed{'s' if seeds[0] > 1 else ''}" if one_n else "the seeds both arms have"
-    ax.set_title(f"Paired arm comparisons (compare.md): paired by seed and prompt, over {over}", fontsize=9)
-    fig.tight_layout()
+    arms_a = list(dict.fromkeys(a.split(" (")[0] for a in cmp["a"]))
+    keys = ([plt.Line2D([], [], color=style.arm_color(a), marker="o", ms=4) for a in arms_a],
+            [f"A = {a}" for a in arms_a])
+    _finish(fig, [ax], f"Paired arm comparisons (compare.md): paired by seed and prompt, over {over}; "
+            "colour: arm A", extra=keys, ncol=4)
     return fig
 
 
@@ -389,6 +459,7 @@ def plot_all_runs(runs_dir: str, tables_dir: str | None, out: str, manifest: str
     written = []
     written += plot_curves(runs, out)
     written += plot_mismatch(runs, out)
+    written += plot_ablation_mismatch(runs, out)
     written += plot_flip_rates(runs, out)
     runs_df = main_df = None
     if tables_dir and os.path.exists(os.path.join(tables_dir, "runs.csv")):

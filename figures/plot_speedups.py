@@ -23,6 +23,7 @@ import pandas as pd
 
 from figures import style
 from figures.plot_kernels import newest, read_table
+from figures.plot_rollout import current_providers
 from figures.style import plt
 
 LABEL = {  # tick labels: what is compared, in words
@@ -47,7 +48,8 @@ def kernel_speedups(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def rollout_speedups(df: pd.DataFrame) -> pd.DataFrame:
-    """Newest tokens/s of each (shape, batch, gen, provider) on the newest run's GPU, engine providers only."""
+    """Newest tokens/s of each (shape, batch, gen, provider) on the newest run's GPU, engine providers only,
+    and of those only the providers the newest run measured (modes since removed are not drawn)."""
     if df.empty:
         return pd.DataFrame()
     df = df[(df["op"] == "rollout_generate") & (df["gpu"].astype(str) != "cpu")]
@@ -56,7 +58,7 @@ def rollout_speedups(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         return df
     df = df[df["gpu"] == df.loc[df["row_"].idxmax(), "gpu"]]
-    return newest(df, ["shape", "batch", "gen", "provider"])
+    return newest(current_providers(df), ["shape", "batch", "gen", "provider"])
 
 
 def plot_speedups(kernels_dir: str | None, rollout_dir: str | None, tables_dir: str | None, out: str) -> list[str]:
@@ -100,9 +102,10 @@ def plot_speedups(kernels_dir: str | None, rollout_dir: str | None, tables_dir: 
                    label=p)
         ax.set_xticks(range(len(configs)))
         ax.set_xticklabels([f"{s}\nbatch {b}, {n} new" for s, b, n in configs], rotation=35, ha="right", fontsize=6)
-        ax.set_ylabel("generated tokens / s")
+        ax.set_yscale("log")
+        ax.set_ylabel("generated tokens / s (log scale)")
         ax.set_title(f"Rollout engine on {r['gpu'].iloc[0]}: FP4 modes vs its BF16 mode", fontsize=9)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.06), ncol=2, frameon=False)
     fig.tight_layout()
     paths = style.save(fig, out, "speedups")
     return paths + plot_run_throughput(tables_dir, out)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 
 import matplotlib
 
@@ -74,13 +75,32 @@ def snap_layout(fig) -> Bbox:
     return Bbox.from_extents(lo[0], lo[1], hi[0], hi[1])
 
 
+def _replace(path: str, write) -> None:
+    """Write through a temporary file beside `path`, then rename it over `path`: a figure that fails to
+    draw never truncates or deletes the file already there (a committed figure stays until a good one
+    exists)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def save(fig, out_dir: str, name: str) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, f"{name}.png"), os.path.join(out_dir, f"{name}.pdf")]
-    box = snap_layout(fig)
-    fig.savefig(paths[0], dpi=150, bbox_inches=box, metadata={"Software": None})
-    fig.savefig(paths[1], bbox_inches=box, metadata={"CreationDate": None, "Producer": None, "Creator": None})
-    plt.close(fig)
+    try:
+        box = snap_layout(fig)
+        _replace(paths[0], lambda p: fig.savefig(p, format="png", dpi=150, bbox_inches=box,
+                                                 metadata={"Software": None}))
+        _replace(paths[1], lambda p: fig.savefig(p, format="pdf", bbox_inches=box,
+                                                 metadata={"CreationDate": None, "Producer": None, "Creator": None}))
+    finally:
+        plt.close(fig)
     return paths
 
 

@@ -1,5 +1,7 @@
 """figures.plot_all on synthetic run dirs: every figure is written as PNG and PDF, with and without the
-tables and the benchmark CSVs, and reruns are byte-identical (so committed figures do not churn)."""
+tables and the benchmark CSVs; reruns are byte-identical (so committed figures do not churn); a figure
+that fails to draw leaves the file already there untouched; the layout reads at page width (at most 3
+panels to a row, one legend above the panels, accuracy axes zoomed to the data)."""
 import hashlib
 
 import pytest
@@ -8,8 +10,8 @@ from analysis.tables import build
 from figures.plot_all import main as plot_all_main
 from tests.analysis.synthetic import write_profile
 
-NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy",
-         "paired_differences", "speedups", "rollout"]
+NAMES = ["curves_reward", "curves_mismatch", "ablation_mismatch", "flip_rates", "mismatch_vs_bytes",
+         "final_accuracy", "paired_differences", "speedups", "rollout"]
 
 # the long tables benchmarks/bench_kernels.py and bench_rollout.py append to (benchmarks/results_table.py)
 KERNEL_CSV = """version,commit,gpu,date,op,shape,provider,median_us,ratio_vs_bf16,pct_copy_bw
@@ -50,9 +52,11 @@ def test_all_figures_written_and_stable(setup_dirs):
             "--rollout", str(tmp / "rollout"), "--out", str(out)]
     plot_all_main(args)
     for n in NAMES:
-        for ext in ("png", "pdf"):
-            p = out / f"{n}.{ext}"
-            assert p.exists() and p.stat().st_size > 1000, p
+        png, pdf = (out / f"{n}.png").read_bytes(), (out / f"{n}.pdf").read_bytes()
+        assert png.startswith(b"\x89PNG\r\n\x1a\n") and pdf.startswith(b"%PDF-"), n
+        width = int.from_bytes(png[16:20], "big")  # the IHDR chunk: width, then height, big-endian
+        assert 300 < width <= 2600, (n, width)  # readable at page width: no 6000-px row of panels
+    assert not list(out.glob(".*.tmp"))  # no temporary file left beside the figures
     first = _digest(out)
     plot_all_main(args)
     assert _digest(out) == first
@@ -237,16 +241,18 @@ def test_mismatch_vs_bytes_labels_do_not_overlap():
         assert px < box.x0 < px + 20 and py - 10 < box.y0 < max(py, top) + 60, (a, box, (px, py))
 
 
-def _error_bars(ax):
-    """Half-lengths of the error bars of each bar container, in data units."""
+def _error_bars(ax, n_arms: int | None = None):
+    """Half-lengths of the error bars in data units, as [BF16 per arm, FP4 per arm] (NaN: no bar)."""
     import numpy as np
-    from matplotlib.container import BarContainer
+    from matplotlib.container import ErrorbarContainer
 
-    out = []
-    for c in (c for c in ax.containers if isinstance(c, BarContainer)):
-        segs = c.errorbar.lines[2][0].get_segments()
-        out.append(np.array([abs(s[1][1] - s[0][1]) / 2 if len(s) == 2 else np.nan for s in segs]))  # NaN: no bar
-    return out
+    half = []
+    for c in (c for c in ax.containers if isinstance(c, ErrorbarContainer)):
+        cols = c.lines[2]
+        segs = cols[0].get_segments() if cols else []
+        half.append(abs(segs[0][1][1] - segs[0][0][1]) / 2 if segs else np.nan)
+    n = n_arms or len(half) // 2
+    return [np.array(half[:n]), np.array(half[n:])]
 
 
 def test_final_accuracy_error_bars(tmp_path):
@@ -316,3 +322,125 @@ def test_kernel_figures_draw_the_defaults_and_the_anchor_only(tmp_path, monkeypa
                            "triton_kernels-mxfp4 (v6)", "triton_kernels-mxfp4 (other sizes: v5)"}, labels
     assert labels["fp4-w4a16 (v6)"] == "-" and labels["fp4-w4a16 (v0, first)"] == "--"
     assert labels["fp4-w4a16 (other sizes: v5)"] == "None"
+
+
+def test_final_accuracy_axes_are_zoomed_to_the_points_and_bars():
+    """Accuracies of 0.37-0.42 are drawn on an axis that starts near them, not at 0, and every point with
+    its bar lies inside the axis."""
+    import pandas as pd
+
+    from figures.plot_runs import final_accuracy_figure
+    from figures.style import plt
+
+    main = pd.DataFrame({"model": "m", "task": "t", "arm": ["bf16", "fp4-naive", "trace"],
+                         "acc_bf16": [0.42, 0.41, 0.38], "acc_fp4": [0.40, 0.37, 0.39], "n_seeds": 3,
+                         "acc_bf16_se": [0.01, 0.01, 0.01], "acc_fp4_se": [0.01, 0.01, 0.02]})
+    fig = final_accuracy_figure(main)
+    lo, hi = fig.axes[0].get_ylim()
+    plt.close(fig)
+    assert 0.3 < lo <= 0.36 and 0.43 <= hi < 0.5, (lo, hi)
+
+
+def test_panels_wrap_at_three_to_a_row_with_one_legend_above(tmp_path):
+    """Eight model/task panels: three to a row (three rows), and the figure's only legend sits above
+    every panel."""
+    import pandas as pd
+
+    from figures.plot_runs import final_accuracy_figure
+    from figures.style import plt
+
+    rows = [{"model": f"m{i}", "task": "t", "arm": a, "acc_bf16": 0.5, "acc_fp4": 0.45, "n_seeds": 1}
+            for i in range(8) for a in ("bf16", "trace")]
+    fig = final_accuracy_figure(pd.DataFrame(rows), {})
+    fig.canvas.draw()
+    xs = sorted({round(ax.get_position().x0, 3) for ax in fig.axes})
+    ys = sorted({round(ax.get_position().y0, 3) for ax in fig.axes})
+    legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    top = max(ax.get_position().y1 for ax in fig.axes)
+    box = legends[0].get_window_extent().transformed(fig.transFigure.inverted())
+    plt.close(fig)
+    assert len(fig.axes) == 8 and len(xs) == 3 and len(ys) == 3
+    assert len(legends) == 1 and box.y0 > top
+
+
+def test_mismatch_curves_hold_the_main_arms_and_the_ablations_their_own_figure(tmp_path, monkeypatch):
+    """curves_mismatch draws only the main table's arms; ablation_mismatch draws the ablations with the
+    trace and qat-independent references."""
+    from figures import plot_runs, style
+    from figures.style import plt
+    from trace.arms import MAIN_METHODS
+
+    runs = _runs(tmp_path)
+    assert any(r.arm not in MAIN_METHODS for r in runs)
+    labels = {}
+
+    def keep(fig, out_dir, name):
+        labels[name] = {ln.get_label() for ax in fig.axes for ln in ax.get_lines()}
+        plt.close(fig)
+        return [name]
+
+    monkeypatch.setattr(style, "save", keep)
+    plot_runs.plot_mismatch(runs, str(tmp_path))
+    plot_runs.plot_ablation_mismatch(runs, str(tmp_path))
+    assert labels["curves_mismatch"] and labels["curves_mismatch"] <= set(MAIN_METHODS)
+    ablations = {r.arm for r in runs if r.arm not in MAIN_METHODS}
+    assert ablations <= labels["ablation_mismatch"]
+    assert {"trace (reference)", "qat-independent (reference)"} <= labels["ablation_mismatch"]
+
+
+def test_a_figure_that_fails_to_save_keeps_the_file_already_there(tmp_path, monkeypatch):
+    """The figure is written to a temporary file and renamed over the old one: a crash while saving
+    leaves the committed figure byte for byte, and no temporary file."""
+    from matplotlib.figure import Figure
+
+    from figures import style
+    from figures.style import plt
+
+    style.setup()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    old = style.save(fig, str(tmp_path), "f")
+    before = _digest(tmp_path)
+
+    def broken(self, fname, *a, **k):
+        with open(fname, "wb") as f:
+            f.write(b"partial")
+        raise RuntimeError("injected failure while saving")
+
+    monkeypatch.setattr(Figure, "savefig", broken)
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    with pytest.raises(RuntimeError, match="injected"):
+        style.save(fig, str(tmp_path), "f")
+    assert _digest(tmp_path) == before and len(old) == 2
+
+
+def test_rollout_breakdown_finds_its_generate_row_among_several_lengths(tmp_path):
+    """One run times 1k and 8k generations of the same shape, batch and provider; the breakdown (profiled
+    at the 1k run's mean context, prompt + gen / 2) gets the 1k row's wall-clock decode step, not both."""
+    import numpy as np
+
+    from figures import plot_rollout, style
+    from figures.style import plt
+
+    csv = (ROLLOUT_CSV.splitlines()[0] + "\n"
+           "r1,abc,rollout_generate,s,engine-bf16,256,512,1024,40000,5.5,5.9,4,,H200\n"
+           "r1,abc,rollout_generate,s,engine-bf16,256,512,8192,30000,7.5,7.9,4,,H200\n"
+           "r1,abc,rollout_breakdown,s,engine-bf16,256,1024,64,,,0.006,4,component=attention,H200\n"
+           "r1,abc,rollout_breakdown,s,engine-bf16,256,1024,64,,,0.007,4,component=moe,H200\n")
+    (tmp_path / "rollout.csv").write_text(csv)
+    seen = {}
+
+    def keep(fig, out_dir, name):
+        ax = fig.axes[1]
+        seen["ticks"] = [ln.get_ydata()[0] for ln in ax.get_lines()]
+        plt.close(fig)
+        return [name]
+
+    orig = style.save
+    style.save = keep
+    try:
+        plot_rollout.plot_rollout(str(tmp_path), str(tmp_path / "out"))
+    finally:
+        style.save = orig
+    assert np.allclose(seen["ticks"], [5.5])

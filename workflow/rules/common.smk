@@ -49,7 +49,7 @@ BASE_EVAL = PLAN.base_evals()
 TABLE_FILES = [f"{TABLES}/{name}.{ext}" for name in ("main", "ablation", "gputime", "compare", "compare_groups") for ext in ("csv", "md")] + [
     f"{TABLES}/runs.csv"
 ] + ([f"{TABLES}/learning.{ext}" for ext in ("csv", "md")] if LEARNING else [])
-FIGURE_NAMES = ["curves_reward", "curves_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy",
+FIGURE_NAMES = ["curves_reward", "curves_mismatch", "ablation_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy",
                 "paired_differences", "speedups"]
 FIGURE_FILES = [f"{FIGS}/{n}.{ext}" for n in FIGURE_NAMES for ext in ("png", "pdf")]
 BENCH_STATUS = [f"results/bench/{PROFILE}/{what}.json" for what in ("kernels", "rollout")]

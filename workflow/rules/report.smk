@@ -1,6 +1,9 @@
 # Tables and figures from the logged runs. `snakemake figures` rebuilds both from whatever is under
 # results/ (committed or freshly run) without training anything: a rule with no outputs always runs
 # and depends on no training job.
+# The tables and figures are committed files, so their rules flag them update(): Snakemake neither
+# deletes them before the job nor after a failed one; it backs them up and restores them when the job
+# fails (figures/style.py also writes each figure through a temporary file).
 
 
 def write_manifest(path: str) -> None:
@@ -17,7 +20,7 @@ def write_manifest(path: str) -> None:
 rule manifest:
     """The list of runs the tables must cover (the profile's model x task x arm x seed)."""
     output:
-        MANIFEST,
+        update(MANIFEST),
     params:
         m=lambda wc: json.dumps(PLAN.manifest(), sort_keys=True),
     run:
@@ -38,7 +41,7 @@ rule tables:
         evals=RUN_EVAL,
         base=BASE_EVAL,
     output:
-        TABLE_FILES,
+        [update(f) for f in TABLE_FILES],
     log:
         f"{LOGS}/tables.log",
     params:
@@ -58,7 +61,7 @@ rule plot:
         BENCH_STATUS,
         manifest=MANIFEST,
     output:
-        FIGURE_FILES,
+        [update(f) for f in FIGURE_FILES],
     log:
         f"{LOGS}/figures.log",
     threads: 1
