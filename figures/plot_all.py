@@ -10,7 +10,7 @@ figures.plot_speedups (speedups) and figures.plot_rollout (rollout); PNG + PDF e
 
 FIGURES_INJECT_FAILURE=1 in the environment makes it fail after the run figures are written (before the
 speedup and rollout figures): the check that a failed plotting job keeps every committed figure
-(.ci/run, tests/workflow/test_pipeline_figures.py).
+(.ci/run).
 """
 from __future__ import annotations
 
