@@ -121,10 +121,10 @@ def test_sft_determinism_modes(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_sft_gpu_step_repeats_bit_for_bit(tmp_path):
-    """Two SFT runs of one config, each in a fresh process as a rebuild on a later lease is, log the same losses
+    """Two SFT runs of one config, each in a fresh process as a checkpoint rebuild is, log the same losses
     bit for bit on the GPU, and meta.json says the strict mode ran. mixtral-small on long-horizon at the small
-    profile's batch: there the "math" mode's two processes parted at step 4 on an H200 (docs/LOG.md, fifteenth
-    session), and a process that has made a cuBLAS handle before would not take the strict mode's workspace."""
+    profile's batch: there the "math" mode's two processes parted at step 4 on an H200
+    (scripts/gpu/sft_determinism_probe.sh), and a process that has made a cuBLAS handle before would not take the strict mode's workspace."""
     import json
     import os
     import subprocess
@@ -135,7 +135,7 @@ def test_sft_gpu_step_repeats_bit_for_bit(tmp_path):
     cfg = _cfg(["device=cuda", "model=mixtral-small", "task.name=long_horizon", "task.difficulty=easy",
                 "task.n_train=2048", "sft.batch_size=64", "sft.steps=16", "sft.log_every=1", "sft.eval_every=0"])
     (tmp_path / "cfg.yaml").write_text(C.dump_config(cfg))
-    # the root first, then what the caller had (a GPU lease's packages live in /tmp/site)
+    # the root first, then what the caller had (scripts/gpu/offline_wheels.sh installs into /tmp/site)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "TQDM_DISABLE": "1"}
     env.pop("TRACE_SFT_DETERMINISM", None)

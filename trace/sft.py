@@ -10,16 +10,15 @@ CPU (the tiny models are small enough; BF16 autocast is used in RL where the FP4
 AdamW, linear warmup then cosine decay to 10 %, gradient clipping. Batches are drawn from a generator
 seeded by (seed, step), so a resumed run sees exactly the batches an uninterrupted run would.
 
-On a GPU a base must train again to the same losses where a lease kept no checkpoint
+On a GPU a base must train again to the same losses where its checkpoint stayed on another machine
 (scripts/gpu/profile_chunk.sh). Its determinism mode, `sft_determinism` in meta.json, says how it trained:
 - "strict", the GPU default: attention on the math SDPA backend, `torch.use_deterministic_algorithms(True,
   warn_only=True)` (ops with a deterministic variant take it; any without one warns in the run's log),
   `CUBLAS_WORKSPACE_CONFIG=:4096:8`.
-- "math": the math SDPA backend only. It was introduced after a base trained beside other jobs on one H200
-  failed to reproduce its logged losses, and it is not enough: two bases trained that way failed to reproduce
-  too, and two processes of mixtral-small's long-horizon SFT on one H200 parted at step 4 of 100 in this mode,
-  while two in the strict mode logged the same 100 losses bit for bit, with no op warning that it lacks a
-  deterministic variant (docs/LOG.md, fifteenth session).
+- "math": the math SDPA backend only. Not enough to repeat a run: bases trained this way beside other jobs
+  failed to reproduce their logged losses, and two processes of mixtral-small's long-horizon SFT on one H200
+  parted at step 4 of 100 in this mode, while two in the strict mode logged the same 100 losses bit for bit,
+  with no op warning that it lacks a deterministic variant (scripts/gpu/sft_determinism_probe.sh).
 - "none": PyTorch's own choices. Every CPU base, and GPU bases from before meta.json recorded any of this
   (`rebuild_determinism` maps a run's meta.json to its mode).
 TRACE_SFT_DETERMINISM picks another mode, for a rebuild to train a base as it was trained. Two GPU runs in

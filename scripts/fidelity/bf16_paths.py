@@ -11,9 +11,9 @@ quantization site of layer 0 (where a difference first shows), k3 and mean |dlp|
     PYTHONPATH=$PWD python scripts/fidelity/bf16_paths.py MODEL SFT_CKPT [--batches 3] [--profile smoke] [--device cpu]
 MODEL: a model of the profile (smoke: qwen3_moe-tiny | mixtral-tiny; small: the *-small flavors, with
 `--device cuda`: the engine's Triton kernels in BF16, cuBLAS in the trainer); SFT_CKPT:
-results/runs/PROFILE/MODEL/reasoning/sft/ckpt (after `snakemake all`; a GPU lease rebuilds the small
-profile's). The run config is the profile's trace seed 0 config of MODEL. Compared against: nothing
-upstream; the numbers are in docs/LOG.md.
+results/runs/PROFILE/MODEL/reasoning/sft/ckpt (after `snakemake all`; scripts/gpu/profile_chunk.sh rebuilds
+the small profile's). The run config is the profile's trace seed 0 config of MODEL. Compared against: nothing
+upstream; the numbers are in results/fidelity/.
 """
 import argparse
 import json

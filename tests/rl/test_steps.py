@@ -211,7 +211,7 @@ def test_step_other_tasks(tmp_path, task):
 def test_gpu_step_other_tasks(tmp_path, task):
     """The small profile's other tasks on the GPU path (BF16 engine with the FP4 kernels and CUDA graphs,
     BF16-autocast trainer), which their reasoning runs exercise but the multi-turn episodes and the coding
-    sandbox do not: one trace step each, with the guidance replayed (lease calls run it before a chunk)."""
+    sandbox do not: one trace step each, with the guidance replayed (in scripts/gpu/gpu_tests.sh's suite)."""
     cfg = small_cfg([f"task.name={task}", "rl.method=trace", "rl.steps=1", "rl.max_new_tokens=8",
                      "rl.prompts_per_step=4", "rl.group_size=2", "rl.max_turns=3", "device=cuda"])
     tr = RLTrainer(cfg, tmp_path / task, progress=False)

@@ -1,6 +1,6 @@
 """The order in which the pipeline starts a chunk's jobs (rule priorities, workflow/scripts/runplan.py): the SFT
-base first, a finished run's evaluation before any new run (a run left without its evaluation when a lease ends
-is lost), and the RL runs longest arm first (trace, then the other FP4 arms, then bf16), so a chunk's runs end
+base first, a finished run's evaluation before any new run (a run left without its evaluation when the GPU
+machine goes away is lost), and the RL runs longest arm first (trace, then the other FP4 arms, then bf16), so a chunk's runs end
 close together. Runs the real Snakefile, one job at a time, on a copy of the workflow whose launcher commands
 only log their order and leave the outputs the launcher checks."""
 import shutil

@@ -1,5 +1,5 @@
 """scripts/gpu/unpack_chunk.sh: what comes back from a GPU chunk is put in place only where it is complete
-and new (an RL run without its evaluation can never be evaluated: its checkpoint stayed on the lease)."""
+and new (an RL run without its evaluation can never be evaluated: its checkpoint stayed on the GPU machine)."""
 import subprocess
 import tarfile
 from pathlib import Path

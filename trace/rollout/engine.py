@@ -36,8 +36,9 @@ picks how the FP4 numbers are computed: "torch" = FP4 weights dequantized at syn
 activation quant + BF16 GEMMs (the same codes on BF16 tensor cores), FP4 KV decoded once per token;
 "triton" (the default on CUDA for NVFP4, "auto") = the FP4 kernels of kernels/ for decode steps (FP4
 weights and FP4 KV codes read from memory), the torch path for prefill. Measured on an H200
-(results/rollout/, docs/LOG.md): BF16 engine 17.5-18.8x transformers generate; W4A4 + FP4 KV on the Triton
-path 1.14-1.22x the engine's BF16 in device time per decode step at batch 256 (kernels/NOTES.md v5h).
+(results/rollout/rollout.csv): BF16 engine 17.5-18.8x transformers generate; W4A4 + FP4 KV on the Triton
+path 1.50x the engine's BF16 tokens per second at batch 256 with 1k generation (kernels/NOTES.md,
+"The engine's decode step").
 Recording (a `recorder`) runs the path that generates: decode steps on the Triton path record the codes
 its kernels quantized (trace/rollout/fast.py), so a TRACE rollout samples from the same kernels as the
 other FP4 arms' rollouts; on a GPU its one-token decode steps record inside their CUDA graphs

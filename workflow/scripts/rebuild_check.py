@@ -4,7 +4,7 @@
 
 Exit 0 when every logged loss is equal bit for bit, or (with --tol > 0) within that relative difference;
 prints one line saying which, or where the two part. scripts/gpu/profile_chunk.sh runs it before putting
-a rebuilt checkpoint in place: a lease keeps no checkpoint, and a base that differs would start its arms
+a rebuilt checkpoint in place: a chunk's checkpoints stay on its machine, and a base that differs would start its arms
 from another model than the committed runs'. Bit-equal is the default; a tolerance is for a base trained
 before its SFT was deterministic on a GPU (trace/sft.py), and the chunk hands the line to the runs that
 start from it (meta.json env TRACE_SFT_REBUILD).

@@ -70,8 +70,8 @@ def set_dotted(cfg: dict, dotted: str, value: Any) -> None:
 
 
 # Snakemake priority of the evaluations (rules eval, eval_base): above every RL run, so a finished run is
-# evaluated before another run takes its GPU slot. A run whose evaluation has not run when a lease ends is lost
-# with the machine's checkpoint (scripts/gpu/unpack_chunk.sh leaves it out). The SFT rule's is 100.
+# evaluated before another run takes its GPU slot. A run whose evaluation has not run when the GPU machine goes
+# away is lost with the machine's checkpoint (scripts/gpu/unpack_chunk.sh leaves it out). The SFT rule's is 100.
 EVAL_PRIORITY = 50
 
 
@@ -141,10 +141,10 @@ class Plan:
 
     def rl_priority(self, arm: str) -> int:
         """Snakemake priority of an arm's RL runs (rule rl): the longest runs start first, so that the runs of a
-        chunk end close together and fewer are cut off when a lease ends (longest processing time first). The
+        chunk end close together and fewer are cut off when the machine's time ends (longest processing time first). The
         cost order, 1 + FP4 rollout + guidance record, is the measured one: on one H200 at 4 runs per GPU,
         mixtral-small long-horizon's trace runs took ~11 min and its fp4-naive and qat-independent runs 6.2-6.9
-        min (docs/LOG.md, fourteenth session); on reasoning the bf16 arm's steps took about half an FP4 arm's
+        min; on reasoning the bf16 arm's steps took about half an FP4 arm's
         (results/tables/small/main.md, s/step)."""
         a = ARMS[self.arm_spec(arm)["method"]]
         return 1 + int(a.engine_mode != "bf16") + int(a.record == "guide")
