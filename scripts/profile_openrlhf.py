@@ -14,7 +14,7 @@ Embedded: one `RolloutEngine.generate` of all prompts with n = group size and th
     PYTHONPATH=$PWD python scripts/profile_openrlhf.py --model qwen3_moe-tiny --prompts 32 --group 8 \
         --method qat-independent [--set rl.diag_flips=false]
 
-Compared against: the step times of scripts/gpu/openrlhf_small.sh and `python -m trace.rl` (docs/LOG.md).
+Compared against: the step times of scripts/gpu/openrlhf_small.sh and `python -m trace.rl` (results/openrlhf/).
 """
 from __future__ import annotations
 

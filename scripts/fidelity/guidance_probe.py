@@ -9,7 +9,7 @@ smoke profile's RL setup, starting from a smoke SFT checkpoint. Two modes:
       PYTHONPATH=$PWD python scripts/fidelity/guidance_probe.py routing MODEL CKPT - RHO B
 
 MODEL: qwen3_moe-tiny | mixtral-tiny; CKPT: an SFT run's ckpt/ dir (results/runs/smoke/MODEL/reasoning/
-sft/ckpt after `snakemake all`). Compared against: the numbers in docs/LOG.md (2026-11-30 fidelity fixes).
+sft/ckpt after `snakemake all`). Compared against: results/guidance/probe.json (`python -m trace.guidance.probe`).
 """
 import copy
 import json

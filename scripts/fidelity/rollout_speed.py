@@ -8,7 +8,7 @@ one) and the recording's share. Median of 6 repetitions after one warm-up.
 
 MODEL_CKPT_DIR: e.g. results/runs/smoke/qwen3_moe-tiny/reasoning/sft (after `snakemake all`); the task
 comes from the run config (default: the smoke profile's trace-seed0 config of that model).
-Compared against: docs/LOG.md (2026-11-30 fidelity fixes, protocol side).
+Compared against: the rollout and recording seconds the RL runs log (metrics.jsonl).
 """
 import statistics
 import sys

@@ -7,7 +7,7 @@
 2. Mismatch ordering: on the same base, prompts and seeds, `trace` has lower k3 and mean |dlp| than
    `qat-independent`, and `fp4-naive` the highest of the three.
 
-Same runs from the command line (numbers in docs/LOG.md):
+Same runs from the command line:
     python -m trace.sft --config experiments/configs/smoke_sft_reasoning.yaml --out runs/sft
     python -m trace.rl  --config experiments/configs/smoke_rl_reasoning.yaml --out runs/rl_bf16 \\
         --set rl.method=bf16 --set rl.init_ckpt=runs/sft

@@ -2,7 +2,7 @@
 the transformers forward in BF16 on the GPU, and the FP4 backends (torch emulation, Triton kernels) agree.
 
 Skipped without CUDA (CI has none); run on the GPU machine with
-`python -m pytest tests/rollout/test_gpu.py -q` (the benchmark call in docs/LOG.md does).
+`python -m pytest tests/rollout/test_gpu.py -q` (part of scripts/gpu/gpu_tests.sh's suite).
 """
 import pytest
 import torch

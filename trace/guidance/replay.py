@@ -218,7 +218,7 @@ class Runtime:
             args = (xv, g.scales, g.outer, own_enc, target, own.scales, target_scales, self.fmt, rp.align_margin,
                     with_scales)
             # recomputed in the backward from these inputs: the term's fp32 intermediates over every element
-            # of the site were half the trainer forward's saved memory (mixtral-small, coding: docs/LOG.md)
+            # of the site were half the trainer forward's saved memory (mixtral-small, coding: benchmarks/trainer_memory.py)
             terms = (checkpoint(_alignment_site, *args, use_reentrant=False)
                      if torch.is_grad_enabled() and xv.requires_grad else _alignment_site(*args))
             rp.stats.add_alignment(*terms[:2], part="codes", layer=layer)
