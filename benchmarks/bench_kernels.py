@@ -579,7 +579,7 @@ def run_moe(dev, quick):
                 if t:
                     record("moe", shape, "fp4-w4a16-tile-best", t, fp4_bytes, base, a_ms, cfg_str(cm),
                            f"experts_hit={hit}")
-            if cfg.kind == "mma":  # the tile's A/B of weight orders: v5j's pair order (v5k made the dot order the default)
+            if cfg.kind == "mma":  # the tile's A/B of weight orders: the pair order beside the default dot order
                 for aq in (False, True):
                     r = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=True) if aq else r16
                     cp = pair_moe_config(cfg)

@@ -227,7 +227,7 @@ def dot_layout(codes: torch.Tensor, group: int) -> torch.Tensor:
     8 values are one thread's registers of the MMA's bf16 left operand (kWidth 2): per group u of K elements, word
     T q + t (q = 0..3, t = 0..T-1) holds element e = 4 s0 + 2 h + c of k = group u + 32 t + 16 s0 + 8 h + 2 q + c, its
     code bit i at bit PAIR_BITS[e // 2][i] + 16 (e % 2). Group 128 is the Triton tile's dot order
-    (`kernels.gemm.dot_decode`); group 64 was the Gluon wgmma kernels' (v4a, deleted in v5k). As `triton_kernels`'
+    (`kernels.gemm.dot_decode`); group 64 is the wgmma operand's order (timed as rows v4a; slower than the Triton tile). As `triton_kernels`'
     Hopper value layout (tensor_details/layout_details/hopper_value.py, v3.6.0), every bit that tells a word's 8 values apart is a
     register bit of the operand layout, so the compiler builds the decode in that layout back to the load and the
     decoded tile never passes through shared memory (kernels/NOTES.md, "The MoE / dense tile without the
@@ -242,10 +242,10 @@ def dot_layout(codes: torch.Tensor, group: int) -> torch.Tensor:
     return pack_pair_bits(c.reshape(*lead, N, K // 8, 8)).contiguous()
 
 
-# A v4a scale byte: the exponent of s_b * 2^119 as a bf16, less 237, over its 3 mantissa bits (E4M3's subnormal
+# A dot-order scale byte: the exponent of s_b * 2^119 as a bf16, less 237, over its 3 mantissa bits (E4M3's subnormal
 # scales m * 2^-9 are bf16 normals there: every E4M3 value from 2^-9 to 448 is exponent 237..254), so one integer
 # multiply-add turns two bytes into the bf16x2 pair of their blocks' s_b * 2^119: (byte << 4) + 0x7680 in each half
-# (`kernels.gemm._DOT_ASM`). The encoding came with the v4a kernels (deleted in v5k).
+# (`kernels.gemm._DOT_ASM`).
 SCALE_EXP0 = 237
 SCALE_MAD = (SCALE_EXP0 << 7) * 0x10001  # 0x76807680: the exponent offset under both halves
 

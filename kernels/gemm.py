@@ -84,7 +84,7 @@ class PreparedFP4Weight:
         return self.pair_words
 
     def dotted(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(words int32 [(E,) N, K/8] in the dot order, scales int32 [(E,) N, K/64]: v4a's scale bytes, blocks
+        """(words int32 [(E,) N, K/8] in the dot order, scales int32 [(E,) N, K/64]: dot-order scale bytes (kernels._common.SCALE_EXP0), blocks
         4i..4i+3 of a row in one int32) for the tile with `dot_order` (built once, kept). K % 128 == 0."""
         if self.dot_words is None:
             u = self.words.to(torch.int64) & 0xFFFFFFFF
@@ -359,7 +359,7 @@ def _act_tile(x_ptr, rows, mmask, stride_xm, k0, K, BK: tl.constexpr):
 # ------------------------------------------------------------------------------------------------
 DOT_GROUP = 128  # K elements per group of the dot order (`kernels._common.dot_layout`); the tile's BK a multiple
 
-# word $8 (dot order), $9 four v4a scale bytes (blocks 4i..4i+3 of the row), $10 a selector ptxas sees as a constant
+# word $8 (dot order), $9 four dot-order scale bytes (blocks 4i..4i+3 of the row), $10 a selector ptxas sees as a constant
 # per register (0x4140: bytes 0 and 1, the word's blocks when t is even; 0x4342: bytes 2 and 3) -> $0..$7 = element
 # e = 4 s0 + 2 h + c times its block's s_b * 2^-7 in bf16: one PRMT and one multiply-add make both blocks' bf16x2
 # scales (`kernels._common.SCALE_MAD`), the pairs decode as in `pair_decode_ptx` (pairs 0, 1: block s0 = 0)
@@ -378,7 +378,7 @@ def _code_at(w, b0: tl.constexpr, b1: tl.constexpr, b2: tl.constexpr, b3: tl.con
 
 @triton.jit
 def dot_decode(w, s, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
-    """w int32 [BN, BK/8] words in the dot order, s int32 [BN, BK/64] v4a scale bytes (`PreparedFP4Weight.dotted`)
+    """w int32 [BN, BK/8] words in the dot order, s int32 [BN, BK/64] dot-order scale bytes (`PreparedFP4Weight.dotted`)
     -> [BN, BK] = E2M1 * s_b * 2^-7 in natural k order: bf16 by `_DOT_ASM` with ASM (GPU), else fp32 in plain
     Triton (the interpreter; the same values). The join / reshape / permute chain only renames registers on a GPU:
     a word's 8 values differ in register bits of the dot operand layout (`dot_layout`)."""
@@ -591,7 +591,7 @@ def auto_config(M: int, N: int, K: int, device, gemv: bool = True) -> GemmConfig
     """The config `fp4_linear` runs when it is given none: on a GPU the MMA tile at every M (`default_config`): with
     the weight in the dot order it beat the v1 decode GEMV at M 1 and 2 at both timed shapes (H200, kernels.csv
     version v5k, 14336x4096 / 4096x14336: W4A16 24.7 / 23.4 us against 28.0 / 29.1 at M 1, 25.4 / 23.4 against
-    34.7 / 34.9 at M 2; W4A4 32.4 / 33.4 against 32.5 / 36.0 at M 1), where in v3c the GEMV had won up to M 2. In the
+    34.7 / 34.9 at M 2; W4A4 32.4 / 33.4 against 32.5 / 36.0 at M 1). In the
     interpreter the GEMV up to 2 rows (`gemv2_config`; gemv: the weight has the GEMV layout), so that the CPU tests
     reach both kernels through the default. benchmarks/bench_kernels.py still times both (rows fp4-w4a16 /
     fp4-w4a16-mma, and the same for W4A4)."""

@@ -479,7 +479,7 @@ def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
     (`mma_moe_config`). H200, W4A4, same-run medians (kernels.csv version v5d, results/kernels/crossover.md): the
     GEMV 41.6 / 74.0 / 145.9 us against the MMA tile's 66.1 / 88.6 / 223.0 at 0.06-0.25 rows per expert (Qwen3 T1,
     T4; Mixtral T1); at 1 row per expert the MMA tile 174.7 / 347.6 against the GEMV's 184.8 / 395.5 (Qwen3 T16,
-    Mixtral T4; v3c had the two 7% apart either way, v5d's decode made the tile faster). No timed size lies between
+    Mixtral T4). No timed size lies between
     0.25 and 1. benchmarks/bench_kernels.py times the MMA tile where the GEMV is the default (rows fp4-w4a16-mma /
     fp4-w4a4-mma)."""
     per_expert = T * topk / E
