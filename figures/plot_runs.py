@@ -369,7 +369,7 @@ def final_accuracy_figure(main_df: pd.DataFrame, n_eval: dict | None = None):
     for ax, ((model, task), g) in zip(axes, groups, strict=True):
         x = np.arange(len(g))
         lo, hi = np.inf, -np.inf
-        for col, lab, marker, dx in deps:
+        for col, _, marker, dx in deps:
             vals = g[col].to_numpy(dtype=float)
             err = accuracy_stderr(g, col, (n_eval or {}).get((model, task)))
             for xi, v, e, arm in zip(x, vals, err, g["arm"], strict=True):

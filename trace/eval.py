@@ -52,7 +52,10 @@ def main(argv=None) -> int:
     except C.ConfigError as e:
         C.fail(e)
     started = rundir.utc_now()
-    res = evaluate_checkpoint(cfg, a.ckpt)
+    try:
+        res = evaluate_checkpoint(cfg, a.ckpt)
+    except KeyboardInterrupt:  # nothing is written before the evaluation ends
+        return rundir.report_interrupt(f"interrupted; nothing written to {a.out}; rerun the same command to evaluate")
     # start and end of the evaluation (analysis/gputime.py); files written before end_time existed have
     # only start_time, taken here, i.e. when the evaluation had ended
     res["meta"] = {**rundir.collect_meta(), "start_time": started, "end_time": rundir.utc_now()}

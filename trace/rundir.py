@@ -400,6 +400,37 @@ def note_meta(run_dir, key: str, value) -> None:
     _atomic_write(meta_path, json.dumps(meta, indent=2))
 
 
+def progress_bar(iterable, desc: str, enabled: bool = True):
+    """A tqdm bar on stderr, shown only when `enabled` and stderr is a terminal (never in log files);
+    TQDM_DISABLE=1 turns it off everywhere."""
+    from tqdm import tqdm
+
+    on = enabled and not os.environ.get("TQDM_DISABLE") and sys.stderr is not None and sys.stderr.isatty()
+    return tqdm(iterable, desc=desc, disable=not on, file=sys.stderr)
+
+
+class Interrupted(Exception):
+    """Ctrl-C (SIGINT) during a training run: the step it stopped in and the step a rerun of the same
+    command resumes from (the one after the latest checkpoint; metrics logged past it are dropped and
+    redone on resume)."""
+
+    def __init__(self, run_dir, step: int | None):
+        last = latest_checkpoint(run_dir)
+        self.step = step
+        self.resume_step = (checkpoint_step(last) if last is not None else 0) + 1
+        where = f"at step {step}" if step is not None else "before the first step"
+        super().__init__(f"interrupted {where}; rerun the same command to resume from step {self.resume_step}")
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
+
+
+def report_interrupt(message) -> int:
+    """One line on stderr, no traceback; the exit status of an interrupted command."""
+    print(str(message), file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+
+
 def mark_done(run_dir, info: dict | None = None) -> None:
     """Write `done`, after meta.json's end_time: the marker is what the pipeline waits for, so a run that has
     it always has its end time (analysis/gputime.py)."""

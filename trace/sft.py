@@ -135,9 +135,8 @@ def determinism(mode: str):
 
 
 def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
-    """Train (or resume) an SFT run into `out`; returns the final checkpoint directory."""
-    from tqdm import tqdm
-
+    """Train (or resume) an SFT run into `out`; returns the final checkpoint directory. Ctrl-C raises
+    rundir.Interrupted (the step it stopped in, the step a rerun resumes from)."""
     from trace.models import build_model, build_tokenizer, load_checkpoint
 
     rundir.set_threads(cfg)
@@ -166,10 +165,24 @@ def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
         opt.load_state_dict(state["optimizer"])
     log = rundir.MetricsLog.open(out, upto_step=start if latest is not None else None, wandb_cfg=cfg["wandb"], cfg=cfg)
     total = s["steps"]
-    # disable=None: off when stderr is not a terminal (pipeline logs); an explicit False would override TQDM_DISABLE
-    bar = tqdm(range(start, total), desc="sft", disable=None if progress and not os.environ.get("TQDM_DISABLE") else True,
-               file=sys.stderr)
+    bar = rundir.progress_bar(range(start, total), "sft", progress)
+    at = {"step": None}  # the step in progress (1-based), for an interrupt's message
+    try:
+        _sft_loop(bar, at, cfg, s, data, tok, model, opt, log, task, mode, out, total)
+    except KeyboardInterrupt:
+        log.close()
+        raise rundir.Interrupted(out, at["step"]) from None
+    log.close()
+    if total == 0 and rundir.latest_checkpoint(out) is None:  # steps: 0 -> the untrained init as checkpoint
+        rundir.save_run_checkpoint(out, 0, model, tok, {"optimizer": opt.state_dict()})
+    rundir.mark_done(out, {"steps": total})
+    return rundir.latest_checkpoint(out)
+
+
+def _sft_loop(bar, at, cfg, s, data, tok, model, opt, log, task, mode, out, total) -> None:
+    """The SFT steps of `bar`, each checkpointed every `ckpt_every`; at["step"]: the step in progress."""
     for step in bar:
+        at["step"] = step + 1
         t0 = time.time()
         g = torch.Generator().manual_seed(cfg["seed"] * 1_000_003 + step)
         idx = torch.randint(len(data), (s["batch_size"],), generator=g).tolist()
@@ -200,11 +213,7 @@ def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
             log.log(rec)
         if done_steps % s["ckpt_every"] == 0 or done_steps == total:
             rundir.save_run_checkpoint(out, done_steps, model, tok, {"optimizer": opt.state_dict()})
-    log.close()
-    if total == 0 and rundir.latest_checkpoint(out) is None:  # steps: 0 -> the untrained init as checkpoint
-        rundir.save_run_checkpoint(out, 0, model, tok, {"optimizer": opt.state_dict()})
-    rundir.mark_done(out, {"steps": total})
-    return rundir.latest_checkpoint(out)
+
 
 
 def main(argv=None) -> int:
@@ -216,6 +225,10 @@ def main(argv=None) -> int:
         run_sft(cfg, a.out, progress=not a.no_progress)
     except C.ConfigError as e:  # start-up: model, JSONL files, a different run in --out; nothing written
         C.fail(e)
+    except rundir.Interrupted as e:
+        return rundir.report_interrupt(e)
+    except KeyboardInterrupt:  # before the loop (building the model, reading the data)
+        return rundir.report_interrupt(rundir.Interrupted(a.out, None))
     return 0
 
 

@@ -2,13 +2,15 @@
 
 Writes DIR/config.yaml, meta.json, metrics.jsonl (one object per step), ckpt/ and `done`. Restarting
 the same command after a crash resumes from the last checkpoint (see trace/rl/trainer.py).
-Exit codes: 0 done, 2 bad config or inputs (one `error:` line; nothing written), 3 non-finite loss/logits (step not applied, checkpoint kept).
+Exit codes: 0 done, 2 bad config or inputs (one `error:` line; nothing written), 3 non-finite loss/logits (step not applied, checkpoint kept),
+130 interrupted by Ctrl-C (one line: the step it stopped in and the step a rerun resumes from).
 """
 from __future__ import annotations
 
 import sys
 
 from trace import config as C
+from trace import rundir
 
 
 def main(argv=None) -> int:
@@ -24,6 +26,10 @@ def main(argv=None) -> int:
     except NonFiniteError as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
+    except rundir.Interrupted as e:
+        return rundir.report_interrupt(e)
+    except KeyboardInterrupt:  # before the loop (building the models, loading the SFT base)
+        return rundir.report_interrupt(rundir.Interrupted(a.out, None))
     return 0
 
 

@@ -51,7 +51,6 @@ the last checkpoint untouched). Compared against: OpenRLHF 0.11.2 losses (tests/
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -354,7 +353,7 @@ class RLTrainer:
                                    {"optimizer": self.opt.state_dict(), "method": self.rl["method"]})
 
     def run(self) -> list[dict]:
-        from tqdm import tqdm
+        """The remaining steps; Ctrl-C raises rundir.Interrupted (the step it stopped in, the resume step)."""
         rl = self.rl
         log = rundir.MetricsLog.open(self.out, upto_step=self.start_step if self.resumed else None,
                                 wandb_cfg=self.cfg["wandb"], cfg=self.cfg)
@@ -363,8 +362,9 @@ class RLTrainer:
             if not self.resumed and self.start_step == 0 and rl["eval_every"]:
                 # step 0: the initial policy's test accuracy (the SFT base) in this arm's deployment
                 log.log({"step": 0, "method": rl["method"], "eval_accuracy": self.evaluate()["accuracy"]})
-            bar = tqdm(range(self.start_step + 1, rl["steps"] + 1), desc=f"rl[{rl['method']}]",
-                       disable=not self.progress, file=sys.stderr)
+            bar = rundir.progress_bar(range(self.start_step + 1, rl["steps"] + 1), f"rl[{rl['method']}]",
+                                      self.progress)
+            step = None
             for step in bar:
                 ts = time.perf_counter()
                 try:
@@ -384,6 +384,8 @@ class RLTrainer:
                     self._save(step)
             if rl["steps"] == 0 and rundir.latest_checkpoint(self.out) is None:
                 self._save(0)
+        except KeyboardInterrupt:
+            raise rundir.Interrupted(self.out, step) from None
         finally:
             log.close()
         rundir.mark_done(self.out, {"steps": rl["steps"]})
