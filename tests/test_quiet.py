@@ -55,3 +55,22 @@ def test_no_progress_bar_on_non_terminal_stderr(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "sft" / "done").exists()
     assert "it/s" not in r.stderr and "s/it" not in r.stderr and "\r" not in r.stderr, r.stderr[-500:]
+
+
+def test_deepspeed_cpu_accelerator_line_is_dropped():
+    """On a machine without a GPU, DeepSpeed (pulled in by transformers and the OpenRLHF path) warns that it
+    found no accelerator at its first use; after importing the package that line is gone, and DeepSpeed
+    still picks its CPU accelerator."""
+    code = ("import trace\n"
+            "from deepspeed.accelerator import get_accelerator\n"
+            "print(get_accelerator()._name)\n")
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    if r.stdout.strip() != "cpu":
+        import pytest
+        pytest.skip("an accelerator is present")
+    assert "Setting accelerator to CPU" not in r.stderr, r.stderr
+    bare = subprocess.run([sys.executable, "-c", code.replace("import trace\n", "")], cwd="/", capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert "Setting accelerator to CPU" in bare.stdout + bare.stderr  # the line the filter exists for

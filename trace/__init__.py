@@ -4,7 +4,8 @@ Importing the package only quiets start-up noise that asks nothing of the user: 
 torchao whenever it is installed (it is, for the cross-check tests), and torchao then logs that its
 CUDA-only extensions do not load and registers enums that torch reports as deprecated; wandb (a mirror
 of metrics.jsonl) prints a banner unless WANDB_SILENT is set; progress bars (ours, transformers')
-redraw hundreds of times into a log file, so they are off unless stderr is a terminal. An explicit
+redraw hundreds of times into a log file, so they are off unless stderr is a terminal; DeepSpeed's
+"Setting accelerator to CPU" warning on a machine without a GPU is dropped. An explicit
 WANDB_SILENT / TQDM_DISABLE in the environment wins.
 """
 import logging as _logging
@@ -27,3 +28,6 @@ class _Drop(_logging.Filter):
 
 _logging.getLogger("torchao").addFilter(_Drop("Failed to load"))
 _logging.getLogger("torch.utils._pytree").addFilter(_Drop("is an Enum subclass and is now natively supported"))
+# DeepSpeed (imported by transformers and the OpenRLHF path) warns on every CPU start-up that it found no
+# accelerator; on a CPU machine that is the expected case, not something to act on
+_logging.getLogger("DeepSpeed").addFilter(_Drop("Setting accelerator to CPU"))
