@@ -1,10 +1,18 @@
 """Time of the coding task's reward for one RL step's responses: in-process for integer arithmetic on x
-(`trace.tasks.coding.pure_arithmetic`) against every distinct program in its own sandboxed interpreter.
+(`trace.tasks.coding.pure_arithmetic`) against every distinct program in its own sandboxed interpreter;
+and the sandbox's time per program with each set of kernel layers (`trace.tasks.sandbox`): all of them
+(bubblewrap's namespaces and unprivileged uid, plus seccomp), the set without bubblewrap (a network
+namespace as root, plus seccomp), and none (rlimits and the audit hook only).
 
-Run (repo root): `PYTHONPATH=. python benchmarks/bench_coding_reward.py [--prompts 64] [--samples 8]`.
+Run (repo root): `PYTHONPATH=. python benchmarks/bench_coding_reward.py [--prompts 64] [--samples 8]
+[--programs 96] [--repeats 3] [--append results/bench/coding_reward.md]`.
 Compared against: itself with the in-process path switched off; the scores must be equal (it exits 1 if not).
+Per-program times are the best of `--repeats` batches of `--programs` distinct programs, run as the coding
+verifier runs them (one process per program, as many at once as there are cores). `--append` adds the
+printed lines, with the command and each layer set's configuration, to a markdown file.
 """
 import argparse
+import datetime
 import os
 import random
 import sys
@@ -12,6 +20,10 @@ import time
 
 import trace.tasks.coding as coding
 from trace.tasks import get_task
+from trace.tasks import sandbox
+
+# name -> run_many's `_kernel_layers`
+LAYER_SETS = {"all kernel layers": True, "without bubblewrap": ("netns", "seccomp"), "no kernel layers": False}
 
 
 def timed(fn):
@@ -27,6 +39,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--programs", type=int, default=96, help="distinct programs per timed batch")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--append", default=None, help="markdown file to append the results to")
     a = ap.parse_args(argv)
     task = get_task("coding", difficulty="easy")
     rng = random.Random(0)
@@ -45,8 +60,25 @@ def main(argv=None) -> None:
         boxed, t_box, c_box = timed(lambda: task.score_batch(batch, responses))
     finally:
         coding.pure_arithmetic = pure
-    print(f"{len(responses)} responses: in-process {t_fast:.3f} s wall, {c_fast:.2f} CPU-s; sandbox {t_box:.2f} s "
-          f"wall, {c_box:.2f} CPU-s ({os.cpu_count()} cores); scores equal: {fast == boxed}")
+    lines = [f"{len(responses)} responses: in-process {t_fast:.3f} s wall, {c_fast:.2f} CPU-s; sandbox {t_box:.2f} s "
+             f"wall, {c_box:.2f} CPU-s ({os.cpu_count()} cores); scores equal: {fast == boxed}"]
+    # distinct programs, as the verifier sends them: the harness around a policy-like expression
+    progs = [coding.harness(f"{rng.choice([-3, -2, -1, 1, 2, 3])}*x+{i}", [1, 2, 3, 4, 5]) for i in range(a.programs)]
+    for name, layers in LAYER_SETS.items():
+        best = None
+        for _ in range(a.repeats):
+            res, wall, cpu = timed(lambda: sandbox.run_many(progs, _kernel_layers=layers))
+            assert all(r.ok for r in res), [r.stderr for r in res if not r.ok][:1]
+            best = (wall, cpu) if best is None or wall < best[0] else best
+        lines.append(f"sandbox, {name} [{sandbox.describe_layers(layers)}]: {1e3 * best[0] / a.programs:.1f} ms wall, "
+                     f"{1e3 * best[1] / a.programs:.1f} CPU-ms per program ({a.programs} programs, best of {a.repeats})")
+    for line in lines:
+        print(line)
+    if a.append:
+        with open(a.append, "a", encoding="utf-8") as f:
+            cmd = "PYTHONPATH=. python benchmarks/bench_coding_reward.py " + " ".join(argv if argv is not None else sys.argv[1:])
+            f.write(f"\n### {datetime.date.today().isoformat()}, {os.cpu_count()} cores\n\n`{cmd.strip()}`\n\n")
+            f.writelines(f"- {line}\n" for line in lines)
     sys.exit(0 if fast == boxed else 1)
 
 

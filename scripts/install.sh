@@ -4,6 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# bubblewrap: the coding sandbox's kernel boundary (trace/tasks/sandbox.py; as root it refuses to run
+# generated code without it). Best effort: skipped when bwrap is there, a note when apt cannot install it.
+if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+  { $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap \
+    || { $sudo apt-get update -q && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap; }; } \
+    >/dev/null 2>&1 || echo "note: could not install bubblewrap (apt-get install bubblewrap)" >&2
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.installed-$(cat requirements.txt requirements-dev.txt requirements-openrlhf.txt | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then

@@ -11,6 +11,8 @@ import trace.tasks.coding as coding
 from trace.tasks import Example, get_task
 from trace.tasks.sandbox import run_many
 
+pytestmark = pytest.mark.usefixtures("allow_weak_sandbox")
+
 
 def make_example(gold="2*x+1", fn=lambda x: 2 * x + 1, hidden=(4, 7, 11, 13, 20)):
     label = json.dumps({"inputs": list(hidden), "outputs": [fn(x) for x in hidden], "gold": gold})

@@ -12,6 +12,7 @@ import pytest
 from trace.tasks.sandbox import VIOLATION_EXIT, capabilities, run_many, run_python
 
 CAPS = capabilities()
+pytestmark = pytest.mark.usefixtures("allow_weak_sandbox")
 needs_netns = pytest.mark.skipif(not CAPS["netns"], reason="network namespaces need root + unshare")
 needs_kernel_fork_block = pytest.mark.skipif(
     not (CAPS["seccomp"] or CAPS["nproc_enforced"]), reason="no kernel-level fork block available here")

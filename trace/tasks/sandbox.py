@@ -3,17 +3,30 @@
 ``run_python(src, timeout_s=2.0)`` runs `src` in a fresh interpreter and returns a `SandboxResult`;
 ``run_many(srcs)`` runs a batch concurrently from one thread (an event loop over the children's
 pipes), which is how the coding verifier scores a whole RL batch. Compared against: the execution
-sandboxes of code-RL stacks (e.g. sandbox-fusion, firejail/nsjail setups); this is a dependency-free
-version meant for the short expression programs of the synthetic coding task (DESIGN.md section 7).
+sandboxes of code-RL stacks (e.g. sandbox-fusion, firejail/nsjail setups); this one takes its kernel
+boundary from bubblewrap and adds no Python dependency; it is meant for the short expression programs
+of the synthetic coding task (DESIGN.md section 7).
 
 Layers, outermost first (each is tested on its own with a hostile program):
   * separate process in its own session; a wall-clock deadline SIGKILLs the whole process group;
-  * ``python -I -S -B``: no site-packages, no environment (env is empty), no bytecode writes;
+  * ``python -I -S -B`` (the real interpreter, not a venv's link): no site-packages, no environment
+    (env is empty), no bytecode writes;
   * rlimits: CPU seconds, address space (memory_mb), file size, open files, no core dumps, and
     RLIMIT_NPROC=0 (stops fork for non-root users; root ignores it, hence the next layers);
-  * as root, a private network namespace (no interfaces up, so no loopback either); on x86_64, for
-    any user, a seccomp filter that makes fork/vfork/clone/clone3, socket/socketpair, ptrace,
-    unshare/setns/mount and io_uring fail with EPERM in the kernel, whatever the program does;
+  * the kernel boundary, from bubblewrap (`bwrap`, Debian's package, installed by scripts/install.sh):
+    a mount namespace whose only contents are the interpreter, the standard library and the system's
+    shared-library directories (read-only, on a read-only empty root, with a minimal /dev) and the
+    work dir (read-write); a PID namespace (no other process can be seen, so none can be signalled);
+    IPC, UTS and network namespaces (a loopback with nothing behind it); and, when the parent is root,
+    an unprivileged uid (65534): the bootstrap, started with only CAP_SETUID/CAP_SETGID, switches to
+    it for good before it reads anything the program controls. Not root: bubblewrap uses a user
+    namespace, and the program keeps the caller's (unprivileged) uid;
+  * on x86_64, for any user, a seccomp filter that makes fork/vfork/clone/clone3, socket/socketpair,
+    ptrace, signals to any process (kill, tkill, tgkill, rt_*sigqueueinfo, pidfd_send_signal and
+    pidfd_open/getfd), another process's memory, unshare/setns/mount and the other mount calls,
+    io_uring, bpf, perf events, keyrings and module/kexec/reboot calls fail with EPERM in the kernel,
+    whatever the program does (bubblewrap loads it just before exec; without bubblewrap, the forked
+    child does, and as root it also gets a private network namespace with no interface up);
   * inside the child a `sys.addaudithook` policy that ends the process (exit code 86, a
     "SANDBOX_VIOLATION <event>" line on stderr) on: sockets, subprocess/exec/spawn/fork/system,
     kill, ctypes (import and every ctypes event), opening a file for writing outside the work dir,
@@ -23,14 +36,24 @@ Layers, outermost first (each is tested on its own with a hostile program):
   * cwd is a fresh temp dir (the only writable place), deleted afterwards; stdout and stderr are
     each capped at max_output_bytes and the child is killed when it goes past the cap.
 
-Known limits, stated plainly: Python audit hooks are a tripwire, not a security boundary (CPython's
-docs say so); an interpreter bug could sidestep them. As root the kernel layers above still hold
-for fork and network, but file writes outside the work dir are stopped by the audit hook alone
-(no mount namespace; the interpreter lives under /root, mode 0700, so the child cannot drop to
-an unprivileged uid). Good enough for model-written one-line expressions; not for adversarial
-humans. `preexec_fn` is used, so call from a single-threaded process or accept CPython's caveat.
+Which kernel layers work is probed once per process (`capabilities()`, by starting trivial children)
+and printed as one line on stderr ("[trace.tasks.sandbox] kernel layers: ..."). If no kernel layer
+confines the filesystem (no working bubblewrap and running as root), `run_many` refuses to run
+anything and raises `SandboxUnavailable`: the coding reward is then not scored at all, rather than
+scored behind the audit hook alone. ``TRACE_SANDBOX_ALLOW_NO_BOUNDARY=1`` opts in to running with the
+remaining layers anyway; ``TRACE_SANDBOX_BWRAP=<path>`` names the bwrap binary (empty or 0: none).
 
-Over 450 lines on purpose: every isolation layer above sits in this one file, so that whoever judges
+Known limits, stated plainly: Python audit hooks are a tripwire, not a security boundary (CPython's
+docs say so): a one-line program can reach the hook through `gc.get_objects()` and overwrite its
+closure cells, or patch the builtins it calls (tests/tasks/test_sandbox_hostile.py does both, and
+shows each defeats the hook alone). What holds then is the kernel: outside files are not in the
+program's view, other processes are not in its PID namespace, its uid owns nothing outside the work
+dir, and seccomp refuses process creation, sockets and signals. Without bubblewrap, as root, file
+access is stopped by the audit hook alone, hence the refusal above. bubblewrap costs a few ms per
+program (benchmarks/bench_coding_reward.py). `preexec_fn` is used, so call from a single-threaded
+process or accept CPython's caveat.
+
+Over 700 lines on purpose: every isolation layer above sits in this one file, so that whoever judges
 the sandbox reads all of it in one place.
 """
 from __future__ import annotations
@@ -44,6 +67,7 @@ import selectors
 import shutil
 import signal
 import struct
+import sysconfig
 import subprocess
 import sys
 import tempfile
@@ -62,6 +86,28 @@ import sys, posix
 _root, _work = sys.argv[1], sys.argv[2]
 with open(_root + "/prog.py", encoding="utf-8") as _f:
     _src = _f.read()
+
+def _drop(uid):
+    # Under bubblewrap as root: leave uid 0 (and the CAP_SETUID/CAP_SETGID kept for this) for good.
+    if uid >= 0:
+        try:
+            posix.setgroups([])
+            posix.setresgid(uid, uid, uid)
+            posix.setresuid(uid, uid, uid)
+        except OSError:
+            posix._exit(125)
+        if posix.getresuid() != (uid, uid, uid) or posix.getresgid() != (uid, uid, uid):
+            posix._exit(125)
+    # bubblewrap always sets PWD; the program gets an empty environment
+    posix.environ.pop(b"PWD", None)
+    if "PWD" in getattr(sys.modules.get("os"), "environ", ()):
+        del sys.modules["os"].environ["PWD"]
+    import resource
+    # no new processes (root ignores it, hence seccomp and the uid drop); set here, after exec, as
+    # an unprivileged uid over the limit could not exec at all
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+
+_drop(int(sys.argv[7]))
 
 def _install(work, lib_roots, violation_exit, mark, allow_audit):
     _lstat, _stat, _readlink, _getcwd = posix.lstat, posix.stat, posix.readlink, posix.getcwd
@@ -201,7 +247,7 @@ def _install(work, lib_roots, violation_exit, mark, allow_audit):
 
 _install(sys.argv[2], tuple(sys.argv[3].split("\x1f")), int(sys.argv[4]), sys.argv[5],
          sys.argv[6] == "1")
-del _install, _f
+del _install, _drop, _f
 exec(compile(_src, "<sandbox>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
 '''
 
@@ -220,21 +266,40 @@ class SandboxResult:
 
 
 # ---------------------------------------------------------------------------------------------
-# Kernel layers set up in the forked child before exec (root only).
+# Kernel layers: set up in the forked child before exec, or by bubblewrap.
 
 _CLONE_NEWNET = 0x40000000
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
 _AUDIT_ARCH_X86_64 = 0xC000003E
-# x86_64 syscall numbers refused by the filter.
+# x86_64 syscall numbers refused by the filter: new processes, sockets, other processes (signals,
+# ptrace, their memory and file descriptors), namespaces and mounts, and kernel administration.
 _DENY_X86_64 = {
     "clone": 56, "fork": 57, "vfork": 58, "clone3": 435,
     "socket": 41, "socketpair": 53, "ptrace": 101, "unshare": 272, "setns": 308,
     "mount": 165, "io_uring_setup": 425, "process_vm_writev": 311,
+    "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
+    "pidfd_send_signal": 424, "pidfd_open": 434, "pidfd_getfd": 438, "process_vm_readv": 310,
+    "kcmp": 312, "umount2": 166, "pivot_root": 155, "chroot": 161, "open_tree": 428,
+    "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+    "mount_setattr": 442, "name_to_handle_at": 303, "open_by_handle_at": 304, "bpf": 321,
+    "perf_event_open": 298, "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249,
+    "init_module": 175, "finit_module": 313, "delete_module": 176, "kexec_load": 246,
+    "kexec_file_load": 320, "reboot": 169, "swapon": 167, "swapoff": 168,
 }
 _EPERM = 1
 _ENOSYS = 38
+
+# Opt-in to score without a kernel filesystem boundary (see the module docstring).
+ALLOW_ENV = "TRACE_SANDBOX_ALLOW_NO_BOUNDARY"
+# Path of the bwrap binary to use; empty or "0" turns bubblewrap off.
+BWRAP_ENV = "TRACE_SANDBOX_BWRAP"
+SANDBOX_UID = 65534  # "nobody": what the program runs as when the parent is root
+
+
+class SandboxUnavailable(RuntimeError):
+    """No kernel layer confines the program's filesystem access, and the user has not opted in."""
 
 
 def _seccomp_program() -> bytes | None:
@@ -268,6 +333,7 @@ class _SockFprog(ctypes.Structure):
 _LIBC = None
 _SECCOMP_BYTES = _seccomp_program()
 _CAPS: dict | None = None
+_STATIC_MOUNTS: list[str] | None = None
 
 
 def _libc():
@@ -275,6 +341,28 @@ def _libc():
     if _LIBC is None:
         _LIBC = ctypes.CDLL(None, use_errno=True)
     return _LIBC
+
+
+@dataclass(frozen=True)
+class _Layers:
+    """The kernel layers one child gets."""
+    bwrap: str | None = None  # bubblewrap binary: mount, PID, IPC, UTS and network namespaces
+    drop_uid: int = -1  # uid the bootstrap switches to (root under bubblewrap), -1: none
+    netns: bool = False  # without bubblewrap: unshare the network namespace before exec (root)
+    seccomp: bool = False
+
+
+_NO_LAYERS = _Layers()
+
+
+def _interpreter() -> str:
+    """The real interpreter binary (not a venv's link to it), so the sandbox needs no venv."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def _lib_roots() -> list[str]:
+    """The standard library's directory (of the real interpreter: a venv's site-packages stay out)."""
+    return [os.path.realpath(os.path.join(sys.base_prefix, "lib"))]
 
 
 def _make_preexec(timeout_s: float, memory_mb: int, max_file_bytes: int, netns: bool, seccomp: bool):
@@ -293,7 +381,6 @@ def _make_preexec(timeout_s: float, memory_mb: int, max_file_bytes: int, netns: 
         resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
         if seccomp:
             if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
                 os._exit(125)
@@ -304,26 +391,154 @@ def _make_preexec(timeout_s: float, memory_mb: int, max_file_bytes: int, netns: 
     return preexec
 
 
+def _static_mounts() -> list[str]:
+    """bwrap arguments for the read-only part of the view: the interpreter binary, the standard
+    library and the system's shared-library directories (every path at its own place)."""
+    global _STATIC_MOUNTS
+    if _STATIC_MOUNTS is not None:
+        return _STATIC_MOUNTS
+    exe = _interpreter()
+    libdir = sysconfig.get_config_var("LIBDIR")  # where libpython lives when it is shared
+    binds: list[str] = []
+    links: list[tuple[str, str]] = []
+    for d in ("/lib", "/lib64", "/lib32", "/libx32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32"):
+        if os.path.islink(d):
+            links.append((os.readlink(d), d))
+        elif os.path.isdir(d):
+            binds.append(d)
+    for p in [*_lib_roots(), os.path.realpath(libdir) if libdir else None, exe, "/etc/ld.so.cache"]:
+        if p and os.path.exists(p) and p not in binds:
+            binds.append(p)
+    binds.sort()
+    kept: list[str] = []
+    for b in binds:  # a path inside one already bound is visible through it
+        if not any(b.startswith(k + "/") for k in kept):
+            kept.append(b)
+    args = _mkdirs([k for k in kept] + [d for _, d in links])
+    for b in kept:
+        args += ["--ro-bind", b, b]
+    for target, d in links:
+        args += ["--symlink", target, d]
+    _STATIC_MOUNTS = args
+    return args
+
+
+def _mkdirs(dests: list[str]) -> list[str]:
+    """Create the parents of mount points as 0755 directories (bwrap would copy the host's mode,
+    and /root's 0700 would lock the unprivileged uid out of a standard library below it)."""
+    parents = set()
+    for d in dests:
+        p = os.path.dirname(d)
+        while p not in ("/", ""):
+            parents.add(p)
+            p = os.path.dirname(p)
+    args = []
+    for p in sorted(parents, key=lambda q: (q.count("/"), q)):
+        if not any(p == d or p.startswith(d + "/") for d in dests):
+            args += ["--perms", "0755", "--dir", p]
+    return args
+
+
+def _bwrap_argv(layers: _Layers, root: str, work: str, seccomp_fd: int | None) -> list[str]:
+    argv = [layers.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--as-pid-1"]
+    if os.geteuid() == 0:
+        if layers.drop_uid >= 0:
+            argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        argv += ["--unshare-user"]
+    prog = os.path.join(root, "prog.py")
+    argv += _static_mounts() + _mkdirs([prog, work])
+    argv += ["--dev", "/dev", "--ro-bind", prog, prog, "--bind", work, work, "--chdir", work,
+             "--remount-ro", "/dev", "--remount-ro", "/"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    return argv + ["--"]
+
+
+def _probe_bwrap(path: str, drop_uid: int, seccomp: bool) -> dict | None:
+    """Start one child through bubblewrap and report what it saw, or None if it did not start."""
+    hostfile = os.path.realpath(__file__)  # exists here, must not exist in the child's view
+    src = ("import posix\ntry:\n    posix.stat(%r)\n    seen = 1\nexcept OSError:\n    seen = 0\n"
+           "print(posix.getuid(), posix.getpid(), seen)" % hostfile)
+    layers = _Layers(bwrap=path, drop_uid=drop_uid, seccomp=seccomp)
+    try:
+        r = _run_jobs([src], [""], 10.0, 256, 4096, 1 << 20, 1, layers, audit=False)[0]
+        uid, pid, seen = (int(v) for v in r.stdout.split())
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    if not r.ok:
+        return None
+    return {"uid": uid, "pid_ns": pid != os.getpid() and pid < 10, "mount_ns": seen == 0}
+
+
 def capabilities() -> dict:
-    """Which optional kernel layers work here (probed once by starting a trivial child)."""
+    """Which kernel layers work here (probed once by starting trivial children); prints one line."""
     global _CAPS
     if _CAPS is not None:
         return _CAPS
     root = hasattr(os, "geteuid") and os.geteuid() == 0
-    caps = {"root": root, "nproc_enforced": not root, "netns": False, "seccomp": False}
+    caps = {"root": root, "nproc_enforced": not root, "netns": False, "seccomp": False,
+            "bwrap": None, "mount_ns": False, "pid_ns": False, "uid": os.geteuid(), "drop_uid": -1}
     for layer in ("netns", "seccomp"):
         # seccomp with no_new_privs needs no privilege; a network namespace needs root
         if (layer == "netns" and not root) or (layer == "seccomp" and _SECCOMP_BYTES is None):
             continue
         try:
             pre = _make_preexec(5, 256, 1 << 20, netns=layer == "netns", seccomp=layer == "seccomp")
-            rc = subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], preexec_fn=pre, env={},
+            rc = subprocess.run([_interpreter(), "-I", "-S", "-c", "pass"], preexec_fn=pre, env={},
                                 stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode
             caps[layer] = rc == 0
         except (OSError, subprocess.SubprocessError):
             caps[layer] = False
+    env = os.environ.get(BWRAP_ENV)
+    bwrap = shutil.which("bwrap", path=os.environ.get("PATH", "") + ":/usr/bin:/bin") if env is None else env
+    if bwrap and bwrap != "0":
+        # as root, the child switches to an unprivileged uid; if that fails, it stays root inside
+        for drop in ((SANDBOX_UID, -1) if root else (-1,)):
+            seen = _probe_bwrap(bwrap, drop, caps["seccomp"])
+            if seen is not None:
+                caps.update(bwrap=bwrap, mount_ns=seen["mount_ns"], pid_ns=seen["pid_ns"], uid=seen["uid"],
+                            drop_uid=drop, netns=True, nproc_enforced=seen["uid"] != 0)
+                break
+    caps["unprivileged_uid"] = caps["uid"] != 0
+    caps["boundary"] = caps["mount_ns"] or caps["unprivileged_uid"]
     _CAPS = caps
+    active = [name for name in ("mount_ns", "pid_ns", "netns", "seccomp") if caps[name]]
+    active.append(f"uid={caps['uid']}" + ("" if caps["unprivileged_uid"] else " (root)"))
+    how = f"bubblewrap at {caps['bwrap']}" if caps["bwrap"] else "no bubblewrap"
+    verdict = ("" if caps["boundary"] else
+               f"; NO kernel filesystem boundary: refusing to run programs unless {ALLOW_ENV}=1")
+    print(f"[trace.tasks.sandbox] kernel layers: {' '.join(active)} ({how}); "
+          f"audit hook as tripwire{verdict}", file=sys.stderr, flush=True)
     return caps
+
+
+def _layers_for(kernel_layers) -> _Layers:
+    """True: every layer that works here; False: none; a collection of names ("bwrap", "netns",
+    "seccomp"): those of them that work (the benchmark's comparisons)."""
+    if kernel_layers is False:
+        return _NO_LAYERS
+    caps = capabilities()
+    want = {"bwrap", "netns", "seccomp"} if kernel_layers is True else set(kernel_layers)
+    use_bwrap = "bwrap" in want and caps["bwrap"] is not None
+    return _Layers(bwrap=caps["bwrap"] if use_bwrap else None, drop_uid=caps["drop_uid"] if use_bwrap else -1,
+                   netns=(not use_bwrap) and "netns" in want and caps["root"] and caps["netns"],
+                   seccomp="seccomp" in want and caps["seccomp"])
+
+
+def describe_layers(kernel_layers=True) -> str:
+    """One line naming the layers a child gets with `run_many(..., _kernel_layers=kernel_layers)`."""
+    lay = _layers_for(kernel_layers)
+    caps = capabilities()
+    if lay.bwrap:
+        parts = [f"bwrap({'mount_ns ' if caps['mount_ns'] else ''}{'pid_ns ' if caps['pid_ns'] else ''}netns "
+                 f"uid={caps['uid']})"]
+    else:
+        parts = ["netns"] if lay.netns else []
+        parts.append(f"uid={os.geteuid()}")
+    parts += ["seccomp"] if lay.seccomp else []
+    return " ".join(parts) + " + rlimits + audit hook"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,30 +546,49 @@ def capabilities() -> dict:
 
 class _Job:
     __slots__ = ("idx", "proc", "root", "deadline", "out", "err", "open_fds", "truncated",
-                 "killed", "start")
+                 "killed", "start", "bwrap")
 
 
-def _start(idx, source, stdin, timeout_s, memory_mb, max_file_bytes, netns, seccomp, audit):
+def _start(idx, source, stdin, timeout_s, memory_mb, max_file_bytes, layers: _Layers, audit):
     root = tempfile.mkdtemp(prefix="trace_sbx_")
     work = os.path.join(root, "work")
     os.mkdir(work, 0o700)
+    if layers.drop_uid >= 0:
+        os.chown(work, layers.drop_uid, layers.drop_uid)
     with open(os.path.join(root, "prog.py"), "w", encoding="utf-8") as f:
         f.write(source)
     stdin_path = os.path.join(root, "stdin")
     with open(stdin_path, "w", encoding="utf-8") as f:
         f.write(stdin)
-    lib_roots = sorted({os.path.realpath(os.path.join(p, "lib")) for p in (sys.base_prefix, sys.prefix)})
-    argv = [sys.executable, "-I", "-S", "-B", "-X", "utf8", "-c", _BOOTSTRAP,
-            root, os.path.realpath(work), "\x1f".join(lib_roots), str(VIOLATION_EXIT), VIOLATION_MARK,
-            "1" if audit else "0"]
-    with open(stdin_path, "rb") as stdin_f:
-        proc = subprocess.Popen(
-            argv, stdin=stdin_f, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=work, env={},
-            start_new_session=True, close_fds=True,
-            preexec_fn=_make_preexec(timeout_s, memory_mb, max_file_bytes, netns, seccomp),
-        )
+    work = os.path.realpath(work)
+    argv = [_interpreter(), "-I", "-S", "-B", "-X", "utf8", "-c", _BOOTSTRAP,
+            root, work, "\x1f".join(_lib_roots()), str(VIOLATION_EXIT), VIOLATION_MARK,
+            "1" if audit else "0", str(layers.drop_uid)]
+    pass_fds: tuple[int, ...] = ()
+    if layers.bwrap:
+        # bwrap reads the filter from a pipe and loads it just before exec (after its own setup)
+        rfd = None
+        if layers.seccomp:
+            rfd, wfd = os.pipe()
+            os.write(wfd, _SECCOMP_BYTES)
+            os.close(wfd)
+            pass_fds = (rfd,)
+        argv = _bwrap_argv(layers, root, work, rfd) + argv
+        preexec = _make_preexec(timeout_s, memory_mb, max_file_bytes, netns=False, seccomp=False)
+    else:
+        preexec = _make_preexec(timeout_s, memory_mb, max_file_bytes, layers.netns, layers.seccomp)
+    try:
+        with open(stdin_path, "rb") as stdin_f:
+            proc = subprocess.Popen(
+                argv, stdin=stdin_f, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=work, env={},
+                start_new_session=True, close_fds=True, pass_fds=pass_fds, preexec_fn=preexec,
+            )
+    finally:
+        for fd in pass_fds:
+            os.close(fd)
     job = _Job()
     job.idx, job.proc, job.root = idx, proc, root
+    job.bwrap = bool(layers.bwrap)
     job.start = time.monotonic()
     job.deadline = job.start + timeout_s
     job.out, job.err = bytearray(), bytearray()
@@ -377,6 +611,8 @@ def _kill(job: _Job, reason: str) -> None:
 
 def _finish(job: _Job, max_output_bytes: int) -> SandboxResult:
     rc = job.proc.wait()
+    if job.bwrap and rc > 128:
+        rc = 128 - rc  # bwrap exits with 128 + N when the program died of signal N
     wall = time.monotonic() - job.start
     shutil.rmtree(job.root, ignore_errors=True)
     stdout = bytes(job.out[:max_output_bytes]).decode("utf-8", "replace")
@@ -395,7 +631,7 @@ def _finish(job: _Job, max_output_bytes: int) -> SandboxResult:
             reason = "file_size"
         elif rc != 0 and "MemoryError" in stderr:
             reason = "memory"
-        elif rc == 125 and not stderr:
+        elif (rc == 125 and not stderr) or (job.bwrap and rc == 1 and stderr.startswith("bwrap: ")):
             reason = "setup_failed"
         elif rc < 0:
             reason = f"signal:{-rc}"
@@ -422,20 +658,34 @@ def run_many(
     stdins: list[str] | None = None,
     max_workers: int | None = None,
     _audit_hook: bool = True,
-    _kernel_layers: bool = True,
+    _kernel_layers=True,
 ) -> list[SandboxResult]:
     """Run each source in its own sandboxed process, up to `max_workers` at once.
 
     Single-threaded: one selector loop reads every child's pipes and enforces every deadline, so
-    a slow or hostile program costs at most its own timeout. `_audit_hook` / `_kernel_layers`
-    exist only so tests can check each defence layer on its own.
+    a slow or hostile program costs at most its own timeout. Raises `SandboxUnavailable` when no
+    kernel layer confines the filesystem here, unless TRACE_SANDBOX_ALLOW_NO_BOUNDARY=1.
+    `_audit_hook` / `_kernel_layers` exist only so tests can check each defence layer on its own
+    and the benchmark can time them (`_layers_for` says what `_kernel_layers` accepts).
     """
     if stdins is not None and len(stdins) != len(sources):
         raise ValueError(f"{len(sources)} sources but {len(stdins)} stdins")
     if timeout_s <= 0 or memory_mb <= 0 or max_output_bytes <= 0:
         raise ValueError("timeout_s, memory_mb and max_output_bytes must be positive")
-    caps = capabilities() if _kernel_layers else {"netns": False, "seccomp": False}
+    if _kernel_layers is True and not capabilities()["boundary"] and os.environ.get(ALLOW_ENV) != "1":
+        raise SandboxUnavailable(
+            "refusing to run generated code: no kernel layer confines its filesystem access here "
+            "(running as root without a working bubblewrap; install it with `apt-get install bubblewrap`). "
+            f"Set {ALLOW_ENV}=1 to run with the remaining layers (rlimits, seccomp, network namespace, "
+            "audit hook) anyway.")
+    layers = _layers_for(_kernel_layers)
     workers = max_workers or max(1, (os.cpu_count() or 1))
+    return _run_jobs(sources, stdins or [""] * len(sources), timeout_s, memory_mb, max_output_bytes,
+                     max_file_bytes, workers, layers, _audit_hook)
+
+
+def _run_jobs(sources, stdins, timeout_s, memory_mb, max_output_bytes, max_file_bytes, workers,
+              layers: _Layers, audit: bool) -> list[SandboxResult]:
     results: list[SandboxResult | None] = [None] * len(sources)
     pending = list(range(len(sources)))[::-1]
     running: dict[int, _Job] = {}
@@ -444,8 +694,7 @@ def run_many(
         while pending or running:
             while pending and len(running) < workers:
                 i = pending.pop()
-                job = _start(i, sources[i], stdins[i] if stdins else "", timeout_s, memory_mb,
-                             max_file_bytes, caps["netns"], caps["seccomp"], _audit_hook)
+                job = _start(i, sources[i], stdins[i], timeout_s, memory_mb, max_file_bytes, layers, audit)
                 running[i] = job
                 sel.register(job.proc.stdout, selectors.EVENT_READ, (job, job.out))
                 sel.register(job.proc.stderr, selectors.EVENT_READ, (job, job.err))
