@@ -124,7 +124,8 @@ def test_gc_closure_escape_scores_zero_through_the_reward_path(outside):
 def test_builtins_and_frame_escapes_score_zero_through_the_reward_path(outside):
     task = get_task("coding", timeout_s=2.0)
     ex = coding_example()
-    responses = [" " + answer(n, a) + "\n" for n in (BUILTINS, SYS_MODULES, FRAMES) for a in actions(outside).values()]
+    responses = [" " + answer(n, a) + "\n" for n in (BUILTINS, SYS_MODULES, FRAMES)
+                 for a in actions(outside).values()]
     assert all(len(r.strip()) <= MAX_EXPR_CHARS for r in responses)
     if not CAPS["boundary"] and os.environ.get(sandbox.ALLOW_ENV) != "1":
         with pytest.raises(SandboxUnavailable):
@@ -134,7 +135,7 @@ def test_builtins_and_frame_escapes_score_zero_through_the_reward_path(outside):
     assert_untouched(outside)
 
 
-@pytest.mark.skipif(not CAPS["boundary"], reason="no kernel filesystem boundary here: the sandbox refuses to run")
+@pytest.mark.skipif(not CAPS["boundary"], reason="no kernel filesystem boundary here: the sandbox refuses")
 def test_every_escape_variant_is_contained_by_the_kernel_layers(outside):
     acts = dict(actions(outside), leak=f"print(open('{outside.secret_path}').read())or 1")
     cases, srcs = [], []
@@ -185,7 +186,8 @@ def test_the_kernel_view_is_minimal_and_unprivileged():
     r = run_many([src], _audit_hook=False)[0]
     assert r.ok, r.stderr
     top, ids, seen = r.stdout.splitlines()
-    assert set(eval(top)) <= {"usr", "lib", "lib64", "lib32", "libx32", "dev", "tmp", "root", "etc", "opt"}, top
+    allowed = {"usr", "lib", "lib64", "lib32", "libx32", "dev", "tmp", "root", "etc", "opt"}
+    assert set(eval(top)) <= allowed, top
     uid, pid = map(int, ids.split())
     assert pid < 10  # its own PID namespace
     assert uid == CAPS["uid"] and (uid != 0 or not CAPS["root"] or CAPS["drop_uid"] < 0)

@@ -67,9 +67,9 @@ import selectors
 import shutil
 import signal
 import struct
-import sysconfig
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
