@@ -190,8 +190,12 @@ def test_the_kernel_view_is_minimal_and_unprivileged():
     assert set(eval(top)) <= allowed, top
     uid, pid = map(int, ids.split())
     assert pid < 10  # its own PID namespace
-    assert uid == CAPS["uid"] and (uid != 0 or not CAPS["root"] or CAPS["drop_uid"] < 0)
+    # as root, the program runs as an unprivileged uid; otherwise as the caller's
+    assert uid == (sandbox.SANDBOX_UID if CAPS["root"] else os.geteuid())
     assert seen == "[]"
+    r = run_many(["import os\ntry:\n    os.setresuid(0, 0, 0)\nexcept OSError as e:\n    print(e.errno)\n"
+                  "else:\n    print(os.getuid())"], _audit_hook=False)[0]
+    assert r.stdout == "1\n", r  # EPERM: the uid cannot be taken back
     # the standard library is read-only, the work directory writable
     r = run_many(["import json, os\nopen('a', 'w').write('1')\nprint(os.listdir('.'))\n"
                   "try:\n    open(json.__file__, 'a')\nexcept OSError as e:\n    print(e.errno)"],

@@ -19,7 +19,7 @@ Layers, outermost first (each is tested on its own with a hostile program):
     work dir (read-write); a PID namespace (no other process can be seen, so none can be signalled);
     IPC, UTS and network namespaces (a loopback with nothing behind it); and, when the parent is root,
     an unprivileged uid (65534): the bootstrap, started with only CAP_SETUID/CAP_SETGID, switches to
-    it for good before it reads anything the program controls. Not root: bubblewrap uses a user
+    it for good before any of the program runs. Not root: bubblewrap uses a user
     namespace, and the program keeps the caller's (unprivileged) uid;
   * on x86_64, for any user, a seccomp filter that makes fork/vfork/clone/clone3, socket/socketpair,
     ptrace, signals to any process (kill, tkill, tgkill, rt_*sigqueueinfo, pidfd_send_signal and
@@ -38,9 +38,10 @@ Layers, outermost first (each is tested on its own with a hostile program):
 
 Which kernel layers work is probed once per process (`capabilities()`, by starting trivial children)
 and printed as one line on stderr ("[trace.tasks.sandbox] kernel layers: ..."). If no kernel layer
-confines the filesystem (no working bubblewrap and running as root), `run_many` refuses to run
-anything and raises `SandboxUnavailable`: the coding reward is then not scored at all, rather than
-scored behind the audit hook alone. ``TRACE_SANDBOX_ALLOW_NO_BOUNDARY=1`` opts in to running with the
+confines the filesystem (no working bubblewrap: not installed, or, for a non-root caller, user
+namespaces not allowed; an unprivileged uid alone still reaches that user's own files), `run_many`
+refuses to run anything and raises `SandboxUnavailable`: the coding reward is then not scored at
+all, rather than scored behind the audit hook alone. ``TRACE_SANDBOX_ALLOW_NO_BOUNDARY=1`` opts in to running with the
 remaining layers anyway; ``TRACE_SANDBOX_BWRAP=<path>`` names the bwrap binary (empty or 0: none).
 
 Known limits, stated plainly: Python audit hooks are a tripwire, not a security boundary (CPython's
@@ -502,7 +503,7 @@ def capabilities() -> dict:
                             drop_uid=drop, netns=True, nproc_enforced=seen["uid"] != 0)
                 break
     caps["unprivileged_uid"] = caps["uid"] != 0
-    caps["boundary"] = caps["mount_ns"] or caps["unprivileged_uid"]
+    caps["boundary"] = caps["mount_ns"]
     _CAPS = caps
     active = [name for name in ("mount_ns", "pid_ns", "netns", "seccomp") if caps[name]]
     active.append(f"uid={caps['uid']}" + ("" if caps["unprivileged_uid"] else " (root)"))
@@ -675,7 +676,8 @@ def run_many(
     if _kernel_layers is True and not capabilities()["boundary"] and os.environ.get(ALLOW_ENV) != "1":
         raise SandboxUnavailable(
             "refusing to run generated code: no kernel layer confines its filesystem access here "
-            "(running as root without a working bubblewrap; install it with `apt-get install bubblewrap`). "
+            "(no working bubblewrap: install it with `apt-get install bubblewrap`; as a non-root user it "
+            "also needs unprivileged user namespaces). "
             f"Set {ALLOW_ENV}=1 to run with the remaining layers (rlimits, seccomp, network namespace, "
             "audit hook) anyway.")
     layers = _layers_for(_kernel_layers)
