@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.rl.conftest import small_cfg
 from trace.rl.losses import compute_advantages, group_baseline, kl_k3, policy_loss
 from trace.rl.trainer import RLTrainer
 
@@ -94,15 +95,16 @@ def test_is_weight_takes_its_own_old_policy(kw):
 
 
 @pytest.mark.parametrize("ppo_ratio", ["rollout", "trainer"])
-def test_trainer_passes_the_old_policy_of_its_ppo_ratio(ppo_ratio):
+def test_trainer_passes_the_old_policy_of_its_ppo_ratio(tmp_path, ppo_ratio):
     """RLTrainer._loss: ppo_ratio=rollout -> PPO ratio exp(lp - rollout), IS weight exp(lp - rollout) (the
     trainer's detached log-probs); ppo_ratio=trainer (OpenRLHF's decoupled form) -> PPO ratio 1 in value,
-    IS weight exp(lp - rollout) as well."""
-    rl = dict(ppo_ratio=ppo_ratio, icepop=None, tis_cap=2.0, clip_eps=0.2)
-    fake = SimpleNamespace(rl=rl, arm=SimpleNamespace(align=False, record=None), ref=None)
+    IS weight exp(lp - rollout) as well. A small random-init trainer of the bf16 arm (no alignment term)."""
+    cfg = small_cfg(["rl.method=bf16", f"rl.ppo_ratio={ppo_ratio}", "rl.tis_cap=2.0", "rl.icepop=null",
+                     "rl.clip_eps=0.2", "rl.kl_coef=0.0"])
+    tr = RLTrainer(cfg, tmp_path / "r", progress=False)
     tb = SimpleNamespace(lp_roll=_t(ROLL), mask=_t(MASK).bool())
     lp = _t(LP).requires_grad_(True)
-    loss, parts, align = RLTrainer._loss(fake, lp, tb, _t(ADV), None)
+    loss, parts, align = tr._loss(lp, tb, _t(ADV), None)
     w = [min(math.exp(a - b), 2.0) for a, b in zip(LP, ROLL, strict=True)]
     t = _ppo_terms(LP, ROLL if ppo_ratio == "rollout" else LP, ADV)
     assert float(loss) == pytest.approx(_masked_mean([a * b for a, b in zip(t, w, strict=True)]), rel=1e-12)
