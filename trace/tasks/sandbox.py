@@ -479,14 +479,15 @@ def capabilities() -> dict:
     if _CAPS is not None:
         return _CAPS
     root = hasattr(os, "geteuid") and os.geteuid() == 0
-    caps = {"root": root, "nproc_enforced": not root, "netns": False, "seccomp": False,
+    # netns_preexec: the network namespace the forked child unshares itself (no bubblewrap)
+    caps = {"root": root, "nproc_enforced": not root, "netns_preexec": False, "seccomp": False,
             "bwrap": None, "mount_ns": False, "pid_ns": False, "uid": os.geteuid(), "drop_uid": -1}
-    for layer in ("netns", "seccomp"):
+    for layer in ("netns_preexec", "seccomp"):
         # seccomp with no_new_privs needs no privilege; a network namespace needs root
-        if (layer == "netns" and not root) or (layer == "seccomp" and _SECCOMP_BYTES is None):
+        if (layer == "netns_preexec" and not root) or (layer == "seccomp" and _SECCOMP_BYTES is None):
             continue
         try:
-            pre = _make_preexec(5, 256, 1 << 20, netns=layer == "netns", seccomp=layer == "seccomp")
+            pre = _make_preexec(5, 256, 1 << 20, netns=layer == "netns_preexec", seccomp=layer == "seccomp")
             rc = subprocess.run([_interpreter(), "-I", "-S", "-c", "pass"], preexec_fn=pre, env={},
                                 stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode
             caps[layer] = rc == 0
@@ -500,8 +501,9 @@ def capabilities() -> dict:
             seen = _probe_bwrap(bwrap, drop, caps["seccomp"])
             if seen is not None:
                 caps.update(bwrap=bwrap, mount_ns=seen["mount_ns"], pid_ns=seen["pid_ns"], uid=seen["uid"],
-                            drop_uid=drop, netns=True, nproc_enforced=seen["uid"] != 0)
+                            drop_uid=drop, nproc_enforced=seen["uid"] != 0)
                 break
+    caps["netns"] = caps["bwrap"] is not None or caps["netns_preexec"]
     caps["unprivileged_uid"] = caps["uid"] != 0
     caps["boundary"] = caps["mount_ns"]
     _CAPS = caps
@@ -524,7 +526,7 @@ def _layers_for(kernel_layers) -> _Layers:
     want = {"bwrap", "netns", "seccomp"} if kernel_layers is True else set(kernel_layers)
     use_bwrap = "bwrap" in want and caps["bwrap"] is not None
     return _Layers(bwrap=caps["bwrap"] if use_bwrap else None, drop_uid=caps["drop_uid"] if use_bwrap else -1,
-                   netns=(not use_bwrap) and "netns" in want and caps["root"] and caps["netns"],
+                   netns=(not use_bwrap) and "netns" in want and caps["netns_preexec"],
                    seccomp="seccomp" in want and caps["seccomp"])
 
 
