@@ -28,7 +28,6 @@ from trace.tasks.sandbox import SandboxUnavailable, capabilities, run_many
 
 CAPS = capabilities()
 INPUTS = [1, 2, 3]
-WANT = "".join(f"{2 * x + 1}\n" for x in INPUTS)
 
 # Neutralizers, each a one-line expression that switches the audit hook off for what follows.
 # gc: the hook's `deny` closes over (_exit, _write, mark, violation_exit) in that (sorted) order;
@@ -105,7 +104,7 @@ def coding_example(inputs=(4,)) -> Example:
 
 
 def test_gc_closure_escape_scores_zero_through_the_reward_path(outside):
-    task = get_task("coding", timeout_s=2.0)
+    task = get_task("coding", timeout_s=10.0)
     ex = coding_example()
     responses = []
     for name, act in actions(outside).items():
@@ -122,7 +121,7 @@ def test_gc_closure_escape_scores_zero_through_the_reward_path(outside):
 
 
 def test_builtins_and_frame_escapes_score_zero_through_the_reward_path(outside):
-    task = get_task("coding", timeout_s=2.0)
+    task = get_task("coding", timeout_s=10.0)
     ex = coding_example()
     responses = [" " + answer(n, a) + "\n" for n in (BUILTINS, SYS_MODULES, FRAMES)
                  for a in actions(outside).values()]
@@ -147,9 +146,12 @@ def test_every_escape_variant_is_contained_by_the_kernel_layers(outside):
     for act_name, act in acts.items():
         cases.append(("no_hook", act_name))
         srcs.append(harness(f"({act},2*x+1)[1]", INPUTS))
-    results = run_many(srcs[:-len(acts)]) + run_many(srcs[-len(acts):], _audit_hook=False)
+    results = (run_many(srcs[:-len(acts)], timeout_s=10.0)
+               + run_many(srcs[-len(acts):], _audit_hook=False, timeout_s=10.0))
     for case, r in zip(cases, results, strict=True):
-        assert r.stdout != WANT, (case, r.stdout, r.stderr[-300:])
+        # each call of f failed (E: the kernel refused), or the tripwire ended the program; no time-outs
+        assert not r.timed_out and r.killed_reason in (None, "violation"), (case, r)
+        assert r.stdout in ("E\n" * len(INPUTS), ""), (case, r.stdout, r.stderr[-300:])
         assert outside.secret not in r.stdout + r.stderr, case
     assert_untouched(outside)
 
@@ -159,7 +161,7 @@ def test_control_the_answers_score_one_with_the_audit_hook_alone(outside, monkey
     # earns reward 1.0 (the escape as found), so the zeros above come from the kernel layers.
     import trace.tasks.coding as coding
     monkeypatch.setattr(coding, "run_many", lambda srcs, **kw: run_many(srcs, _kernel_layers=False, **kw))
-    task = get_task("coding", timeout_s=2.0)
+    task = get_task("coding", timeout_s=10.0)
     acts = actions(outside)
     responses = [" " + answer(n, a) + "\n" for n in (GC, BUILTINS, SYS_MODULES, FRAMES)
                  for k, a in acts.items() if k not in ("kill", "delete")]
@@ -174,7 +176,7 @@ def test_control_the_escapes_do_defeat_the_audit_hook_alone(outside, fam):
     # Without the kernel layers, each neutralizer lets the program read the secret: the audit hook
     # alone is no boundary, which is why the tests above need the kernel layers to pass.
     src = PRELUDES[fam] + harness(f"(print(open('{outside.secret_path}').read()),2*x+1)[1]", [1])
-    r = run_many([src], _kernel_layers=False)[0]
+    r = run_many([src], _kernel_layers=False, timeout_s=10.0)[0]
     assert r.ok and outside.secret in r.stdout, (r.killed_reason, r.stderr[-300:])
 
 
@@ -183,7 +185,7 @@ def test_the_kernel_view_is_minimal_and_unprivileged():
     src = ("import os\nprint(sorted(os.listdir('/')))\nprint(os.getuid(), os.getpid())\n"
            "print([p for p in ('/etc/passwd', '/proc/1', '/home', '/work', '/sys', %r) if os.path.exists(p)])"
            % os.path.realpath(sandbox.__file__))
-    r = run_many([src], _audit_hook=False)[0]
+    r = run_many([src], _audit_hook=False, timeout_s=10.0)[0]
     assert r.ok, r.stderr
     top, ids, seen = r.stdout.splitlines()
     allowed = {"usr", "lib", "lib64", "lib32", "libx32", "dev", "tmp", "root", "etc", "opt"}
@@ -195,13 +197,13 @@ def test_the_kernel_view_is_minimal_and_unprivileged():
     assert seen == "[]"
     r = run_many(["import os\nfor f in (lambda: os.setresuid(0, 0, 0), lambda: os.kill(os.getpid(), 0)):\n"
                   "    try:\n        f()\n        print('ok')\n    except OSError as e:\n        print(e.errno)"],
-                 _audit_hook=False)[0]
+                 _audit_hook=False, timeout_s=10.0)[0]
     # EPERM: the uid cannot be taken back; seccomp refuses even a signal 0 to itself
     assert r.stdout == "1\n" + ("1\n" if CAPS["seccomp"] else "ok\n"), r
     # the standard library is read-only, the work directory writable
     r = run_many(["import json, os\nopen('a', 'w').write('1')\nprint(os.listdir('.'))\n"
                   "try:\n    open(json.__file__, 'a')\nexcept OSError as e:\n    print(e.errno)"],
-                 _audit_hook=False)[0]
+                 _audit_hook=False, timeout_s=10.0)[0]
     assert r.ok and r.stdout.splitlines()[0] == "['a']" and r.stdout.splitlines()[1] in ("13", "30"), r
 
 
@@ -212,7 +214,7 @@ def test_refuses_to_run_without_a_kernel_boundary(monkeypatch, capfd):
     monkeypatch.delenv(sandbox.ALLOW_ENV, raising=False)
     with pytest.raises(SandboxUnavailable, match=sandbox.ALLOW_ENV):
         run_many(["print(1)"])
-    task = get_task("coding")
+    task = get_task("coding", timeout_s=10.0)
     with pytest.raises(SandboxUnavailable):
         task.score_batch([coding_example()], [" sum([2*x,1])\n"])  # a call: goes to the sandbox
     assert task.score_batch([coding_example()], [" 2*x+1\n"]) == [1.0]  # plain arithmetic needs none
