@@ -2,7 +2,8 @@
 
 The audit hook is a tripwire, not a boundary: a one-line answer can reach the hook's function
 through `gc.get_objects()` and overwrite its closure cells (writing `cell_contents` raises no audit
-event), walk frames up to the hook while it runs, or patch the builtins it calls. What must hold
+event), or patch the builtins the hook calls, reached through `__builtins__`, `sys.modules` or by
+walking frames (`sys._getframe`, `f_back`) up to the bootstrap's `f_globals`. What must hold
 then are the kernel layers (bubblewrap's mount and PID namespaces, the unprivileged uid, seccomp).
 Every payload aims at a planted file to write or delete, a planted secret to read and leak, and an
 outside process to signal; each must score 0 and leave all of them untouched. The controls run
