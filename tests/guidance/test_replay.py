@@ -45,6 +45,23 @@ def test_recording_then_replay_counts_flips_by_hand_and_reproduces_the_rollout()
     assert st.summary()["unrecoverable_rate"][3] == 0.0
 
 
+def test_a_zero_code_that_changes_sign_is_not_a_flip():
+    """-0 and +0 dequantize alike: elements that round to zero in both forwards but change sign are no code flip,
+    while 1.0 -> 1.3 (past the midpoint 1.25 to 1.5) is one. The row's amax 6 makes the scaled values the inputs."""
+    x_roll = torch.tensor([[6.0, 0.01, -0.01, 0.1, -0.2, 1.0, 2.0, -3.0] * 2])
+    x = x_roll.clone()
+    x[0, 1:5] = -x[0, 1:5]  # four zeros change sign
+    x[0, 13] = 1.3
+    rt, rec = Runtime(), Recorder(full_codes=True)
+    with recording(rt, rec, *_rows(1)):
+        rt.act(0, "attn_in", x_roll)
+    own, roll = fp4.quantize(x, "nvfp4", "row"), fp4.quantize(x_roll, "nvfp4", "row")
+    assert int((own.codes != roll.codes).sum()) == 5  # four sign bits of zero codes and one magnitude
+    with replay(rt, rec.finish(), *_rows(1), guide=False) as st:
+        rt.act(0, "attn_in", x)
+    assert (st.layer(0).code_flips, st.layer(0).elements) == (1, 16)
+
+
 def test_padding_rows_get_rtn_and_are_not_recorded():
     """Valid rows replay the rollout's quantization (guided: the trainer's values are 2% off the rollout's, so their
     own RTN differs), padding rows keep the trainer's own RTN."""
