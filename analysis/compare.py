@@ -14,8 +14,12 @@ have: the per-seed difference ``d_k = acc_A - acc_B`` and its prompt-clustered S
 the per-prompt difference / sqrt(prompts)); the difference is their mean, and its SE the main table's
 convention for a mean over seeds, sqrt(max(variance of d_k over seeds, mean e_k^2) / seeds): the
 evaluation SE is a floor, since 3 seeds can agree by chance more closely than one evaluation resolves.
-``z`` = difference / SE; ``A > B`` counts the seeds whose difference is positive. Nothing corrects for the
-several comparisons per model/task. Writes ``compare.csv`` and ``compare.md`` into --out, and for tasks with a
+``z`` = difference / SE; ``A > B`` counts the seeds whose difference is positive. The comparisons of a profile
+are many (every comparison of every model/task), so each also gets its two-sided normal p-value, the
+Holm-adjusted p-value over the whole table (``p_holm``), and a Holm interval (``lo_holm``, ``hi_holm``): the
+difference ± z(1 - a/2) SE at the level a = 0.05 / (m - rank + 1) that Holm's step-down procedure tests it
+at (rank of its p-value among the m comparisons), so the interval excludes 0 exactly where Holm rejects at
+family-wise level 0.05 (given the smaller p-values were rejected). Writes ``compare.csv`` and ``compare.md`` into --out, and for tasks with a
 per-prompt difficulty label (``GROUPS``: long-horizon's bisection guesses) the same comparisons within each
 label's prompts into ``compare_groups.csv`` / ``.md`` (the prompts are the run config's held-out examples, in
 the order eval.json scores them).
@@ -28,6 +32,7 @@ import argparse
 import json
 import math
 import os
+from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
@@ -43,14 +48,37 @@ COMPARISONS = [
     ("qat-independent", "fp4", "fp4-naive", "fp4"),
     ("trace", "fp4", "bf16", "fp4"),             # against the BF16 policy quantized after training (posthoc-fp4)
     ("trace", "fp4", "bf16", "bf16"),            # back to the BF16 curve: FP4-deployed TRACE vs BF16 RL in BF16
+    ("fp4-naive", "fp4", "bf16", "bf16"),        # what naive FP4 rollout costs against BF16 RL
 ]
+FAMILY_ALPHA = 0.05  # family-wise error rate of the Holm correction over a profile's comparisons
 
 # per-prompt breakdowns: task -> (what the label is, held-out Example -> label)
 GROUPS = {"long_horizon": ("bisection guesses", bisection_guesses)}
 
 
 COLUMNS = ["model", "task", "a", "b", "acc_a", "acc_b", "diff", "se", "z", "n_seeds", "a_better", "per_seed",
-           "n_prompts"]
+           "n_prompts", "p", "p_holm", "lo_holm", "hi_holm"]
+
+
+def holm(t: pd.DataFrame, alpha: float = FAMILY_ALPHA) -> pd.DataFrame:
+    """Adds p (two-sided, normal), p_holm (Holm-adjusted over all rows) and the Holm interval [lo_holm,
+    hi_holm] (see the module docstring) to a table with `diff`, `se`, `z`."""
+    t = t.copy()
+    z = t["z"].to_numpy(dtype=float)
+    p = np.array([math.erfc(abs(v) / math.sqrt(2)) if np.isfinite(v) else math.nan for v in z])
+    t["p"] = p
+    order = [i for i in np.argsort(np.where(np.isfinite(p), p, np.inf), kind="stable") if np.isfinite(p[i])]
+    m = len(order)
+    p_holm, lo, hi = np.full(len(t), np.nan), np.full(len(t), np.nan), np.full(len(t), np.nan)
+    running = 0.0
+    diff, se = t["diff"].to_numpy(dtype=float), t["se"].to_numpy(dtype=float)
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        p_holm[i] = running
+        half = NormalDist().inv_cdf(1 - alpha / (m - rank) / 2) * se[i]
+        lo[i], hi[i] = diff[i] - half, diff[i] + half
+    t["p_holm"], t["lo_holm"], t["hi_holm"] = p_holm, lo, hi
+    return t
 
 
 def _per_prompt(eval_json: dict | None, deploy: str) -> np.ndarray | None:
@@ -105,7 +133,8 @@ def compare_table(evals: dict) -> pd.DataFrame:
     for model, task in dict.fromkeys((m, t) for m, t, _, _ in evals):
         for la, lb, a, b in _pairs(evals, model, task):
             rows.append({"model": model, "task": task, "a": la, "b": lb, **paired(a, b)})
-    return pd.DataFrame(rows, columns=COLUMNS)  # the header even without a pair, so the CSV always reads back
+    # the header even without a pair, so the CSV always reads back
+    return holm(pd.DataFrame(rows, columns=COLUMNS[:-4])).reindex(columns=COLUMNS)
 
 
 def group_table(evals: dict, configs: dict) -> pd.DataFrame:
@@ -125,32 +154,40 @@ def group_table(evals: dict, configs: dict) -> pd.DataFrame:
                 sel = groups == g
                 rows.append({"model": model, "task": task, "group": f"{what} = {g}", "a": la, "b": lb,
                              **paired([x[sel] for x in a], [y[sel] for y in b])})
-    return pd.DataFrame(rows, columns=COLUMNS[:2] + ["group"] + COLUMNS[2:])
+    return pd.DataFrame(rows, columns=COLUMNS[:2] + ["group"] + COLUMNS[2:-4])
 
 
 NOTES = ("Held-out accuracy of arm A minus arm B (deployment in brackets; bf16 (FP4) is the posthoc-fp4 row of the "
          "main table), paired by seed (same SFT base and data order) and by prompt (same held-out prompts and "
          "sampling seed). Difference: mean over the seeds both arms have; ± its SE, sqrt(max(seed variance of the "
          "per-seed differences, mean squared prompt-clustered SE of a seed's difference) / seeds); z = difference / "
-         "SE; A > B: seeds whose difference is positive; per seed: the differences, seed 0 first. No correction "
-         "for the several comparisons per model/task.")
+         "SE; A > B: seeds whose difference is positive; per seed: the differences, seed 0 first. Holm: the "
+         "comparisons of the whole table are one family (Holm's step-down correction at family-wise level 0.05); "
+         "p = Holm-adjusted two-sided p-value, interval = the difference ± the normal quantile of the level Holm "
+         "tests it at, times its SE (it excludes 0 exactly where the correction rejects).")
 
 
 GROUP_NOTES = ("The comparisons above within the held-out prompts of one difficulty label (long-horizon: the guesses "
-               "a bisection needs to find the secret, 1 at the range's midpoint), same conventions; the prompt-"
-               "weighted mean of a comparison's group differences is its overall difference. Few prompts per "
-               "group: a diagnostic of where a difference comes from, not a test of its own.")
+               "a bisection needs to find the secret, 1 at the range's midpoint), same conventions without the "
+               "Holm columns; the prompt-weighted mean of a comparison's group differences is its overall difference. "
+               "Few prompts per group: a diagnostic of where a difference comes from, not a test of its own.")
+
+
+def _p(v: float) -> str:
+    return "n/a" if not np.isfinite(v) else "<0.001" if v < 0.001 else f"{v:.3f}"
 
 
 def to_markdown(t: pd.DataFrame, profile: str, groups: bool = False) -> str:
     g = "group | " if groups else ""
+    h = "" if groups else " Holm interval | Holm p |"
     lines = [f"### Paired arm comparisons ({profile} profile){' by prompt group' if groups else ''}: held-out "
              "accuracy, A - B", "",
-             f"| model | task | {g}A | B | prompts | acc A | acc B | A - B | z | A > B | per seed |",
-             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if groups else "")]
+             f"| model | task | {g}A | B | prompts | acc A | acc B | A - B | z |{h} A > B | per seed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if groups else "---|---|")]
     for _, r in t.iterrows():
+        hv = "" if groups else f" [{r.lo_holm:+.3f}, {r.hi_holm:+.3f}] | {_p(r.p_holm)} |"
         lines.append(f"| {r.model} | {r.task} | {r.group + ' | ' if groups else ''}{r.a} | {r.b} | {r.n_prompts} | "
-                     f"{r.acc_a:.3f} | {r.acc_b:.3f} | {r['diff']:+.3f} ± {r.se:.3f} | {r.z:+.1f} | "
+                     f"{r.acc_a:.3f} | {r.acc_b:.3f} | {r['diff']:+.3f} ± {r.se:.3f} | {r.z:+.1f} |{hv} "
                      f"{r.a_better}/{r.n_seeds} | {r.per_seed} |")
     return "\n".join(lines + ["", GROUP_NOTES if groups else NOTES, ""])
 

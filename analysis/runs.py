@@ -187,6 +187,18 @@ def _arm(method: str) -> Arm:
     return ARMS.get(method, Arm("bf16", False, "bf16", None))
 
 
+def _run_commit(run_dir: str) -> str:
+    """The commit a run was made at (meta.json's git_commit, 7 characters; a `-dirty` suffix kept), or ''."""
+    path = os.path.join(run_dir, "meta.json")
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        c = str(json.load(f).get("git_commit") or "")
+    dirty = c.endswith("-dirty")
+    c = c.removesuffix("-dirty")[:7]
+    return c + ("-dirty" if dirty and c else "")
+
+
 def summarize(r: RunData) -> dict:
     """One row of scalars per run (see the module docstring for the conventions)."""
     rl = (r.config.get("rl") or {}) if isinstance(r.config, dict) else {}
@@ -203,6 +215,9 @@ def summarize(r: RunData) -> dict:
         row[f"n_prompts_{dep}"] = blk.get("n_prompts", math.nan)
     _, reward = r.series("reward_mean")
     _, acc = r.series("accuracy")
+    _, rlen = r.series("response_len")
+    row["response_len"] = _mean(rlen)  # generated tokens per rollout response, mean over steps
+    row["commit"] = _run_commit(r.dir)
     row["reward_final"] = _tail_mean(reward)
     row["train_acc_final"] = _tail_mean(acc)
     for name in ("k3", "k1", "dlp_abs_mean", "ratio_out_frac", "chi2"):

@@ -43,6 +43,7 @@ MAIN_COLUMNS = [
     ("acc_bf16", "Acc BF16 deploy"),
     ("acc_fp4", "Acc FP4 deploy"),
     ("reward_final", "Train reward (last third)"),
+    ("response_len", "Response tokens"),
     ("k3_mean", "k3 mean"),
     ("k3_final", "k3 final (last third)"),
     ("guidance_bytes_per_gen_token", "Guidance B / generated token"),
@@ -165,8 +166,20 @@ def main_table(df: pd.DataFrame) -> pd.DataFrame:
     post = main[main["arm"] == "bf16"].copy()
     post["arm"] = POSTHOC
     post["method"] = POSTHOC
-    t = _aggregate(pd.concat([main, post], ignore_index=True), ["model", "task", "arm", "method"], cols)
-    return _order(_blank_inapplicable(t, cols), ARM_ORDER)
+    both = pd.concat([main, post], ignore_index=True)
+    t = _aggregate(both, ["model", "task", "arm", "method"], cols)
+    return _order(_with_commits(_blank_inapplicable(t, cols), both), ARM_ORDER)
+
+
+def _with_commits(t: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Column `commits`: the distinct commits the row's runs were made at (a row made at one commit shows
+    one), so a row that mixes code versions says so."""
+    if "commit" not in runs:
+        return t
+    by = runs.groupby(["model", "task", "arm"], sort=False)["commit"].agg(lambda c: " ".join(sorted(set(c) - {""})))
+    t = t.copy()
+    t["commits"] = [by.get((m, k, a), "") for m, k, a in zip(t["model"], t["task"], t["arm"], strict=True)]
+    return t
 
 
 def ablation_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -201,6 +214,8 @@ def _num(v, col: str) -> str:
         return f"{100 * v:+.0f}%"
     if col == "step_s":
         return f"{v:.2f}" if abs(v) < 100 else f"{v:.0f}"
+    if col == "response_len":
+        return f"{v:.1f}"
     if col in ("guidance_bytes_per_gen_token", "guidance_bits_per_element"):
         return f"{v:.0f}" if abs(v) >= 10 or v == 0 else f"{v:.2f}"
     if col == "rho":
@@ -235,11 +250,14 @@ def cell(row, col: str) -> str:
 
 
 def to_markdown(t: pd.DataFrame, columns: list[tuple[str, str]], lead: list[str], title: str, notes: str) -> str:
-    heads = [h.replace("_", " ") for h in lead] + [h for _, h in columns] + ["seeds"]
+    commits = "commits" in t.columns
+    heads = [h.replace("_", " ") for h in lead] + [h for _, h in columns] + ["seeds"] + (["commits"] if commits else [])
     lines = [f"### {title}", "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for _, row in t.iterrows():
         cells = [_fmt(row[c], c) for c in lead] + [cell(row, c) for c, _ in columns]
         cells.append(_fmt(row["n_seeds"], "n_seeds"))
+        if commits:
+            cells.append(row["commits"] or "n/a")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", notes, ""]
     return "\n".join(lines)
@@ -256,7 +274,9 @@ COMMON_NOTES = (
     "what must travel per trained token (0 without guidance). n/a: the column does not apply to the arm."
 )
 MAIN_NOTES = COMMON_NOTES + (
-    " Train reward: mean rollout reward over the last third of the RL steps, i.e. on the training prompts as the "
+    " Response tokens: generated tokens per rollout response, mean over the RL steps and seeds (answers of a "
+    "few tokens leave no room for an FP4 mismatch to compound). commits: the commits the row's runs were made "
+    "at (meta.json). Train reward: mean rollout reward over the last third of the RL steps, i.e. on the training prompts as the "
     "arm's own rollout samples them (at the sampling temperature); far above the held-out accuracy, it says the "
     "run fit (or memorized) its training prompts. Generation tok/s: generated tokens over generation time with recording excluded, median over steps "
     "on the profile's device; speedup relative to the bf16 arm of the same model/task/seed. Recording "

@@ -10,7 +10,7 @@ measurement the newest row wins.
 Left panel: generated tokens/s (prefill included, log scale) of every provider for each configuration;
 above each group, the two ratios DESIGN.md §6 sets targets for: engine BF16 over
 transformers `generate` (target >= 5x) and the best FP4 W4A4 + FP4 KV engine mode over the engine's
-BF16 (target >= 1.5x). Right panel: device time of one decode step (ms = ms per token x batch) in
+BF16 (target >= 1.5x). Right panel: GPU kernel time of one decode step (ms = ms per token x batch) in
 attention / MoE / sampling / other per engine provider, from the profiler's eager breakdown rows; the wall-clock
 decode step of the CUDA-graph run is drawn as a solid tick and, where measured, the device-busy time of that
 CUDA-graph decode (`graph-busy`) as a dashed one, so the gap between the two ticks is the GPU waiting for the host.

@@ -97,3 +97,9 @@ def test_shell_blocks_use_the_project_interpreter():
         for line in block.splitlines():
             cmd = line.strip()
             assert not re.match(r"(python3?|snakemake|pytest)\b", cmd), f"needs .venv/bin/: {cmd}"
+
+
+def test_readme_is_for_users():
+    """At most 300 lines, and no user command needs PYTHONPATH (commands run from the root as python -m)."""
+    assert len(README.splitlines()) <= 300
+    assert "PYTHONPATH" not in README

@@ -97,3 +97,25 @@ def test_prompt_groups_split_each_comparison(tmp_path):
         weighted = (rows["diff"] * rows["n_prompts"]).sum() / rows["n_prompts"].sum()
         assert weighted == pytest.approx(t.loc[(a, b), "diff"], abs=1e-5)  # the CSV keeps 6 significant digits
     assert "| bisection guesses = 1 | trace (FP4) | qat-independent (FP4) |" in (tmp_path / "t" / "compare_groups.md").read_text()
+
+
+def test_holm_adjusts_over_the_whole_table_and_its_interval_matches_the_decision():
+    """Holm's step-down: the smallest p is multiplied by m, the next by m - 1, ... (kept monotone); the
+    interval excludes 0 exactly where the adjusted p is below 0.05."""
+    import math
+
+    import numpy as np
+    import pandas as pd
+
+    from analysis.compare import holm
+
+    z = np.array([3.5, -2.6, 2.2, 0.4, -1.0])
+    t = holm(pd.DataFrame({"diff": z * 0.01, "se": 0.01, "z": z}))
+    p = np.array([math.erfc(abs(v) / math.sqrt(2)) for v in z])
+    assert np.allclose(t["p"], p)
+    # ranks by p: 3.5 (x5), 2.6 (x4), 2.2 (x3), 1.0 (x2), 0.4 (x1), with the running maximum
+    expect = np.maximum.accumulate([min(1, 5 * p[0]), min(1, 4 * p[1]), min(1, 3 * p[2]), min(1, 2 * p[4]), min(1, p[3])])
+    assert np.allclose(t["p_holm"].to_numpy()[[0, 1, 2, 4, 3]], expect)
+    excludes = (t["lo_holm"] > 0) | (t["hi_holm"] < 0)
+    assert (excludes == (t["p_holm"] < 0.05)).all()
+    assert excludes.tolist() == [True, True, False, False, False]  # 2.2 would pass uncorrected (p 0.028), not at x3

@@ -57,6 +57,8 @@ def test_all_figures_written_and_stable(setup_dirs):
         width = int.from_bytes(png[16:20], "big")  # the IHDR chunk: width, then height, big-endian
         assert 300 < width <= 2600, (n, width)  # readable at page width: no 6000-px row of panels
     assert not list(out.glob(".*.tmp"))  # no temporary file left beside the figures
+    from analysis.report import FIGURES
+    assert sorted(FIGURES) == sorted(p.stem for p in out.glob("*.png"))  # the report links every figure drawn
     first = _digest(out)
     plot_all_main(args)
     assert _digest(out) == first

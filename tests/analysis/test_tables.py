@@ -15,7 +15,7 @@ from analysis.tables import build
 from tests.analysis.synthetic import ABLATIONS, METHODS, STEP_S, write_profile
 from trace.rundir import read_metrics
 
-MAIN_NUM = ["acc_bf16", "acc_fp4", "reward_final", "k3_mean", "k3_final", "guidance_bytes_per_gen_token",
+MAIN_NUM = ["acc_bf16", "acc_fp4", "reward_final", "response_len", "k3_mean", "k3_final", "guidance_bytes_per_gen_token",
             "rollout_gen_tokens_per_s", "rollout_speedup", "record_overhead", "step_s"]
 TRAINING = [c for c in MAIN_NUM if c != "acc_fp4"] + ["step_overhead_vs_qat"]
 
@@ -62,7 +62,7 @@ def test_posthoc_row_has_only_its_fp4_accuracy(profile):
     row = next(line for line in (out / "main.md").read_text().splitlines() if "| posthoc-fp4 |" in line)
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[3] == "n/a" and cells[4].startswith(f"{q.loc['bf16', 'acc_fp4']:.3f} ± ")
-    assert cells[5:-1] == ["n/a"] * len(TRAINING[1:])
+    assert cells[5:-2] == ["n/a"] * len(TRAINING[1:])  # then seeds and the commits column
 
 
 def test_accuracy_cells_carry_a_standard_error(profile):
@@ -143,7 +143,7 @@ def test_step_time_is_the_median_per_run_and_overhead_pairs_seeds(profile):
     assert main.loc["trace", ["step_s", "step_s_min", "step_s_max"]].tolist() == pytest.approx([2.0, 1.6, 2.4])
     assert main.loc["trace", "step_overhead_vs_qat"] == pytest.approx(0.6)
     cells = _md_row(out / "main.md", "qwen3_moe-tiny", "trace")
-    assert cells[-3:] == ["2.00 [1.60, 2.40]", "+60% [+60%, +60%]", "2"]
+    assert cells[-4:] == ["2.00 [1.60, 2.40]", "+60% [+60%, +60%]", "2", "n/a"]  # no meta.json: no commit
     abl = pd.read_csv(out / "ablation.csv").set_index("arm")
     assert abl.loc["trace-noalign", "step_overhead_vs_qat"] == pytest.approx(0.5)
     assert "+80% [+80%, +80%]" in _md_row(out / "ablation.md", "qwen3_moe-tiny", "trace-fullcodes")
@@ -157,7 +157,7 @@ def test_step_overhead_is_na_where_it_does_not_apply(profile):
     for model in ("qwen3_moe-tiny", "mixtral-tiny"):
         for arm in ("bf16", "fp4-naive", "qat-independent", "qat-weight-only", "posthoc-fp4"):
             assert math.isnan(main.loc[(model, arm), "step_overhead_vs_qat"]), (model, arm)
-            assert _md_row(out / "main.md", model, arm)[-2] == "n/a", (model, arm)
+            assert _md_row(out / "main.md", model, arm)[-3] == "n/a", (model, arm)
         assert math.isnan(main.loc[(model, "posthoc-fp4"), "step_s"])
         assert _md_row(out / "main.md", model, "posthoc-fp4")[-3] == "n/a"
         assert main.loc[(model, "bf16"), "step_s"] == pytest.approx((0.5 + 0.75) / 2)
@@ -184,9 +184,9 @@ def test_step_overhead_is_na_without_the_same_seeds_qat_run(profile, capsys):
     assert df.loc[("qwen3_moe-tiny", "trace", 0), "step_overhead_vs_qat"] == pytest.approx(0.6)
     assert math.isnan(df.loc[("qwen3_moe-tiny", "trace", 1), "step_overhead_vs_qat"])
     assert math.isnan(df.loc[("mixtral-tiny", "trace", 0), "step_overhead_vs_qat"])
-    assert _md_row(out / "main.md", "mixtral-tiny", "trace")[-2] == "n/a"
-    assert _md_row(out / "main.md", "mixtral-tiny", "trace")[-3] == "2.00 [1.60, 2.40]"
-    assert _md_row(out / "main.md", "qwen3_moe-tiny", "trace")[-2] == "+60% [+60%, +60%]"
+    assert _md_row(out / "main.md", "mixtral-tiny", "trace")[-3] == "n/a"
+    assert _md_row(out / "main.md", "mixtral-tiny", "trace")[-4] == "2.00 [1.60, 2.40]"
+    assert _md_row(out / "main.md", "qwen3_moe-tiny", "trace")[-3] == "+60% [+60%, +60%]"
     assert pd.read_csv(out / "ablation.csv").set_index("arm").loc["trace-noalign", "step_overhead_vs_qat"] == \
         pytest.approx(0.5)
 

@@ -1,4 +1,4 @@
-"""Shared fixtures for the RL tests: small configs and one tiny SFT checkpoint built per session."""
+"""Shared fixtures for the RL tests: small configs and one tiny SFT checkpoint built once per pytest run."""
 from __future__ import annotations
 
 import warnings

@@ -33,7 +33,7 @@ ENV = "export OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} TQDM_DISABLE=1
 
 wildcard_constraints:
     model=r"[a-z0-9_]+-(tiny|small|paper)",
-    task=r"reasoning|coding|long_horizon",
+    task=r"reasoning-short|reasoning|coding|long_horizon",
     arm=r"[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*",
     seed=r"\d+",
 
@@ -46,9 +46,8 @@ LEARNING = PLAN.learning
 BASE_EVAL = PLAN.base_evals()
 # gputime: the GPU time of the profile's jobs (analysis/gputime.py; no job on a GPU: an empty table);
 # compare: arm against arm, paired by seed and prompt, and within prompt groups (analysis/compare.py)
-TABLE_FILES = [f"{TABLES}/{name}.{ext}" for name in ("main", "ablation", "gputime", "compare", "compare_groups") for ext in ("csv", "md")] + [
-    f"{TABLES}/runs.csv"
-] + ([f"{TABLES}/learning.{ext}" for ext in ("csv", "md")] if LEARNING else [])
+TABLE_FILES = [f"{TABLES}/{name}.{ext}" for name in ("main", "ablation", "gputime", "compare", "compare_groups", "claims")
+               for ext in ("csv", "md")] + [f"{TABLES}/runs.csv", f"{TABLES}/REPORT.md"] + ([f"{TABLES}/learning.{ext}" for ext in ("csv", "md")] if LEARNING else [])
 FIGURE_NAMES = ["curves_reward", "curves_mismatch", "ablation_mismatch", "flip_rates", "mismatch_vs_bytes", "final_accuracy",
                 "paired_differences", "speedups"]
 FIGURE_FILES = [f"{FIGS}/{n}.{ext}" for n in FIGURE_NAMES for ext in ("png", "pdf")]

@@ -52,7 +52,8 @@ rule tables:
     shell:
         "(" + ENV + " python -m analysis.tables --runs {RUNS} --manifest {input.manifest} --out {TABLES}"
         " --strict {params.learning} && python -m analysis.gputime --runs {RUNS} --out {TABLES}"
-        " && python -m analysis.compare --runs {RUNS} --manifest {input.manifest} --out {TABLES}) > {log} 2>&1"
+        " && python -m analysis.compare --runs {RUNS} --manifest {input.manifest} --out {TABLES}"
+        " && python -m analysis.report --tables {TABLES} --figures {FIGS}) > {log} 2>&1"
 
 
 rule plot:
@@ -79,5 +80,6 @@ rule figures:
         shell(ENV + " python -m analysis.tables --runs {RUNS} --out {TABLES}" + _learning_cmd(strict=False) +
         " && python -m analysis.gputime --runs {RUNS} --out {TABLES}"
         " && python -m analysis.compare --runs {RUNS} --out {TABLES}"
+        " && python -m analysis.report --tables {TABLES} --figures {FIGS}"
         " && python -m figures.plot_all --runs {RUNS} --tables {TABLES}"
         " --kernels results/kernels --rollout results/rollout --out {FIGS}")
