@@ -1,5 +1,5 @@
-"""Worked examples and tables of DESIGN.md §2: E2M1 ties, E4M3 rounding and saturation, E8M0,
-zero blocks, packing order, the NVFP4 worked example, MXFP4 exponent rules, bad input."""
+"""Worked examples and tables of DESIGN.md §2: E2M1 ties, guided rounding's bracket, E4M3 rounding and saturation,
+E8M0, zero blocks, packing order, the NVFP4 worked example, MXFP4 exponent rules, bad input."""
 import pytest
 import torch
 
@@ -38,6 +38,15 @@ def test_e2m1_encode_is_nearest_on_random_values():
     best = (v.abs().clamp(max=6).unsqueeze(-1) - GRID).abs().min(-1).values
     assert torch.allclose((dec.abs() - v.abs().clamp(max=6)).abs(), best)
     assert (torch.sign(dec) * torch.sign(v) >= 0).all()
+
+
+def test_e2m1_guided_takes_the_bracketing_point_with_the_recorded_bit():
+    """Guided rounding (DESIGN.md §3) between the two grid points around |v|: the one whose mantissa bit (code & 1)
+    is the recorded bit. Above the top value 6 the bracket is (4, 6): bit 0 gives 4.0 (code 6), never past the
+    grid; below 0.5 it is (0, 0.5); the sign is kept (-6.2 -> -4.0, code 14; -0.0 with bit 1 -> -0.5)."""
+    v = torch.tensor([6.5, 6.5, 7.0, -6.2, 0.3, 0.3, 2.2, 2.2, -0.0, 5.9])
+    bits = torch.tensor([1, 0, 0, 0, 0, 1, 0, 1, 1, 0], dtype=torch.uint8)
+    assert ref.e2m1_guided(v, bits).tolist() == [7, 6, 6, 14, 0, 1, 4, 5, 9, 6]
 
 
 def test_e4m3_rounding_and_saturation():
