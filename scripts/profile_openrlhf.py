@@ -37,7 +37,7 @@ from vllm import SamplingParams  # noqa: E402
 
 from trace import config as C  # noqa: E402
 from trace.arms import ARMS  # noqa: E402
-from trace.guidance import Tee, arm_recorders  # noqa: E402
+from trace.guidance import Tee  # noqa: E402
 from trace.integrations.openrlhf import records as R  # noqa: E402
 from trace.integrations.openrlhf.actor import TraceReplay, prepare_for_qat  # noqa: E402
 from trace.integrations.openrlhf.launch import REWARD_FILE  # noqa: E402
@@ -100,7 +100,7 @@ def main():
     eng = TraceRolloutEngine(d, cfg, seed=1, remote_rm_url=[str(REWARD_FILE)])
     ids = [eng.tok.encode(ex.prompt) for ex in exs]
     for rep in range(2):
-        guide, diag = arm_recorders(eng.arm, eng.num_layers, rl["rho"], rl["diag_flips"])
+        guide, diag = eng.method.recorders(eng.num_layers)
         both = Tee(guide, diag) if guide is not None or diag is not None else None
         t0 = clock()
         b = eng.engine.generate(ids, n=args.group, max_new_tokens=16, seed=rep, stop_token_ids={eng.tok.eos_token_id},

@@ -1,2 +1,2 @@
 """FP4 QAT of Hugging Face MoE models (in-place patching), the trainer's adapter of trace/guidance."""
-from trace.qat.patch import MODES, QATRuntime, patch_model, recording, replay  # noqa: F401
+from trace.qat.patch import MODES, QATRuntime, patch_model, recording, replay, runtime  # noqa: F401

@@ -260,6 +260,14 @@ def patch_model(model: nn.Module, mode: str = "w4a4", fmt: str = "nvfp4") -> QAT
     return rt
 
 
+def runtime(model) -> QATRuntime:
+    """The guidance runtime of a model patched by `patch_model` (what `trace.guidance.Method.replay` takes)."""
+    rt = _rt(model)
+    if rt is None:
+        raise ValueError("the model is not patched for QAT (trace.qat.patch_model)")
+    return rt
+
+
 def recording(model, recorder: Recorder, seq: torch.Tensor, pos: torch.Tensor):
     """`trace.guidance.recording` on a patched model's runtime: forwards in the block fill `recorder`.
     seq [B] sequence ids, pos [B, T] positions (-1 for padding)."""

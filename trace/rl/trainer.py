@@ -14,13 +14,16 @@ One step (`RLTrainer._step`, read top-down):
   advantages  group_norm / rloo / reinforce_baseline (OpenRLHF numerics)
   forward     the patched HF model in the arm's mode (bf16 for bf16 and fp4-naive, w4a16 for
               qat-weight-only, w4a4kv4 for qat-independent and trace*) under BF16 autocast on FP32
-              master weights, inside `trace.qat.replay(...)` whenever a record exists (guided rounding,
+              master weights, inside the arm's `Method.replay` whenever a record exists (guided rounding,
               routing replay and alignment term for trace; flip statistics against the diagnostic record)
-  loss        PPO-clip vs the rollout log-probs with TIS / ICEPOP, + kl_coef * KL(ref) + align_coef * align
+  loss        PPO-clip vs the rollout log-probs with TIS / ICEPOP, + kl_coef * KL(ref) + the arm's weighted
+              alignment term (`Method.alignment`)
   optimizer   AdamW with gradient clipping
   weight sync `engine.sync_weights(model)` (FP4 weights re-quantized by trace.fp4.quantize_weight); the
               engine computes in BF16 on CUDA and FP32 on the CPU (`default_dtype`, DESIGN.md §4).
-The arms (what each rolls out, records and trains) are the table in trace/arms.py.
+The arms (what each rolls out, records and trains) are the table in trace/arms.py; the method's wiring
+(recorders, replay, weighted alignment term, record bytes) is `trace.guidance.Method`, which the OpenRLHF
+actors share.
 
 Log-probs on both sides are those of the sampling distribution, at `rl.temperature` (the engine's
 log_softmax(logits / T), the trainer's likewise), so TIS and the mismatch metrics compare the behaviour
@@ -50,7 +53,6 @@ the last checkpoint untouched). Compared against: OpenRLHF 0.11.2 losses (tests/
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,11 +61,10 @@ import torch
 import torch.nn.functional as F
 
 from trace import rundir
-from trace.arms import ARMS
 from trace.episode import build_task, evaluate_policy, run_episode
-from trace.guidance import Tee, arm_recorders
+from trace.guidance import Method, Tee
 from trace.models import build_model, build_tokenizer, load_checkpoint
-from trace.qat import patch_model, replay
+from trace.qat import patch_model
 from trace.rl.losses import compute_advantages, kl_k3, masked_mean, mismatch_metrics, policy_loss
 from trace.rollout import RolloutEngine
 
@@ -142,7 +143,8 @@ class RLTrainer:
         rundir.set_threads(cfg)
         self.cfg, self.rl = cfg, cfg["rl"]
         self.progress = progress
-        self.arm = ARMS[self.rl["method"]]
+        self.method = Method.from_config(self.rl)  # the arm's recorders, replay and alignment term
+        self.arm = self.method.arm
         self.out = rundir.prepare_run_dir(out, cfg, kind="rl")
         self.device = cfg["device"]
         self.task = build_task(cfg)
@@ -165,7 +167,8 @@ class RLTrainer:
             state, self.start_step = None, 0
         self.resumed = latest is not None
         self.model.train()
-        patch_model(self.model, self.arm.trainer_mode, self.rl["fmt"]).recompute_experts = self.rl["recompute_experts"]
+        self.rt = patch_model(self.model, self.arm.trainer_mode, self.rl["fmt"])
+        self.rt.recompute_experts = self.rl["recompute_experts"]
         self.ref = None
         if self.rl["kl_coef"] > 0:
             # the reference is the initial policy (SFT checkpoint), unquantized and frozen
@@ -193,13 +196,7 @@ class RLTrainer:
         """Trainer forward of the train batch in the arm's mode; inside replay when a record exists
         (the arm's guidance record and/or the diagnostic one). Returns (log-probs [B, T], ReplayStats
         or None)."""
-        arm = self.arm
-        if record is None and diag is None:
-            ctx = contextlib.nullcontext(None)
-        else:
-            ctx = replay(self.model, record, tb.seq, tb.pos, routing=arm.routing, align=arm.align,
-                         full_codes=arm.full_codes, diag=diag, align_scales=self.rl["align_scales"])
-        with ctx as stats:
+        with self.method.replay(self.rt, record, diag, tb.seq, tb.pos) as stats:
             lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16", self.rl["temperature"])
         return lp, stats
 
@@ -218,12 +215,12 @@ class RLTrainer:
             raise
 
     def _step(self, step: int) -> dict:
-        rl, arm = self.rl, self.arm
+        rl, method = self.rl, self.method
         cuda = torch.device(self.device).type == "cuda"
         if cuda:  # the step's peak (allocator statistics: no device wait)
             torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
-        rec, diag_rec = arm_recorders(self.arm, self.num_layers, rl["rho"], rl["diag_flips"])
+        rec, diag_rec = method.recorders(self.num_layers)
         both = Tee(rec, diag_rec) if rec is not None or diag_rec is not None else None
         ep = run_episode(self.engine, self.task, self.tok, self._prompts_for(step), n=rl["group_size"],
                          max_new_tokens=rl["max_new_tokens"], temperature=rl["temperature"],
@@ -266,11 +263,8 @@ class RLTrainer:
             "unrecoverable_rate": summ.get("unrecoverable_rate", {}),
             "routing_flip_rate": summ.get("routing_flip_rate", {}),
             # DESIGN.md §3 byte accounting of the arm's own record (full codes where it guides with them)
-            "guidance_bytes_per_gen_token": (record.bytes_per_generated_token(max(n_gen, 1),
-                                                                              compact_only=not arm.full_codes)
-                                             if record is not None else 0.0),
-            "guidance_bits_per_element": (record.bits_per_element(compact_only=not arm.full_codes)
-                                          if record is not None else None),
+            "guidance_bytes_per_gen_token": method.record_bytes_per_generated_token(record, max(n_gen, 1)),
+            "guidance_bits_per_element": method.record_bits_per_element(record),
             "rollout_gen_tokens_per_s": n_gen / max(batch.generate_s, 1e-9),
             "record_overhead": own_s / max(batch.generate_s, 1e-9),
             "time_generate_s": batch.generate_s,
@@ -290,10 +284,10 @@ class RLTrainer:
         }
 
     def _loss(self, lp_train: torch.Tensor, tb: TrainBatch, adv: torch.Tensor, stats):
-        """PPO-clip policy loss with TIS / ICEPOP (+ kl_coef * KL to the reference, + align_coef *
-        alignment term for arms that align). Returns (loss, its logged parts, the weighted alignment term
+        """PPO-clip policy loss with TIS / ICEPOP (+ kl_coef * KL to the reference, + the arm's weighted
+        alignment term, `Method.alignment`). Returns (loss, its logged parts, the weighted alignment term
         in it or None)."""
-        rl, arm = self.rl, self.arm
+        rl = self.rl
         if rl["ppo_ratio"] == "rollout":
             old, is_old = tb.lp_roll, lp_train.detach()
         else:
@@ -310,14 +304,12 @@ class RLTrainer:
             kl = masked_mean(kl_k3(lp_train, lp_ref), tb.mask)
             loss = loss + rl["kl_coef"] * kl
             parts["kl_ref"] = float(kl.detach())
-        align = None
-        if stats is not None and arm.align and arm.record == "guide":
-            al = stats.alignment_loss()
-            parts["align_loss"] = float(al.detach())
-            parts.update(stats.alignment_parts())  # element vs block-scale part of the term
-            if rl["align_coef"] > 0 and al.requires_grad:
-                align = rl["align_coef"] * al
-                loss = loss + align
+        al = self.method.alignment(stats)
+        if al is not None:
+            parts["align_loss"] = float(al.term.detach())
+            parts.update(al.parts)  # element vs block-scale part of the term
+            loss = al.add_to(loss)
+        align = al.weighted if al is not None else None
         if not bool(torch.isfinite(loss)):
             raise NonFiniteError(f"non-finite loss ({float(loss)})")
         return loss, parts, align

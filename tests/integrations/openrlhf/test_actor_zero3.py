@@ -98,7 +98,8 @@ def _step(tr, model, ids, mm, backward):
     with tr.context(model, mm, att) as st:
         lp = _lp(model, ids, att)
         loss = -lp.mean()
-        al = tr.alignment(st)
+        al = tr.method.alignment(st)
+        al = None if al is None else al.term
         if al is not None:
             loss = loss + al
         backward(loss)

@@ -78,7 +78,7 @@ def test_first_step_logprobs_and_loss(tmp_path):
     with tr.context(actor.model, b.mm_train_inputs, att) as st:
         lp_o = actor(seqs, amask, attention_mask=att).float()
         loss_o = ploss(lp_o, lp_o.detach(), adv, action_mask=amask, rollout_log_probs=lp_roll)[0]
-        loss_o = loss_o + rl["align_coef"] * tr.alignment(st)
+        loss_o = tr.method.alignment(st).add_to(loss_o)  # + align_coef * the alignment term
     flips_o = st.summary()["code_flip_rate"]
 
     # (a) embedded: the trainer's functions on the same tokens and records, FP32 master weights under

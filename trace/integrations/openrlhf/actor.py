@@ -12,19 +12,19 @@
   the tiny models' parameters are all below DeepSpeed's default, so none would be partitioned);
 - old log-probs (`forward`, called by the experience maker) and the training step run inside
   `trace.qat.replay` with the micro-batch's records, fetched from their handles in
-  `mm_train_inputs` (one `ray.get`) and called as the embedded trainer calls it: the arm's guidance
-  record (trace*) guides, the diagnostic full-codes record of all layers (`diag=`, every arm whose
+  `mm_train_inputs` (one `ray.get`) and entered through the arm's `trace.guidance.Method`, the object
+  the embedded trainer holds: the arm's guidance record (trace*) guides, the diagnostic full-codes record of all layers (`diag=`, every arm whose
   trainer quantizes activations) gives the flip statistics; the replay context stays open across
   `strategy.backward`, so gradient checkpointing recomputes the guided forward;
-- the alignment term (trace arms with align) is added to OpenRLHF's policy loss; the mismatch
+- the arm's weighted alignment term (`Method.alignment`) is added to OpenRLHF's policy loss; the mismatch
   metrics (k1, k3, |dlp|, ratio-outside, chi2 over action tokens, against the rollout log-probs)
   and flip rates go into `experience.info`, which OpenRLHF logs, and rank 0 appends one line per
   step to `$TRACE_RUN_DIR/metrics.jsonl` with the embedded trainer's metric names.
 DeepSpeed's optimizer is torch's AdamW (`torch_adam`, the same update): DeepSpeed's own Adam is an
 extension built on first use on every fresh machine (g++ on a CPU; nvcc on a GPU, where DeepSpeed 0.19.6
 fails to parse a TORCH_CUDA_ARCH_LIST entry such as "9.0a", ops/op_builder/builder.py:708).
-Compared against: the embedded trainer `trace.rl.trainer.RLTrainer` (same arm table, same
-replay call, same metrics; tests/integrations/openrlhf/test_equivalence.py).
+Compared against: the embedded trainer `trace.rl.trainer.RLTrainer` (same `Method`, same metrics;
+tests/integrations/openrlhf/test_equivalence.py).
 """
 from __future__ import annotations
 
@@ -41,12 +41,11 @@ stand_ins.install()  # before OpenRLHF's modules import vLLM / flash-attn names 
 import openrlhf.trainer.ray.ppo_actor as _pa  # noqa: E402
 
 from trace import rundir  # noqa: E402
-from trace.arms import ARMS  # noqa: E402
-from trace.guidance import arm_records  # noqa: E402
+from trace.guidance import Method  # noqa: E402
 from trace.guidance.mismatch import mismatch_metrics  # noqa: E402
 from trace.integrations.openrlhf.records import batch_records, coverages  # noqa: E402
 from trace.integrations.openrlhf.rollout import DIAG_KEY, RECORD_KEY  # noqa: E402
-from trace.qat import patch_model, replay  # noqa: E402
+from trace.qat import patch_model, runtime  # noqa: E402
 
 LAYER_KEYS = ("code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate")
 
@@ -120,9 +119,10 @@ class TraceReplay:
 
     def __init__(self, cfg: dict):
         self.cfg, self.rl = cfg, cfg["rl"]
-        self.arm = ARMS[self.rl["method"]]
+        self.method = Method.from_config(self.rl)
+        self.arm = self.method.arm
         # which records the rollout sends: the choice its recorders are made by
-        takes = arm_records(self.arm, self.rl["diag_flips"])
+        takes = self.method.records()
         self.keys = tuple(k for k, t in zip((RECORD_KEY, DIAG_KEY), takes, strict=True) if t)
 
     def records(self, mm_train_inputs) -> dict[str, list] | None:
@@ -153,9 +153,7 @@ class TraceReplay:
         # from the same forwards and cover the same positions, unless one holds no rows at all (rho 0)
         cov = torch.stack([coverages(r, B).to(dev) for r in (rec, diag) if r is not None]).amax(0)
         pos = pos.masked_fill(pos >= cov[:, None], -1)
-        arm = self.arm
-        return replay(model, rec, seq, pos, routing=arm.routing, align=arm.align, full_codes=arm.full_codes,
-                      diag=diag, align_scales=self.rl["align_scales"])
+        return self.method.replay(runtime(model), rec, diag, seq, pos)
 
     def step_info(self, log_probs, rollout_log_probs, action_mask, stats) -> dict:
         """0-d tensors for experience.info (OpenRLHF weights them by action tokens)."""
@@ -169,12 +167,6 @@ class TraceReplay:
                 for layer, v in per_layer.items():
                     info[f"{key}/{layer}"] = torch.tensor(float(v))
         return info
-
-    def alignment(self, stats):
-        if stats is None or not (self.arm.record == "guide" and self.arm.align):
-            return None
-        return stats.alignment_loss()
-
 
 class TraceActorPPOTrainer(_pa.ActorPPOTrainer):
     """OpenRLHF's actor trainer with the training step run under replay (`self.trace` set by the actor)."""
@@ -192,14 +184,12 @@ class TraceActorPPOTrainer(_pa.ActorPPOTrainer):
                 loss = out[0]
                 experience.info.update(tr.step_info(log_probs, rollout_log_probs, action_mask, stats))
                 experience.info["ppo_loss"] = loss.detach()
-                al = tr.alignment(stats)
+                al = tr.method.alignment(stats)
                 if al is not None:
-                    experience.info["align_loss"] = al.detach().to(loss.device)
+                    experience.info["align_loss"] = al.term.detach().to(loss.device)
                     # the term's element and block-scale parts, as the embedded trainer logs them (not per layer)
-                    experience.info.update({k: torch.tensor(v) for k, v in stats.alignment_parts().items()
-                                            if k in ALIGN_PARTS})
-                    if tr.rl["align_coef"] > 0 and al.requires_grad:
-                        loss = loss + tr.rl["align_coef"] * al.to(loss.device)
+                    experience.info.update({k: torch.tensor(v) for k, v in al.parts.items() if k in ALIGN_PARTS})
+                    loss = al.add_to(loss)
                 return (loss, *out[1:])
 
             self.actor_loss_fn = loss_fn

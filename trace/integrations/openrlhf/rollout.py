@@ -8,7 +8,7 @@ RequestOutput. The requests of all executor tasks in flight (every sample of eve
 is serving) are queued until each task has asked or finished and the wave of prompts has arrived
 (SETTLE_S), then run as one batched `RolloutEngine.generate` call (the samples of a prompt as its n
 samples, prefilled once; BF16, or W4A4 + FP4 KV for the FP4 arms) recording through the
-embedded trainer's recorders (`trace.guidance.arm_recorders`, both fed by one forward through `Tee`):
+embedded trainer's recorders (the arm's `trace.guidance.Method.recorders`, both fed by one forward through `Tee`):
 the arm's guidance record (trace*: the deepest rho of the layers) and the diagnostic record (every arm
 whose trainer quantizes activations, with `rl.diag_flips`: all layers, full codes, for flip statistics
 only). Each batch record is split per sample into one packed buffer each (`records.pack_split`);
@@ -54,9 +54,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator  # noqa: E402
 from vllm.distributed.utils import StatelessProcessGroup  # noqa: E402
 
-from trace.arms import ARMS  # noqa: E402
 from trace.episode import build_task  # noqa: E402
-from trace.guidance import arm_recorders  # noqa: E402
+from trace.guidance import Method  # noqa: E402
 from trace.guidance.record import Tee  # noqa: E402
 from trace.integrations.openrlhf.plugin import run_config  # noqa: E402
 from trace.integrations.openrlhf.records import merge_turns, pack, pack_split, unpack  # noqa: E402
@@ -98,7 +97,8 @@ class TraceRolloutEngine:
                  remote_rm_url=None, device: str | None = None, stop_strings=None, wave_prompts: int | None = None,
                  **_ignored):
         self.cfg, self.rl = cfg, cfg["rl"]
-        self.arm = ARMS[self.rl["method"]]
+        self.method = Method.from_config(self.rl)
+        self.arm = self.method.arm
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -210,7 +210,7 @@ class TraceRolloutEngine:
             uniq, order = [list(k) for k in same], [i for v in same.values() for i in v]
         else:
             n, uniq, order = 1, prompts, list(range(len(prompts)))
-        guide, diag = arm_recorders(self.arm, self.num_layers, self.rl["rho"], self.rl["diag_flips"])
+        guide, diag = self.method.recorders(self.num_layers)
         both = Tee(guide, diag) if guide is not None or diag is not None else None
         self._calls += 1
         out = self.engine.generate(uniq, n=n, max_new_tokens=max_new, temperature=temperature, top_p=top_p,
@@ -270,9 +270,7 @@ class TraceRolloutEngine:
             # rows itself (OpenRLHF asks for one sample per request), so this is above the embedded
             # trainer's figure, where a prompt's samples share its rows
             extra = dict(resp.get("extra_logs") or {})
-            extra["guidance_bytes_per_gen_token"] = (
-                record.bytes_per_generated_token(n_gen, compact_only=not self.arm.full_codes)
-                if record is not None else 0.0)
+            extra["guidance_bytes_per_gen_token"] = self.method.record_bytes_per_generated_token(record, n_gen)
             extra["rollout_tokens"] = float(entry["tokens"])
             extra["rollout_gen_tokens_per_s"] = entry["tokens"] / max(entry["gen_s"], 1e-9)
             extra["record_overhead"] = entry["rec_s"] / max(entry["gen_s"], 1e-9)
