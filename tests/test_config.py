@@ -22,7 +22,7 @@ def _write(tmp_path, d) -> Path:
 def test_defaults_validate_and_yaml_floats(tmp_path):
     cfg = C.load_config(_write(tmp_path, {"model": "qwen3_moe-tiny", "rl": {"lr": "3e-4"}}))
     assert cfg["rl"]["lr"] == pytest.approx(3e-4) and isinstance(cfg["rl"]["lr"], float)
-    assert cfg["rl"]["method"] == "bf16" and cfg["task"]["name"] == "reasoning"
+    assert cfg["rl"]["method"] == "bf16" and cfg["task"]["name"] == "reasoning-short"
     # YAML 1.1 reads a bare 1e-4 as a string; the loader must still give a number
     p = tmp_path / "d.yaml"
     p.write_text("model: qwen3_moe-tiny\nrl:\n  lr: 1e-4\n")

@@ -59,3 +59,33 @@ def test_sft_base_policy_nontrivial_and_improvable(name, tmp_path):
     assert acc >= base + 0.1, f"{name}: SFT accuracy {acc} not clearly above untrained {base}"
     assert 0.1 < acc < 0.9, f"{name}: SFT accuracy {acc} outside the non-trivial but improvable range"
     torch.manual_seed(0)
+
+
+
+def test_smoke_sft_and_eval_on_worked_reasoning(tmp_path):
+    """A few SFT steps of qwen3_moe-tiny on `reasoning` (worked answers of 40-200 tokens), then the evaluation
+    on the test and on the validation split: the episode scores every sample and reports per-example
+    accuracies with their clusters; the two splits share no prompt."""
+    from trace.episode import build_task, heldout_examples
+    from trace.eval import evaluate_checkpoint
+    from trace.sft import run_sft
+
+    cfg = C.load_config("experiments/configs/smoke_sft_reasoning_long.yaml", [
+        "threads=2", "wandb.mode=disabled", "sft.steps=2", "sft.ckpt_every=2", "sft.log_every=1", "sft.batch_size=4",
+        "task.n_train=16", "task.n_test=3", "eval.samples_per_prompt=2", "eval.max_new_tokens=48"])
+    assert cfg["task"]["name"] == "reasoning" and cfg["rl"]["max_new_tokens"] >= 160
+    task = build_task(cfg)
+    prompts = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_sft(cfg, tmp_path / "sft", progress=False)
+        for split in ("test", "validation"):
+            c = C.deep_merge(cfg, {"eval": {"split": split}})
+            res = evaluate_checkpoint(c, tmp_path / "sft", modes=["bf16"])
+            exs = heldout_examples(c, task)
+            assert {task.split_of(e) for e in exs} == {split} and res["eval"]["split"] == split
+            prompts[split] = {e.prompt for e in exs}
+            b = res["bf16"]
+            assert b["n"] == 3 * 2 and b["n_prompts"] == len(b["per_prompt"]) == len(b["cluster"]) == 3
+            assert b["n_clusters"] == 3 and 0.0 <= b["accuracy"] <= 1.0
+    assert not prompts["test"] & prompts["validation"]

@@ -23,15 +23,20 @@ import yaml
 from trace.arms import METHODS
 
 ADVANTAGES = ("group_norm", "reinforce_baseline", "rloo")
+# the task registry's names (trace/tasks), listed here so that validating a config imports no task code
+TASK_NAMES = ("reasoning", "reasoning-short", "coding", "long_horizon")
 
 DEFAULTS: dict[str, Any] = {
     "model": "qwen3_moe-tiny",
     "seed": 0,
     "device": "cpu",
     "threads": None,  # torch.set_num_threads; None leaves torch's default
-    # task.train_jsonl / test_jsonl / prompt_key / label_key have no defaults: absent = generated splits
-    # (and resolved configs of existing runs stay as they were)
-    "task": {"name": "reasoning", "difficulty": "easy", "n_train": 512, "n_test": 128, "seed": 0, "knobs": {}},
+    # task.train_jsonl / validation_jsonl / test_jsonl / prompt_key / label_key have no defaults: absent =
+    # generated splits (and resolved configs of existing runs stay as they were). The default task is the short
+    # arithmetic one, whose answers fit the default rl.max_new_tokens; `reasoning` (worked answers of 40-200
+    # tokens) needs rl.max_new_tokens >= its longest gold response (trace/tasks/reasoning.py).
+    "task": {"name": "reasoning-short", "difficulty": "easy", "n_train": 512, "n_test": 128, "seed": 0,
+             "knobs": {}},
     "sft": {
         "steps": 400, "batch_size": 32, "lr": 3.0e-3, "weight_decay": 0.0, "warmup": 20, "grad_clip": 1.0,
         "ckpt_every": 100, "log_every": 10, "eval_every": 0, "init_seed": 0, "label_smoothing": 0.0,
@@ -43,8 +48,10 @@ DEFAULTS: dict[str, Any] = {
         "rho": 0.5, "align_coef": 0.1, "align_scales": True, "fmt": "nvfp4", "autocast": "bf16", "init_ckpt": None,
         "ckpt_every": 5, "eval_every": 0, "max_turns": 8, "diag_flips": True, "recompute_experts": False,
     },
+    # eval.split: the held-out split evaluations score; "validation" is for choices of configuration, so that
+    # choosing never reads the test split (trace/tasks/base.py)
     "eval": {"n_test": None, "samples_per_prompt": 4, "temperature": 1.0, "max_new_tokens": None,
-             "modes": ["bf16", "fp4"], "seed": 1234},
+             "modes": ["bf16", "fp4"], "seed": 1234, "split": "test"},
     "wandb": {"mode": "disabled", "project": "trace-fp4-rl", "name": None},
 }
 
@@ -66,13 +73,14 @@ SCHEMA: dict = _obj({
     "device": {"type": "string"},
     "threads": {"type": ["integer", "null"], "minimum": 1},
     "task": _obj({
-        "name": {"enum": ["reasoning", "coding", "long_horizon"]},
+        "name": {"enum": list(TASK_NAMES)},
         "difficulty": {"enum": ["easy", "medium", "hard"]},
         "n_train": _pos_int, "n_test": _pos_int, "seed": _int,
         "knobs": {"type": "object"},
         # local JSONL files replacing the generated splits (trace/tasks/datasets.py); the names are the
         # paper profile's, and the OpenRLHF launcher passes train_jsonl on as its prompt dataset
         "train_jsonl": {"type": ["string", "null"]}, "test_jsonl": {"type": ["string", "null"]},
+        "validation_jsonl": {"type": ["string", "null"]},
         "prompt_key": {"type": "string"}, "label_key": {"type": "string"},
     }),
     "sft": _obj({
@@ -100,6 +108,7 @@ SCHEMA: dict = _obj({
         "n_test": {"oneOf": [{"type": "null"}, _pos_int]}, "samples_per_prompt": _pos_int,
         "temperature": _nonneg_num, "max_new_tokens": {"oneOf": [{"type": "null"}, _pos_int]},
         "modes": {"type": "array", "items": {"enum": ["bf16", "fp4"]}, "minItems": 1}, "seed": _int,
+        "split": {"enum": ["test", "validation"]},
     }),
     "wandb": _obj({
         "mode": {"enum": ["offline", "disabled", "online"]}, "project": {"type": "string"},
@@ -282,6 +291,6 @@ def diff_keys(a, b, prefix=""):
 
 
 __all__ = [
-    "ADVANTAGES", "DEFAULTS", "METHODS", "SCHEMA", "ConfigError", "apply_overrides", "base_parser", "deep_merge",
+    "ADVANTAGES", "DEFAULTS", "METHODS", "SCHEMA", "TASK_NAMES", "ConfigError", "apply_overrides", "base_parser", "deep_merge",
     "diff_keys", "dump_config", "fail", "load_config", "parse_cli", "validate",
 ]

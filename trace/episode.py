@@ -12,9 +12,11 @@ min(max_turns, task.max_turns) turns. Scores come from the task's verifier on th
 Generation time (`generate_s`) is measured around the engine call alone.
 
 `evaluate_policy` deploys a policy in a fresh engine ("bf16", or "fp4" = W4A4 + FP4 KV with weights
-from the shared quantizer) and runs one episode over the held-out split with the `eval.*` settings,
-every unique test prompt once (at most `n_test`); it returns the accuracy with its per-prompt
-accuracies and prompt-clustered standard error;
+from the shared quantizer) and runs one episode over the held-out split `eval.split` ("test", or
+"validation" for choices of configuration) with the `eval.*` settings, every unique held-out example once
+(at most `n_test`); it returns the accuracy with its per-example accuracies, each example's cluster and the
+cluster-robust standard error (`clustered_se`; a cluster is the task's `cluster_key`: the prompt text, which
+long-horizon's secrets share, or coding's gold function);
 the RL trainer (periodic eval), SFT (eval_every) and `python -m trace.eval` all call it.
 Compared against: tests/test_episode.py (gold responses score 1, RL and eval share the step) and
 tests/test_eval.py.
@@ -88,12 +90,21 @@ def eval_settings(cfg: dict) -> dict:
         "temperature": e["temperature"],
         "max_new_tokens": e["max_new_tokens"] or cfg["rl"]["max_new_tokens"],
         "seed": e["seed"],
+        "split": e.get("split", "test"),
     }
 
 
 def heldout_examples(cfg: dict, task):
-    """At most `n_test` held-out examples, each prompt once (fewer when the test split has fewer)."""
-    return task.heldout(eval_settings(cfg)["n_test"], cfg["task"]["seed"])
+    """At most `n_test` examples of the held-out split `eval.split`, each once (fewer when it holds fewer)."""
+    s = eval_settings(cfg)
+    return task.heldout(s["n_test"], cfg["task"]["seed"], split=s["split"])
+
+
+def cluster_ids(task, examples) -> list[int]:
+    """Per example, the index of its cluster (`task.cluster_key`), clusters numbered in order of first
+    appearance."""
+    ids: dict[str, int] = {}
+    return [ids.setdefault(task.cluster_key(e), len(ids)) for e in examples]
 
 
 @torch.no_grad()
@@ -111,15 +122,28 @@ def evaluate_policy(model, cfg: dict, task, tok, mode: str = "bf16", examples=No
     correct = torch.tensor(ep.scores) >= 1.0
     per_prompt = torch.zeros(len(examples), dtype=torch.float64).index_add_(
         0, torch.tensor(ep.batch.prompt_index), correct.double())
-    per_prompt = (per_prompt / s["samples_per_prompt"]).tolist()  # [prompts] fraction correct
+    per_prompt = (per_prompt / s["samples_per_prompt"]).tolist()  # [examples] fraction correct
+    cluster = cluster_ids(task, examples)
     return {"accuracy": ep.accuracy, "reward": ep.reward, "n": len(ep.scores), "n_prompts": len(examples),
-            "se": clustered_se(per_prompt), "per_prompt": per_prompt,
-            "tokens_per_s": ep.batch.num_generated_tokens / max(ep.generate_s, 1e-9)}
+            "n_clusters": len(set(cluster)), "se": clustered_se(per_prompt, cluster), "per_prompt": per_prompt,
+            "cluster": cluster, "tokens_per_s": ep.batch.num_generated_tokens / max(ep.generate_s, 1e-9)}
 
 
-def clustered_se(per_prompt: list[float]) -> float:
-    """Standard error of an accuracy over prompts with equal samples each: sd over prompts of the
-    per-prompt accuracy / sqrt(prompts) (samples of one prompt are correlated; a binomial SE over
-    samples would understate it). NaN for fewer than two prompts."""
+def clustered_se(per_prompt: list[float], cluster: list[int] | None = None) -> float:
+    """Standard error of the mean of per-example accuracies (equal samples per example) whose examples are
+    grouped in clusters (`cluster[i]`: example i's cluster; None: every example its own cluster), the
+    cluster-robust (CR1) formula sqrt(C / (C - 1) * sum_c (sum_{i in c} (p_i - mean))^2) / N: samples of one
+    cluster are correlated, so a binomial SE over samples, or one over examples when clusters hold several,
+    would understate it. With one example per cluster it is sd(p) / sqrt(N). NaN for fewer than two
+    clusters."""
     p = torch.tensor(per_prompt, dtype=torch.float64)
-    return float(p.std(unbiased=True) / p.numel() ** 0.5) if p.numel() > 1 else float("nan")
+    if cluster is None:
+        return float(p.std(unbiased=True) / p.numel() ** 0.5) if p.numel() > 1 else float("nan")
+    if len(cluster) != p.numel():
+        raise ValueError(f"{len(cluster)} cluster ids for {p.numel()} examples")
+    ids = torch.tensor(cluster, dtype=torch.long)
+    c = int(torch.unique(ids).numel())
+    if c < 2:
+        return float("nan")
+    sums = torch.zeros(int(ids.max()) + 1, dtype=torch.float64).index_add_(0, ids, p - p.mean())
+    return float((c / (c - 1) * (sums**2).sum()).sqrt() / p.numel())

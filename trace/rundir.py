@@ -182,7 +182,7 @@ def check_inputs(cfg: dict, ckpts: dict | None = None) -> None:
         except (OSError, ValueError) as e:
             raise ConfigError(f"{key}: {e}") from None
     t = cfg["task"]
-    for split in ("train", "test"):
+    for split in ("train", "validation", "test"):
         path = t.get(f"{split}_jsonl")
         if path:
             try:

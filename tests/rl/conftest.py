@@ -20,7 +20,7 @@ RL_CONFIG = "experiments/configs/smoke_rl_reasoning.yaml"
 def small_cfg(extra=(), init_ckpt=None):
     """A very small RL config (fast, for plumbing tests); random-init policy unless init_ckpt is given."""
     ov = ROOT_OVERRIDES + [
-        "task.name=reasoning", "task.difficulty=easy", "task.n_train=64", "task.n_test=16",
+        "task.name=reasoning-short", "task.difficulty=easy", "task.n_train=64", "task.n_test=16",
         "rl.steps=4", "rl.prompts_per_step=4", "rl.group_size=4", "rl.max_new_tokens=4", "rl.ckpt_every=2",
         "rl.lr=1e-4", "eval.samples_per_prompt=2",
     ]

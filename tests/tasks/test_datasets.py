@@ -85,9 +85,9 @@ def test_config_jsonl_replaces_the_generated_splits(tmp_path):
     cfg = C.load_config(None, [f"task.train_jsonl={p}", "task.prompt_key=question", "task.label_key=answer"])
     task = build_task(cfg)
     train = task.make_split("train", 3, seed=0)
-    assert [(e.prompt, e.label, e.datasource) for e in train] == [(f"Q: {i}+1=\nA:", str(i + 1), "reasoning")
+    assert [(e.prompt, e.label, e.datasource) for e in train] == [(f"Q: {i}+1=\nA:", str(i + 1), "reasoning-short")
                                                                   for i in range(3)]
     assert len(task.make_split("train", 100, seed=0)) == 5  # the file's examples, no repeats
-    gen = get_task("reasoning", difficulty="easy")
+    gen = get_task("reasoning-short", difficulty="easy")
     assert task.make_split("test", 4, seed=0) == gen.make_split("test", 4, seed=0)  # no test file: generated
     assert task.score(train[0], task._gold_response(train[0])) == 1.0  # scoring is the task's

@@ -1,115 +1,106 @@
-"""Reasoning task: deterministic disjoint splits, exact-match verifier, charset and length limits."""
-import warnings
+"""reasoning (worked answers): the reduction format, gold lengths with the project's tokenizer, the context
+they need, final-answer parsing and scoring."""
+import statistics
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trace.tasks import get_task, task_names
-from trace.tasks.base import Example
-from trace.tasks.reasoning import evaluate, parse_int_answer
+from trace.models.registry import build_config
+from trace.models.tokenizer import build_tokenizer
+from trace.tasks import get_task
+from trace.tasks.reasoning import evaluate, parse_expr, parse_final_answer, reduction_steps
 
 
-def test_registry_names_and_unknown():
-    assert task_names() == ["coding", "long_horizon", "reasoning"]
-    with pytest.raises(KeyError, match="unknown task"):
-        get_task("chess")
-    assert get_task("reasoning/easy").name == "reasoning"
-
-
-def test_split_is_deterministic_and_seed_dependent():
+def test_worked_example():
+    assert reduction_steps([12, 34, 5, 6, 7, 8], list("+*-*+")) == [
+        "12+170-6*7+8", "12+170-42+8", "182-42+8", "140+8", "148"]
+    assert reduction_steps([12, 50, 3], list("-+")) == ["-38+3", "-35"]  # only the leading number is negative
     t = get_task("reasoning")
-    a = t.make_split("train", 100, seed=3)
-    assert a == get_task("reasoning").make_split("train", 100, seed=3)
-    assert [e.prompt for e in a] != [e.prompt for e in t.make_split("train", 100, seed=4)]
-    # a prefix property is not promised, but a longer list must still be deterministic
-    assert t.make_split("test", 50, seed=1) == t.make_split("test", 50, seed=1)
+    ex = t.make_split("train", 1, seed=1)[0]
+    assert ex.prompt == "Q: 7*19+9+40+54=\nSteps:\n" and ex.label == "236"
+    assert t.sft_target(ex) == "133+9+40+54\n142+40+54\n182+54\n236\nanswer: 236\n\n"
+    assert t.stop == "\n\n" and ex.datasource == "reasoning"
 
 
-@pytest.mark.parametrize("difficulty", ["easy", "medium", "hard"])
-def test_train_and_test_prompts_disjoint_across_seeds(difficulty):
-    t = get_task("reasoning", difficulty=difficulty)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        train = {e.prompt for s in range(3) for e in t.make_split("train", 150, seed=s)}
-        test = {e.prompt for s in range(3, 5) for e in t.make_split("test", 40, seed=s)}
-    assert train and test and not (train & test)
-
-
-def test_unique_within_split_when_space_allows():
-    t = get_task("reasoning", difficulty="medium")
-    ex = t.make_split("test", 200, seed=0)
-    assert len({e.prompt for e in ex}) == 200
-
-
-def test_small_space_repeats_with_warning():
-    t = get_task("reasoning", difficulty="easy")  # 200 prompts in all, ~20% of them test
-    with pytest.warns(UserWarning, match="unique test examples"):
-        ex = t.make_split("test", 100, seed=0)
-    assert len(ex) == 100 and len({e.prompt for e in ex}) < 100
-
-
-def test_heldout_is_every_unique_test_prompt_once():
-    """Evaluation sets never repeat a prompt: the easy space's test share (44 of 200 prompts at seed 0;
-    make_split("test", 64) repeats 20 of them) comes back whole, once each, whatever n above it."""
-    import itertools
-    t = get_task("reasoning", difficulty="easy")
-    space = {f"Q: {a}{op}{b}=\nA:" for a, b in itertools.product(range(10), repeat=2) for op in "+-"}
-    test_share = {p for p in space if t.split_of(Example(p, "", "reasoning")) == "test"}
-    ex = t.heldout(64, seed=0)
-    assert [e.prompt for e in ex] == list(dict.fromkeys(e.prompt for e in ex))  # no repeats
-    assert {e.prompt for e in ex} == test_share and len(test_share) == 44
-    assert t.heldout(500, seed=0) == ex
-    assert len(t.heldout(10, seed=0)) == 10
-
-
-@pytest.mark.parametrize("difficulty", ["easy", "medium", "hard"])
-def test_gold_scores_one_and_wrong_scores_zero(difficulty, charset_ok):
-    t = get_task("reasoning", difficulty=difficulty)
-    for ex in t.make_split("train", 200, seed=0):
-        gold = t.sft_target(ex)
-        assert gold.endswith("\n")
-        assert t.score(ex, gold) == 1.0
-        assert t.score(ex, f"{int(ex.label) + 1}\n") == 0.0
-        assert t.score(ex, "") == 0.0
-        charset_ok(ex.prompt)
-        charset_ok(gold)
-        assert ex.prompt.startswith("Q: ") and ex.prompt.endswith("=\nA:")
-        assert ex.datasource == "reasoning"
-        if difficulty != "hard":
-            assert len(ex.prompt) <= 48 and len(gold) <= 16
-
-
-def test_label_matches_python_precedence():
-    t = get_task("reasoning", difficulty="hard")
-    for ex in t.make_split("train", 300, seed=7):
-        # eval only on our own generated, digits-and-operators text
-        assert int(ex.label) == eval(ex.meta["expr"], {"__builtins__": {}})
-
-
-@given(st.lists(st.integers(0, 99), min_size=2, max_size=6), st.data())
-def test_evaluate_matches_eval(operands, data):
+@given(st.lists(st.integers(0, 99), min_size=2, max_size=8), st.data())
+def test_every_step_keeps_the_value_and_the_last_is_it(operands, data):
     ops = data.draw(st.lists(st.sampled_from("+-*"), min_size=len(operands) - 1, max_size=len(operands) - 1))
-    expr = str(operands[0]) + "".join(o + str(v) for o, v in zip(ops, operands[1:], strict=False))
-    assert evaluate(operands, ops) == eval(expr, {"__builtins__": {}})
+    steps = reduction_steps(operands, ops)
+    assert len(steps) == len(operands) - 1
+    value = evaluate(operands, ops)
+    for line in steps:  # each line is an expression of the same value with one operation less
+        assert eval(line, {"__builtins__": {}}) == value
+        assert "+-" not in line and "--" not in line and "*-" not in line
+    assert steps[-1] == str(value)
+    assert parse_expr(steps[0].lstrip("-")) is not None
 
 
-def test_answer_parsing_is_strict_first_line():
-    assert parse_int_answer("10\nmore text") == 10
-    assert parse_int_answer(" -3 \n") == -3
-    for bad in ["", "\n10", "1_0\n", "١٠\n", "10.0\n", "+5\n", "ten\n", "--1\n"]:
-        assert parse_int_answer(bad) is None, bad
-    t = get_task("reasoning")
-    ex = t.make_split("train", 1, seed=0)[0]
-    assert t.score(ex, f"\n{ex.label}\n") == 0.0  # the answer must be on the first line
+TOKENIZER = build_tokenizer()
 
 
-def test_bad_knobs_raise():
-    with pytest.raises(ValueError, match="difficulty"):
-        get_task("reasoning", difficulty="extreme")
+@pytest.mark.parametrize("difficulty", ["easy", "medium", "hard"])
+def test_gold_length_in_tokens(difficulty, charset_ok):
+    """Mean gold response 40-200 tokens of the project's tokenizer; prompt + gold fits the tiny flavors'
+    256 positions."""
+    t = get_task("reasoning", difficulty=difficulty)
+    exs = t.make_split("train", 400, seed=0)
+    lengths = [len(TOKENIZER(t.sft_target(e), add_special_tokens=False)["input_ids"]) for e in exs]
+    assert lengths == [len(t.sft_target(e)) for e in exs]  # one token per character
+    assert 40 <= statistics.mean(lengths) <= 200, statistics.mean(lengths)
+    context = min(build_config(f"{fam}-tiny").max_position_embeddings
+                  for fam in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"))
+    assert max(1 + len(e.prompt) + len(t.sft_target(e)) for e in exs) <= context
+    for e in exs[:50]:
+        charset_ok(e.prompt)
+        charset_ok(t.sft_target(e))
+
+
+@pytest.mark.parametrize("difficulty", ["easy", "medium", "hard"])
+def test_gold_scores_one_and_off_by_one_scores_zero(difficulty):
+    t = get_task("reasoning", difficulty=difficulty)
+    for ex in t.make_split("test", 100, seed=0):
+        gold = t.sft_target(ex)
+        assert gold.endswith(t.stop) and gold.count(t.stop) == 1  # the stop string only at the end
+        assert parse_final_answer(gold) == int(ex.label)
+        assert t.score(ex, gold) == 1.0
+        for off in (1, -1):
+            wrong = gold.replace(f"answer: {ex.label}\n", f"answer: {int(ex.label) + off}\n")
+            assert t.score(ex, wrong) == 0.0
+        assert t.score(ex, gold.replace("answer:", "")) == 0.0  # no answer line
+        assert t.score(ex, "") == 0.0
+        assert t.score(ex, f"{ex.label}\n\n") == 0.0  # the value alone is not an answer line
+
+
+def test_final_answer_parsing():
+    assert parse_final_answer("1+2\n3\nanswer: 3\n\n") == 3
+    assert parse_final_answer("  answer:   -12  \n") == -12
+    assert parse_final_answer("answer:7") == 7
+    assert parse_final_answer("answer: 5\nanswer: 6\n") == 5  # the first answer line counts
+    for bad in ["", "3\n", "answer:\n", "answer: 1_0\n", "answer: ١٠\n", "answer: 10.0\n", "answer: +5\n",
+                "answer: ten\n", "answer: --1\n", "answer: 3 4\n", "Answer: 3\n", "answer: " + "9" * 41 + "\n"]:
+        assert parse_final_answer(bad) is None, bad
+
+
+def test_knobs_and_errors():
+    t = get_task("reasoning", n_operands=5, max_value=9, ops="+-")
+    for ex in t.make_split("train", 30, seed=0):
+        operands, ops = parse_expr(ex.meta["expr"])
+        assert len(operands) == 5 and max(operands) <= 9 and set(ops) <= set("+-")
+    with pytest.raises(ValueError, match="min_operands"):
+        get_task("reasoning", min_operands=5, max_operands=4)
     with pytest.raises(ValueError, match="ops"):
         get_task("reasoning", ops="/")
-    with pytest.raises(ValueError, match="n_operands"):
-        get_task("reasoning", n_operands=1)
-    with pytest.raises(ValueError, match="split"):
-        get_task("reasoning").make_split("val", 3, seed=0)
+    with pytest.raises(ValueError, match="difficulty"):
+        get_task("reasoning", difficulty="extreme")
+    with pytest.raises(ValueError, match="not an expression"):
+        parse_expr("1+-2")
+
+
+def test_gold_from_a_loaded_example_without_steps():
+    """An example read back from JSONL (meta without the steps) gets the same gold response."""
+    from trace.tasks import Example
+    t = get_task("reasoning")
+    ex = t.make_split("train", 1, seed=2)[0]
+    bare = Example(ex.prompt, ex.label, ex.datasource, {"expr": ex.meta["expr"]})
+    assert t.sft_target(bare) == t.sft_target(ex)

@@ -6,8 +6,14 @@ Usage: ``get_task("reasoning", difficulty="easy").make_split("train", 512, seed=
 Compared against: the paper's real datasets (math, code, agent tasks), which are loaded through
 `trace.tasks.datasets.load_jsonl` at paper scale; these generators stand in for them on CPU.
 
-Train/test disjointness does not depend on the seed: every prompt is assigned to one split by a
-stable hash of (task name, partition key), so a test prompt can never be drawn for any train seed.
+Splits: train, validation and test, disjoint whatever the seed. Every example is assigned to one split by a
+stable hash h in [0, 1) of (task name, partition key): test when h < test_fraction, validation when
+test_fraction <= h < test_fraction + val_fraction, train otherwise. So a test (or validation) prompt can never be
+drawn for any train seed, the test split does not depend on val_fraction, and val_fraction=0 gives the train
+split a task had before it had a validation split. The validation split is for choices of configuration only
+(`eval.split: validation`); tables report the test split. The partition key is the unit a split is drawn by
+(the prompt; coding: the gold function), and `cluster_key`, the unit a standard error is clustered by, is the
+same unit (long-horizon: the prompt, shared by the secrets drawn for it).
 """
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ from typing import Callable, ClassVar
 
 # The tokenizer of the tiny models knows printable ASCII plus newline and nothing else.
 CHARSET = frozenset(chr(c) for c in range(32, 127)) | {"\n"}
-SPLITS = ("train", "test")
+SPLITS = ("train", "validation", "test")
+EVAL_SPLITS = ("test", "validation")
 
 
 def check_charset(text: str, what: str = "text") -> str:
@@ -48,13 +55,18 @@ class Task:
     """Base class. Subclasses implement `_generate`, `score` and `_gold_response`."""
 
     name: ClassVar[str] = "task"
+    # the name in the split hash and the RNG stream name (`name` when None): a task renamed keeps its splits
+    stream_name: ClassVar[str | None] = None
     stop: ClassVar[str] = "\n"
     multi_turn: ClassVar[bool] = False
 
-    def __init__(self, test_fraction: float = 0.2):
+    def __init__(self, test_fraction: float = 0.2, val_fraction: float = 0.1):
         if not 0.0 < test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        if not 0.0 <= val_fraction < 1.0 - test_fraction:
+            raise ValueError(f"val_fraction must be in [0, 1 - test_fraction), got {val_fraction}")
         self.test_fraction = test_fraction
+        self.val_fraction = val_fraction
 
     # -- to implement -------------------------------------------------------------------------
     def _generate(self, rng: random.Random) -> Example:
@@ -71,15 +83,27 @@ class Task:
         return {}
 
     # -- shared -------------------------------------------------------------------------------
+    @property
+    def hash_name(self) -> str:
+        return self.stream_name or self.name
+
     def partition_key(self, example: Example) -> str:
+        """The unit a split is drawn by: examples with one key are all in one split."""
         return example.prompt
+
+    def cluster_key(self, example: Example) -> str:
+        """The unit held-out accuracy's standard error is clustered by (trace/episode.py): the partition key,
+        since that is what the test split samples independently."""
+        return self.partition_key(example)
 
     def unique_key(self, example: Example) -> str:
         return example.prompt
 
     def split_of(self, example: Example) -> str:
-        frac = stable_fraction(self.name, self.partition_key(example))
-        return "test" if frac < self.test_fraction else "train"
+        frac = stable_fraction(self.hash_name, self.partition_key(example))
+        if frac < self.test_fraction:
+            return "test"
+        return "validation" if frac < self.test_fraction + self.val_fraction else "train"
 
     def make_split(self, split: str, n: int, seed: int, repeat: bool = True) -> list[Example]:
         """`n` examples of `split`; same (knobs, split, n, seed, repeat) -> identical list.
@@ -92,10 +116,12 @@ class Task:
         """
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if split == "validation" and self.val_fraction == 0:
+            raise ValueError(f"{self.name}: no validation split (val_fraction=0)")
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         knob_text = ",".join(f"{k}={v}" for k, v in sorted(self.knobs().items()))
-        rng = random.Random(f"{self.name}|{knob_text}|{split}|{seed}")
+        rng = random.Random(f"{self.hash_name}|{knob_text}|{split}|{seed}")
         out: list[Example] = []
         seen: set[str] = set()
         pool: list[Example] = []
@@ -128,9 +154,12 @@ class Task:
             raise ValueError(f"{self.name}: no {split} examples exist for knobs {knob_text}")
         return out
 
-    def heldout(self, n: int, seed: int) -> list[Example]:
-        """At most `n` unique test examples (every unique one when the space holds fewer)."""
-        return self.make_split("test", n, seed, repeat=False)
+    def heldout(self, n: int, seed: int, split: str = "test") -> list[Example]:
+        """At most `n` unique examples of `split` ("test", or "validation" for choices of configuration; every
+        unique one when the space holds fewer)."""
+        if split not in EVAL_SPLITS:
+            raise ValueError(f"held-out split must be one of {EVAL_SPLITS}, got {split!r}")
+        return self.make_split(split, n, seed, repeat=False)
 
     def sft_target(self, example: Example) -> str:
         """Gold response text (everything after the prompt), ending with the stop string."""

@@ -14,6 +14,11 @@ default (every hidden case must return exactly the expected int, as in pass@1 un
 Run: ``t = get_task("coding", difficulty="easy"); t.score_batch(exs, responses)``.
 Stands in for the paper's code-RL data (programs verified by test execution).
 
+Splits are drawn by gold function (`function_key`, the function's outputs on 0..63), not by prompt: a test
+or validation function never appears in training, under any of its shown inputs, and the held-out
+standard error is clustered by function. The presets' function spaces are small (easy: 42 linear
+functions, about 9 of them test), so a profile that needs many test functions raises ``coef_max``.
+
 Knobs: ``families`` (linear, quadratic, mod, const), ``coef_max`` (coefficient range),
 ``n_shown`` (examples in the prompt), ``x_max`` (shown inputs from 0..x_max), ``n_hidden``.
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import json
 import random
 
@@ -137,6 +143,20 @@ def run_pure(code, inputs: list[int]) -> str:
     return "".join(line + "\n" for line in out)
 
 
+KEY_INPUTS = tuple(range(64))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def function_key(gold: str) -> str:
+    """The function a gold expression denotes, as its outputs on 0..63 (a fixed range that covers every
+    shown and hidden input of the presets): expressions that differ only in form (``(2*x+6)%5`` and
+    ``(2*x+1)%5``) are one function. Gold expressions are the generator's own pure arithmetic."""
+    code = pure_arithmetic(gold)
+    if code is None:
+        raise ValueError(f"gold expression {gold!r} is not plain arithmetic on x")
+    return run_pure(code, list(KEY_INPUTS)).replace("\n", ",")
+
+
 def harness(expr: str, inputs: list[int]) -> str:
     return (
         f"def f(x): return {expr}\n"
@@ -165,8 +185,9 @@ class CodingTask(Task):
         partial_credit: bool = False,
         timeout_s: float = 2.0,
         test_fraction: float = 0.2,
+        val_fraction: float = 0.1,
     ):
-        super().__init__(test_fraction)
+        super().__init__(test_fraction, val_fraction)
         if difficulty not in PRESETS:
             raise ValueError(f"difficulty must be one of {sorted(PRESETS)}, got {difficulty!r}")
         p = PRESETS[difficulty]
@@ -192,6 +213,11 @@ class CodingTask(Task):
     def knobs(self) -> dict:
         return dict(families="+".join(self.families), coef_max=self.coef_max, n_shown=self.n_shown,
                     x_max=self.x_max, n_hidden=self.n_hidden, hidden_max=self.hidden_max)
+
+    def partition_key(self, example: Example) -> str:
+        """The gold function (`function_key`): every prompt of one function, whatever inputs it shows, is in
+        one split, so no test function is ever seen in training."""
+        return function_key(example.meta["gold"] if "gold" in example.meta else json.loads(example.label)["gold"])
 
     def _generate(self, rng: random.Random) -> Example:
         family = rng.choice(self.families)

@@ -3,9 +3,9 @@
 ``load_jsonl("data/math_train.jsonl", prompt_key="question", label_key="answer")`` returns
 `Example`s; a malformed line or a missing key raises `DatasetError` naming the file and line.
 ``save_jsonl(path, examples)`` writes the synthetic splits in the same format so a generated set
-can be frozen and re-read. ``with_jsonl(task, cfg["task"])`` gives a task whose train/test splits come
-from the run config's ``task.train_jsonl`` / ``task.test_jsonl`` (keys ``task.prompt_key`` /
-``task.label_key``); a split without a file stays generated. Compared against: OpenRLHF's `--input_key/--label_key` JSONL convention,
+can be frozen and re-read. ``with_jsonl(task, cfg["task"])`` gives a task whose train/validation/test splits
+come from the run config's ``task.train_jsonl`` / ``task.validation_jsonl`` / ``task.test_jsonl`` (keys
+``task.prompt_key`` / ``task.label_key``); a split without a file stays generated. Compared against: OpenRLHF's `--input_key/--label_key` JSONL convention,
 which the same files feed at cluster scale.
 """
 from __future__ import annotations
@@ -88,15 +88,16 @@ def save_jsonl(path: str | os.PathLike, examples: Iterable[Example]) -> int:
 
 
 class JsonlTask:
-    """A task whose train/test splits are read from JSONL files; scoring, stop string, turns and
+    """A task whose train/validation/test splits are read from JSONL files; scoring, stop string, turns and
     everything else are the wrapped task's. `make_split(split, n, seed)` returns the file's first n
     examples in file order (all of them when the file is shorter; the seed does not apply to a fixed
-    file); a split without a file is the wrapped task's generated split."""
+    file); `heldout(n, seed, split)` the same with each prompt once; a split without a file is the wrapped
+    task's generated split. Files are used as given: keeping them disjoint is the data's business."""
 
     def __init__(self, task, train: str | None = None, test: str | None = None, prompt_key: str = "prompt",
-                 label_key: str = "label"):
+                 label_key: str = "label", validation: str | None = None):
         self.task = task
-        self.files = {"train": train, "test": test}
+        self.files = {"train": train, "validation": validation, "test": test}
         self.prompt_key, self.label_key = prompt_key, label_key
         self._cache: dict[str, list[Example]] = {}
 
@@ -112,16 +113,24 @@ class JsonlTask:
                 raise DatasetError(f"{self.files[split]}: no examples")
         return self._cache[split]
 
-    def make_split(self, split: str, n: int, seed: int) -> list[Example]:
+    def make_split(self, split: str, n: int, seed: int, repeat: bool = True) -> list[Example]:
         if self.files.get(split) is None:
-            return self.task.make_split(split, n, seed)
+            return self.task.make_split(split, n, seed, repeat)
         return self.load(split)[:n]
+
+    def heldout(self, n: int, seed: int, split: str = "test") -> list[Example]:
+        if self.files.get(split) is None:
+            return self.task.heldout(n, seed, split)
+        out: dict[str, Example] = {}
+        for e in self.load(split):
+            out.setdefault(self.task.unique_key(e), e)
+        return list(out.values())[:n]
 
 
 def with_jsonl(task, task_cfg: dict):
-    """`task` itself, or a JsonlTask when the config's task block names a train or test JSONL file."""
-    train, test = task_cfg.get("train_jsonl"), task_cfg.get("test_jsonl")
-    if not train and not test:
+    """`task` itself, or a JsonlTask when the config's task block names a train, validation or test JSONL file."""
+    train, val, test = (task_cfg.get(f"{s}_jsonl") for s in ("train", "validation", "test"))
+    if not train and not val and not test:
         return task
     return JsonlTask(task, train or None, test or None, task_cfg.get("prompt_key", "prompt"),
-                     task_cfg.get("label_key", "label"))
+                     task_cfg.get("label_key", "label"), validation=val or None)

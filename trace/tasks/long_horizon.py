@@ -19,6 +19,12 @@ worth ``1 - shaping * (turns_used - 1) / (max_turns - 1)`` (fewer guesses, more 
 [1 - shaping, 1]; default shaping 0, i.e. plain success. An unparsable guess costs a turn and gets
 "invalid". Knobs: ``width`` (range size), ``max_turns``, ``offset_max`` (ranges start at
 0..offset_max; test ranges are disjoint from train ranges because the prompt is the split key).
+
+Splits and clusters: the prompt (the range and the tries) is the partition key and the cluster key; a
+prompt's examples differ only in the secret, so held-out accuracy's standard error is clustered by prompt.
+The presets keep every number at <= 2 digits, so they hold at most 100 - width + 1 distinct prompts (about a
+fifth of them test); ``offset_max`` up to 999 - width allows three digits (e.g. easy with offset_max 992:
+993 prompts, about 200 of them test, each guess at most "999\n", 4 tokens).
 """
 from __future__ import annotations
 
@@ -159,8 +165,9 @@ class LongHorizonTask(Task):
         offset_max: int | None = None,
         shaping: float = 0.0,
         test_fraction: float = 0.2,
+        val_fraction: float = 0.1,
     ):
-        super().__init__(test_fraction)
+        super().__init__(test_fraction, val_fraction)
         if difficulty not in PRESETS:
             raise ValueError(f"difficulty must be one of {sorted(PRESETS)}, got {difficulty!r}")
         p = PRESETS[difficulty]

@@ -9,21 +9,26 @@ older versions took a bare tensor, which is `result["rewards"]` here.
 The in-process RL trainer calls the same function, so both paths score identically.
 
 Routing: by ``datasources`` (kwarg, one per sample, e.g. "coding" or "coding/easy") when given,
-otherwise by the prompt's shape. Knobs that change scoring (coding partial_credit, long-horizon
+otherwise by the prompt's shape (``Q: ...=\nSteps:\n`` reasoning, ``Q: ...=\nA:`` reasoning-short).
+Extra logs: accuracy, response_chars and ``correct_<task>`` per task (``-`` written ``_``:
+``correct_reasoning_short``), a fixed key set. Knobs that change scoring (coding partial_credit, long-horizon
 shaping) come from ``task_knobs={"coding": {...}}``.
 """
 from __future__ import annotations
 
 import torch
 
+from trace.config import TASK_NAMES
 from trace.tasks import Example, get_task
 
 _TASK_CACHE: dict[tuple, object] = {}
 
 
 def infer_task(prompt: str) -> str:
-    if prompt.startswith("Q: ") and prompt.endswith("\nA:"):
+    if prompt.startswith("Q: ") and prompt.endswith("=\nSteps:\n"):
         return "reasoning"
+    if prompt.startswith("Q: ") and prompt.endswith("\nA:"):
+        return "reasoning-short"
     if prompt.endswith("def f(x): return"):
         return "coding"
     if prompt.startswith("Guess n in "):
@@ -70,8 +75,8 @@ def reward_func(queries, prompts, labels, datasources=None, task_knobs=None, **k
     lengths = torch.tensor([len(split_response(q, p)) for q, p in zip(queries, prompts, strict=True)], dtype=torch.float32)
     extra = {"accuracy": (score_t >= 1.0).float(), "response_chars": lengths}
     # a fixed key set: OpenRLHF stacks extra_logs across batches, so keys must not depend on the mix
-    for name in ("reasoning", "coding", "long_horizon"):
+    for name in TASK_NAMES:
         mask = torch.tensor([n == name for n in names], dtype=torch.float32)
         # per-task accuracy as a per-sample tensor: mean over a batch = share of correct samples of that task
-        extra[f"correct_{name}"] = mask * (score_t >= 1.0).float()
+        extra[f"correct_{name.replace('-', '_')}"] = mask * (score_t >= 1.0).float()
     return {"rewards": score_t.clone(), "scores": score_t, "extra_logs": extra}

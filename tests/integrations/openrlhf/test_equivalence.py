@@ -57,7 +57,7 @@ def test_first_step_logprobs_and_loss(tmp_path):
                                f"rl.group_size={GROUP}"])
     rl = cfg["rl"]
     eng = TraceRolloutEngine(str(d), cfg, seed=5, remote_rm_url=[str(REWARD_FILE)])
-    task = get_task("reasoning", difficulty="easy")
+    task = get_task("reasoning-short", difficulty="easy")
     responses = []
     for ex in task.make_split("train", 2, 0):
         responses += asyncio.run(eng.generate_responses(ex.prompt, ex.label, SamplingParams(max_tokens=6, logprobs=1),
