@@ -160,6 +160,12 @@ def validate(cfg: dict) -> dict:
 
 
 def _semantic_checks(cfg: dict) -> None:
+    if "model" in cfg:
+        from trace.models.registry import FLAVORS  # imports transformers: only when a config is validated
+
+        if cfg["model"] not in FLAVORS:
+            raise ConfigError(f"config key 'model': unknown model {cfg['model']!r}; the registered models are "
+                              f"{list(FLAVORS)} (trace/models/registry.py)")
     rl = cfg.get("rl", {})
     ice = rl.get("icepop")
     if ice is not None and not ice[0] < ice[1]:

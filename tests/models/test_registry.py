@@ -14,10 +14,11 @@ from trace.models.registry import (
     get_spec,
     head_dim_of,
     list_models,
+    register_family,
 )
 from trace.models.tokenizer import VOCAB_SIZE
 
-FAMILY_NAMES = ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe"]
+FAMILY_NAMES = list(FAMILIES)
 TINY = [f"{f}-tiny" for f in FAMILY_NAMES]
 ALL = [f"{f}-{v}" for f in FAMILY_NAMES for v in ("tiny", "small", "paper")]
 
@@ -94,8 +95,7 @@ def test_fp4_reduction_dims_are_multiples_of_32(name):
     cfg = build_config(name)
     dims = fp4_reduction_dims(cfg)
     assert {"hidden_size", "head_dim", "attn_out", "expert_intermediate"} <= set(dims)
-    if get_spec(name).family == "qwen2_moe":
-        assert "shared_expert_intermediate" in dims
+    assert ("shared_expert_intermediate" in dims) == FAMILIES[get_spec(name).family].shared_expert
     assert all(v > 0 and v % FP4_MULTIPLE == 0 for v in dims.values()), dims
     check_fp4_dims(cfg)
 
@@ -212,3 +212,40 @@ def test_eager_attention_matches_sdpa():
     assert alt.config._attn_implementation == "eager"
     with torch.no_grad():
         torch.testing.assert_close(alt(x).logits, ref(x).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_a_registered_family_is_known_everywhere_and_only_while_registered():
+    """A family registered in-process (tests/rollout/synthetic_family.py, defined in that one file) is listed,
+    built and accepted by the run config and the pipeline's plan; unregistered, every one of them names the
+    registered models instead. tests/rollout/test_engine.py runs the engine-vs-trainer checks on it."""
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    from tests.rollout.synthetic_family import FAMILY, FLAVORS, INFO, registered
+    from trace import config as C
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow" / "scripts"))
+    from runplan import Plan
+
+    plan = {"profile": "x", "models": [f"{FAMILY}-tiny"], "tasks": {"reasoning": {}}, "methods": ["trace"],
+            "seeds": [0]}
+    with registered() as name:
+        assert list_models(family=FAMILY) == [name] and FAMILIES[FAMILY] is INFO
+        cfg = build_config(name)
+        assert family_of(cfg) == family_of(name) == FAMILY
+        assert {"shared_expert_intermediate", "dense_intermediate"} <= set(fp4_reduction_dims(cfg))
+        assert C.load_config(None, [f"model={name}"])["model"] == name
+        assert [r.model for r in Plan(plan).runs] == [name]
+        with pytest.raises(ValueError, match="already registered"):
+            register_family(INFO, FLAVORS)
+    assert FAMILY not in FAMILIES and not list_models(family=FAMILY)
+    with pytest.raises(C.ConfigError, match="config key 'model': unknown model 'synth_moe-tiny'.*qwen3_moe-tiny"):
+        C.load_config(None, [f"model={FAMILY}-tiny"])
+    with pytest.raises(ValueError, match=r"unknown model\(s\) \['synth_moe-tiny'\]"):
+        Plan(plan)
+    with pytest.raises(ValueError, match="qk_norm must be one of"):
+        dataclasses.replace(INFO, qk_norm="per_token")
+    with pytest.raises(ValueError, match="unknown flavor"):
+        register_family(INFO, {"huge": {}})
+    assert FAMILY not in FAMILIES

@@ -8,10 +8,10 @@ import torch
 
 from benchmarks.trainer_memory import SavedStorages
 from trace.guidance import Recorder, guided_layer_indices
-from trace.models import build_model
+from trace.models import build_model, list_models
 from trace.qat import patch_model, recording, replay
 
-FAMILIES = ["qwen3_moe-tiny", "mixtral-tiny", "olmoe-tiny", "qwen2_moe-tiny"]
+FAMILIES = list_models(flavor="tiny")  # every registered family
 
 
 def _batch(b=3, t=24, seed=0):

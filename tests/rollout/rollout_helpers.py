@@ -1,10 +1,11 @@
-"""Helpers for the rollout-engine tests: tiny models of the four families with sharper logits
+"""Helpers for the rollout-engine tests: tiny models of the registered families with sharper logits
 (initializer_range 0.1 instead of 0.02, so log-prob comparisons are not trivially flat)."""
 import torch
 
+from trace.models import FAMILIES as REGISTERED
 from trace.models import build_model
 
-FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
+FAMILIES = tuple(REGISTERED)  # every registered family
 INIT = 0.1
 
 

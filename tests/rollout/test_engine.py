@@ -1,4 +1,6 @@
-"""Rollout engine numerics vs transformers, for the tiny flavor of every family.
+"""Rollout engine numerics vs transformers, for the tiny flavor of every registered family and of a
+synthetic fifth family registered by the tests alone (synthetic_family.py: a combination of quirks no
+real family has), which the engine and the QAT patcher know only through its descriptor.
 
 Compared against: the transformers forward of the same weights (bf16 mode, float32 and bfloat16) and
 the FP4 QAT model `trace.qat.patch_model(model, "w4a4" | "w4a4kv4")` (w4a4 mode), plus the shared
@@ -16,20 +18,34 @@ Run: `.venv/bin/python -m pytest tests/rollout -q`.
 import pytest
 import torch
 from rollout_helpers import FAMILIES, hf_logprobs, random_seqs, tiny
+from synthetic_family import FAMILY as SYNTH
+from synthetic_family import registered
 
 import trace.qat as qat
 from trace import fp4
 from trace.guidance import Recorder
+from trace.models.registry import FAMILIES as DESCRIPTORS
 from trace.rollout import RolloutEngine
 
 SEQS = random_seqs([40, 23], seed=1)
+ALL = FAMILIES + (SYNTH,)
+
+
+@pytest.fixture(autouse=True)
+def _synthetic_registered(request):
+    """The synthetic family is in the registry while a test of it runs (and only then)."""
+    if getattr(request.node, "callspec", None) is not None and request.node.callspec.params.get("family") == SYNTH:
+        with registered():
+            yield
+    else:
+        yield
 
 
 def _max_dlp(a: list[list[float]], b: list[torch.Tensor]) -> float:
     return max(float((torch.tensor(x) - y).abs().max()) for x, y in zip(a, b, strict=False))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL)
 def test_bf16_mode_matches_transformers_fp32(family):
     m = tiny(family)
     eng = RolloutEngine(m.config, mode="bf16", dtype=torch.float32)
@@ -43,7 +59,7 @@ def test_bf16_mode_matches_transformers_fp32(family):
         assert float((torch.tensor(out.logprobs[i]) - ref).abs().max()) < 1e-4
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL)
 def test_bf16_mode_matches_transformers_bfloat16(family):
     m = tiny(family, dtype=torch.bfloat16)
     eng = RolloutEngine(m.config, mode="bf16", dtype=torch.bfloat16)
@@ -52,7 +68,7 @@ def test_bf16_mode_matches_transformers_bfloat16(family):
     assert d < 0.06, f"{family}: bf16 max |dlp| {d:.2e}"
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL)
 def test_fp4_weight_codes_identical_to_qat(family):
     m = tiny(family)
     eng = RolloutEngine(m.config, mode="w4a4")
@@ -80,7 +96,7 @@ def _replay_logprobs(m, record, seq_id: int, seq: list[int]):
     return lp, st.summary()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL)
 @pytest.mark.parametrize("kv", [False, True])
 def test_w4a4_matches_patched_hf_and_replays_exactly(family, kv):
     """Prefill (score) and incremental decode (generate) of the W4A4 engine vs the patched HF model.
@@ -100,7 +116,7 @@ def test_w4a4_matches_patched_hf_and_replays_exactly(family, kv):
     sites = {s for _, s in record.sites}
     assert {"attn_in", "o_in", "moe_in", "moe_down_in"} <= sites
     assert ({"k", "v"} <= sites) == kv
-    assert ({"shared_in", "shared_down_in"} <= sites) == (family == "qwen2_moe")
+    assert ({"shared_in", "shared_down_in"} <= sites) == DESCRIPTORS[family].shared_expert
     cases = [(b, s, torch.tensor(lp[b]), 0) for b, s in enumerate(SEQS)]
     cases += [(b, out.tokens[b], torch.tensor(out.logprobs[b]), out.prompt_lens[b] - 1) for b in range(2)]
     diffs = []
@@ -139,3 +155,25 @@ def test_compute_dtype_follows_the_device():
     assert default_dtype("cpu") == torch.float32 and default_dtype(torch.device("cuda", 1)) == torch.bfloat16
     assert RolloutEngine(tiny("qwen3_moe").config).dtype == torch.float32
     assert RolloutEngine(tiny("qwen3_moe").config, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_the_engine_reads_the_quirks_from_the_descriptor():
+    """The synthetic family's router always renormalizes although its config says norm_topk_prob=False: with
+    the descriptor's renorm="always" the engine matches transformers, with a descriptor that defers to the
+    config (renorm="config", what the name-free default would be) it does not."""
+    import dataclasses
+
+    import synthetic_family as S
+
+    from trace.models.registry import register_family, unregister_family
+
+    for renorm, close in (("always", True), ("config", False)):
+        register_family(dataclasses.replace(S.INFO, renorm=renorm), S.FLAVORS)
+        try:
+            m = tiny(SYNTH)
+            eng = RolloutEngine(m.config, mode="bf16", dtype=torch.float32)
+            eng.sync_weights(m)
+            d = _max_dlp(eng.score(SEQS), [hf_logprobs(m, s) for s in SEQS])
+        finally:
+            unregister_family(SYNTH)
+        assert (d < 1e-4) == close, (renorm, d)

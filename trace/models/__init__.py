@@ -17,11 +17,14 @@ from trace.models.registry import (
     get_spec,
     head_dim_of,
     list_models,
+    register_family,
+    unregister_family,
 )
 from trace.models.tokenizer import BOS_ID, CHARSET, EOS_ID, PAD_ID, UNK_ID, VOCAB_SIZE, build_tokenizer
 
 __all__ = [
     "BOS_ID", "CHARSET", "EOS_ID", "FAMILIES", "FLAVORS", "FP4_MULTIPLE", "FamilyInfo", "ModelSpec", "PAD_ID",
     "UNK_ID", "VOCAB_SIZE", "build_config", "build_model", "build_tokenizer", "check_fp4_dims", "family_of",
-    "fp4_reduction_dims", "get_spec", "head_dim_of", "list_models", "load_checkpoint", "save_checkpoint",
+    "fp4_reduction_dims", "get_spec", "head_dim_of", "list_models", "load_checkpoint", "register_family",
+    "save_checkpoint", "unregister_family",
 ]

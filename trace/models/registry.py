@@ -32,7 +32,10 @@ Choices that hold for every flavor (documented because the QAT patcher and the r
   ``hidden/heads`` (its q width is 2x hidden, like the real 30B-A3B), which the tiny and small flavors
   keep so that patchers cannot silently assume ``num_heads*head_dim == hidden_size``.
 
-See ``trace/models/FAMILIES.md`` for the module tree, parameter shapes and patch points of each family.
+Each family is a descriptor (:class:`FamilyInfo`: its classes and quirks) plus its flavors' config kwargs; the
+rollout engine, the QAT patcher and the checks here read the descriptor, never the family's name, and
+:func:`register_family` adds a family from outside this module. See ``trace/models/FAMILIES.md`` for the module
+tree, parameter shapes and patch points of each family, and what a new family takes (section 6).
 """
 from __future__ import annotations
 
@@ -64,36 +67,64 @@ EXPERTS_IMPLEMENTATION = "eager"
 FLAVOR_NAMES = ("tiny", "small", "paper")
 
 
+QK_NORMS = ("none", "per_head", "full")
+RENORMS = ("config", "always")
+ROUTING_DTYPES = ("model", "float32")
+
+
 @dataclass(frozen=True)
 class FamilyInfo:
-    """Static facts about one MoE family as implemented in transformers 5.x."""
+    """One MoE family as transformers 5.x implements it: its classes and every quirk that family-specific
+    code reads. The rollout engine's forward and weight loader (trace/rollout/), the QAT patcher's router
+    replay (trace/qat/patch.py) and the FP4 dimension checks below branch on these fields, never on the
+    family's name, so a family whose quirks are a combination of these needs only its descriptor and
+    flavors (:func:`register_family`; trace/models/FAMILIES.md, "Adding a family").
+    """
 
     family: str
-    model_type: str
+    model_type: str  # config.model_type: how a config or a checkpoint is mapped back to its family
     config_cls: type[PretrainedConfig]
     model_cls: type[PreTrainedModel]
-    hub_id: str
+    hub_id: str  # the real checkpoint the paper flavor mirrors
     expert_intermediate_attr: str  # config attribute holding the per-expert intermediate size
-    has_shared_expert: bool
-    has_qk_norm: str  # "per_head" (Qwen3-MoE), "full" (OLMoE: over all heads' concatenation) or "none"
+    # q/k RMSNorm: "per_head" (over head_dim on each head, before RoPE: Qwen3-MoE), "full" (over the whole q / k
+    # projection before the head split: OLMoE; needs num_heads * head_dim == hidden_size) or "none"
+    qk_norm: str = "none"
+    shared_expert: bool = False  # mlp.shared_expert on every token, times sigmoid(mlp.shared_expert_gate(x)) (Qwen2)
+    renorm: str = "config"  # top-k probabilities renormalized: "always" (Mixtral) or per config.norm_topk_prob
+    routing_dtype: str = "model"  # top-k weights: cast to the router logits' dtype, or kept "float32" (Mixtral)
+    dense_layers: bool = False  # config.mlp_only_layers / decoder_sparse_step can make layers dense MLPs (Qwen)
+
+    def __post_init__(self):
+        for name, allowed in (("qk_norm", QK_NORMS), ("renorm", RENORMS), ("routing_dtype", ROUTING_DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"family {self.family!r}: {name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+    def renormalizes(self, config: PretrainedConfig) -> bool:
+        """Whether the router divides its top-k probabilities by their sum, for this config."""
+        return self.renorm == "always" or bool(getattr(config, "norm_topk_prob", False))
+
+    def routing_weight_dtype(self, logits_dtype: torch.dtype) -> torch.dtype:
+        """The dtype of the top-k weights that multiply the experts' outputs."""
+        return torch.float32 if self.routing_dtype == "float32" else logits_dtype
 
 
 FAMILIES: dict[str, FamilyInfo] = {
     "qwen3_moe": FamilyInfo(
         "qwen3_moe", "qwen3_moe", Qwen3MoeConfig, Qwen3MoeForCausalLM, "Qwen/Qwen3-30B-A3B",
-        "moe_intermediate_size", False, "per_head",
+        "moe_intermediate_size", qk_norm="per_head", dense_layers=True,
     ),
     "mixtral": FamilyInfo(
         "mixtral", "mixtral", MixtralConfig, MixtralForCausalLM, "mistralai/Mixtral-8x7B-v0.1",
-        "intermediate_size", False, "none",
+        "intermediate_size", renorm="always", routing_dtype="float32",
     ),
     "olmoe": FamilyInfo(
         "olmoe", "olmoe", OlmoeConfig, OlmoeForCausalLM, "allenai/OLMoE-1B-7B-0924",
-        "intermediate_size", False, "full",
+        "intermediate_size", qk_norm="full",
     ),
     "qwen2_moe": FamilyInfo(
         "qwen2_moe", "qwen2_moe", Qwen2MoeConfig, Qwen2MoeForCausalLM, "Qwen/Qwen1.5-MoE-A2.7B",
-        "moe_intermediate_size", True, "none",
+        "moe_intermediate_size", shared_expert=True, dense_layers=True,
     ),
 }
 
@@ -255,25 +286,49 @@ _FLAVOR_KWARGS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+def _family_flavors(info: FamilyInfo, flavors: dict[str, dict[str, Any]]) -> dict[str, ModelSpec]:
+    unknown = sorted(set(flavors) - set(FLAVOR_NAMES))
+    if unknown:
+        raise ValueError(f"family {info.family!r}: unknown flavor(s) {unknown}; flavors are {FLAVOR_NAMES}")
+    return {
+        f"{info.family}-{flavor}": ModelSpec(
+            name=f"{info.family}-{flavor}", family=info.family, flavor=flavor, config_cls=info.config_cls,
+            model_cls=info.model_cls, config_kwargs={**_COMMON, **flavors[flavor]},
+            hub_id=info.hub_id if flavor == "paper" else None,
+        )
+        for flavor in FLAVOR_NAMES if flavor in flavors
+    }
+
+
 def _make_flavors() -> dict[str, ModelSpec]:
     out: dict[str, ModelSpec] = {}
     for family, flavors in _FLAVOR_KWARGS.items():
-        info = FAMILIES[family]
-        for flavor in FLAVOR_NAMES:
-            name = f"{family}-{flavor}"
-            out[name] = ModelSpec(
-                name=name,
-                family=family,
-                flavor=flavor,
-                config_cls=info.config_cls,
-                model_cls=info.model_cls,
-                config_kwargs={**_COMMON, **flavors[flavor]},
-                hub_id=info.hub_id if flavor == "paper" else None,
-            )
+        out.update(_family_flavors(FAMILIES[family], flavors))
     return out
 
 
 FLAVORS: dict[str, ModelSpec] = _make_flavors()
+
+
+def register_family(info: FamilyInfo, flavors: dict[str, dict[str, Any]]) -> list[str]:
+    """Add a family and its flavors (flavor name -> config kwargs, on top of the common ones) to the registry;
+    returns the new model names. Everything that lists families or models (tests' parametrizations, the
+    pipeline's model check, `list_models`) reads the registry, so the family is then known everywhere."""
+    if info.family in FAMILIES:
+        raise ValueError(f"family {info.family!r} is already registered")
+    if any(f.model_type == info.model_type for f in FAMILIES.values()):
+        raise ValueError(f"model_type {info.model_type!r} already belongs to a registered family")
+    specs = _family_flavors(info, flavors)
+    FAMILIES[info.family] = info
+    FLAVORS.update(specs)
+    return list(specs)
+
+
+def unregister_family(family: str) -> None:
+    """Remove a family registered by :func:`register_family` and its flavors."""
+    FAMILIES.pop(family)
+    for name in [n for n, s in FLAVORS.items() if s.family == family]:
+        del FLAVORS[name]
 
 
 def list_models(family: str | None = None, flavor: str | None = None) -> list[str]:
@@ -335,8 +390,7 @@ def fp4_reduction_dims(config: PretrainedConfig) -> dict[str, int]:
     down input of dense-MLP layers, only when the config actually has such layers (Qwen ``mlp_only_layers``
     or ``decoder_sparse_step > 1``).
     """
-    family = family_of(config)
-    info = FAMILIES[family]
+    info = FAMILIES[family_of(config)]
     hd = head_dim_of(config)
     dims = {
         "hidden_size": int(config.hidden_size),
@@ -344,9 +398,9 @@ def fp4_reduction_dims(config: PretrainedConfig) -> dict[str, int]:
         "attn_out": int(config.num_attention_heads) * hd,
         "expert_intermediate": int(getattr(config, info.expert_intermediate_attr)),
     }
-    if info.has_shared_expert:
+    if info.shared_expert:
         dims["shared_expert_intermediate"] = int(config.shared_expert_intermediate_size)
-    if family in ("qwen3_moe", "qwen2_moe"):
+    if info.dense_layers:
         n_layers = config.num_hidden_layers
         sparse = [
             (i not in config.mlp_only_layers) and config.num_experts > 0 and (i + 1) % config.decoder_sparse_step == 0
@@ -378,8 +432,10 @@ def build_config(name: str, check_fp4: bool = True, **overrides: Any) -> Pretrai
     if "rope_theta" in overrides:
         kwargs["rope_parameters"] = _rope(kwargs.pop("rope_theta"))
     config = spec.config_cls(**kwargs)
-    if family_of(config) == "olmoe" and config.num_attention_heads * head_dim_of(config) != config.hidden_size:
-        raise ValueError("olmoe: num_attention_heads * head_dim must equal hidden_size (q_norm spans hidden_size)")
+    family = family_of(config)
+    if FAMILIES[family].qk_norm == "full" and config.num_attention_heads * head_dim_of(config) != config.hidden_size:
+        raise ValueError(f"{family}: num_attention_heads * head_dim must equal hidden_size (its q_norm spans the "
+                         "whole q projection)")
     if check_fp4:
         check_fp4_dims(config)
     return config
@@ -415,5 +471,5 @@ def build_model(
 __all__ = [
     "ATTN_IMPLEMENTATION", "EXPERTS_IMPLEMENTATION", "FAMILIES", "FLAVORS", "FLAVOR_NAMES", "FP4_MULTIPLE",
     "FamilyInfo", "ModelSpec", "build_config", "build_model", "check_fp4_dims", "family_of",
-    "fp4_reduction_dims", "get_spec", "head_dim_of", "list_models",
+    "fp4_reduction_dims", "get_spec", "head_dim_of", "list_models", "register_family", "unregister_family",
 ]

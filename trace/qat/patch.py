@@ -35,6 +35,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from trace import fp4, guidance
 from trace.guidance import GuidanceRecord, Recorder, Runtime
+from trace.models.registry import FAMILIES, family_of
 
 MODES = ("bf16", "w4a16", "w4a4", "w4a4kv4")
 ATTN_IMPL = "trace_qat_sdpa"
@@ -114,8 +115,7 @@ def _router_forward_factory(orig_cls):
             if rt is None:
                 return logits, scores, idx
             rt.record_routing(self._trace_layer, idx)
-            # Mixtral's router has no norm_topk_prob and always renormalizes
-            replayed = rt.route(self._trace_layer, logits, idx, renorm=getattr(self, "norm_topk_prob", True))
+            replayed = rt.route(self._trace_layer, logits, idx, renorm=self._trace_renorm)
             if replayed is None:
                 return logits, scores, idx
             w, ids = replayed
@@ -236,6 +236,7 @@ def patch_model(model: nn.Module, mode: str = "w4a4", fmt: str = "nvfp4") -> QAT
     if model.config._attn_implementation != "sdpa":
         raise ValueError("patch_model expects attn_implementation='sdpa' (the registry default)")
     layers = model.model.layers
+    renorm = FAMILIES[family_of(model.config)].renormalizes(model.config)
     for i, layer in enumerate(layers):
         attn = layer.self_attn
         _swap_shared([attn.q_proj, attn.k_proj, attn.v_proj], rt, i, "attn_in")
@@ -247,6 +248,7 @@ def patch_model(model: nn.Module, mode: str = "w4a4", fmt: str = "nvfp4") -> QAT
             gate = mlp.gate
             cls = _ROUTER_CLASSES.setdefault(type(gate), _router_forward_factory(type(gate)))
             _swap(gate, cls, rt, i)
+            gate._trace_renorm = renorm  # the family's rule (FamilyInfo.renormalizes), not the router's attributes
             shared = getattr(mlp, "shared_expert", None)
             if shared is not None:
                 _swap_shared([shared.gate_proj, shared.up_proj], rt, i, "shared_in")

@@ -22,10 +22,8 @@ import torch
 from transformers import DynamicCache
 
 from trace.guidance import Recorder, guided_layer_indices
-from trace.models import build_model
+from trace.models import build_model, list_models
 from trace.qat import patch_model, recording, replay
-
-FAMILIES = ("qwen3_moe-tiny", "mixtral-tiny", "olmoe-tiny", "qwen2_moe-tiny")
 
 
 def _mismatch(lp_train: torch.Tensor, lp_roll: torch.Tensor) -> dict[str, float]:
@@ -75,7 +73,7 @@ def probe(name: str, batch: int = 4, seq_len: int = 48, seed: int = 0, mode: str
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="results/guidance/probe.json")
-    ap.add_argument("--models", nargs="*", default=list(FAMILIES))
+    ap.add_argument("--models", nargs="*", default=list_models(flavor="tiny"))  # every registered family
     ap.add_argument("--seq-len", type=int, default=48)
     args = ap.parse_args(argv)
     t0 = time.time()

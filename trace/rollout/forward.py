@@ -7,10 +7,13 @@ The same function does the batched prefill (many prompts of mixed lengths, per-r
 padding), the one-token decode steps and the multi-token environment-observation chunks of multi-turn
 generation. It is written from trace/models/FAMILIES.md, not by calling the HF modules:
 
-    h = x + o_proj(attn(rope(qk_norm(q, k)), v))      # qwen3_moe per-head q/k norm; olmoe full-width;
-    y = h + moe(rmsnorm(h))                            #   mixtral none; qwen2_moe q/k/v bias
+    h = x + o_proj(attn(rope(qk_norm(q, k)), v))      # q/k norm per head (qwen3_moe), full-width (olmoe)
+    y = h + moe(rmsnorm(h))                            #   or none; q/k/v/o biases where the weights have them
     moe: softmax(router, fp32) -> top-k -> [renorm] -> per-expert gate_up / silu*up / down,
-         weighted sum over the k slots; qwen2_moe adds sigmoid(shared_gate(x)) * shared_expert(x)
+         weighted sum over the k slots; with a shared expert + sigmoid(shared_gate(x)) * shared_expert(x)
+
+The family quirks (q/k norm kind, renormalization, routing-weight dtype, shared expert) come from the
+family's descriptor through `Arch` (trace/models/registry.py FamilyInfo), never from its name.
 
 Modes: `bf16` (no quantization, any dtype) and `w4a4` (dequantized FP4 weights from EngineWeights;
 activations per-token RTN via `trace.fp4.quantize(x, fmt, "row")` at attn_in, o_in, moe_in,
@@ -188,12 +191,12 @@ class EngineForward:
             q = F.linear(xq, lw["q"], lw.get("q_b"))  # [R*T, nh*D]
             k = F.linear(xq, lw["k"], lw.get("k_b"))  # [R*T, nkv*D]
             v = F.linear(xq, lw["v"], lw.get("v_b"))
-        if a.family == "olmoe":  # q/k norm over the whole projection, before the head split
+        if a.qk_norm == "full":  # q/k norm over the whole projection, before the head split (OLMoE)
             q = self._norm(q, lw["q_norm"])
             k = self._norm(k, lw["k_norm"])
         if a.clip_qkv is not None:
             q, k, v = (t.clamp(-a.clip_qkv, a.clip_qkv) for t in (q, k, v))
-        per_head = a.family == "qwen3_moe"  # per-head q/k norm, then RoPE
+        per_head = a.qk_norm == "per_head"  # per-head q/k norm, then RoPE (Qwen3-MoE)
         q = self._rope_heads(q.view(R, T, nh, D), cos, sin, lw["q_norm"] if per_head else None)
         k = self._rope_heads(k.view(R, T, nkv, D), cos, sin, lw["k_norm"] if per_head else None)
         v = v.view(R, T, nkv, D)
@@ -250,7 +253,7 @@ class EngineForward:
         N = x.shape[0]
         k = a.top_k
         logits = F.linear(x, lw["router"])  # [N, E], unquantized router
-        wdt = torch.float32 if a.family == "mixtral" else x.dtype  # Mixtral keeps its routing weights float32
+        wdt = torch.float32 if a.routing_fp32 else x.dtype  # Mixtral keeps its routing weights float32
         if self.fused:
             from kernels.routing import topk_softmax
 
@@ -270,7 +273,7 @@ class EngineForward:
             act = self._acts(fast)
             out = routed_experts(x, topi, topv, lw["gate_up"], lw["down"], lambda t: act(t, i, "moe_in", rec),
                                  lambda t: act(t, i, "moe_down_in", rec))
-        if "sg" in lw:  # qwen2_moe shared expert, gated by a per-token sigmoid of the unquantized input
+        if a.shared_expert:  # Qwen2-MoE's shared expert, gated by a per-token sigmoid of the unquantized input
             sd = self._mlp(i, lw, x, rec, fast, ("sg", "su", "sd"), ("shared_in", "shared_down_in"))
             out = out + torch.sigmoid(F.linear(x, lw["shared_gate"])) * sd
         return out

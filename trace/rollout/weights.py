@@ -20,10 +20,11 @@ import torch
 
 from trace import fp4
 from trace.fp4 import quantize_weight
-from trace.models.registry import family_of, head_dim_of
+from trace.models.registry import FAMILIES, family_of, head_dim_of
 
 # Linear weights that are FP4-quantized in w4a4 mode, by their name inside a layer.
 QUANTIZED = ("q", "k", "v", "o", "gate_up", "down", "sg", "su", "sd", "mg", "mu", "md")
+SHARED = ("sg", "su", "sd", "shared_gate")  # the shared expert's weights (FamilyInfo.shared_expert)
 _LAYER_NAMES = {
     "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight",
     "o": "self_attn.o_proj.weight", "q_b": "self_attn.q_proj.bias", "k_b": "self_attn.k_proj.bias",
@@ -39,7 +40,8 @@ _LAYER_NAMES = {
 
 @dataclass
 class Arch:
-    """The numbers of the forward, read once from the HF config."""
+    """The numbers and the family quirks of the forward, read once from the HF config and the family's
+    descriptor (trace/models/registry.py FamilyInfo): the forward branches on these, not on the family name."""
 
     family: str
     num_layers: int
@@ -52,23 +54,33 @@ class Arch:
     rope_theta: float
     top_k: int
     num_experts: int
-    renorm: bool  # renormalize the top-k probabilities (Mixtral: always)
+    renorm: bool  # renormalize the top-k probabilities (FamilyInfo.renormalizes)
     clip_qkv: float | None
     max_pos: int
+    qk_norm: str = "none"  # FamilyInfo.qk_norm: "none", "per_head" or "full"
+    routing_fp32: bool = False  # the top-k weights stay float32 (FamilyInfo.routing_dtype)
+    shared_expert: bool = False  # FamilyInfo.shared_expert
 
     @classmethod
     def from_config(cls, config) -> "Arch":
         family = family_of(config)
+        info = FAMILIES[family]
         rope = getattr(config, "rope_parameters", None) or {}
         theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         if rope.get("rope_type", "default") != "default":
             raise ValueError(f"rollout engine implements default RoPE only, got {rope.get('rope_type')!r}")
         n_exp = getattr(config, "num_experts", None) or config.num_local_experts
-        renorm = True if family == "mixtral" else bool(getattr(config, "norm_topk_prob", False))
         return cls(family, int(config.num_hidden_layers), int(config.hidden_size), int(config.num_attention_heads),
                    int(config.num_key_value_heads), head_dim_of(config), int(config.vocab_size),
-                   float(config.rms_norm_eps), float(theta), int(config.num_experts_per_tok), int(n_exp), renorm,
-                   getattr(config, "clip_qkv", None), int(config.max_position_embeddings))
+                   float(config.rms_norm_eps), float(theta), int(config.num_experts_per_tok), int(n_exp),
+                   info.renormalizes(config), getattr(config, "clip_qkv", None), int(config.max_position_embeddings),
+                   qk_norm=info.qk_norm, routing_fp32=info.routing_dtype == "float32",
+                   shared_expert=info.shared_expert)
+
+    def required(self, key: str) -> bool:
+        """Whether every layer must hold the weight `key` (of `_LAYER_NAMES`): attention and norms always,
+        the q/k norms with `qk_norm` (the shared expert's are checked per MoE layer by `EngineWeights.load`)."""
+        return key in ("q", "k", "v", "o", "ln1", "ln2") or (key in ("q_norm", "k_norm") and self.qk_norm != "none")
 
 
 @dataclass
@@ -107,7 +119,7 @@ class EngineWeights:
             lw: dict[str, torch.Tensor] = {}
             for key, suffix in _LAYER_NAMES.items():
                 name = f"model.layers.{i}.{suffix}"
-                t = get(name, required=key in ("q", "k", "v", "o", "ln1", "ln2"))
+                t = get(name, required=arch.required(key))
                 if t is None:
                     continue
                 if mode == "w4a4" and key in QUANTIZED:
@@ -120,6 +132,9 @@ class EngineWeights:
                     lw[key] = dense(t)
             if "gate_up" not in lw and "mg" not in lw:
                 raise KeyError(f"layer {i}: neither experts (mlp.experts.gate_up_proj) nor a dense MLP found")
+            missing = [k for k in SHARED if "gate_up" in lw and arch.shared_expert and k not in lw]
+            if missing:
+                raise KeyError(f"layer {i}: the family's shared expert lacks {[_LAYER_NAMES[k] for k in missing]}")
             layers.append(lw)
         # RoPE frequencies: the model's own buffer when given (a bf16 HF model keeps them bf16-rounded;
         # matching the trainer's forward wins), else computed in float32 like transformers.

@@ -75,6 +75,18 @@ def set_dotted(cfg: dict, dotted: str, value: Any) -> None:
 EVAL_PRIORITY = 50
 
 
+def check_models(models: list[str]) -> None:
+    """Raise ValueError naming the models that are not in the model registry (trace/models/registry.py): the
+    schema only checks their `<family>-<flavor>` form, the registry knows the families."""
+    # the registry imports transformers: only here, not for every use of the plan
+    from trace.models.registry import FLAVORS
+
+    unknown = [m for m in models if m not in FLAVORS]
+    if unknown:
+        raise ValueError(f"profile key 'models' / 'ablation.models': unknown model(s) {unknown}; "
+                         f"the registered models are {list(FLAVORS)} (trace/models/registry.py)")
+
+
 class Plan:
     """The runs of one profile and their paths. `config` is the validated profile dict."""
 
@@ -100,6 +112,7 @@ class Plan:
         for task, spec in config["tasks"].items():
             extra = sorted(set((spec or {}).get("models", [])) - set(config["models"]))
             if extra:
+        check_models([*config["models"], *abl.get("models", [])])
                 raise ValueError(f"tasks.{task}.models: {extra} not in models")
         runs: list[Run] = []
         for model, task, method, seed in itertools.product(
