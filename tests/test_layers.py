@@ -7,7 +7,12 @@
     rank 4  rl, sft, eval                      trainers and the evaluator
 
 No module imports a module of a higher rank, and there is no import cycle except inside the task
-registry (trace/tasks/base.py registers the task modules that import it).
+registry (trace/tasks/base.py registers the task modules that import it). fp4 is the bottom (it imports no
+other package of trace/), and guidance sits on fp4 and the arm table alone.
+
+kernels/ is reached one way (the rule in trace/fp4/__init__.py): its numerics (`kernels.reference`,
+`kernels.quantize`: formats, tables, quantization) only from trace/fp4; its compute kernels only from the
+engine (trace/rollout); nothing else in trace/ imports kernels/.
 """
 from __future__ import annotations
 
@@ -69,6 +74,27 @@ def _imports(mod: str) -> set[str]:
 GRAPH = {m: _imports(m) for m in MODULES}
 
 
+def _kernel_imports(mod: str) -> set[str]:
+    """The kernels/ modules `mod` imports (kernels.<module>), module level or inside functions."""
+    out = set()
+    for node in ast.walk(ast.parse(MODULES[mod].read_text())):
+        if isinstance(node, ast.Import):
+            out |= {".".join(a.name.split(".")[:2]) for a in node.names if a.name.split(".")[0] == "kernels"}
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "kernels":
+            if node.module == "kernels":
+                out |= {f"kernels.{a.name}" for a in node.names}
+            else:
+                out.add(".".join(node.module.split(".")[:2]))
+    return out
+
+
+KERNEL_IMPORTS = {m: k for m in MODULES if (k := _kernel_imports(m))}
+NUMERICS = {"kernels.reference", "kernels.quantize"}  # formats, tables, (fake) quantization: via trace.fp4
+ENGINE = {m for m in MODULES if m.startswith("trace.rollout.")}  # the engine launches the compute kernels
+# modules still importing the numerics directly, each to move to `from trace.fp4 import reference as ref`
+NOT_YET = {"trace.guidance.align"}
+
+
 def _layer(mod: str) -> str | None:
     parts = mod.split(".")
     return parts[1] if len(parts) > 1 else None
@@ -96,3 +122,26 @@ def test_known_past_couplings_stay_gone(pair):
     a, b = pair
     assert not any(t == b or t.startswith(b + ".") for t in GRAPH[a])
     assert a not in GRAPH.get(b, set())
+
+
+def test_fp4_is_the_bottom_and_guidance_sits_on_it():
+    allowed = {"fp4": {"fp4"}, "guidance": {"guidance", "fp4", "arms"}}
+    bad = [f"{m} -> {t}" for m, ts in GRAPH.items() if _layer(m) in allowed
+           for t in ts if _layer(t) not in allowed[_layer(m)]]
+    assert bad == []
+
+
+def test_kernel_numerics_only_through_fp4():
+    bad = [f"{m} imports {k}" for m, ks in KERNEL_IMPORTS.items() for k in ks & NUMERICS
+           if _layer(m) != "fp4" and m not in NOT_YET]
+    assert bad == [], "formats and quantization come from trace.fp4 (trace/fp4/__init__.py)"
+
+
+def test_compute_kernels_only_from_the_engine():
+    bad = [f"{m} imports {k}" for m, ks in KERNEL_IMPORTS.items() for k in ks - NUMERICS if m not in ENGINE]
+    assert bad == [], "only the engine (trace/rollout) launches kernels/ (trace/fp4/__init__.py)"
+
+
+def test_exceptions_are_still_needed():
+    """NOT_YET lists only modules that still import the numerics directly (drop one once it moves)."""
+    assert all(KERNEL_IMPORTS.get(m, set()) & NUMERICS for m in NOT_YET)

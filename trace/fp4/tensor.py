@@ -172,7 +172,7 @@ def _kernel_rtn(x: torch.Tensor, fmt: str, outer: str, mx_rule: str,
     fake_dtype or None). x's values are not checked here (its callers check them, `_check_input`).
     Per-tensor and per-expert NVFP4 outer scales are the reference's (its amax and S_enc ops), handed to the
     kernel row by row."""
-    from kernels.quantize import quantize_rows
+    from trace.fp4.rows import quantize_rows
 
     s_rows = s = None
     if fmt == "nvfp4" and outer != "row":
@@ -316,7 +316,7 @@ def guided_dequantize(x: torch.Tensor, mantissa: torch.Tensor, scales: torch.Ten
     _check_input(x, fmt, False, "tensor", values=False)
     _check_record(x, mantissa, scales, outer, fmt, False, values=False)
     if kernels_on(x) and x.numel() > 0:
-        from kernels.quantize import guided_rows
+        from trace.fp4.rows import guided_rows
 
         codes, own, vals = guided_rows(x, mantissa, scales, outer, fmt, fake_dtype=dtype, own=rtn_codes)
         return GuidedResult(FP4Tensor(codes, scales, outer, fmt, False, x.dtype), None), vals, own

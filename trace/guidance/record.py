@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels import reference as ref
 from trace import fp4
+from trace.fp4 import reference as ref
 
 # Quantization sites (DESIGN.md §2). Row shape is [K] for token sites, [H_kv, D] for k/v and
 # [top_k, I] for the expert down input (per token and expert slot).

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import reference as ref
 from trace import fp4
+from trace.fp4 import reference as ref
 
 
 def quant_rows(x: torch.Tensor, fmt: str) -> fp4.FP4Tensor:

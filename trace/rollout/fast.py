@@ -161,11 +161,11 @@ class TritonPath:
         MMA tile at 5). A Triton miscompile at one
         quantize tile saturated every code on an H200 at a width no kernel test used (kernels/NOTES.md
         v2d); this is what catches the next one. Costs a few seconds of compiles on a GPU."""
-        from kernels import reference as ref
         from kernels.attention import FP4KVCache, decode_attention, kv_store
         from kernels.gemm import fp4_linear
         from kernels.moe import default_moe_config, fused_moe
-        from kernels.quantize import quantize_rows
+        from trace.fp4 import reference as ref
+        from trace.fp4.rows import quantize_rows
 
         dev = torch.device(device)
         g = torch.Generator().manual_seed(seed)
@@ -335,7 +335,7 @@ class ChunkPath:
         kernel and stored at (rows, slots); returns their dequantized values [R, T, Hkv, D] in the cache
         dtype, bit for bit what `KVCache.read` decodes of them (`fake_exact`), and the kernel's QuantizedRows
         of k and v (for a recorder: `as_fp4`)."""
-        from kernels.quantize import quantize_rows
+        from trace.fp4.rows import quantize_rows
 
         idx = cache.index(rows, slots)
         vals, qs = [], []

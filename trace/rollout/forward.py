@@ -144,7 +144,7 @@ class EngineForward:
         """`_act` on the Triton path above its kernels' sizes: the quantize kernel's codes (the same as
         `_act`'s, recorded as the kernels' are) and its dequantized copy (within an ulp of `_act`'s; the
         W4A4 decode kernels read the same, `kernels.quantize.fake_rows`), for a BF16 GEMM."""
-        from kernels.quantize import fake_rows
+        from trace.fp4.rows import fake_rows
 
         keep = self._keep(rec, layer, site)
         seen = None if keep is None else (lambda q: keep(as_fp4(q, self.dtype, tuple(x.shape[:-1]))))

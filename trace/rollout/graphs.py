@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import reference as ref
+from trace.fp4 import reference as ref
 
 
 def record_spec(recorder, num_layers: int) -> tuple:
