@@ -111,7 +111,7 @@ def _single_and_general(m, bucket):
 @pytest.mark.parametrize("steps", [False, True], ids=["eager", "all-row-steps"])
 @pytest.mark.parametrize("stop_strings", [(), ("\n", "e", "ab", "zzz")], ids=["stop-tokens", "stop-strings"])
 def test_single_turn_path_equals_the_general_loop(steps, stop_strings):
-    """Calls without env run the vectorized single-turn decode (RolloutEngine._single_turn); the general loop
+    """Calls without env run the vectorized single-turn decode (decode.SingleTurnLoop); the general loop
     (`single_turn_path` off) must give the same samples, log-probs, stop reasons and record, bit for bit, with
     rows that stop early (stop tokens; stop strings of one character, of two spanning tokens, and one that never
     matches), reach the context and run out of new tokens, and with n > 1. Through all-row steps the next step is

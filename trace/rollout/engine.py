@@ -21,12 +21,11 @@ behaviour policy, which the RL trainer compares its own log-probs at the same te
 greedy decoding (temperature 0) reports them at temperature 1, and top_p < 1 truncates sampling but
 not these log-probs (RL configs have no top_p).
 
-Decode loop: a call without env (every single-turn rollout: the RL reasoning and coding tasks, the benchmarks)
-takes `_single_turn`, which keeps the per-sample bookkeeping in arrays, searches stop strings only in samples whose
-new token's text holds one of their characters, and launches step t + 1 before storing step t's tokens, one host
-copy per step; through decode graphs without stop strings it launches step t + 1 from the device's sampled tokens
-before the host has seen them, so the GPU does not wait for the host; multi-turn calls take the general per-sample loop. Both give the same samples, bit for bit
-(tests/rollout/test_generate.py compares them with `single_turn_path` off).
+Decode loop (trace/rollout/decode.py): a call without env (every single-turn rollout: the RL reasoning and coding
+tasks, the benchmarks) runs `SingleTurnLoop` (bookkeeping in arrays; through decode graphs it launches step t + 1
+from the device's sampled tokens before the host has seen them); multi-turn calls run the per-sample
+`GeneralLoop`. Both give the same samples, bit for bit (tests/rollout/test_generate.py compares them with
+`single_turn_path` off).
 
 GPU: decode steps replay CUDA graphs (trace/rollout/graphs.py: all B rows, one graph per 256-slot attention
 bucket, kept across calls until the next sync_weights; `prepare(batch, prompt_len, new_tokens)` captures
@@ -64,15 +63,20 @@ alone and seeds in tests/rollout/test_generate.py. Run: `.venv/bin/python -m pyt
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from trace import fp4
 from trace.guidance import Recording, Rows
 from trace.rollout import fast
 from trace.rollout.cache import KVCache
+from trace.rollout.decode import (  # noqa: F401
+    GeneralLoop,
+    RolloutBatch,
+    SingleTurnLoop,
+    _StopText,
+    _TimedRecorder,
+)
 from trace.rollout.forward import EngineForward
 from trace.rollout.graphs import DecodeGraphs, StepRecording, record_spec
 from trace.rollout.weights import Arch, EngineWeights
@@ -82,123 +86,6 @@ NONFINITE = "the engine produced non-finite logits (NaN/inf); the weights or inp
 # decode steps a recording graph keeps on the device before handing them to the recorder: bounds its
 # buffers (64 x batch x the record's bytes per token) whatever the generation length
 RECORD_WINDOW = 64
-
-
-class _TimedRecorder:
-    """A recorder whose calls (other than `wants`) add their wall time to `elapsed`; on CUDA the device
-    is synchronized on both sides of each call, so queued generation work is not charged to it."""
-
-    def __init__(self, recorder, cuda: bool):
-        self._recorder, self._cuda, self.elapsed, self._inside = recorder, cuda, 0.0, False
-
-    def wants(self, layer: int) -> bool:
-        return self._recorder.wants(layer)
-
-    def timed(self, fn, *args, **kwargs):
-        """fn(*args, **kwargs), its wall time charged to the recording (once, however nested)."""
-        if self._inside:
-            return fn(*args, **kwargs)
-        if self._cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        self._inside = True
-        try:
-            out = fn(*args, **kwargs)
-            if self._cuda:
-                torch.cuda.synchronize()
-        finally:
-            self._inside = False
-            self.elapsed += time.perf_counter() - t0
-        return out
-
-    def __getattr__(self, name):
-        attr = getattr(self._recorder, name)
-        if not callable(attr):
-            return attr
-        return lambda *a, **k: self.timed(attr, *a, **k)
-
-
-@dataclass
-class RolloutBatch:
-    tokens: list[list[int]]  # per sample: prompt + generated (+ env) token ids
-    prompt_lens: list[int]
-    logprobs: list[list[float]]  # per sample, per token after the prompt (0.0 for env tokens)
-    trainable: list[list[bool]]  # per sample, aligned with tokens[prompt_len:]
-    prompt_index: list[int]  # which prompt each sample came from (samples of a prompt are contiguous)
-    seq_ids: list[int]  # record address of each sample (= sample index)
-    finished: list[bool]  # ended naturally (stop token/string, env done, max_turns); False = truncated
-    stop_reason: list[str]
-    num_generated_tokens: int  # policy tokens sampled (env tokens excluded)
-    elapsed_s: float  # the whole generate call
-    turns: list[int] = field(default_factory=list)  # completed environment turns per sample
-    record_s: float = 0.0  # part of elapsed_s spent recording (0 without a recorder)
-    record_feed_s: float = 0.0  # part of record_s: the forward that feeds finished samples' last tokens for the
-    #                             record, without the recorders' own storing (their `seconds` hold it)
-
-    @property
-    def generate_s(self) -> float:
-        """Generation alone: the call's wall time less the recording's."""
-        return self.elapsed_s - self.record_s
-
-    def response_tokens(self, i: int) -> list[int]:
-        return self.tokens[i][self.prompt_lens[i]:]
-
-    def texts(self, tokenizer) -> list[str]:
-        """Decoded responses (everything after the prompt)."""
-        return [tokenizer.decode(self.response_tokens(i)) for i in range(len(self.tokens))]
-
-
-def _call_env(env, i: int, text: str):
-    step = getattr(env, "step", None)
-    out = step(i, text) if step is not None else env(i, text)
-    if not (isinstance(out, tuple) and len(out) >= 2):
-        raise ValueError(f"env.step(sample_index, text) must return (observation_text, done), got {out!r}")
-    return str(out[0]), bool(out[-1])
-
-
-class _StopText:
-    """Stop strings for `_single_turn`: which samples' newest token completes one, with Python work only for the
-    samples whose token's text holds a character of a stop string. The general loop appends every token's text
-    (`tokenizer.decode([token])`) to the sample's turn and searches the whole turn; a live sample's turn holds no
-    stop string yet, so one that appears now overlaps the new token's text (which then holds one of its characters)
-    and starts within the turn's last `keep` characters before it: searching those and the new text is the same
-    test."""
-
-    def __init__(self, stop_strings, tokenizer, vocab: int):
-        self.stops = tuple(stop_strings)
-        self.chars = set("".join(self.stops))
-        self.keep = max(len(x) for x in self.stops) - 1
-        self.empty = "" in self.stops
-        self.tok = tokenizer
-        self.piece: dict[int, str] = {}  # token id -> its text, for every token sampled in the call
-        self.known = np.zeros(vocab, dtype=bool)
-        # a token whose text may complete a stop string (every token if one is empty: "" is in every text)
-        self.maybe = np.zeros(vocab, dtype=bool)
-        # a token whose own text holds a whole stop string: it stops its sample whatever came before
-        self.sure = np.zeros(vocab, dtype=bool)
-        self.new_sure: list[int] = []  # such tokens first seen by the last `hits`
-
-    def hits(self, tok: np.ndarray, samples: np.ndarray, before: np.ndarray) -> np.ndarray:
-        """tok [A]: the tokens just sampled by `samples` [A]; before [t, B]: each sample's earlier tokens of the
-        turn (rows are steps). -> [A] bool: the sample's turn now holds a stop string."""
-        new = np.unique(tok)
-        self.new_sure = []
-        for u in new[~self.known[new]].tolist():
-            p = self.piece[u] = self.tok.decode([u])
-            self.known[u], self.maybe[u] = True, self.empty or any(c in self.chars for c in p)
-            if any(x in p for x in self.stops):
-                self.sure[u] = True
-                self.new_sure.append(u)
-        out = np.zeros(tok.shape, dtype=bool)
-        for j in np.flatnonzero(self.maybe[tok]).tolist():
-            b, text = int(samples[j]), self.piece[int(tok[j])]
-            head, i = "", before.shape[0] - 1  # the turn's text before this token, back to `keep` characters
-            while len(head) < self.keep and i >= 0:  # (or the turn's start), a few tokens back
-                head = self.piece[int(before[i, b])] + head
-                i -= 1
-            text = head[-self.keep:] + text if self.keep > 0 else text
-            out[j] = any(x in text for x in self.stops)
-        return out
 
 
 def default_dtype(device) -> torch.dtype:
@@ -236,7 +123,7 @@ class RolloutEngine:
         self._kept = None  # (key, KVCache, DecodeGraphs) reused across calls with graphs on
         self.graph_bucket = 256  # attention slots per decode graph (graphs.DecodeGraphs); 1 = one per length
         self._fast_checked = False  # the Triton path's self-test at this model's shapes (fast.TritonPath)
-        self.single_turn_path = True  # calls without env take `_single_turn`; off: the general loop (tests compare)
+        self.single_turn_path = True  # calls without env run `SingleTurnLoop`; off: the general loop (tests compare)
 
     # ------------------------------------------------------------------------------ weights
     def sync_weights(self, model_or_state_dict) -> None:
@@ -322,40 +209,6 @@ class RolloutEngine:
         max_len = max(st + len(sq) for st, sq in zip(starts, seqs, strict=False))
         causal = all(st == 0 for st in starts)  # a fresh prefill: then max_len == T
         return self.fwd(ids.to(dev), start, lens, rows_t, cache, rec, all_logits, max_len, causal)
-
-    @staticmethod
-    def _open_window(graphs: DecodeGraphs, steps: list, recorder) -> list:
-        """Before a recording decode step: hands the recorded steps to the recorder when the window of buffers is full
-        (the next step's index into them is then 0). Returns the steps not yet handed over."""
-        if len(steps) == graphs.recording.max_steps:
-            recorder.timed(graphs.recording.flush, recorder._recorder, steps)
-            return []
-        return steps
-
-    def _rows_on_device(self, go: np.ndarray, B: int):
-        """The rows to sample from next ([A] on the device; None: all B in order), copied without waiting for the
-        step just launched (a pinned buffer on a GPU)."""
-        if go.size == B:
-            return None
-        rows = torch.from_numpy(go)
-        return rows.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else rows
-
-    def _decode_all(self, graphs: DecodeGraphs, ids: np.ndarray, lens: np.ndarray, fed: np.ndarray, steps: list,
-                    recorder) -> tuple[torch.Tensor, list]:
-        """One-token step for every cache row through the CUDA graphs. ids [B]: the token each row feeds; lens [B]:
-        1 where a row feeds it, 0 where it feeds nothing; fed [B]: the tokens already in each row (its position).
-        With recording graphs, the rows fed are noted in `steps` (handed to the recorder first when the window is
-        full; the step's index into the buffers is its place there). Returns (logits [B, V] (row b = sample b),
-        valid until the next call; steps)."""
-        B, cap = graphs.cache.batch, graphs.cache.cap
-        go = np.flatnonzero(lens)  # [A] the rows fed, ascending
-        if graphs.recording is not None:
-            steps = self._open_window(graphs, steps, recorder)
-            steps.append(dict(zip(go.tolist(), fed[go].tolist(), strict=True)))
-        host = torch.from_numpy(np.concatenate([ids, np.minimum(fed, cap - 1), lens, [len(steps) - 1 if steps else 0]]))
-        dev = host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else host
-        # [3B + 1]: tokens, positions, fed or not, step index (one host-to-device copy)
-        return graphs(dev[:B, None], dev[B:2 * B], dev[2 * B:3 * B], int(fed[go].max()) + 1, dev[3 * B:]), steps
 
     # ------------------------------------------------------------------------------ scoring
     def score(self, sequences: list[list[int]], *, recorder=None, seq_ids=None,
@@ -490,7 +343,6 @@ class RolloutEngine:
         plens = [len(t) for t in tokens]
         cap = self.max_seq_len if env is not None else min(self.max_seq_len, max(plens) + max_new_tokens)
         cache, graphs = self._cache_and_graphs(B, cap, recorder)
-        steps: list[dict[int, int]] = []  # rows fed by recording graph steps not yet flushed: {sample: position}
         if recorder is not None:
             recorder = _TimedRecorder(recorder, torch.device(self.device).type == "cuda")
         gen = torch.Generator(device=self.device)
@@ -508,236 +360,8 @@ class RolloutEngine:
                     if b % n:
                         recorder.alias(b, b - b % n, plens[b])
         logits = logits_p.repeat_interleave(n, dim=0)  # [B, V]
+        args = (self, cache, graphs, tokens, n, cap, max_new_tokens, temperature, top_p, gen, recorder, t0)
         if env is None and self.single_turn_path:
             stops = _StopText(stop_strings, tokenizer, self.arch.vocab) if stop_strings else None
-            return self._single_turn(t0, cache, graphs, logits, tokens, n, cap, max_new_tokens, temperature, top_p,
-                                     gen, stop_ids, stops, recorder)
-        fed = list(plens)  # tokens of each row already in the cache
-        logps = [[] for _ in range(B)]
-        trainable = [[] for _ in range(B)]
-        finished, reason = [False] * B, [""] * B  # finished: no more tokens will be sampled
-        turn_text, turn_count, turns = [""] * B, [0] * B, [0] * B
-        tail: dict[int, list[int]] = {}
-        n_gen = 0
-        row_of = list(range(B))  # logits row of sample b
-
-        while True:
-            active = [b for b in range(B) if not finished[b]]
-            if not active:
-                break
-            lrows = [row_of[b] for b in active]
-            # every row active in order (most decode steps): no gather copy of the [B, V] logits
-            lg = logits if lrows == list(range(logits.shape[0])) else logits[torch.tensor(lrows, device=logits.device)]
-            tok, lp = self._to_host(*self._sample(lg, temperature, top_p, gen))
-            tok, lp = tok.tolist(), lp.tolist()
-            pending: dict[int, list[int]] = {}
-            for j, b in enumerate(active):
-                t = tok[j]
-                tokens[b].append(t)
-                logps[b].append(lp[j])
-                trainable[b].append(True)
-                n_gen += 1
-                turn_count[b] += 1
-                feed = [t]
-                if stop_strings:
-                    turn_text[b] += tokenizer.decode([t])
-                if t in stop_ids:
-                    finished[b], reason[b] = True, "stop_token"
-                elif stop_strings and any(s in turn_text[b] for s in stop_strings):
-                    if env is None:
-                        finished[b], reason[b] = True, "stop_string"
-                    else:
-                        obs, done = _call_env(env, b, turn_text[b])
-                        turns[b] += 1
-                        room = cap - len(tokens[b])
-                        obs_ids = [int(x) for x in tokenizer(obs, add_special_tokens=False)["input_ids"]] if obs else []
-                        if len(obs_ids) > room:
-                            obs_ids, done, reason[b] = obs_ids[:room], True, "context"
-                        tokens[b].extend(obs_ids)
-                        logps[b].extend([0.0] * len(obs_ids))
-                        trainable[b].extend([False] * len(obs_ids))
-                        feed += obs_ids
-                        turn_text[b], turn_count[b] = "", 0
-                        if done:
-                            finished[b], reason[b] = True, reason[b] or "env_done"
-                        elif turns[b] >= max_turns:
-                            finished[b], reason[b] = True, "max_turns"
-                if not finished[b]:
-                    if len(tokens[b]) >= cap:
-                        finished[b], reason[b] = True, ("length" if cap < self.max_seq_len else "context")
-                    elif turn_count[b] >= max_new_tokens:
-                        finished[b], reason[b] = True, "length"
-                feed = feed[: max(0, cap - fed[b])]
-                if feed and not finished[b]:
-                    pending[b] = feed
-                elif feed and recorder is not None:
-                    tail[b] = feed  # fed after generation, only so that the record holds it
-            if not pending:
-                break
-            if graphs is not None and all(len(f) == 1 for f in pending.values()):
-                ids, lens = np.zeros(B, dtype=np.int64), np.zeros(B, dtype=np.int64)
-                for b, f in pending.items():
-                    ids[b], lens[b] = f[0], 1
-                logits, steps = self._decode_all(graphs, ids, lens, np.array(fed, dtype=np.int64), steps, recorder)
-                for b in pending:
-                    fed[b] += 1
-                row_of = list(range(B))
-                continue
-            rows = sorted(pending)
-            out = self._chunk(cache, [pending[b] for b in rows], [fed[b] for b in rows], rows, recorder, rows)
-            for r, b in enumerate(rows):
-                fed[b] += len(pending[b])
-                row_of[b] = r
-            logits = out
-
-        return self._finish(t0, cache, graphs, steps, tail, fed, recorder, tokens, plens, logps, trainable, n, reason,
-                            n_gen, turns)
-
-    def _finish(self, t0, cache, graphs, steps, tail, fed, recorder, tokens, plens, logps, trainable, n, reason, n_gen,
-                turns) -> RolloutBatch:
-        """Hand over the recording graphs' last window and feed the finished samples' last tokens (both only
-        with a recorder), then the batch."""
-        if steps:
-            recorder.timed(graphs.recording.flush, recorder._recorder, steps)
-        feed_s = 0.0
-        if tail:
-            rows = sorted(tail)
-            before, own = recorder.elapsed, getattr(recorder._recorder, "seconds", 0.0)
-            recorder.timed(self._chunk, cache, [tail[b] for b in rows], [fed[b] for b in rows], rows, recorder, rows)
-            # the feed's forward alone: storing its rows is already in the recorders' own `seconds`
-            feed_s = recorder.elapsed - before - (getattr(recorder._recorder, "seconds", 0.0) - own)
-        B = len(tokens)
-        return RolloutBatch(tokens=tokens, prompt_lens=plens, logprobs=logps, trainable=trainable,
-                            prompt_index=[b // n for b in range(B)], seq_ids=list(range(B)),
-                            finished=[r not in ("length", "context") for r in reason],
-                            stop_reason=reason, num_generated_tokens=n_gen, elapsed_s=time.perf_counter() - t0,
-                            turns=turns, record_s=recorder.elapsed if recorder is not None else 0.0,
-                            record_feed_s=feed_s)
-
-    def _single_turn(self, t0, cache, graphs, logits, tokens, n, cap, max_new_tokens, temperature, top_p, gen,
-                     stop_ids, stops, recorder) -> RolloutBatch:
-        """The decode loop of a call without env (the single-turn tasks' RL rollouts, the benchmarks): the tokens,
-        log-probs, stop reasons and record of the general loop in `generate`, bit for bit
-        (tests/rollout/test_generate.py), with the per-sample bookkeeping on whole arrays. In each step the host
-        waits for one copy of the sampled tokens, decides with a few array operations which samples go on (a stop
-        token, a stop string (`_StopText`), the context, max_new_tokens: every live sample has sampled the same
-        number of tokens), launches the next step and only then stores this step's tokens, so the GPU waits for
-        the copy and those few operations, not for a Python loop over the samples (benchmarks/engine_host_loop.py
-        measures what remains). Through decode graphs the next step is launched before the host waits for the
-        copy, from the device's sampled tokens, so the GPU runs it while the host does its bookkeeping (the host's
-        0.6-1.5 ms per step had the H200 idle ~20% of a step: kernels/NOTES.md v5h): the device feeds each sampled
-        token whose row goes on as far as it can tell (not a stop token, not a token whose own text holds a stop
-        string, the context not reached; `max_new_tokens` is the same step for every row). Its attention bucket is
-        the longest row that may go on. Two guesses can be wrong, and then the step runs again as the general loop
-        runs it, writing the same slots, so the result is the general loop's bit for bit: the rows that went on fit
-        a smaller bucket (the longest stopped), or a row went on whose stop string spans earlier tokens or whose
-        token was not yet decoded (once per token and call: RL's one-character stop strings are then decided on
-        the device)."""
-        B = len(tokens)
-        plen = np.array([len(t) for t in tokens], dtype=np.int64)  # [B]
-        stop = np.array(sorted(stop_ids), dtype=np.int64)
-        steps_max = int(min(max_new_tokens, cap - plen.min()))
-        out_tok = np.zeros((steps_max, B), dtype=np.int64)  # [step, sample]: token sampled at that step
-        out_lp = np.zeros((steps_max, B), dtype=np.float32)
-        count = np.zeros(B, dtype=np.int64)  # tokens sampled per sample
-        fed = plen.copy()  # tokens of each cache row already in the cache
-        reason = [""] * B
-        tail: dict[int, list[int]] = {}
-        steps: list[dict[int, int]] = []  # rows fed by recording graph steps not yet flushed: {sample: position}
-        active = np.arange(B)  # samples still sampling, ascending
-        lrow = None  # device rows of `logits` to sample from (None: all, in order)
-        ctx = "length" if cap < self.max_seq_len else "context"
-        ahead = graphs is not None  # the next step launched from the device's tokens
-        sure_d = None
-        if ahead:
-            dev = self.device
-            stop_d, plen_d = torch.as_tensor(stop, device=dev), torch.as_tensor(plen, device=dev)
-            # [V] the device's copy of stops.sure (tokens that stop their sample by their own text)
-            sure_d = torch.zeros(self.arch.vocab, dtype=torch.bool, device=dev) if stops is not None else None
-            fed_d = plen_d.clone()  # [B] the device's copy of `fed`
-            every = torch.arange(B, device=dev)
-            rec = graphs.recording
-            step_ix = torch.arange(rec.max_steps, device=dev) if rec is not None else None
-        for t in range(steps_max):
-            lg = logits if lrow is None else logits.index_select(0, lrow)
-            sampled = self._sample(lg, temperature, top_p, gen)
-            nxt = None
-            may = plen[active] + t + 1 < cap  # [A] rows that go on unless they sampled a stop token
-            if ahead and t + 1 < max_new_tokens and may.any():
-                tok_d, rows_d = sampled[0].long(), every if lrow is None else lrow
-                keep = (plen_d[rows_d] + (t + 1) < cap) & ~torch.isin(tok_d, stop_d)  # [A], as `go` below
-                if sure_d is not None:
-                    keep &= ~sure_d[tok_d]
-                ids_d = torch.zeros(B, dtype=torch.long, device=dev).index_put_((rows_d,), torch.where(keep, tok_d, 0))
-                lens_d = torch.zeros(B, dtype=torch.long, device=dev).index_put_((rows_d,), keep.long())
-                start_d = fed_d.clamp(max=cap - 1)
-                if rec is not None:
-                    steps = self._open_window(graphs, steps, recorder)
-                ix = step_ix[len(steps):len(steps) + 1] if rec is not None else None
-                pred = int(fed[active[may]].max()) + 1
-                wait = self._to_host_async(*sampled)  # the copy goes first in the stream, the step after it
-                nxt = (graphs(ids_d[:, None], start_d, lens_d, pred, ix), ids_d, start_d, lens_d, pred, ix)
-                fed_d += lens_d
-                tok_t, lp_t = wait()
-            else:
-                tok_t, lp_t = self._to_host(*sampled)
-            tok, lp = tok_t.numpy(), lp_t.numpy()  # [A]
-            # the general loop's order of stop reasons: stop token, stop string, the context, max_new_tokens
-            is_stop = np.isin(tok, stop)
-            is_str = stops.hits(tok, active, out_tok[:t]) if stops is not None else np.zeros_like(is_stop)
-            if sure_d is not None and stops.new_sure:  # small: only tokens whose text holds a stop string
-                sure_d[torch.tensor(stops.new_sure, device=self.device)] = True
-            cap_hit = plen[active] + t + 1 >= cap
-            fin = is_stop | is_str | cap_hit | (t + 1 >= max_new_tokens)
-            go = active[~fin]  # [A'] samples fed now, ascending
-            for j in np.flatnonzero(fin).tolist():
-                b = int(active[j])
-                reason[b] = ("stop_token" if is_stop[j] else "stop_string" if is_str[j] else ctx if cap_hit[j]
-                             else "length")
-                if recorder is not None:
-                    tail[b] = [int(tok[j])]  # fed after generation, only so that the record holds it
-            if go.size:
-                feed = tok[~fin]
-                if nxt is not None:  # launched above with the rows the device kept
-                    logits, ids_d, start_d, lens_d, pred, ix = nxt
-                    exact = int(fed[go].max()) + 1
-                    again = graphs.span(exact) != graphs.span(pred)  # the general loop's bucket
-                    if stops is not None:  # rows the device fed that a stop string stopped: fed nothing there
-                        # the device dropped the rows whose token it knew as stopping: known before this step's
-                        # `hits`, i.e. sure now and not first seen now
-                        known = stops.sure[tok] & ~np.isin(tok, stops.new_sure)
-                        wrong = active[is_str & ~is_stop & ~cap_hit & ~known]
-                        if wrong.size:
-                            w = torch.as_tensor(wrong, device=self.device)
-                            ids_d[w], lens_d[w] = 0, 0
-                            fed_d[w] -= 1
-                            again = True
-                    if again:  # the general loop's step: the same step again
-                        logits = graphs(ids_d[:, None], start_d, lens_d, exact, ix)
-                    if rec is not None:
-                        steps.append(dict(zip(go.tolist(), fed[go].tolist(), strict=True)))
-                    lrow = self._rows_on_device(go, B)
-                elif graphs is not None:
-                    ids, lens = np.zeros(B, dtype=np.int64), np.zeros(B, dtype=np.int64)
-                    ids[go], lens[go] = feed, 1
-                    logits, steps = self._decode_all(graphs, ids, lens, fed, steps, recorder)
-                    lrow = self._rows_on_device(go, B)
-                else:
-                    rows = go.tolist()
-                    logits = self._chunk(cache, [[x] for x in feed.tolist()], fed[go].tolist(), rows, recorder, rows)
-                    lrow = None  # the chunk's logits are the fed rows', in order
-                fed[go] += 1
-            # stored while the step runs
-            out_tok[t, active], out_lp[t, active] = tok, lp
-            count[active] += 1
-            active = go
-            if not go.size:
-                break
-        new_tok, new_lp = out_tok.T.tolist(), out_lp.T.tolist()  # [B][steps]
-        logps = [new_lp[b][: count[b]] for b in range(B)]
-        for b in range(B):
-            tokens[b] += new_tok[b][: count[b]]
-        trainable = [[True] * int(c) for c in count]
-        plens = plen.tolist()
-        return self._finish(t0, cache, graphs, steps, tail, fed.tolist(), recorder, tokens, plens, logps, trainable, n,
-                            reason, int(count.sum()), [0] * B)
+            return SingleTurnLoop(*args).run(logits, stop_ids, stops)
+        return GeneralLoop(*args).run(logits, stop_ids, stop_strings, tokenizer, env, max_turns)

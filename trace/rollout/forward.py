@@ -235,7 +235,7 @@ class EngineForward:
             # 147 us against 207 for the KV heads' query rows as one attention each and 139 unmasked (H200, bench rows
             # v5j); grouped matmuls, mask and softmax took the engine's attention to 2.60 ms per step (NOTES.md v5h)
             # [R, S]; an idle row's slot `start` may hold a token of a step that did not count for it (a
-            # launched-ahead step run again without it: RolloutEngine._single_turn), never read
+            # launched-ahead step run again without it: decode.SingleTurnLoop), never read
             keep = torch.arange(S, device=q.device)[None, :] < (start + lens)[:, None]
             o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc, attn_mask=keep[:, None, None, :],
                                                enable_gqa=True)  # [R, nh, 1, D]
