@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks import anchor_triton_kernels as anchor
 from benchmarks import bench_kernels as bk
+from benchmarks.kernel_bench import harness
 from benchmarks.results_table import KERNEL_FIELDS, ROLLOUT_FIELDS, append, read
 from benchmarks.results_table import main as table_main
 
@@ -58,10 +59,10 @@ def test_cli_widens_only_by_the_run_tables_columns(tmp_path):
 
 def test_bench_rows_follow_the_schema(tmp_path, monkeypatch):
     p = str(tmp_path / "k.csv")
-    monkeypatch.setattr(bk, "ROWS", [])
+    monkeypatch.setattr(harness, "ROWS", [])
     monkeypatch.setitem(bk.STATE, "out", p)
     monkeypatch.setitem(bk.STATE, "copy_gbps", 4000.0)
-    monkeypatch.setattr(bk, "RUN", dict(version="vX", commit="abc", gpu="GPU", date="2026-01-01"))
+    monkeypatch.setattr(harness, "RUN", dict(version="vX", commit="abc", gpu="GPU", date="2026-01-01"))
     # 1 ms for 2 GB = 2000 GB/s = 50% of copy; BF16 took 3 ms, the anchor 2 ms
     bk.record("moe", "fam T16", "fp4-w4a16", (1.0, 0.9, 1.1), 2e9, base_ms=3.0, anchor_ms=2.0)
     bk.check("a check", False, "detail")
@@ -79,7 +80,7 @@ def test_anchor_provider_skipped_with_install_hint(tmp_path, monkeypatch, capsys
     monkeypatch.setitem(sys.modules, "triton_kernels", None)  # import raises ImportError
     monkeypatch.setattr(anchor, "_MSG", [])
     p = str(tmp_path / "k.csv")
-    monkeypatch.setattr(bk, "ROWS", [])
+    monkeypatch.setattr(harness, "ROWS", [])
     monkeypatch.setitem(bk.STATE, "out", p)
     assert bk.load_anchor() is None
     out = capsys.readouterr().out
@@ -96,7 +97,7 @@ def test_timed_variants_are_checked_against_the_oracle_first(tmp_path, monkeypat
     from kernels.gemm import GemmConfig
 
     p = str(tmp_path / "k.csv")
-    monkeypatch.setattr(bk, "ROWS", [])
+    monkeypatch.setattr(harness, "ROWS", [])
     monkeypatch.setitem(bk.STATE, "out", p)
     r = torch.ones(4)
     outs, times, timed = {8: 1.5 * r, 16: r, 32: (1 + 1e-3) * r}, {8: 1.0, 16: 3.0, 32: 2.0}, []
@@ -111,7 +112,7 @@ def test_timed_variants_are_checked_against_the_oracle_first(tmp_path, monkeypat
         timed.append(fn.bkw)
         return times[fn.bkw], times[fn.bkw], times[fn.bkw]
 
-    monkeypatch.setattr(bk, "bench", bench)
+    monkeypatch.setattr(harness, "bench", bench)
     t, cfg = bk.timed_best(fn_of_cfg, [GemmConfig(BKW=b) for b in (8, 16, 32)], "dense", "M1", "fp4-w4a16-mma",
                            None, oracle=(r, 1e-2))
     assert timed == [16, 32] and cfg.BKW == 32 and t[0] == 2.0
