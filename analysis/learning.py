@@ -3,7 +3,7 @@
     python -m analysis.learning --runs results/runs/smoke --out results/tables/smoke [--arm bf16] \
         [--min-se 3] [--strict]
 
-Inputs: ``<runs>/<model>/<task>/sft/eval.json`` (the SFT base, i.e. every RL run's step 0, evaluated
+Inputs: ``<runs>/<model>/<task>/sft/eval.json`` or, with one base per seed, ``sft/seed<k>/eval.json`` (the SFT base, i.e. every RL run's step 0, evaluated
 with the arm's run config: the same unique held-out prompts, samples, temperature and seed as the final
 evaluations) and ``<runs>/<model>/<task>/<arm>/seed<k>/eval.json``. Both hold per-prompt accuracies.
 
@@ -62,22 +62,27 @@ def learning_table(runs_dir: str, arm: str = "bf16", min_se: float = 3.0, manife
     the mean over seeds, per prompt); the check is on the mean rows."""
     rows, problems = [], []
     finals: dict[tuple[str, str], list[np.ndarray]] = {}
-    bases: dict[tuple[str, str], dict] = {}
+    bases: dict[tuple[str, str], list[np.ndarray]] = {}
     for r in load_runs(runs_dir, manifest):
         if r.arm != arm:
             continue
-        base_path = os.path.join(runs_dir, r.model, r.task, "sft", "eval.json")
+        # the run's own SFT base where the profile trains one per seed (sft/seed<k>/), else the shared one
+        base_path = os.path.join(runs_dir, r.model, r.task, "sft", f"seed{r.seed}", "eval.json")
+        if not os.path.exists(base_path):
+            base_path = os.path.join(runs_dir, r.model, r.task, "sft", "eval.json")
         base, final = _block(base_path), _block(os.path.join(r.dir, "eval.json"))
         if base is None or final is None or "per_prompt" not in base or "per_prompt" not in final:
             problems.append(f"{r.key}: no per-prompt {DEPLOY} evaluation of the base ({base_path}) or the run")
             continue
         row = {"model": r.model, "task": r.task, "arm": r.arm, "seed": str(r.seed), **rise(base, final)}
         rows.append(row)
-        bases[(r.model, r.task)] = base
+        bases.setdefault((r.model, r.task), []).append(np.asarray(base["per_prompt"], dtype=float))
         finals.setdefault((r.model, r.task), []).append(np.asarray(final["per_prompt"], dtype=float))
     for (model, task), fs in finals.items():
+        # per prompt, the mean over seeds of the bases (one shared base: that base) and of the final policies
+        base = {"per_prompt": list(np.mean(bases[(model, task)], axis=0))}
         mean = {"model": model, "task": task, "arm": arm, "seed": "mean",
-                **rise(bases[(model, task)], {"per_prompt": list(np.mean(fs, axis=0))}), "n_seeds": len(fs)}
+                **rise(base, {"per_prompt": list(np.mean(fs, axis=0))}), "n_seeds": len(fs)}
         rows.append(mean)
     for row in rows:
         row["z"] = _z(row["rise"], row["se_rise"])

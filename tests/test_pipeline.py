@@ -50,17 +50,22 @@ def _job_counts(out: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M)}
 
 
-@pytest.mark.parametrize("profile", ["smoke", "small", "paper"])
+@pytest.mark.parametrize("profile", ["smoke", "small", "paper", "smoke-per-seed-sft"])
 def test_dry_run_builds_full_dag(profile, tmp_path):
     # --directory: a scratch workdir, so existing results do not shorten the DAG
-    r = _snakemake("-n", "all", "--configfile", os.path.join(PROFILES, f"{profile}.yaml"),
-                   "--directory", str(tmp_path), "--quiet", "rules")
+    cfg = _load(profile.removesuffix("-per-seed-sft"))
+    if profile.endswith("-per-seed-sft"):  # one SFT base per seed (sft.per_seed)
+        cfg["sft"] = {"per_seed": True}
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    r = _snakemake("-n", "all", "--configfile", str(path), "--directory", str(tmp_path), "--quiet", "rules")
     assert r.returncode == 0, r.stdout + r.stderr
     counts = _job_counts(r.stdout + r.stderr)
-    plan = Plan(_load(profile))
+    plan = Plan(cfg)
     n_runs = len(plan.runs)
     assert counts["rl"] == n_runs and counts["eval"] == n_runs
-    n_sft = len(plan.model_tasks()) if plan.sft_enabled else 0
+    n_sft = len(plan.model_tasks()) * (len(cfg["seeds"]) if plan.sft_per_seed else 1) if plan.sft_enabled else 0
+    assert counts.get("eval_base", 0) == (n_sft if plan.learning else 0)
     assert counts.get("sft", 0) == n_sft
     assert counts["tables"] == 1 and counts["plot"] == 1 and counts["bench"] == 2
     cfg = plan.config

@@ -48,7 +48,7 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
     fi
     n=$((n + $(echo $t | wc -w)))
     need=""; need_dirs=""
-    for d in results/runs/$name/$m/${task:-*}/sft; do
+    for d in results/runs/$name/$m/${task:-*}/sft results/runs/$name/$m/${task:-*}/sft/seed*; do
       [ -e "$d/done" ] && [ ! -e "$d/ckpt" ] && { need=1; sfts="$sfts $d"; need_dirs="$need_dirs $d"; }
     done
     # one line per model (and task) waiting for rebuilds: its SFT dirs, a tab, its targets

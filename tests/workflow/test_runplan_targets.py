@@ -40,3 +40,25 @@ def test_every_task_of_a_model_and_its_ablations():
 def test_unknown_model_is_an_error():
     with pytest.raises(ValueError, match="no runs"):
         _plan("small").targets("olmoe-small", "coding")
+
+
+def test_per_seed_sft_bases():
+    """sft.per_seed: seed k's runs start from their own base in sft/seed<k>/ (init seed k, data order k), each base
+    is evaluated for the learning check, and nothing is shared between two seeds."""
+    cfg = yaml.safe_load(open(os.path.join(PROFILES, "smoke.yaml")))
+    cfg["sft"] = {"per_seed": True}
+    plan = Plan(cfg)
+    model, task = plan.model_tasks()[0]
+    seeds = plan.config["seeds"]
+    assert [plan.sft_dir(model, task, k) for k in seeds] == [f"{plan.runs_dir}/{model}/{task}/sft/seed{k}" for k in seeds]
+    confs = [plan.sft_config(model, task, k) for k in seeds]
+    assert [c["sft"]["init_seed"] for c in confs] == seeds and [c["seed"] for c in confs] == seeds
+    for k in seeds:
+        assert plan.run_config(model, task, "trace", k)["rl"]["init_ckpt"] == f"{plan.sft_dir(model, task, k)}/ckpt"
+        assert plan.sft_seed(plan.sft_name(k)) == k
+    bases = plan.base_evals(model, task)
+    assert bases == [f"{plan.sft_dir(model, task, k)}/eval.json" for k in seeds]
+    shared = _plan("smoke")  # the default: one base, the first seed's, in sft/
+    assert shared.sft_dir(model, task, seeds[-1]) == f"{shared.runs_dir}/{model}/{task}/sft"
+    assert "init_seed" not in shared.sft_config(model, task, seeds[-1]).get("sft", {}) or \
+        shared.sft_config(model, task, seeds[-1]) == shared.sft_config(model, task)

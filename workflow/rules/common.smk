@@ -34,7 +34,8 @@ ENV = "export OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} TQDM_DISABLE=1
 wildcard_constraints:
     model=r"[a-z0-9_]+-(tiny|small|paper)",
     task=r"reasoning-short|reasoning|coding|long_horizon",
-    arm=r"[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*",
+    arm=r"(?!sft/)[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*",  # never the SFT base's folder
+    sftdir=r"sft(/seed\d+)?",
     seed=r"\d+",
 
 RUN_DONE = [f"{PLAN.run_dir(r.model, r.task, r.arm, r.seed)}/done" for r in PLAN.runs]

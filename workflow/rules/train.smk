@@ -1,4 +1,4 @@
-# Training and evaluation: per-run configs -> sft (model x task) -> rl (model x task x arm x seed) -> eval.
+# Training and evaluation: per-run configs -> sft (model x task, or x seed) -> rl (model x task x arm x seed) -> eval.
 # Inter-job edges on heavy steps use ancient(): a fresh clone's checkout order of committed files must
 # not retrain anything; a job that does rerun (params/code/input changed) still reruns its dependents.
 import yaml
@@ -19,13 +19,15 @@ def _dump_yaml(d, path):
 # Priorities (the greedy scheduler starts the highest first among the jobs whose inputs exist): configs 200
 # (instant, and a run becomes ready only once its config exists, so the runs' own order below needs them all
 # first), SFT 100, evaluations EVAL_PRIORITY, RL runs Plan.rl_priority (workflow/scripts/runplan.py).
+# An SFT base's folder, {sftdir}, is `sft` (one base per model/task) or `sft/seed<k>` (per-seed bases: profile
+# key sft.per_seed); its config is configs/<model>/<task>/{sftdir}.yaml.
 rule sft_config:
     output:
-        f"{RUNS}/configs/{{model}}/{{task}}/sft.yaml",
+        f"{RUNS}/configs/{{model}}/{{task}}/{{sftdir}}.yaml",
     priority: 200
     params:
         # the config itself is a param, so editing the profile reruns exactly the affected runs
-        cfg=lambda wc: json.dumps(PLAN.sft_config(wc.model, wc.task), sort_keys=True),
+        cfg=lambda wc: json.dumps(PLAN.sft_config(wc.model, wc.task, PLAN.sft_seed(wc.sftdir)), sort_keys=True),
     run:
         _dump_yaml(json.loads(params.cfg), output[0])
 
@@ -41,13 +43,14 @@ rule run_config:
 
 
 rule sft:
-    """Supervised warm-up of one model on one task (shared by every arm and seed)."""
+    """Supervised warm-up of one model on one task (shared by every arm, and by every seed unless the profile
+    trains one base per seed)."""
     input:
-        cfg=ancient(f"{RUNS}/configs/{{model}}/{{task}}/sft.yaml"),
+        cfg=ancient(f"{RUNS}/configs/{{model}}/{{task}}/{{sftdir}}.yaml"),
     output:
-        f"{RUNS}/{{model}}/{{task}}/sft/done",
+        f"{RUNS}/{{model}}/{{task}}/{{sftdir}}/done",
     log:
-        f"{LOGS}/sft/{{model}}/{{task}}.log",
+        f"{LOGS}/{{sftdir}}/{{model}}/{{task}}.log",
     params:
         cmd=config["launcher"]["sft"],
         out=lambda wc, output: os.path.dirname(output[0]),
@@ -67,7 +70,7 @@ rule sft:
 def _rl_inputs(wc):
     d = {"cfg": ancient(PLAN.run_config_path(wc.model, wc.task, wc.arm, wc.seed))}
     if PLAN.sft_enabled:
-        d["sft"] = ancient(f"{PLAN.sft_dir(wc.model, wc.task)}/done")
+        d["sft"] = ancient(f"{PLAN.sft_dir(wc.model, wc.task, int(wc.seed))}/done")
     return d
 
 
@@ -121,12 +124,12 @@ rule eval:
 rule eval_base:
     """The SFT base (step 0 of every RL run) evaluated with the learning-check arm's run config."""
     input:
-        unpack(lambda wc: {"cfg": ancient(PLAN.run_config_path(wc.model, wc.task, LEARNING["arm"], config["seeds"][0])),
-                           "done": ancient(f"{PLAN.sft_dir(wc.model, wc.task)}/done")}),
+        unpack(lambda wc: {"cfg": ancient(PLAN.run_config_path(wc.model, wc.task, LEARNING["arm"], PLAN.sft_seed(wc.sftdir))),
+                           "done": ancient(f"{RUNS}/{wc.model}/{wc.task}/{wc.sftdir}/done")}),
     output:
-        f"{RUNS}/{{model}}/{{task}}/sft/eval.json",
+        f"{RUNS}/{{model}}/{{task}}/{{sftdir}}/eval.json",
     log:
-        f"{LOGS}/eval/{{model}}/{{task}}/sft.log",
+        f"{LOGS}/eval/{{model}}/{{task}}/{{sftdir}}.log",
     priority: EVAL_PRIORITY
     params:
         cmd=config["launcher"]["eval"],

@@ -97,6 +97,9 @@ class Plan:
         self.tables_dir = config.get("tables_dir", f"results/tables/{self.profile}")
         self.figures_dir = config.get("figures_dir", f"figures/{self.profile}")
         self.sft_enabled = bool(config.get("sft", {}).get("enabled", True))
+        # per_seed: every seed k trains its own SFT base (init seed k, data order k) into sft/seed<k>/, so the
+        # spread over seeds includes the SFT's; otherwise one base (the first seed's) in sft/ serves every seed
+        self.sft_per_seed = bool(config.get("sft", {}).get("per_seed", False))
         abl = config.get("ablation", {}) or {}
         unknown = [m for m in config["methods"] if m not in METHODS]
         unknown += [spec["method"] for spec in (abl.get("arms") or {}).values() if spec["method"] not in METHODS]
@@ -109,10 +112,10 @@ class Plan:
             if name in self.arms:
                 raise ValueError(f"ablation arm {name!r} clashes with a method of the main table")
             self.ablation_arms[name] = {"method": spec["method"], "set": dict(spec.get("set") or {})}
+        check_models([*config["models"], *abl.get("models", [])])
         for task, spec in config["tasks"].items():
             extra = sorted(set((spec or {}).get("models", [])) - set(config["models"]))
             if extra:
-        check_models([*config["models"], *abl.get("models", [])])
                 raise ValueError(f"tasks.{task}.models: {extra} not in models")
         runs: list[Run] = []
         for model, task, method, seed in itertools.product(
@@ -143,14 +146,25 @@ class Plan:
     def run_dir(self, model, task, arm, seed) -> str:
         return f"{self.runs_dir}/{model}/{task}/{arm}/seed{seed}"
 
-    def sft_dir(self, model, task) -> str:
-        return f"{self.runs_dir}/{model}/{task}/sft"
+    def sft_name(self, seed: int | None = None) -> str:
+        """The SFT base's folder below <model>/<task>/ (and its config's name below configs/<model>/<task>/):
+        `sft`, or `sft/seed<k>` with per-seed bases (the base of seed k's runs)."""
+        if not self.sft_per_seed:
+            return "sft"
+        return f"sft/seed{self.config['seeds'][0] if seed is None else int(seed)}"
+
+    def sft_seed(self, name: str) -> int:
+        """The seed of an SFT base's folder name (`sft`: the profile's first seed)."""
+        return int(name.split("seed")[1]) if "/seed" in name else int(self.config["seeds"][0])
+
+    def sft_dir(self, model, task, seed: int | None = None) -> str:
+        return f"{self.runs_dir}/{model}/{task}/{self.sft_name(seed)}"
 
     def run_config_path(self, model, task, arm, seed) -> str:
         return f"{self.runs_dir}/configs/{model}/{task}/{arm}-seed{seed}.yaml"
 
-    def sft_config_path(self, model, task) -> str:
-        return f"{self.runs_dir}/configs/{model}/{task}/sft.yaml"
+    def sft_config_path(self, model, task, seed: int | None = None) -> str:
+        return f"{self.runs_dir}/configs/{model}/{task}/{self.sft_name(seed)}.yaml"
 
     def rl_priority(self, arm: str) -> int:
         """Snakemake priority of an arm's RL runs (rule rl): the longest runs start first, so that the runs of a
@@ -183,9 +197,14 @@ class Plan:
             set_dotted(d, k, v)
         return d
 
-    def sft_config(self, model: str, task: str) -> dict:
-        d = self._base(model, task, self.config["seeds"][0])
+    def sft_config(self, model: str, task: str, seed: int | None = None) -> dict:
+        """The SFT base's config: the first seed's, or with per-seed bases seed k's, whose model init seed is
+        k too (`sft.init_seed`), so two seeds share neither initialisation nor data order."""
+        seed = int(self.config["seeds"][0] if seed is None or not self.sft_per_seed else seed)
+        d = self._base(model, task, seed)
         d.pop("rl", None)
+        if self.sft_per_seed:
+            d.setdefault("sft", {})["init_seed"] = seed
         return d
 
     def run_config(self, model: str, task: str, arm: str, seed: int) -> dict:
@@ -194,7 +213,7 @@ class Plan:
         d.pop("sft", None)
         d.setdefault("rl", {})["method"] = spec["method"]
         if self.sft_enabled:
-            d["rl"]["init_ckpt"] = f"{self.sft_dir(model, task)}/ckpt"
+            d["rl"]["init_ckpt"] = f"{self.sft_dir(model, task, seed)}/ckpt"
         for k, v in sorted(spec["set"].items()):
             set_dotted(d, k, v)
         return d
@@ -224,7 +243,8 @@ class Plan:
 
     def base_evals(self, model: str | None = None, task: str | None = None) -> list[str]:
         """The SFT bases' evaluations that the learning check reads ([] without the check)."""
-        return [f"{self.sft_dir(m, t)}/eval.json" for m, t in self.model_tasks()
+        seeds = self.config["seeds"] if self.sft_per_seed else [None]
+        return [f"{self.sft_dir(m, t, k)}/eval.json" for m, t in self.model_tasks() for k in seeds
                 if model in (None, m) and task in (None, t)] if self.learning else []
 
     def targets(self, model: str, task: str | None = None) -> list[str]:
