@@ -48,10 +48,11 @@ DEFAULTS: dict[str, Any] = {
         "rho": 0.5, "align_coef": 0.1, "align_scales": True, "fmt": "nvfp4", "autocast": "bf16", "init_ckpt": None,
         "ckpt_every": 5, "eval_every": 0, "max_turns": 8, "diag_flips": True, "recompute_experts": False,
     },
-    # eval.split: the held-out split evaluations score; "validation" is for choices of configuration, so that
-    # choosing never reads the test split (trace/tasks/base.py)
+    # eval.split ("test" | "validation") has no default: absent = "test" (trace/episode.py), so resolved configs
+    # of existing runs stay as they were; "validation" is for choices of configuration, so that choosing never
+    # reads the test split (trace/tasks/base.py)
     "eval": {"n_test": None, "samples_per_prompt": 4, "temperature": 1.0, "max_new_tokens": None,
-             "modes": ["bf16", "fp4"], "seed": 1234, "split": "test"},
+             "modes": ["bf16", "fp4"], "seed": 1234},
     "wandb": {"mode": "disabled", "project": "trace-fp4-rl", "name": None},
 }
 
