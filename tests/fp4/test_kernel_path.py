@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from trace import fp4
+from trace.models import list_models
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU: the compiled kernel against the reference there
 
@@ -89,7 +90,7 @@ def test_guided_dequantize_matches_the_reference(monkeypatch, fmt, dtype):
     assert none is None
 
 
-@pytest.mark.parametrize("name", ["mixtral-small", "qwen3_moe-small", "qwen2_moe-small", "olmoe-small"])
+@pytest.mark.parametrize("name", list_models(flavor="small"))  # every registered family
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_weights_at_the_small_flavors_shapes(monkeypatch, name, dtype):
     """Every quantized weight shape of a small flavor (K up to the experts' intermediate size, not a power of
