@@ -54,203 +54,34 @@ access is stopped by the audit hook alone, hence the refusal above. bubblewrap c
 program (benchmarks/bench_coding_reward.py). `preexec_fn` is used, so call from a single-threaded
 process or accept CPython's caveat.
 
-Over 700 lines on purpose: every isolation layer above sits in this one file, so that whoever judges
-the sandbox reads all of it in one place.
+Where each layer is: this module starts the children, enforces the deadline and the output caps, reads
+the results and probes the kernel layers (`capabilities`); trace/tasks/sandbox_kernel.py builds the kernel
+boundary (rlimits and seccomp in the forked child, the bubblewrap command line); trace/tasks/sandbox_child.py
+holds the program that runs first in the child (the uid switch and the audit-hook tripwire).
 """
 from __future__ import annotations
 
-import ctypes
-import math
 import os
-import platform
-import resource
 import selectors
 import shutil
 import signal
-import struct
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
 
-VIOLATION_EXIT = 86
-VIOLATION_MARK = "SANDBOX_VIOLATION"
-
-# Runs first in the child. It reads the program before the hook exists (the program file sits
-# outside the readable work dir), installs the policy and then runs the program in a fresh
-# namespace. Everything the hook calls is bound at install time, because the program can rebind
-# module attributes (os.path.realpath, posixpath.islink, ...) but not builtin function objects.
-_BOOTSTRAP = r'''
-import sys, posix
-_root, _work = sys.argv[1], sys.argv[2]
-with open(_root + "/prog.py", encoding="utf-8") as _f:
-    _src = _f.read()
-
-def _drop(uid):
-    # Under bubblewrap as root: leave uid 0 (and the CAP_SETUID/CAP_SETGID kept for this) for good.
-    if uid >= 0:
-        try:
-            posix.setgroups([])
-            posix.setresgid(uid, uid, uid)
-            posix.setresuid(uid, uid, uid)
-        except OSError:
-            posix._exit(125)
-        if posix.getresuid() != (uid, uid, uid) or posix.getresgid() != (uid, uid, uid):
-            posix._exit(125)
-    # bubblewrap always sets PWD; the program gets an empty environment
-    posix.environ.pop(b"PWD", None)
-    if "PWD" in getattr(sys.modules.get("os"), "environ", ()):
-        del sys.modules["os"].environ["PWD"]
-    import resource
-    # no new processes (root ignores it, hence seccomp and the uid drop); set here, after exec, as
-    # an unprivileged uid over the limit could not exec at all
-    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-
-_drop(int(sys.argv[7]))
-
-def _install(work, lib_roots, violation_exit, mark, allow_audit):
-    _lstat, _stat, _readlink, _getcwd = posix.lstat, posix.stat, posix.readlink, posix.getcwd
-    _write, _exit, _fspath = posix.write, posix._exit, posix.fspath
-    IFMT, IFLNK, IFDIR = 0o170000, 0o120000, 0o040000
-    WRITE_FLAGS = posix.O_WRONLY | posix.O_RDWR | posix.O_APPEND | posix.O_CREAT | posix.O_TRUNC
-    READ_FILES = ("/dev/null", "/dev/urandom", "/dev/zero")
-    BLOCKED_MODULES = ("ctypes", "_ctypes", "socket", "_socket", "_ssl", "ssl", "subprocess",
-                       "_posixsubprocess", "multiprocessing", "_multiprocessing", "pty",
-                       "_xxsubinterpreters", "_interpreters", "asyncio")
-    BLOCKED_PREFIXES = ("socket.", "subprocess.", "os.exec", "os.spawn", "os.posix_spawn",
-                        "os.fork", "os.forkpty", "os.system", "os.kill", "os.killpg", "pty.",
-                        "ctypes.", "os.symlink", "os.link", "os.chmod", "os.chown", "os.chflags",
-                        "os.lchmod", "os.lchown", "os.setxattr", "os.removexattr", "os.chroot",
-                        "os.chdir", "os.putenv", "os.unsetenv", "resource.setrlimit",
-                        "resource.prlimit", "shutil.chown", "syslog.", "webbrowser.",
-                        "urllib.", "http.", "ftplib.", "smtplib.", "poplib.", "imaplib.",
-                        "nntplib.", "telnetlib.", "os.startfile", "sys.remote_exec",
-                        "os.mknod", "os.mkfifo", "sys.addaudithook")
-    # event -> (indices of path arguments, indices of dir_fd arguments)
-    PATH_WRITE_EVENTS = {"os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)),
-                         "os.mkdir": ((0,), (2,)), "os.rename": ((0, 1), (2, 3)),
-                         "os.truncate": ((0,), ()), "os.utime": ((0,), (3,))}
-
-    def deny(event, detail=""):
-        try:
-            _write(2, (mark + " " + event + " " + str(detail)[:200] + "\n").encode())
-        finally:
-            _exit(violation_exit)
-
-    def resolve(path):
-        if isinstance(path, bytes):
-            path = path.decode("utf-8", "surrogateescape")
-        if not path.startswith("/"):
-            path = _getcwd() + "/" + path
-        todo = [p for p in path.split("/") if p and p != "."][::-1]
-        parts = []
-        hops = 0
-        while todo:
-            name = todo.pop()
-            if name == "..":
-                if parts:
-                    parts.pop()
-                continue
-            cand = "/" + "/".join(parts + [name])
-            try:
-                st = _lstat(cand)
-            except OSError:
-                parts.append(name)
-                continue
-            if st.st_mode & IFMT == IFLNK:
-                hops += 1
-                if hops > 40:
-                    return None
-                target = _readlink(cand)
-                if target.startswith("/"):
-                    parts = []
-                todo.extend([p for p in target.split("/") if p and p != "."][::-1])
-            else:
-                parts.append(name)
-        return "/" + "/".join(parts)
-
-    def under(p, root):
-        return p == root or p.startswith(root + "/")
-
-    def is_dir(p):
-        try:
-            return _stat(p).st_mode & IFMT == IFDIR
-        except OSError:
-            return False
-
-    def check_write(event, path):
-        if isinstance(path, int):
-            return
-        raw = _fspath(path)
-        if isinstance(raw, bytes):
-            raw = raw.decode("utf-8", "surrogateescape")
-        # The open event does not carry dir_fd, so a relative '..' could escape from a dir fd
-        # that differs from the cwd; such paths are simply refused.
-        if not raw.startswith("/") and ".." in raw.split("/"):
-            deny(event, raw)
-        p = resolve(raw)
-        if p is None or not (under(p, work) or p == "/dev/null"):
-            deny(event, raw)
-
-    def check_read(event, path, allow_dirs):
-        if isinstance(path, int):
-            return
-        raw = _fspath(path)
-        p = resolve(raw)
-        if p is None:
-            deny(event, raw)
-        if under(p, work) or p in READ_FILES:
-            return
-        for r in lib_roots:
-            if under(p, r) and (allow_dirs or not is_dir(p)):
-                return
-        deny(event, raw)
-
-    def hook(event, args):
-        if event == "open":
-            path, mode, flags = args
-            writing = (flags or 0) & WRITE_FLAGS or (
-                isinstance(mode, str) and ("w" in mode or "a" in mode or "x" in mode or "+" in mode))
-            if writing:
-                check_write(event, path)
-            else:
-                check_read(event, path, False)
-            return
-        if event == "import":
-            if args[0].split(".")[0] in BLOCKED_MODULES:
-                deny(event, args[0])
-            return
-        if event in ("os.listdir", "os.scandir"):
-            if args[0] is not None:
-                check_read(event, args[0], True)
-            return
-        spec = PATH_WRITE_EVENTS.get(event)
-        if spec is not None:
-            for i in spec[1]:
-                # a dir_fd makes a relative path resolve against an unknown directory
-                if i < len(args) and args[i] is not None and args[i] != -1:
-                    deny(event, "dir_fd")
-            for i in spec[0]:
-                if i < len(args) and not isinstance(args[i], int):
-                    check_write(event, args[i])
-            return
-        if event == "sqlite3.connect" and args and args[0] not in (":memory:", b":memory:"):
-            check_write(event, args[0])
-            return
-        for pre in BLOCKED_PREFIXES:
-            if event.startswith(pre):
-                deny(event)
-
-    if allow_audit:
-        sys.addaudithook(hook)
-
-_install(sys.argv[2], tuple(sys.argv[3].split("\x1f")), int(sys.argv[4]), sys.argv[5],
-         sys.argv[6] == "1")
-del _install, _drop, _f
-exec(compile(_src, "<sandbox>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-'''
+from trace.tasks.sandbox_child import BOOTSTRAP, VIOLATION_EXIT, VIOLATION_MARK
+from trace.tasks.sandbox_kernel import (
+    NO_LAYERS,
+    SANDBOX_UID,
+    SECCOMP_BYTES,
+    Layers,
+    bwrap_argv,
+    interpreter,
+    lib_roots,
+    make_preexec,
+)
 
 
 @dataclass(frozen=True)
@@ -266,195 +97,17 @@ class SandboxResult:
     wall_s: float = 0.0
 
 
-# ---------------------------------------------------------------------------------------------
-# Kernel layers: set up in the forked child before exec, or by bubblewrap.
-
-_CLONE_NEWNET = 0x40000000
-_PR_SET_NO_NEW_PRIVS = 38
-_PR_SET_SECCOMP = 22
-_SECCOMP_MODE_FILTER = 2
-_AUDIT_ARCH_X86_64 = 0xC000003E
-# x86_64 syscall numbers refused by the filter: new processes, sockets, other processes (signals,
-# ptrace, their memory and file descriptors), namespaces and mounts, and kernel administration.
-_DENY_X86_64 = {
-    "clone": 56, "fork": 57, "vfork": 58, "clone3": 435,
-    "socket": 41, "socketpair": 53, "ptrace": 101, "unshare": 272, "setns": 308,
-    "mount": 165, "io_uring_setup": 425, "process_vm_writev": 311,
-    "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
-    "pidfd_send_signal": 424, "pidfd_open": 434, "pidfd_getfd": 438, "process_vm_readv": 310,
-    "kcmp": 312, "umount2": 166, "pivot_root": 155, "chroot": 161, "open_tree": 428,
-    "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-    "mount_setattr": 442, "name_to_handle_at": 303, "open_by_handle_at": 304, "bpf": 321,
-    "perf_event_open": 298, "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249,
-    "init_module": 175, "finit_module": 313, "delete_module": 176, "kexec_load": 246,
-    "kexec_file_load": 320, "reboot": 169, "swapon": 167, "swapoff": 168,
-}
-_EPERM = 1
-_ENOSYS = 38
-
 # Opt-in to score without a kernel filesystem boundary (see the module docstring).
 ALLOW_ENV = "TRACE_SANDBOX_ALLOW_NO_BOUNDARY"
 # Path of the bwrap binary to use; empty or "0" turns bubblewrap off.
 BWRAP_ENV = "TRACE_SANDBOX_BWRAP"
-SANDBOX_UID = 65534  # "nobody": what the program runs as when the parent is root
 
 
 class SandboxUnavailable(RuntimeError):
     """No kernel layer confines the program's filesystem access, and the user has not opted in."""
 
 
-def _seccomp_program() -> bytes | None:
-    if platform.machine() != "x86_64" or sys.byteorder != "little":
-        return None
-    ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
-    allow, kill_errno = 0x7FFF0000, 0x00050000  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO
-    ins: list[tuple[int, int, int, int]] = []
-    deny = list(_DENY_X86_64.items())
-    ins.append((ld_w_abs, 0, 0, 4))  # seccomp_data.arch
-    ins.append((jeq_k, 1, 0, _AUDIT_ARCH_X86_64))
-    ins.append((ret_k, 0, 0, kill_errno | _EPERM))  # other ABIs (i386 via int 0x80): refuse all
-    ins.append((ld_w_abs, 0, 0, 0))  # seccomp_data.nr
-    ins.append((jge_k, 0, 1, 0x40000000))  # x32 ABI numbers
-    ins.append((ret_k, 0, 0, kill_errno | _EPERM))
-    n = len(deny)
-    for _name, nr in deny:
-        # compare i jumps to return i: skip the n-1-i compares after it, the ALLOW and i returns
-        ins.append((jeq_k, n, 0, nr))
-    ins.append((ret_k, 0, 0, allow))
-    for name, _ in deny:
-        # ENOSYS for clone3 makes glibc fall back to clone, which is then refused too
-        ins.append((ret_k, 0, 0, kill_errno | (_ENOSYS if name == "clone3" else _EPERM)))
-    return b"".join(struct.pack("<HBBI", *i) for i in ins)
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-
-_LIBC = None
-_SECCOMP_BYTES = _seccomp_program()
-_CAPS: dict | None = None
-_STATIC_MOUNTS: list[str] | None = None
-
-
-def _libc():
-    global _LIBC
-    if _LIBC is None:
-        _LIBC = ctypes.CDLL(None, use_errno=True)
-    return _LIBC
-
-
-@dataclass(frozen=True)
-class _Layers:
-    """The kernel layers one child gets."""
-    bwrap: str | None = None  # bubblewrap binary: mount, PID, IPC, UTS and network namespaces
-    drop_uid: int = -1  # uid the bootstrap switches to (root under bubblewrap), -1: none
-    netns: bool = False  # without bubblewrap: unshare the network namespace before exec (root)
-    seccomp: bool = False
-
-
-_NO_LAYERS = _Layers()
-
-
-def _interpreter() -> str:
-    """The real interpreter binary (not a venv's link to it), so the sandbox needs no venv."""
-    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-
-
-def _lib_roots() -> list[str]:
-    """The standard library's directory (of the real interpreter: a venv's site-packages stay out)."""
-    return [os.path.realpath(os.path.join(sys.base_prefix, "lib"))]
-
-
-def _make_preexec(timeout_s: float, memory_mb: int, max_file_bytes: int, netns: bool, seccomp: bool):
-    cpu = max(1, math.ceil(timeout_s))
-    mem = int(memory_mb) * 2**20
-    libc = _libc() if (netns or seccomp) else None
-    prog_buf = ctypes.create_string_buffer(_SECCOMP_BYTES) if seccomp else None
-    fprog = _SockFprog(len(_SECCOMP_BYTES) // 8, ctypes.addressof(prog_buf)) if seccomp else None
-
-    def preexec():
-        # Runs between fork and exec: no allocation-heavy work, no imports.
-        if netns and libc.unshare(_CLONE_NEWNET) != 0:
-            os._exit(125)
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if seccomp:
-            if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-                os._exit(125)
-            if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
-                os._exit(125)
-
-    preexec._keepalive = (prog_buf, fprog)  # the filter buffer must outlive the fork
-    return preexec
-
-
-def _static_mounts() -> list[str]:
-    """bwrap arguments for the read-only part of the view: the interpreter binary, the standard
-    library and the system's shared-library directories (every path at its own place)."""
-    global _STATIC_MOUNTS
-    if _STATIC_MOUNTS is not None:
-        return _STATIC_MOUNTS
-    exe = _interpreter()
-    libdir = sysconfig.get_config_var("LIBDIR")  # where libpython lives when it is shared
-    binds: list[str] = []
-    links: list[tuple[str, str]] = []
-    for d in ("/lib", "/lib64", "/lib32", "/libx32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32"):
-        if os.path.islink(d):
-            links.append((os.readlink(d), d))
-        elif os.path.isdir(d):
-            binds.append(d)
-    for p in [*_lib_roots(), os.path.realpath(libdir) if libdir else None, exe, "/etc/ld.so.cache"]:
-        if p and os.path.exists(p) and p not in binds:
-            binds.append(p)
-    binds.sort()
-    kept: list[str] = []
-    for b in binds:  # a path inside one already bound is visible through it
-        if not any(b.startswith(k + "/") for k in kept):
-            kept.append(b)
-    args = _mkdirs([k for k in kept] + [d for _, d in links])
-    for b in kept:
-        args += ["--ro-bind", b, b]
-    for target, d in links:
-        args += ["--symlink", target, d]
-    _STATIC_MOUNTS = args
-    return args
-
-
-def _mkdirs(dests: list[str]) -> list[str]:
-    """Create the parents of mount points as 0755 directories (bwrap would copy the host's mode,
-    and /root's 0700 would lock the unprivileged uid out of a standard library below it)."""
-    parents = set()
-    for d in dests:
-        p = os.path.dirname(d)
-        while p not in ("/", ""):
-            parents.add(p)
-            p = os.path.dirname(p)
-    args = []
-    for p in sorted(parents, key=lambda q: (q.count("/"), q)):
-        if not any(p == d or p.startswith(d + "/") for d in dests):
-            args += ["--perms", "0755", "--dir", p]
-    return args
-
-
-def _bwrap_argv(layers: _Layers, root: str, work: str, seccomp_fd: int | None) -> list[str]:
-    argv = [layers.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--as-pid-1"]
-    if os.geteuid() == 0:
-        if layers.drop_uid >= 0:
-            argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-    else:
-        argv += ["--unshare-user"]
-    prog = os.path.join(root, "prog.py")
-    argv += _static_mounts() + _mkdirs([prog, work])
-    argv += ["--dev", "/dev", "--ro-bind", prog, prog, "--bind", work, work, "--chdir", work,
-             "--remount-ro", "/dev", "--remount-ro", "/"]
-    if seccomp_fd is not None:
-        argv += ["--seccomp", str(seccomp_fd)]
-    return argv + ["--"]
+_CAPS: dict | None = None  # what `capabilities` found, once per process
 
 
 def _probe_bwrap(path: str, drop_uid: int, seccomp: bool) -> dict | None:
@@ -462,7 +115,7 @@ def _probe_bwrap(path: str, drop_uid: int, seccomp: bool) -> dict | None:
     hostfile = os.path.realpath(__file__)  # exists here, must not exist in the child's view
     src = ("import posix\ntry:\n    posix.stat(%r)\n    seen = 1\nexcept OSError:\n    seen = 0\n"
            "print(posix.getuid(), posix.getpid(), seen)" % hostfile)
-    layers = _Layers(bwrap=path, drop_uid=drop_uid, seccomp=seccomp)
+    layers = Layers(bwrap=path, drop_uid=drop_uid, seccomp=seccomp)
     try:
         r = _run_jobs([src], [""], 10.0, 256, 4096, 1 << 20, 1, layers, audit=False)[0]
         uid, pid, seen = (int(v) for v in r.stdout.split())
@@ -484,11 +137,11 @@ def capabilities() -> dict:
             "bwrap": None, "mount_ns": False, "pid_ns": False, "uid": os.geteuid(), "drop_uid": -1}
     for layer in ("netns_preexec", "seccomp"):
         # seccomp with no_new_privs needs no privilege; a network namespace needs root
-        if (layer == "netns_preexec" and not root) or (layer == "seccomp" and _SECCOMP_BYTES is None):
+        if (layer == "netns_preexec" and not root) or (layer == "seccomp" and SECCOMP_BYTES is None):
             continue
         try:
-            pre = _make_preexec(5, 256, 1 << 20, netns=layer == "netns_preexec", seccomp=layer == "seccomp")
-            rc = subprocess.run([_interpreter(), "-I", "-S", "-c", "pass"], preexec_fn=pre, env={},
+            pre = make_preexec(5, 256, 1 << 20, netns=layer == "netns_preexec", seccomp=layer == "seccomp")
+            rc = subprocess.run([interpreter(), "-I", "-S", "-c", "pass"], preexec_fn=pre, env={},
                                 stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode
             caps[layer] = rc == 0
         except (OSError, subprocess.SubprocessError):
@@ -517,15 +170,15 @@ def capabilities() -> dict:
     return caps
 
 
-def _layers_for(kernel_layers) -> _Layers:
+def _layers_for(kernel_layers) -> Layers:
     """True: every layer that works here; False: none; a collection of names ("bwrap", "netns",
     "seccomp"): those of them that work (the benchmark's comparisons)."""
     if kernel_layers is False:
-        return _NO_LAYERS
+        return NO_LAYERS
     caps = capabilities()
     want = {"bwrap", "netns", "seccomp"} if kernel_layers is True else set(kernel_layers)
     use_bwrap = "bwrap" in want and caps["bwrap"] is not None
-    return _Layers(bwrap=caps["bwrap"] if use_bwrap else None, drop_uid=caps["drop_uid"] if use_bwrap else -1,
+    return Layers(bwrap=caps["bwrap"] if use_bwrap else None, drop_uid=caps["drop_uid"] if use_bwrap else -1,
                    netns=(not use_bwrap) and "netns" in want and caps["netns_preexec"],
                    seccomp="seccomp" in want and caps["seccomp"])
 
@@ -552,7 +205,7 @@ class _Job:
                  "killed", "start", "bwrap")
 
 
-def _start(idx, source, stdin, timeout_s, memory_mb, max_file_bytes, layers: _Layers, audit):
+def _start(idx, source, stdin, timeout_s, memory_mb, max_file_bytes, layers: Layers, audit):
     root = tempfile.mkdtemp(prefix="trace_sbx_")
     work = os.path.join(root, "work")
     os.mkdir(work, 0o700)
@@ -564,8 +217,8 @@ def _start(idx, source, stdin, timeout_s, memory_mb, max_file_bytes, layers: _La
     with open(stdin_path, "w", encoding="utf-8") as f:
         f.write(stdin)
     work = os.path.realpath(work)
-    argv = [_interpreter(), "-I", "-S", "-B", "-X", "utf8", "-c", _BOOTSTRAP,
-            root, work, "\x1f".join(_lib_roots()), str(VIOLATION_EXIT), VIOLATION_MARK,
+    argv = [interpreter(), "-I", "-S", "-B", "-X", "utf8", "-c", BOOTSTRAP,
+            root, work, "\x1f".join(lib_roots()), str(VIOLATION_EXIT), VIOLATION_MARK,
             "1" if audit else "0", str(layers.drop_uid)]
     pass_fds: tuple[int, ...] = ()
     if layers.bwrap:
@@ -573,13 +226,13 @@ def _start(idx, source, stdin, timeout_s, memory_mb, max_file_bytes, layers: _La
         rfd = None
         if layers.seccomp:
             rfd, wfd = os.pipe()
-            os.write(wfd, _SECCOMP_BYTES)
+            os.write(wfd, SECCOMP_BYTES)
             os.close(wfd)
             pass_fds = (rfd,)
-        argv = _bwrap_argv(layers, root, work, rfd) + argv
-        preexec = _make_preexec(timeout_s, memory_mb, max_file_bytes, netns=False, seccomp=False)
+        argv = bwrap_argv(layers, root, work, rfd) + argv
+        preexec = make_preexec(timeout_s, memory_mb, max_file_bytes, netns=False, seccomp=False)
     else:
-        preexec = _make_preexec(timeout_s, memory_mb, max_file_bytes, layers.netns, layers.seccomp)
+        preexec = make_preexec(timeout_s, memory_mb, max_file_bytes, layers.netns, layers.seccomp)
     try:
         with open(stdin_path, "rb") as stdin_f:
             proc = subprocess.Popen(
@@ -689,7 +342,7 @@ def run_many(
 
 
 def _run_jobs(sources, stdins, timeout_s, memory_mb, max_output_bytes, max_file_bytes, workers,
-              layers: _Layers, audit: bool) -> list[SandboxResult]:
+              layers: Layers, audit: bool) -> list[SandboxResult]:
     results: list[SandboxResult | None] = [None] * len(sources)
     pending = list(range(len(sources)))[::-1]
     running: dict[int, _Job] = {}
