@@ -57,8 +57,10 @@ def test_sft_crash_and_resume_matches_uninterrupted(tmp_path, monkeypatch):
             return orig(*a, **k)
 
         monkeypatch.setattr(S, "sft_loss", crashing)
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(rundir.Interrupted) as e:  # Ctrl-C: the step it stopped in, the step a rerun resumes from
             run_sft(cfg, tmp_path / "b", progress=False)
+        assert (e.value.step, e.value.resume_step) == (7, 6)  # checkpoint at step 5
+        assert str(e.value) == "interrupted at step 7; rerun the same command to resume from step 6"
         assert [r["step"] for r in rundir.read_metrics(tmp_path / "b" / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
         assert not (tmp_path / "b" / "done").exists()
         monkeypatch.setattr(S, "sft_loss", orig)
