@@ -221,9 +221,9 @@ class Runtime:
             # of the site were half the trainer forward's saved memory (mixtral-small, coding: benchmarks/trainer_memory.py)
             terms = (checkpoint(_alignment_site, *args, use_reentrant=False)
                      if torch.is_grad_enabled() and xv.requires_grad else _alignment_site(*args))
-            rp.stats.add_alignment(*terms[:2], part="codes", layer=layer)
+            rp.stats.add_alignment(*terms[:3], part="codes", layer=layer)
             if with_scales:
-                rp.stats.add_alignment(*terms[2:], part="scales", layer=layer)
+                rp.stats.add_alignment(*terms[3:], part="scales", layer=layer)
         guided_vals = fp4.straight_through(xv, vals)
         if rows.all_valid:
             return guided_vals
@@ -319,8 +319,8 @@ class Runtime:
 
 
 def _alignment_site(xv, scales, outer, own_enc, target, own_scales, target_scales, fmt, margin, with_scales):
-    """The alignment term's (sum, count) of one site's elements, then of its block scales if with_scales
-    (trace/guidance/align.py); differentiable in xv [n, *inner, K]."""
+    """The alignment term's (sum, items, flipped) of one site's elements, then of its block scales if
+    with_scales (trace/guidance/align.py); differentiable in xv [n, *inner, K] (the valid rows)."""
     scaled = fp4.scaled_values(xv, scales, outer, fmt)  # grad flows to x
     out = alignment_terms(scaled, own_enc, target, margin=margin)
     return out + scale_terms(xv, own_scales, target_scales, margin=margin) if with_scales else out

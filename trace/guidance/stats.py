@@ -48,47 +48,52 @@ _COUNTS = ("elements", "code_flips", "blocks", "scale_flips", "unrecoverable", "
 class ReplayStats:
     layers: dict[int, LayerStats] = field(default_factory=dict)
     align_sum: torch.Tensor | None = None
-    align_count: int | torch.Tensor = 0
-    # the term's two parts ("codes": flipped elements, "scales": flipped NVFP4 block scales) per layer:
-    # (part, layer) -> [sum, count]
+    align_count: int | torch.Tensor = 0  # guided items (elements and block scales): the term's denominator
+    # the term's two parts ("codes": elements, "scales": NVFP4 block scales) per layer:
+    # (part, layer) -> [sum of hinges, items, flipped items]
     align_parts: dict[tuple[str, int], list] = field(default_factory=dict)
 
     def layer(self, i: int) -> LayerStats:
         return self.layers.setdefault(i, LayerStats())
 
-    def add_alignment(self, total: torch.Tensor | None, count, part: str, layer: int) -> None:
+    def add_alignment(self, total: torch.Tensor | None, items, flipped, part: str, layer: int) -> None:
+        """One site's part of the term (trace/guidance/align.py): the sum of its hinges, its number of items
+        (the term's denominator) and of flipped items (for the logged mean hinge over flipped items)."""
         if total is None:
             return
         self.align_sum = total if self.align_sum is None else self.align_sum + total
-        self.align_count = self.align_count + count
-        acc = self.align_parts.setdefault((part, layer), [0, 0])
-        acc[0], acc[1] = acc[0] + total.detach(), acc[1] + count
+        self.align_count = self.align_count + items
+        acc = self.align_parts.setdefault((part, layer), [0, 0, 0])
+        acc[0], acc[1], acc[2] = acc[0] + total.detach(), acc[1] + items, acc[2] + flipped
 
     def alignment_loss(self) -> torch.Tensor:
-        """The alignment term over every guided site of the forward (a scalar; 0 without flips)."""
+        """The alignment term over every guided site of the forward: the mean hinge over all guided items
+        (a scalar; 0 without flips)."""
         return align.alignment_loss(self.align_sum, self.align_count)
 
     def alignment_parts(self) -> dict:
         """Where the term comes from, read with one host sync: per part ("codes", "scales") the mean hinge
         over its flipped items (`align_<part>_hinge`), the part's share of the term's sum
-        (`align_<part>_share`) and its mean hinge per layer (`align_<part>_hinge_layer`: {layer: hinge});
-        absent for a part with nothing recorded."""
+        (`align_<part>_share`), the fraction of its items that flipped (`align_<part>_flipped`) and its
+        mean hinge over flipped items per layer (`align_<part>_hinge_layer`: {layer: hinge}); absent for a
+        part with nothing recorded."""
         keys = sorted(self.align_parts)
         if not keys:
             return {}
         cells = [torch.as_tensor(v).detach().double().reshape(()) for k in keys for v in self.align_parts[k]]
         dev = next((c.device for c in cells if c.device.type != "cpu"), cells[0].device)
         vals = torch.stack([c.to(dev) for c in cells]).tolist()
-        total = sum(vals[0::2])
+        total = sum(vals[0::3])
         per: dict[str, list] = {}
         out: dict = {}
-        for (part, layer), sm, c in zip(keys, vals[0::2], vals[1::2], strict=True):
-            acc = per.setdefault(part, [0.0, 0.0])
-            acc[0], acc[1] = acc[0] + sm, acc[1] + c
-            out.setdefault(f"align_{part}_hinge_layer", {})[layer] = sm / c if c else 0.0
-        for part, (sm, c) in per.items():
-            out[f"align_{part}_hinge"] = sm / c if c else 0.0
+        for (part, layer), sm, n, f in zip(keys, vals[0::3], vals[1::3], vals[2::3], strict=True):
+            acc = per.setdefault(part, [0.0, 0.0, 0.0])
+            acc[0], acc[1], acc[2] = acc[0] + sm, acc[1] + n, acc[2] + f
+            out.setdefault(f"align_{part}_hinge_layer", {})[layer] = sm / f if f else 0.0
+        for part, (sm, n, f) in per.items():
+            out[f"align_{part}_hinge"] = sm / f if f else 0.0
             out[f"align_{part}_share"] = sm / total if total > 0 else 0.0
+            out[f"align_{part}_flipped"] = f / n if n else 0.0
         return out
 
     def totals(self) -> ReplayStats:
