@@ -45,7 +45,9 @@ DEFAULTS: dict[str, Any] = {
         "method": "bf16", "steps": 20, "prompts_per_step": 8, "group_size": 8, "max_new_tokens": 8,
         "temperature": 1.0, "lr": 1.0e-4, "weight_decay": 0.0, "grad_clip": 1.0, "clip_eps": 0.2,
         "kl_coef": 0.0, "advantage": "group_norm", "tis_cap": 2.0, "icepop": None, "ppo_ratio": "trainer",
-        "rho": 0.5, "align_coef": 0.1, "align_scales": True, "fmt": "nvfp4", "autocast": "bf16", "init_ckpt": None,
+        # align_coef: DESIGN.md §3's rule (step-1 gradient ratio 0.2) on qwen3_moe-tiny, the defaults' flavor
+        # (results/guidance/align_calibration.md); the small and paper profiles set their own, calibrated on GPU
+        "rho": 0.5, "align_coef": 5.0, "align_scales": True, "fmt": "nvfp4", "autocast": "bf16", "init_ckpt": None,
         "ckpt_every": 5, "eval_every": 0, "max_turns": 8, "diag_flips": True, "recompute_experts": False,
     },
     # eval.split ("test" | "validation") has no default: absent = "test" (trace/episode.py), so resolved configs

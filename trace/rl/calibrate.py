@@ -1,0 +1,109 @@
+"""`python -m trace.rl.calibrate --config RL.yaml --set rl.init_ckpt=SFT_RUN [--set ...]`: the alignment
+coefficient by the rule of DESIGN.md §3.
+
+The rule: `rl.align_coef` is the coefficient at which the alignment term's gradient norm at RL step 1 is
+TARGET (0.2) times the rest of the loss's (`grad_norm_align / grad_norm_rest`, what the trainer logs at step 1),
+the median over seeds 0, 1, 2, on the calibration family from its SFT base, rounded to one significant digit;
+then frozen for every family, task and seed of the profile.
+
+At step 1 the ratio is linear in the coefficient: the rollout, the batch and the loss's other parts come before
+any update, `grad_norm_align` is the norm of coef * (the term's gradient) and `grad_norm_rest` that of the other
+parts. So each seed runs one trainer step at one coefficient (`--coef`, any positive value) and the coefficient
+is coef * TARGET / median(ratio); a last step at the chosen coefficient (seed 0) checks the linearity and
+reports the ratio the frozen value gives. Nothing is written but `--out` (a JSON report; the runs' directories
+are temporary). The report is also printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from trace import config as C
+from trace import rundir
+
+TARGET = 0.2  # grad_norm_align / grad_norm_rest at step 1 (the rule's band: 0.1-0.3)
+SEEDS = (0, 1, 2)
+LOGGED = ("grad_norm_align", "grad_norm_rest", "grad_norm", "align_loss", "policy_loss", "reward_mean",
+          "align_codes_share", "align_scales_share", "align_codes_flipped", "align_scales_flipped")
+
+
+def round_1sig(x: float) -> float:
+    """x rounded to one significant digit (0.0137 -> 0.01, 0.0151 -> 0.02, 2.6 -> 3.0)."""
+    if x <= 0 or not math.isfinite(x):
+        raise ValueError(f"cannot round {x!r} to one significant digit")
+    e = math.floor(math.log10(x))
+    d = math.floor(x / 10 ** e + 0.5)  # half up, so 0.15 -> 0.2 whatever the binary representation
+    return float(f"{d}e{e}") if d < 10 else float(f"1e{e + 1}")
+
+
+def step1(cfg: dict, coef: float, seed: int) -> dict:
+    """One RL step (step 1) of `cfg` at align_coef `coef` and seed `seed`, in a temporary run directory;
+    returns the logged values of LOGGED (None where absent) and their ratio."""
+    from trace.rl.trainer import RLTrainer
+    run = C.load_config(None, [f"rl.align_coef={coef}", f"seed={seed}", "rl.steps=1", "rl.eval_every=0"],
+                        base=cfg)
+    with tempfile.TemporaryDirectory(prefix="calibrate_") as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        rec = RLTrainer(run, Path(tmp) / "run", progress=False).step(1)
+    if rec.get("grad_norm_align") is None:
+        raise C.ConfigError(f"rl.method={cfg['rl']['method']} logged no alignment gradient at step 1 "
+                            f"(an arm with the alignment term is needed)")
+    out = {"seed": seed, "coef": coef, **{k: rec.get(k) for k in LOGGED}}
+    out["ratio"] = rec["grad_norm_align"] / rec["grad_norm_rest"]
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def calibrate(cfg: dict, coef: float = 0.1, seeds=SEEDS, target: float = TARGET, check: bool = True) -> dict:
+    """The rule's coefficient for `cfg` (an RL config of an arm with the alignment term, rl.init_ckpt its SFT
+    base): a report with each seed's step-1 values, the median ratio per unit coefficient, the chosen
+    coefficient and, with `check`, seed 0's step 1 at the chosen coefficient."""
+    runs = [step1(cfg, coef, s) for s in seeds]
+    per_unit = statistics.median(r["ratio"] / coef for r in runs)
+    exact = target / per_unit
+    chosen = round_1sig(exact)
+    rep = {"rule": "DESIGN.md §3 (alignment coefficient)", "target_ratio": target, "probe_coef": coef,
+           "model": cfg["model"], "task": cfg["task"]["name"], "method": cfg["rl"]["method"],
+           "init_ckpt": cfg["rl"]["init_ckpt"], "commit": rundir._git_commit(), "runs": runs,
+           "ratio_per_unit_coef_median": per_unit, "coef_exact": exact, "align_coef": chosen,
+           "ratio_at_align_coef_predicted": per_unit * chosen}
+    if check:
+        chk = step1(cfg, chosen, seeds[0])
+        base = next(r for r in runs if r["seed"] == seeds[0])
+        rep["check"] = {**chk, "linearity_rel_err": abs(chk["ratio"] / chosen - base["ratio"] / coef)
+                        / (base["ratio"] / coef)}
+    return rep
+
+
+def main(argv=None) -> int:
+    p = C.base_parser("python -m trace.rl.calibrate",
+                      "The alignment coefficient by the rule of DESIGN.md §3: step-1 gradient ratio 0.2.")
+    p.add_argument("--coef", type=float, default=0.1, help="probe coefficient (the ratio is linear in it)")
+    p.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds whose median ratio counts")
+    p.add_argument("--target", type=float, default=TARGET, help=argparse.SUPPRESS)
+    p.add_argument("--no-check", action="store_true", help="skip the step at the chosen coefficient")
+    p.add_argument("--out", help="write the JSON report here too")
+    a, cfg = C.parse_cli(p, argv)
+    try:
+        rep = calibrate(cfg, a.coef, a.seeds, a.target, check=not a.no_check)
+    except C.ConfigError as e:
+        C.fail(e)
+    rep["command"] = "python -m trace.rl.calibrate " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = json.dumps(rep, indent=1)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
