@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import warnings
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 from trace import config as C
@@ -38,8 +39,10 @@ def round_1sig(x: float) -> float:
     """x rounded to one significant digit (0.0137 -> 0.01, 0.0151 -> 0.02, 2.6 -> 3.0)."""
     if x <= 0 or not math.isfinite(x):
         raise ValueError(f"cannot round {x!r} to one significant digit")
-    e = math.floor(math.log10(x))
-    d = math.floor(x / 10 ** e + 0.5)  # half up, so 0.15 -> 0.2 whatever the binary representation
+    # in decimal, from the shortest repr, half up: 0.15 -> 0.2 (in binary 0.15 / 0.1 is just below 1.5)
+    q = Decimal(repr(x))
+    e = q.adjusted()
+    d = int(q.scaleb(-e).quantize(Decimal(1), rounding=ROUND_HALF_UP))
     return float(f"{d}e{e}") if d < 10 else float(f"1e{e + 1}")
 
 
