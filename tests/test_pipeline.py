@@ -144,7 +144,7 @@ def test_task_models_restrict_the_main_table():
     plan = Plan(cfg)
     pairs = {(r.model, r.task) for r in plan.runs if not r.ablation}
     assert ("mixtral-small", "coding") in pairs and ("olmoe-small", "coding") not in pairs
-    assert {m for m, t in pairs if t == "reasoning"} == set(cfg["models"])
+    assert {m for m, t in pairs if t == "reasoning-short"} == set(cfg["models"])
     assert "models" not in plan.run_config("mixtral-small", "coding", "trace", 0)["task"]
     cfg["tasks"]["coding"]["models"] = ["olmoe-tiny"]
     with pytest.raises(ValueError, match="tasks.coding.models"):
@@ -155,10 +155,10 @@ def test_ablation_arms_set_their_keys():
     plan = Plan(_load("smoke"))
     arms = {r.arm: r for r in plan.runs}
     assert {"bf16", "fp4-naive", "qat-independent", "qat-weight-only", "trace", "trace-noalign"} <= set(arms)
-    c = plan.run_config("qwen3_moe-tiny", "reasoning", "trace-rho1", 0)
+    c = plan.run_config("qwen3_moe-tiny", "reasoning-short", "trace-rho1", 0)
     assert c["rl"]["method"] == "trace" and c["rl"]["rho"] == 1.0
-    assert c["rl"]["init_ckpt"].endswith("qwen3_moe-tiny/reasoning/sft/ckpt")
-    assert plan.run_config("qwen3_moe-tiny", "reasoning", "trace-noalign", 0)["rl"]["method"] == "trace-noalign"
+    assert c["rl"]["init_ckpt"].endswith("qwen3_moe-tiny/reasoning-short/sft/ckpt")
+    assert plan.run_config("qwen3_moe-tiny", "reasoning-short", "trace-noalign", 0)["rl"]["method"] == "trace-noalign"
 
 
 def test_task_set_reaches_its_sft_and_runs_only():
@@ -167,12 +167,12 @@ def test_task_set_reaches_its_sft_and_runs_only():
     cfg = _load("small")
     assert cfg["tasks"]["coding"]["set"] == {"sft.label_smoothing": 0.1}
     cfg["tasks"]["coding"]["set"]["rl.rho"] = 0.25
-    cfg["ablation"]["tasks"] = ["reasoning", "coding"]
+    cfg["ablation"]["tasks"] = ["reasoning-short", "coding"]
     plan = Plan(cfg)
     assert plan.sft_config("mixtral-small", "coding")["sft"]["label_smoothing"] == 0.1
-    assert plan.sft_config("mixtral-small", "reasoning")["sft"]["label_smoothing"] == 0.3
+    assert plan.sft_config("mixtral-small", "reasoning-short")["sft"]["label_smoothing"] == 0.3
     assert plan.run_config("mixtral-small", "coding", "trace", 0)["rl"]["rho"] == 0.25
-    assert plan.run_config("mixtral-small", "reasoning", "trace", 0)["rl"]["rho"] == 0.5
+    assert plan.run_config("mixtral-small", "reasoning-short", "trace", 0)["rl"]["rho"] == 0.5
     assert plan.run_config("mixtral-small", "coding", "trace-rho1", 0)["rl"]["rho"] == 1.0
     assert "set" not in plan.run_config("mixtral-small", "coding", "trace", 0)["task"]
     jsonschema = pytest.importorskip("jsonschema")
@@ -198,7 +198,7 @@ def test_smoke_profile_checks_that_rl_learns(tmp_path):
     assert r.returncode == 0, r.stderr
     out = r.stdout + r.stderr
     assert "rule eval_base" in out and "analysis.learning" in out and re.search(r"--min-se 3 --manifest \S+ --strict", out)
-    assert "bf16-seed0.yaml --ckpt results/runs/smoke/qwen3_moe-tiny/reasoning/sft/ckpt" in out
+    assert "bf16-seed0.yaml --ckpt results/runs/smoke/qwen3_moe-tiny/reasoning-short/sft/ckpt" in out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -206,10 +206,10 @@ def _reduced_smoke(tmp_path) -> str:
     cfg = copy.deepcopy(_load("smoke"))
     cfg["profile"] = "ci"
     cfg["models"] = ["qwen3_moe-tiny"]
-    cfg["tasks"] = {"reasoning": {"difficulty": "easy", "n_train": 64, "n_test": 8}}
+    cfg["tasks"] = {"reasoning-short": {"difficulty": "easy", "n_train": 64, "n_test": 8}}
     cfg["seeds"] = [0]
     cfg["checks"]["learning"]["enforce"] = False  # the check's plumbing only: 3 RL steps learn nothing
-    cfg["ablation"] = {"models": ["qwen3_moe-tiny"], "tasks": ["reasoning"],
+    cfg["ablation"] = {"models": ["qwen3_moe-tiny"], "tasks": ["reasoning-short"],
                        "arms": {"trace-noalign": {"method": "trace-noalign"}}}
     d = cfg["defaults"]
     d["sft"].update(steps=20, ckpt_every=20, log_every=10, warmup=2)

@@ -40,15 +40,15 @@ def test_sft_then_each_evaluation_at_once_then_the_longest_arms_first(tmp_path):
     profile = yaml.safe_load((ROOT / "experiments/profiles/smoke.yaml").read_text())
     profile["seeds"], profile["ablation"]["seeds"] = [0], [0]
     plan = Plan(profile)
-    runs = [r for r in plan.runs if r.model == "qwen3_moe-tiny" and r.task == "reasoning"]
+    runs = [r for r in plan.runs if r.model == "qwen3_moe-tiny" and r.task == "reasoning-short"]
     targets = [f"{plan.run_dir(r.model, r.task, r.arm, r.seed)}/eval.json" for r in runs]
-    targets += plan.base_evals("qwen3_moe-tiny", "reasoning")
+    targets += plan.base_evals("qwen3_moe-tiny", "reasoning-short")
     r = subprocess.run([sys.executable, "-m", "snakemake", *targets, "--cores", "1", "--scheduler", "greedy",
                         "--configfile", "experiments/profiles/smoke.yaml", str(tmp_path / "overlay.yaml")],
                        cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     order = (tmp_path / "order.txt").read_text().split()
-    sft = plan.sft_dir("qwen3_moe-tiny", "reasoning")
+    sft = plan.sft_dir("qwen3_moe-tiny", "reasoning-short")
     assert order[0] == sft and order[1] == f"{sft}/eval.json", order[:3]
     rl = [o for o in order[2:] if not o.endswith(".json")]
     assert len(rl) == len(runs) >= 9

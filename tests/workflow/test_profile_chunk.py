@@ -122,8 +122,8 @@ def test_a_rebuilt_base_goes_in_place_before_any_job_starts(tmp_path):
 
 
 def test_a_base_from_before_the_modes_is_rebuilt_with_pytorchs_choices(tmp_path):
-    log, _, out = _rebuild_chunk(tmp_path, "olmoe-small", "reasoning")
-    base = "results/runs/small/olmoe-small/reasoning/sft"
+    log, _, out = _rebuild_chunk(tmp_path, "olmoe-small", "reasoning-short")
+    base = "results/runs/small/olmoe-small/reasoning-short/sft"
     assert f"SFT rebuild of {base}: identical (20 logged losses)" in log, log[-3000:]
     with tarfile.open(out) as t:  # its meta.json predates the modes: trained with PyTorch's own choices
         assert t.extractfile(f"rebuild/{base}/determinism").read() == b"none\n"
@@ -149,10 +149,10 @@ def test_a_tolerance_lets_a_close_rebuild_start_its_runs_and_says_so(tmp_path):
 
 
 def test_a_failed_rebuild_holds_back_only_the_runs_on_that_base(tmp_path):
-    log, work, _ = _rebuild_chunk(tmp_path, "mixtral-small", "reasoning,long_horizon", rebuilds=2,
+    log, work, _ = _rebuild_chunk(tmp_path, "mixtral-small", "reasoning-short,long_horizon", rebuilds=2,
                                   FAKE_SFT_DIFF="long_horizon", ARMS="trace")
     base = "results/runs/small/mixtral-small"
-    assert f"rebuilt {base}/reasoning/sft" in log and f"rebuilt {base}/long_horizon/sft" not in log, log[-3000:]
+    assert f"rebuilt {base}/reasoning-short/sft" in log and f"rebuilt {base}/long_horizon/sft" not in log, log[-3000:]
     assert f"an SFT rebuild failed: not starting {base}/long_horizon/" in log
-    assert (work / f"{base}/reasoning/sft/ckpt").exists()  # (its runs are all committed: nothing else to do)
+    assert (work / f"{base}/reasoning-short/sft/ckpt").exists()  # (its runs are all committed: nothing else to do)
     assert f"{base}/long_horizon/trace/seed0" not in log[log.index("Building DAG"):]
