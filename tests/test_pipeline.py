@@ -50,7 +50,7 @@ def _job_counts(out: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M)}
 
 
-@pytest.mark.parametrize("profile", ["smoke", "small", "paper", "smoke-per-seed-sft"])
+@pytest.mark.parametrize("profile", ["smoke", "small", "small-v2", "paper", "smoke-per-seed-sft"])
 def test_dry_run_builds_full_dag(profile, tmp_path):
     # --directory: a scratch workdir, so existing results do not shorten the DAG
     cfg = _load(profile.removesuffix("-per-seed-sft"))

@@ -35,7 +35,7 @@ def test_profile_schema_declares_the_version_snakemake_validates_with():
         schema = yaml.safe_load(f)
     assert schema["$schema"] == Draft202012Validator.META_SCHEMA["$schema"]
     Draft202012Validator.check_schema(schema)
-    for profile in ("smoke", "small", "paper"):
+    for profile in ("smoke", "small", "small-v2", "paper"):
         with open(os.path.join(ROOT, "experiments", "profiles", f"{profile}.yaml")) as f:
             Draft202012Validator(schema).validate(yaml.safe_load(f))
 

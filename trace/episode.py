@@ -126,7 +126,8 @@ def evaluate_policy(model, cfg: dict, task, tok, mode: str = "bf16", examples=No
     cluster = cluster_ids(task, examples)
     return {"accuracy": ep.accuracy, "reward": ep.reward, "n": len(ep.scores), "n_prompts": len(examples),
             "n_clusters": len(set(cluster)), "se": clustered_se(per_prompt, cluster), "per_prompt": per_prompt,
-            "cluster": cluster, "tokens_per_s": ep.batch.num_generated_tokens / max(ep.generate_s, 1e-9)}
+            "cluster": cluster, "tokens_per_s": ep.batch.num_generated_tokens / max(ep.generate_s, 1e-9),
+            "response_len": ep.batch.num_generated_tokens / max(len(ep.scores), 1)}  # generated tokens per sample
 
 
 def clustered_se(per_prompt: list[float], cluster: list[int] | None = None) -> float:
