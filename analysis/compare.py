@@ -86,13 +86,14 @@ def _per_prompt(eval_json: dict | None, deploy: str) -> np.ndarray | None:
     return np.asarray(blk["per_prompt"], dtype=float) if isinstance(blk.get("per_prompt"), list) else None
 
 
-def paired(a: list[np.ndarray], b: list[np.ndarray]) -> dict:
-    """Seed-paired difference of two arms' per-prompt accuracies (a[k], b[k]: seed k, same prompts)."""
+def paired(a: list[np.ndarray], b: list[np.ndarray], cluster: np.ndarray | None = None) -> dict:
+    """Seed-paired difference of two arms' per-prompt accuracies (a[k], b[k]: seed k, same prompts); each seed's
+    SE clustered by `cluster` (the prompts' clusters, eval.json's `cluster`; None: every prompt its own)."""
     if any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
         raise ValueError("paired runs scored different prompt sets")
     d = [x - y for x, y in zip(a, b, strict=True)]
     per_seed = np.array([x.mean() for x in d])
-    e = np.array([se_clustered(x) for x in d])
+    e = np.array([se_clustered(x, cluster) for x in d])
     n = len(d)
     var_seed = float(np.var(per_seed, ddof=1)) if n > 1 else 0.0
     se = math.sqrt(max(var_seed, float(np.mean(e**2))) / n)
@@ -114,8 +115,14 @@ def main_evals(runs_dir: str, manifest: str | None):
     return evals, configs
 
 
+def _cluster(eval_json: dict | None, deploy: str) -> np.ndarray | None:
+    blk = (eval_json or {}).get(deploy) or {}
+    return np.asarray(blk["cluster"], dtype=int) if isinstance(blk.get("cluster"), list) else None
+
+
 def _pairs(evals: dict, model: str, task: str):
-    """-> per comparison: (arm A's label, arm B's label, A's per-prompt arrays, B's), seeds both arms evaluated."""
+    """-> per comparison: (arm A's label, arm B's label, A's per-prompt arrays, B's, the prompts' clusters or None),
+    seeds both arms evaluated."""
     for arm_a, dep_a, arm_b, dep_b in COMPARISONS:
         seeds = sorted(s for m, t, arm, s in evals if (m, t, arm) == (model, task, arm_a)
                        and (model, task, arm_b, s) in evals)
@@ -124,15 +131,15 @@ def _pairs(evals: dict, model: str, task: str):
         keep = [i for i in range(len(seeds)) if a[i] is not None and b[i] is not None]
         if keep:
             yield (f"{arm_a} ({dep_a.upper()})", f"{arm_b} ({dep_b.upper()})",
-                   [a[i] for i in keep], [b[i] for i in keep])
+                   [a[i] for i in keep], [b[i] for i in keep], _cluster(evals[(model, task, arm_a, seeds[keep[0]])], dep_a))
 
 
 def compare_table(evals: dict) -> pd.DataFrame:
     """The comparisons per model/task of the main arms' evaluations (`main_evals`)."""
     rows = []
     for model, task in dict.fromkeys((m, t) for m, t, _, _ in evals):
-        for la, lb, a, b in _pairs(evals, model, task):
-            rows.append({"model": model, "task": task, "a": la, "b": lb, **paired(a, b)})
+        for la, lb, a, b, cl in _pairs(evals, model, task):
+            rows.append({"model": model, "task": task, "a": la, "b": lb, **paired(a, b, cl)})
     # the header even without a pair, so the CSV always reads back
     return holm(pd.DataFrame(rows, columns=COLUMNS[:-4])).reindex(columns=COLUMNS)
 
@@ -147,13 +154,13 @@ def group_table(evals: dict, configs: dict) -> pd.DataFrame:
         what, label = GROUPS[task]
         cfg = configs[(model, task)]
         groups = np.array([label(e) for e in heldout_examples(cfg, build_task(cfg))])  # [prompts]
-        for la, lb, a, b in _pairs(evals, model, task):
+        for la, lb, a, b, cl in _pairs(evals, model, task):
             if a[0].size != groups.size:
                 raise ValueError(f"{model}/{task}: eval.json scored {a[0].size} prompts, the config holds {groups.size}")
             for g in sorted(set(groups.tolist())):
                 sel = groups == g
                 rows.append({"model": model, "task": task, "group": f"{what} = {g}", "a": la, "b": lb,
-                             **paired([x[sel] for x in a], [y[sel] for y in b])})
+                             **paired([x[sel] for x in a], [y[sel] for y in b], None if cl is None else cl[sel])})
     return pd.DataFrame(rows, columns=COLUMNS[:2] + ["group"] + COLUMNS[2:-4])
 
 

@@ -47,9 +47,10 @@ def rise(base: dict, final: dict) -> dict:
     p1 = np.asarray(final["per_prompt"], dtype=float)
     if p0.shape != p1.shape:
         raise ValueError(f"base has {p0.size} prompts, final {p1.size}: not the same evaluation set")
-    se0, se1 = se_clustered(p0), se_clustered(p1)
+    cluster = final.get("cluster")  # the prompts' clusters (eval.json), the same for the base's evaluation
+    se0, se1 = se_clustered(p0, cluster), se_clustered(p1, cluster)
     return {"acc_base": float(p0.mean()), "acc_final": float(p1.mean()), "rise": float(p1.mean() - p0.mean()),
-            "se_base": se0, "se_final": se1, "se_rise": se_clustered(p1 - p0),
+            "se_base": se0, "se_final": se1, "se_rise": se_clustered(p1 - p0, cluster),
             "se_rise_unpaired": math.sqrt(se0**2 + se1**2), "n_prompts": int(p0.size)}
 
 
@@ -63,6 +64,7 @@ def learning_table(runs_dir: str, arm: str = "bf16", min_se: float = 3.0, manife
     rows, problems = [], []
     finals: dict[tuple[str, str], list[np.ndarray]] = {}
     bases: dict[tuple[str, str], list[np.ndarray]] = {}
+    clusters: dict[tuple[str, str], list[int] | None] = {}
     for r in load_runs(runs_dir, manifest):
         if r.arm != arm:
             continue
@@ -77,12 +79,14 @@ def learning_table(runs_dir: str, arm: str = "bf16", min_se: float = 3.0, manife
         row = {"model": r.model, "task": r.task, "arm": r.arm, "seed": str(r.seed), **rise(base, final)}
         rows.append(row)
         bases.setdefault((r.model, r.task), []).append(np.asarray(base["per_prompt"], dtype=float))
+        clusters[(r.model, r.task)] = final.get("cluster")
         finals.setdefault((r.model, r.task), []).append(np.asarray(final["per_prompt"], dtype=float))
     for (model, task), fs in finals.items():
         # per prompt, the mean over seeds of the bases (one shared base: that base) and of the final policies
         base = {"per_prompt": list(np.mean(bases[(model, task)], axis=0))}
         mean = {"model": model, "task": task, "arm": arm, "seed": "mean",
-                **rise(base, {"per_prompt": list(np.mean(fs, axis=0))}), "n_seeds": len(fs)}
+                **rise(base, {"per_prompt": list(np.mean(fs, axis=0)), "cluster": clusters[(model, task)]}),
+                "n_seeds": len(fs)}
         rows.append(mean)
     for row in rows:
         row["z"] = _z(row["rise"], row["se_rise"])

@@ -119,3 +119,23 @@ def test_holm_adjusts_over_the_whole_table_and_its_interval_matches_the_decision
     excludes = (t["lo_holm"] > 0) | (t["hi_holm"] < 0)
     assert (excludes == (t["p_holm"] < 0.05)).all()
     assert excludes.tolist() == [True, True, False, False, False]  # 2.2 would pass uncorrected (p 0.028), not at x3
+
+
+def test_a_comparison_clusters_its_se_by_the_prompts_clusters():
+    """Examples that share a prompt (long-horizon's secrets of one prompt) are one cluster: the paired SE is the
+    cluster-robust one, above the per-example SE when the examples of a cluster move together, and equal to it
+    when every example is its own cluster."""
+    import numpy as np
+
+    from analysis.compare import paired
+    from analysis.runs import se_clustered
+
+    rng = np.random.default_rng(0)
+    shift = np.repeat(rng.normal(0, 0.3, 20), 7)  # 20 prompts x 7 examples, each prompt's examples moving together
+    a = [np.clip(0.5 + shift + rng.normal(0, 0.05, 140), 0, 1) for _ in range(3)]
+    b = [np.full(140, 0.5) for _ in range(3)]
+    cluster = np.repeat(np.arange(20), 7)
+    per_example, clustered = paired(a, b)["se"], paired(a, b, cluster)["se"]
+    assert clustered > 1.5 * per_example
+    assert paired(a, b, np.arange(140))["se"] == pytest.approx(per_example, rel=1e-9)
+    assert se_clustered(a[0], np.arange(140)) == pytest.approx(se_clustered(a[0]), rel=1e-9)
