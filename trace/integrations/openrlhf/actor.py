@@ -34,10 +34,13 @@ import time
 import torch
 from torch import nn
 
-from trace.integrations.openrlhf import plugin, stand_ins
+from trace.integrations.openrlhf import guards, plugin, stand_ins
 
 stand_ins.install()  # before OpenRLHF's modules import vLLM / flash-attn names (the CPU shim: plugin.setup)
 
+import openrlhf.trainer.ppo_utils.experience as _exp  # noqa: E402
+import openrlhf.trainer.ppo_utils.experience_maker as _em  # noqa: E402
+import openrlhf.trainer.ppo_utils.samples_generator as _sg  # noqa: E402
 import openrlhf.trainer.ray.ppo_actor as _pa  # noqa: E402
 
 from trace import rundir  # noqa: E402
@@ -47,6 +50,10 @@ from trace.integrations.openrlhf.records import batch_records, coverages  # noqa
 from trace.integrations.openrlhf.rollout import DIAG_KEY, RECORD_KEY  # noqa: E402
 from trace.qat import patch_model, runtime  # noqa: E402
 
+_PA = "openrlhf.trainer.ray.ppo_actor"
+_INIT = "PolicyModelActor.init_model_from_pretrained"
+_STEP = "ActorPPOTrainer.training_step"
+_LOSS = f"{_PA}.ActorPPOTrainer.actor_loss_fn"
 LAYER_KEYS = ("code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate")
 
 
@@ -175,10 +182,12 @@ class TraceActorPPOTrainer(_pa.ActorPPOTrainer):
 
     def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
         tr = self.trace
-        orig = self.actor_loss_fn
+        orig = guards.require_attr(self, "actor_loss_fn", _LOSS)
+        calls = []
         ctx = tr.context(hf_model(self.actor), experience.mm_train_inputs, experience.attention_mask)
         with ctx as stats:
             def loss_fn(log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None, **kw):
+                calls.append(1)
                 out = orig(log_probs, old_log_probs, advantages, action_mask=action_mask,
                            rollout_log_probs=rollout_log_probs, **kw)
                 loss = out[0]
@@ -194,9 +203,11 @@ class TraceActorPPOTrainer(_pa.ActorPPOTrainer):
 
             self.actor_loss_fn = loss_fn
             try:
-                return super().training_step(experience, kl_ctl, step, loss_batch_info)
+                status = super().training_step(experience, kl_ctl, step, loss_batch_info)
             finally:
                 self.actor_loss_fn = orig
+        guards.require_called(len(calls), _LOSS, _STEP)  # else no alignment term and no metrics
+        return status
 
 
 ALIGN_PARTS = ("align_codes_hinge", "align_codes_share", "align_scales_hinge", "align_scales_share")
@@ -223,22 +234,52 @@ def metrics_line(step: int, method: str, status: dict, kl_on: bool) -> dict:
     return rec
 
 
-class TracePolicyActor(_pa.PolicyModelActor.__ray_metadata__.modified_class):
+def check_hooks() -> None:
+    """Start-up check of the policy actor's hooks (guards.py): the OpenRLHF symbols they replace
+    exist and the OpenRLHF code that should use them still refers to them. Raises PatchNotInForce."""
+    init = guards.require_attr(_BASE, "init_model_from_pretrained", f"{_PA}.{_INIT}")
+    for name in ("Actor", "ActorPPOTrainer"):
+        guards.require_attr(_pa, name, f"{_PA}.{name}")
+        guards.require_uses(init, name, f"{_PA}.{name}", _INIT)
+    guards.require_attr(_pa.DeepspeedStrategy, "get_ds_train_config", "DeepspeedStrategy.get_ds_train_config")
+    guards.require_uses(init, "get_ds_train_config", "DeepspeedStrategy.get_ds_train_config", _INIT)
+    for name in ("forward", "fit"):
+        guards.require_attr(_BASE, name, f"{_PA}.PolicyModelActor.{name}")
+    step = guards.require_attr(_pa.ActorPPOTrainer, "training_step", f"{_PA}.{_STEP}")
+    guards.require_uses(step, "actor_loss_fn", _LOSS, _STEP)
+    # records ride in Experience.mm_train_inputs: the samples generator fills it from the engine's
+    # response, the experience maker hands it to the actor's forward as mm_train_inputs_list
+    exp = "openrlhf.trainer.ppo_utils.experience.Experience.mm_train_inputs"
+    guards.require_field(_exp.Experience, "mm_train_inputs", exp)
+    guards.require_uses(_sg.SamplesGenerator._process_response_into_experience, "mm_train_inputs", exp,
+                        "SamplesGenerator._process_response_into_experience")
+    guards.require_uses(_em.RemoteExperienceMaker.make_experience, "mm_train_inputs_list",
+                        f"{_PA}.PolicyModelActor.forward(mm_train_inputs_list=)", "RemoteExperienceMaker.make_experience")
+
+
+_BASE = guards.ray_actor_class(_pa.PolicyModelActor, f"{_PA}.PolicyModelActor")
+
+
+class TracePolicyActor(_BASE):
     """OpenRLHF's policy actor with TRACE's QAT patch, replay and metrics (wrap with ray.remote)."""
 
     def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
         cfg = plugin.run_config()
         self._trace = TraceReplay(cfg)
         arm, fmt, zero = self._trace.arm, cfg["rl"]["fmt"], strategy.args.ds.zero_stage
+        check_hooks()
         orig_actor, orig_trainer, orig_ds_cfg = _pa.Actor, _pa.ActorPPOTrainer, strategy.get_ds_train_config
+        calls = {"Actor": 0, "get_ds_train_config": 0}
 
         def make_actor(*args, **kwargs):
             actor = orig_actor(*args, **kwargs)
+            calls["Actor"] += 1
             prepare_for_qat(actor.model, arm.trainer_mode, fmt, zero)
             return actor
 
         def ds_train_config(*args, **kwargs):
             conf = orig_ds_cfg(*args, **kwargs)
+            calls["get_ds_train_config"] += 1
             opt = conf.get("optimizer")
             if opt is not None:  # torch's AdamW, not DeepSpeed's JIT-built FusedAdam (module docstring)
                 opt.setdefault("params", {})["torch_adam"] = True
@@ -249,11 +290,20 @@ class TracePolicyActor(_pa.PolicyModelActor.__ray_metadata__.modified_class):
 
         _pa.Actor, _pa.ActorPPOTrainer = make_actor, TraceActorPPOTrainer
         strategy.get_ds_train_config = ds_train_config
+        guards.require_patched(_pa, "Actor", make_actor, f"{_PA}.Actor")
+        guards.require_patched(_pa, "ActorPPOTrainer", TraceActorPPOTrainer, f"{_PA}.ActorPPOTrainer")
+        guards.require_patched(strategy, "get_ds_train_config", ds_train_config, "DeepspeedStrategy.get_ds_train_config")
         try:
             super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
         finally:
             _pa.Actor, _pa.ActorPPOTrainer = orig_actor, orig_trainer
             strategy.get_ds_train_config = orig_ds_cfg
+        guards.require_called(calls["Actor"], f"{_PA}.Actor", _INIT)
+        guards.require_called(calls["get_ds_train_config"], "DeepspeedStrategy.get_ds_train_config", _INIT)
+        if not isinstance(getattr(self, "trainer", None), TraceActorPPOTrainer):
+            raise guards.PatchNotInForce(f"TRACE's patch of `{_PA}.ActorPPOTrainer` is not in force: "
+                                         f"{_INIT} did not build self.trainer from it")
+        guards.require_attr(self.trainer, "actor_loss_fn", _LOSS)
         self.trainer.trace = self._trace
         self._trace_cfg = cfg
         self._trace_step = 0
@@ -287,5 +337,5 @@ class TracePolicyActor(_pa.PolicyModelActor.__ray_metadata__.modified_class):
         return status
 
 
-__all__ = ["TraceActorPPOTrainer", "TracePolicyActor", "TraceReplay", "hf_model", "metrics_line", "mismatch_metrics",
+__all__ = ["TraceActorPPOTrainer", "TracePolicyActor", "TraceReplay", "check_hooks", "hf_model", "metrics_line", "mismatch_metrics",
            "positions", "prepare_for_qat", "shared_input_modules"]

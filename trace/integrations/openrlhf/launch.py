@@ -14,6 +14,8 @@ What it does (stage rl, the default):
    runtime env whose `worker_process_setup_hook` loads the plugin in every process (plugin.py), puts
    our engine actors (rollout.py) in place of `create_vllm_engines` and our policy actor (actor.py) in
    place of `PolicyModelActor`, and runs OpenRLHF's own `train_ppo_ray` main in this process.
+Before step 1 `check_hooks` verifies the OpenRLHF version and that every name it patches is still
+there and used (guards.py); a miss prints `error: <one line>` and exits 2.
 On a machine without GPUs Ray is given logical GPUs for OpenRLHF's placement and the CPU shim of
 plugin.py handles OpenRLHF's CUDA calls; DeepSpeed runs on its CPU accelerator (gloo).
 `--dry-run` writes the run dir's config and the argv and checks it with OpenRLHF's parser, without
@@ -34,22 +36,32 @@ from pathlib import Path
 import torch
 import yaml
 
-from trace.integrations.openrlhf import stand_ins
+from trace.integrations.openrlhf import guards, stand_ins
 
 stand_ins.install()  # before OpenRLHF's modules import vLLM / flash-attn names
 
-import openrlhf.trainer.ray as orl_ray  # noqa: E402
-import openrlhf.trainer.ray.ppo_actor as orl_actor  # noqa: E402
-import openrlhf.utils.config as orl_config  # noqa: E402
-import ray  # noqa: E402
+try:  # an untested OpenRLHF, or a hook target gone upstream: one line, exit 2 (guards.py)
+    guards.check_openrlhf_version()
+    import openrlhf.cli.train_ppo_ray as orl_main  # noqa: E402
+    import openrlhf.trainer.ray as orl_ray  # noqa: E402
+    import openrlhf.trainer.ray.ppo_actor as orl_actor  # noqa: E402
+    import openrlhf.utils.config as orl_config  # noqa: E402
+    import ray  # noqa: E402
+
+    from trace.integrations.openrlhf import actor as trace_actor  # noqa: E402
+    from trace.integrations.openrlhf.actor import TracePolicyActor  # noqa: E402
+    from trace.integrations.openrlhf.rollout import create_engines  # noqa: E402
+except guards.HookError as _e:
+    if __name__ != "__main__":
+        raise
+    print(f"error: {_e}", file=sys.stderr)
+    sys.exit(2)
 
 from trace import config as C  # noqa: E402
 from trace import rundir  # noqa: E402
 from trace.episode import build_task  # noqa: E402
 from trace.integrations.openrlhf import flags as F  # noqa: E402
 from trace.integrations.openrlhf import plugin  # noqa: E402
-from trace.integrations.openrlhf.actor import TracePolicyActor  # noqa: E402
-from trace.integrations.openrlhf.rollout import create_engines  # noqa: E402
 from trace.models import build_model, build_tokenizer, get_spec, save_checkpoint  # noqa: E402
 
 PKG_DIR = Path(__file__).resolve().parent
@@ -144,6 +156,32 @@ def parse_with_openrlhf(argv: list[str]):
     return seen["args"]
 
 
+CREATE_ENGINES = "openrlhf.trainer.ray.create_vllm_engines"
+POLICY_ACTOR = "openrlhf.trainer.ray.ppo_actor.PolicyModelActor"
+
+
+def check_hooks() -> None:
+    """Start-up check of every hook (guards.py): the OpenRLHF version, the names launch replaces
+    before train_ppo_ray runs (its `train` must still take them from those modules) and the policy
+    actor's hooks (actor.check_hooks). Raises guards.HookError with one line."""
+    guards.check_openrlhf_version()
+    train = guards.require_attr(orl_main, "train", "openrlhf.cli.train_ppo_ray.train")
+    for mod, name, symbol in ((orl_ray, "create_vllm_engines", CREATE_ENGINES),
+                              (orl_actor, "PolicyModelActor", POLICY_ACTOR)):
+        guards.require_attr(mod, name, symbol)
+        guards.require_uses(train, name, symbol, "openrlhf.cli.train_ppo_ray.train")
+    if not issubclass(TracePolicyActor, guards.ray_actor_class(orl_actor.PolicyModelActor, POLICY_ACTOR)):
+        raise guards.PatchNotInForce(f"TracePolicyActor does not derive from the class under `{POLICY_ACTOR}`")
+    trace_actor.check_hooks()
+
+
+def check_patches(engines, policy) -> None:
+    """The replacements of launch are in place (engines None: OpenRLHF's own vLLM engines)."""
+    if engines is not None:
+        guards.require_patched(orl_ray, "create_vllm_engines", engines, CREATE_ENGINES)
+    guards.require_patched(orl_actor, "PolicyModelActor", policy, POLICY_ACTOR)
+
+
 def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int, engine: str = "trace",
                  zero_persistence: int | None = None) -> None:
     """Start Ray with the plugin in every process and run OpenRLHF's train_ppo_ray main here.
@@ -162,11 +200,15 @@ def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int, engine: str =
     ray.init(runtime_env={"env_vars": env_vars, "worker_process_setup_hook": f"{plugin.__name__}.setup"},
              include_dashboard=False, **logical)
     old = (orl_ray.create_vllm_engines, orl_actor.PolicyModelActor, sys.argv)
-    if engine == "trace":
-        orl_ray.create_vllm_engines = partial(create_engines, cfg=cfg, num_gpus=0.2 if gpus > 0 else 0)
-    orl_actor.PolicyModelActor = ray.remote(num_gpus=1)(TracePolicyActor)
-    sys.argv = [F.MODULE, *argv]
     try:
+        engines = None
+        if engine == "trace":
+            engines = partial(create_engines, cfg=cfg, num_gpus=0.2 if gpus > 0 else 0)
+            orl_ray.create_vllm_engines = engines
+        policy = ray.remote(num_gpus=1)(TracePolicyActor)
+        orl_actor.PolicyModelActor = policy
+        check_patches(engines, policy)
+        sys.argv = [F.MODULE, *argv]
         runpy.run_module(F.MODULE, run_name="__main__")
     finally:
         orl_ray.create_vllm_engines, orl_actor.PolicyModelActor, sys.argv = old
@@ -225,6 +267,11 @@ def main(argv=None) -> int:
         # need our engine (docs/openrlhf.md, "vLLM instead of our engine")
         print("error: --engine vllm runs the bf16 arm on GPUs with vLLM installed", file=sys.stderr)
         return 2
+    try:
+        check_hooks()
+    except guards.HookError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     out = Path(a.out)
     rundir.prepare_run_dir(out, cfg, kind="rl-openrlhf")
     argv_orl = build_argv(cfg, out, prepare_model(cfg, out), data, gpus, a.zero_stage)
@@ -233,7 +280,14 @@ def main(argv=None) -> int:
     if a.dry_run:
         parse_with_openrlhf(argv_orl)
         return 0
-    run_openrlhf(cfg, argv_orl, out, gpus, a.engine, a.zero_persistence_threshold)
+    try:
+        run_openrlhf(cfg, argv_orl, out, gpus, a.engine, a.zero_persistence_threshold)
+    except Exception as e:
+        line = guards.one_line(e)  # a hook that failed in a Ray actor surfaces wrapped in RayTaskError
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     finish(cfg, out)
     return 0
 

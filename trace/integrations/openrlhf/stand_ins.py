@@ -29,7 +29,11 @@ from dataclasses import dataclass
 
 import torch
 
-STAND_IN_VERSION = "0.0.0+trace-stand-in"  # OpenRLHF compares vllm.__version__ with packaging.version
+# OpenRLHF 0.11.2 compares vllm.__version__ with packaging.version: below 0.16 it sets
+# NCCL_CUMEM_ENABLE=0 for the weight-sync group (ppo_actor.py), and its engines assert > 0.10.0.
+# The stand-in reports the vLLM release OpenRLHF 0.11.2 pins (its `vllm` extra: vllm==0.29.0), so
+# every comparison takes the current path; the local label marks it as ours.
+STAND_IN_VERSION = "0.29.0+trace.stand.in"
 
 
 # ---------------------------------------------------------------------------------------------- flash_attn
