@@ -4,7 +4,7 @@ import pytest
 from trace import config as C
 from trace.integrations.openrlhf.flags import UnsupportedConfig, ppo_flags
 from trace.integrations.openrlhf.launch import parse_with_openrlhf
-from trace.rl.trainer import ARMS
+from trace.arms import ARMS
 
 
 def _cfg(*sets):
