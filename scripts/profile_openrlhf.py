@@ -92,7 +92,7 @@ def main():
     cfg = C.load_config(None, [f"model={args.model}", f"rl.method={args.method}", "rl.max_new_tokens=16",
                                f"rl.group_size={args.group}", *args.set])
     rl = cfg["rl"]
-    exs = get_task("reasoning", difficulty="easy").make_split("train", args.prompts, 0)
+    exs = get_task("reasoning-short", difficulty="easy").make_split("train", args.prompts, 0)
     out = {"method": args.method, "model": args.model, "prompts": args.prompts, "group": args.group,
            "diag_flips": rl["diag_flips"]}
 

@@ -95,8 +95,9 @@ def test_done_run_records_its_end_time(tmp_path):
 
 
 def test_bad_inputs_create_no_run_dir(tmp_path):
-    cfg = C.load_config(None, ["model=qwen9_moe-tiny"])
+    """An unknown model is refused when the config is loaded (the registry's names), before any run dir."""
     with pytest.raises(C.ConfigError, match="config key 'model': unknown model 'qwen9_moe-tiny'"):
+        cfg = C.load_config(None, ["model=qwen9_moe-tiny"])
         rundir.prepare_run_dir(tmp_path / "run", cfg, kind="sft")
     assert not (tmp_path / "run").exists()
 

@@ -30,7 +30,7 @@ def main(ckpt: str, cfg_path: str | None = None) -> None:
     torch.set_num_threads(1)
     if cfg_path is None:
         model_dir = Path(ckpt).parents[1]  # .../<model>/reasoning/sft -> .../<model>
-        cfg_path = str(model_dir.parent / "configs" / model_dir.name / "reasoning" / "trace-seed0.yaml")
+        cfg_path = str(model_dir.parent / "configs" / model_dir.name / "reasoning-short" / "trace-seed0.yaml")
     cfg = C.load_config(cfg_path, ["wandb.mode=disabled"])
     model, _ = load_checkpoint(rundir.resolve_checkpoint(ckpt), device="cpu", load_tokenizer=False)
     task, tok = build_task(cfg), build_tokenizer()

@@ -11,7 +11,7 @@ from benchmarks.bench_trainer_step import main
 @pytest.mark.slow
 def test_rows_and_ratios(tmp_path):
     out = tmp_path / "t.csv"
-    rows = main(["--profile", "experiments/profiles/smoke.yaml", "--model", "mixtral-tiny", "--task", "reasoning",
+    rows = main(["--profile", "experiments/profiles/smoke.yaml", "--model", "mixtral-tiny", "--task", "reasoning-short",
                  "--arms", "bf16", "qat-independent", "--kernels", "off", "on", "--steps", "2",
                  "--prompts", "2", "--device", "cpu", "--out", str(out)])
     got = [(r["arm"], r["fp4_kernels"]) for r in rows]
@@ -31,7 +31,7 @@ def test_rows_and_ratios(tmp_path):
 def test_processes_at_once(tmp_path):
     """--procs 2: the arm runs in two processes at once; the row has their median times, the throughput of both,
     and the k3 of one process alone (same config and seed: the same first step)."""
-    args = ["--profile", "experiments/profiles/smoke.yaml", "--model", "mixtral-tiny", "--task", "reasoning",
+    args = ["--profile", "experiments/profiles/smoke.yaml", "--model", "mixtral-tiny", "--task", "reasoning-short",
             "--arms", "qat-independent", "--kernels", "off", "--steps", "2", "--prompts", "2", "--device", "cpu"]
     one = main(args + ["--out", str(tmp_path / "one.csv")])[0]
     two = main(args + ["--procs", "2", "--recompute-experts", "--out", str(tmp_path / "two.csv")])[0]

@@ -17,7 +17,7 @@ SMOKE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abs
 
 
 def _cfg(arm):
-    return step_config(SMOKE, "qwen3_moe-tiny", "reasoning", arm, 4, threads=1, rho=1.0)[0]
+    return step_config(SMOKE, "qwen3_moe-tiny", "reasoning-short", arm, 4, threads=1, rho=1.0)[0]
 
 
 def test_trace_keeps_little_more_than_independent_qat():

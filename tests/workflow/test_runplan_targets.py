@@ -19,10 +19,10 @@ def test_one_model_and_task():
     plan = _plan("small")
     model = next(m for m in plan.config["models"] if m not in plan.config["ablation"]["models"])
     t = plan.targets(model, "reasoning-short")
-    runs = [r for r in plan.runs if r.model == model and r.task == "reasoning"]
+    runs = [r for r in plan.runs if r.model == model and r.task == "reasoning-short"]
     assert len(runs) == len(plan.config["methods"]) * len(plan.config["seeds"])
     assert t[:-1] == [f"{plan.run_dir(r.model, r.task, r.arm, r.seed)}/eval.json" for r in runs]
-    assert t[-1] == f"{plan.sft_dir(model, 'reasoning')}/eval.json"
+    assert t[-1] == f"{plan.sft_dir(model, 'reasoning-short')}/eval.json"
 
 
 def test_every_task_of_a_model_and_its_ablations():

@@ -2,9 +2,9 @@
 import pytest
 
 from trace import config as C
+from trace.arms import ARMS
 from trace.integrations.openrlhf.flags import UnsupportedConfig, ppo_flags
 from trace.integrations.openrlhf.launch import parse_with_openrlhf
-from trace.arms import ARMS
 
 
 def _cfg(*sets):
