@@ -91,8 +91,6 @@ def _kernel_imports(mod: str) -> set[str]:
 KERNEL_IMPORTS = {m: k for m in MODULES if (k := _kernel_imports(m))}
 NUMERICS = {"kernels.reference", "kernels.quantize"}  # formats, tables, (fake) quantization: via trace.fp4
 ENGINE = {m for m in MODULES if m.startswith("trace.rollout.")}  # the engine launches the compute kernels
-# modules still importing the numerics directly, each to move to `from trace.fp4 import reference as ref`
-NOT_YET = {"trace.guidance.align"}
 
 
 def _layer(mod: str) -> str | None:
@@ -133,7 +131,7 @@ def test_fp4_is_the_bottom_and_guidance_sits_on_it():
 
 def test_kernel_numerics_only_through_fp4():
     bad = [f"{m} imports {k}" for m, ks in KERNEL_IMPORTS.items() for k in ks & NUMERICS
-           if _layer(m) != "fp4" and m not in NOT_YET]
+           if _layer(m) != "fp4"]
     assert bad == [], "formats and quantization come from trace.fp4 (trace/fp4/__init__.py)"
 
 
@@ -141,7 +139,3 @@ def test_compute_kernels_only_from_the_engine():
     bad = [f"{m} imports {k}" for m, ks in KERNEL_IMPORTS.items() for k in ks - NUMERICS if m not in ENGINE]
     assert bad == [], "only the engine (trace/rollout) launches kernels/ (trace/fp4/__init__.py)"
 
-
-def test_exceptions_are_still_needed():
-    """NOT_YET lists only modules that still import the numerics directly (drop one once it moves)."""
-    assert all(KERNEL_IMPORTS.get(m, set()) & NUMERICS for m in NOT_YET)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import reference as ref
+from trace.fp4 import reference as ref
 
 MARGIN = 0.1  # grid steps past the boundary; ties and the next step's noise stay on the rollout's side
 CAP = 1.0  # grid steps on the wrong side of the boundary beyond which an item's distance stops growing
