@@ -39,6 +39,7 @@ import yaml
 
 from trace.arms import ARMS, MAIN_METHODS, POSTHOC, Arm
 from trace.rundir import read_metrics
+from trace.stats import clustered_se as se_clustered  # the evaluation's own SE (one implementation)
 
 __all__ = ["LAYER_METRICS", "MAIN_METHODS", "POSTHOC", "RunData", "load_run", "load_runs", "summarize"]
 FINAL_FRAC = 1 / 3
@@ -159,25 +160,6 @@ def _tail_mean(y: np.ndarray, frac: float = FINAL_FRAC) -> float:
 def _tail_se(y: np.ndarray, frac: float = FINAL_FRAC) -> float:
     t = _tail(y, frac)
     return float(np.std(t, ddof=1) / math.sqrt(t.size)) if t.size > 1 else math.nan
-
-
-def se_clustered(per_prompt: list[float] | np.ndarray, cluster: list[int] | np.ndarray | None = None) -> float:
-    """Standard error of a mean of per-example accuracies whose samples are clustered: by example (cluster None:
-    sd over examples / sqrt(examples)), or by `cluster[i]`, example i's cluster (the prompt a task's examples
-    share, eval.json's `cluster`), with the cluster-robust CR1 formula of trace/episode.py's clustered_se, which
-    equals the former when every example is its own cluster. Samples of one cluster are correlated, so a
-    binomial SE over samples, or one over examples where clusters hold several, would understate it."""
-    p = np.asarray(per_prompt, dtype=float)
-    if cluster is None:
-        return float(np.std(p, ddof=1) / math.sqrt(p.size)) if p.size > 1 else math.nan
-    ids = np.asarray(cluster, dtype=int)
-    if ids.size != p.size:
-        raise ValueError(f"{ids.size} cluster ids for {p.size} examples")
-    c = np.unique(ids).size
-    if c < 2:
-        return math.nan
-    sums = np.bincount(ids, weights=p - p.mean())
-    return float(math.sqrt(c / (c - 1) * np.sum(sums**2)) / p.size)
 
 
 def eval_block_se(blk: dict) -> float:

@@ -30,6 +30,7 @@ import torch
 
 from trace.models import EOS_ID
 from trace.rollout import EnvPool, RolloutBatch, RolloutEngine
+from trace.stats import clustered_se
 
 
 def encode_prompt(tok, prompt: str) -> list[int]:
@@ -128,23 +129,3 @@ def evaluate_policy(model, cfg: dict, task, tok, mode: str = "bf16", examples=No
             "n_clusters": len(set(cluster)), "se": clustered_se(per_prompt, cluster), "per_prompt": per_prompt,
             "cluster": cluster, "tokens_per_s": ep.batch.num_generated_tokens / max(ep.generate_s, 1e-9),
             "response_len": ep.batch.num_generated_tokens / max(len(ep.scores), 1)}  # generated tokens per sample
-
-
-def clustered_se(per_prompt: list[float], cluster: list[int] | None = None) -> float:
-    """Standard error of the mean of per-example accuracies (equal samples per example) whose examples are
-    grouped in clusters (`cluster[i]`: example i's cluster; None: every example its own cluster), the
-    cluster-robust (CR1) formula sqrt(C / (C - 1) * sum_c (sum_{i in c} (p_i - mean))^2) / N: samples of one
-    cluster are correlated, so a binomial SE over samples, or one over examples when clusters hold several,
-    would understate it. With one example per cluster it is sd(p) / sqrt(N). NaN for fewer than two
-    clusters."""
-    p = torch.tensor(per_prompt, dtype=torch.float64)
-    if cluster is None:
-        return float(p.std(unbiased=True) / p.numel() ** 0.5) if p.numel() > 1 else float("nan")
-    if len(cluster) != p.numel():
-        raise ValueError(f"{len(cluster)} cluster ids for {p.numel()} examples")
-    ids = torch.tensor(cluster, dtype=torch.long)
-    c = int(torch.unique(ids).numel())
-    if c < 2:
-        return float("nan")
-    sums = torch.zeros(int(ids.max()) + 1, dtype=torch.float64).index_add_(0, ids, p - p.mean())
-    return float((c / (c - 1) * (sums**2).sum()).sqrt() / p.numel())
