@@ -29,16 +29,20 @@ def small_cfg(extra=(), init_ckpt=None):
     return C.load_config(None, ov + list(extra))
 
 
+def smoke_sft(out: Path, extra=()) -> Path:
+    """Run SFT_CONFIG (with `extra` overrides, e.g. another model) into `out`; returns `out`."""
+    from trace.sft import run_sft
+    torch.set_num_threads(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_sft(C.load_config(ROOT / SFT_CONFIG, ROOT_OVERRIDES + list(extra)), out, progress=False)
+    return out
+
+
 @pytest.fixture(scope="session")
 def sft_ckpt(tmp_path_factory):
     """Run dir of a short SFT of qwen3_moe-tiny on easy arithmetic (the RL tests' base policy)."""
-    from trace.sft import run_sft
-    torch.set_num_threads(2)
-    out = tmp_path_factory.mktemp("sft") / "run"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_sft(C.load_config(ROOT / SFT_CONFIG, ROOT_OVERRIDES), out, progress=False)
-    return out
+    return smoke_sft(tmp_path_factory.mktemp("sft") / "run")
 
 
 @pytest.fixture(autouse=True)

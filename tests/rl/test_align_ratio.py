@@ -7,25 +7,17 @@ at every coefficient, the frozen one included. Measured on this setup (results/g
 from __future__ import annotations
 
 import statistics
-import warnings
 
 import pytest
-import torch
 
-from tests.rl.conftest import RL_CONFIG, ROOT, ROOT_OVERRIDES, SFT_CONFIG
+from tests.rl.conftest import RL_CONFIG, ROOT, ROOT_OVERRIDES, smoke_sft
 from trace import config as C
 
 
 @pytest.fixture(scope="module")
 def mixtral_sft(tmp_path_factory):
     """Run dir of the smoke SFT (experiments/configs/smoke_sft_reasoning.yaml) of mixtral-tiny."""
-    from trace.sft import run_sft
-    torch.set_num_threads(2)
-    out = tmp_path_factory.mktemp("sft_mixtral") / "run"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_sft(C.load_config(ROOT / SFT_CONFIG, ROOT_OVERRIDES + ["model=mixtral-tiny"]), out, progress=False)
-    return out
+    return smoke_sft(tmp_path_factory.mktemp("sft_mixtral") / "run", ["model=mixtral-tiny"])
 
 
 @pytest.mark.slow
