@@ -104,6 +104,16 @@ def coding_example(inputs=(4,)) -> Example:
     return Example(prompt="f(0)=1\ndef f(x): return", label=label, datasource="coding")
 
 
+def _score_zero_or_refused(task, ex, responses):
+    """Every response scores 0.0 where a kernel boundary exists (or running without one is opted into); without
+    one, the reward path refuses to score at all."""
+    if not CAPS["boundary"] and os.environ.get(sandbox.ALLOW_ENV) != "1":
+        with pytest.raises(SandboxUnavailable):
+            task.score_batch([ex] * len(responses), responses)
+    else:
+        assert task.score_batch([ex] * len(responses), responses) == [0.0] * len(responses)
+
+
 def test_gc_closure_escape_scores_zero_through_the_reward_path(outside):
     task = get_task("coding", timeout_s=10.0)
     ex = coding_example()
@@ -113,11 +123,7 @@ def test_gc_closure_escape_scores_zero_through_the_reward_path(outside):
         assert len(expr) <= MAX_EXPR_CHARS and clean_expression(" " + expr + "\n") == expr, (name, len(expr))
         responses.append(" " + expr + "\n")
     assert task.score_batch([ex], [" 2*x+1\n"]) == [1.0]
-    if not CAPS["boundary"] and os.environ.get(sandbox.ALLOW_ENV) != "1":
-        with pytest.raises(SandboxUnavailable):
-            task.score_batch([ex] * len(responses), responses)
-    else:
-        assert task.score_batch([ex] * len(responses), responses) == [0.0] * len(responses)
+    _score_zero_or_refused(task, ex, responses)
     assert_untouched(outside)
 
 
@@ -127,11 +133,7 @@ def test_builtins_and_frame_escapes_score_zero_through_the_reward_path(outside):
     responses = [" " + answer(n, a) + "\n" for n in (BUILTINS, SYS_MODULES, FRAMES)
                  for a in actions(outside).values()]
     assert all(len(r.strip()) <= MAX_EXPR_CHARS for r in responses)
-    if not CAPS["boundary"] and os.environ.get(sandbox.ALLOW_ENV) != "1":
-        with pytest.raises(SandboxUnavailable):
-            task.score_batch([ex] * len(responses), responses)
-    else:
-        assert task.score_batch([ex] * len(responses), responses) == [0.0] * len(responses)
+    _score_zero_or_refused(task, ex, responses)
     assert_untouched(outside)
 
 
