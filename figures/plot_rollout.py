@@ -120,11 +120,13 @@ def plot_rollout(rollout_dir: str | None, out: str) -> list[str]:
             # a breakdown is keyed by everything that identifies it, its profiled context (`prompt`) included;
             # the generate row it was measured with has the same source and a mean context prompt + gen/2
             key_cols = ["shape", "batch", "provider", "prompt"]
-            bars = list(dict.fromkeys(br[key_cols].itertuples(index=False, name=None)))
-            src = dict(zip(br[key_cols].itertuples(index=False, name=None), br["source"], strict=True))
+            br["bar"] = list(br[key_cols].itertuples(index=False, name=None))
+            bars = list(dict.fromkeys(br["bar"]))
+            src = dict(zip(br["bar"], br["source"], strict=True))
+            rows = {bar: br[[b == bar for b in br["bar"]]] for bar in bars}  # each bar's rows, selected once
             bottom = np.zeros(len(bars))
             for k, comp in enumerate(COMPONENTS):
-                v = np.array([br[(br[key_cols].apply(tuple, axis=1) == bar) & (br["component"] == comp)]["ms_step"].sum()
+                v = np.array([rows[bar][rows[bar]["component"] == comp]["ms_step"].sum()
                               for bar in bars])
                 ax.bar(range(len(bars)), v, 0.7, bottom=bottom, label=comp, color=plt.cm.Set2(k))
                 bottom += v
@@ -141,7 +143,7 @@ def plot_rollout(rollout_dir: str | None, out: str) -> list[str]:
                     ax.plot([j - 0.35, j + 0.35], [w] * 2, color="black", linewidth=2,
                             label="decode step, wall (graphs)" if not wall_labelled else None)
                     wall_labelled = True
-                gb = br[(br[key_cols].apply(tuple, axis=1) == bar) & (br["component"] == "graph-busy")]["ms_step"]
+                gb = rows[bar][rows[bar]["component"] == "graph-busy"]["ms_step"]
                 if len(gb):
                     ax.plot([j - 0.35, j + 0.35], [float(gb.iloc[-1])] * 2, color="black", linewidth=1.5,
                             linestyle="--", label="device busy (graphs)" if not busy_labelled else None)
