@@ -11,9 +11,10 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 wheels=${WHEELS:-.whl-pipe}
 if [ -d "$wheels" ]; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site-unit "$wheels"/*.whl > "$out/install.log" 2>&1 \
+  SITE=/tmp/site-unit bash scripts/gpu/offline_wheels.sh install "$wheels" > "$out/install.log" 2>&1 \
     || { tail -5 "$out/install.log"; exit 1; }
-  export PYTHONPATH=$PYTHONPATH:/tmp/site-unit
+  grep '^bwrap' "$out/install.log"
+  export PYTHONPATH=$PYTHONPATH:/tmp/site-unit PATH=/tmp/site-unit/bin:$PATH
 fi
 GPU_SUITE=${GPU_SUITE:-fast} bash scripts/gpu/gpu_tests.sh || { echo "GPU tests failed: nothing run"; exit 1; }
 work=/tmp/unit/$profile; mkdir -p "$work"

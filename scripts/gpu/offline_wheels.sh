@@ -42,6 +42,11 @@ with zipfile.ZipFile(path) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATE
             dst.writestr(item, src.read(item.filename))
 os.replace(tmp, path)
 PY
+    # bubblewrap, the coding sandbox's kernel boundary (trace/tasks/sandbox.py refuses to run generated code
+    # without it): the image has no apt access, so its .deb travels and `install` unpacks it under $SITE
+    if command -v apt-get > /dev/null; then
+      (cd "$dir" && apt-get download -q bubblewrap > /dev/null 2>&1) || echo "note: apt-get download bubblewrap failed" >&2
+    fi
     if [ "$set_" = pipeline ]; then du -sh "$dir"; exit 0; fi
   fi
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY_VER" --implementation cp "${plat[@]}" \
@@ -72,9 +77,26 @@ install)
     # one pip call for wheels and sdists (deepspeed, connection-pool): a second `--target --upgrade` call
     # replaces the target's bin/ with its own, which took the snakemake script away
     shopt -s nullglob
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
-      --target "$site" "$dir"/*.whl "$dir"/*.tar.gz
+    pkgs=("$dir"/*.whl "$dir"/*.tar.gz)
+    mkdir -p "$site"
+    if [ ${#pkgs[@]} -gt 0 ]; then
+      python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
+        --target "$site" "${pkgs[@]}"
+    fi
     touch "$stamp"
+  fi
+  # bubblewrap from its .deb (dpkg -x into $site/deb, never into /), linked into $site/bin, which the callers
+  # put on PATH; one line says whether it runs a command in fresh namespaces here
+  if compgen -G "$dir/bubblewrap_*.deb" > /dev/null && ! command -v bwrap > /dev/null; then
+    mkdir -p "$site/deb" "$site/bin"
+    dpkg -x "$(compgen -G "$dir/bubblewrap_*.deb" | head -1)" "$site/deb"
+    ln -sf "$site/deb/usr/bin/bwrap" "$site/bin/bwrap"
+  fi
+  bw=$(PATH=$site/bin:$PATH command -v bwrap || true)
+  if [ -n "$bw" ] && "$bw" --unshare-pid --unshare-net --unshare-ipc --unshare-uts --ro-bind / / true 2> /dev/null; then
+    echo "bwrap: $bw runs (coding rewards sandboxed)"
+  else
+    echo "bwrap: ${bw:-missing} does not run here; coding rewards refuse unless TRACE_SANDBOX_ALLOW_NO_BOUNDARY=1"
   fi
   # compgen, not [ -e glob ]: under nullglob an empty glob leaves `[ -e ]`, which is true
   if compgen -G "$dir/snakemake-*.whl" > /dev/null; then
