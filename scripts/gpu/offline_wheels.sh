@@ -7,7 +7,8 @@
 #                                                           # a second install of the same DIR there is a no-op
 #   export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH   # then run as usual
 # SET is `openrlhf` (default: scripts/gpu/openrlhf_small.sh), `pipeline` (Snakemake 9.27.1 and its
-# dependencies, 13 MB, for `snakemake --configfile experiments/profiles/small.yaml` there) or `all` (both,
+# dependencies, 13 MB, for `snakemake --configfile experiments/profiles/small.yaml` there, plus bubblewrap's
+# .deb for the coding sandbox, unpacked under $SITE, never into /) or `all` (both,
 # 51 MB: one package each). Either drops PuLP's bundled CBC solver binaries (16 MB), which only Snakemake's
 # ILP scheduler runs: there, run snakemake with `--scheduler greedy` (scripts/gpu/profile_chunk.sh does); the
 # repository's own results had grown past what a 64 MiB carry leaves for the untrimmed 28 MB.
