@@ -50,7 +50,54 @@ def test_rollout_ratio_refused():
 
 def test_vllm_engine_only_for_bf16(tmp_path):
     from trace.integrations.openrlhf.launch import main
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "c.yaml"
     cfg.write_text("model: qwen3_moe-tiny\nrl: {method: trace}\n")
     assert main(["--config", str(cfg), "--out", str(tmp_path / "o"), "--engine", "vllm", "--gpus", "8"]) == 2
     assert not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------------------------------ launch -- FLAGS
+def _launch(tmp_path, *args):
+    import json
+
+    from trace.integrations.openrlhf.launch import main
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: qwen3_moe-tiny\ntask: {name: reasoning, n_train: 32}\n"
+                   "rl: {method: trace, steps: 2, prompts_per_step: 2, group_size: 2}\n")
+    out = tmp_path / "o"
+    rc = main(["--config", str(cfg), "--out", str(out), "--dry-run", *map(str, args)])
+    if rc:
+        return rc, None, None
+    return rc, json.loads((out / "openrlhf_args.json").read_text()), json.loads((out / "openrlhf_argv.json").read_text())
+
+
+def test_user_flags_reach_openrlhfs_parsed_args(tmp_path):
+    rc, args, argv = _launch(tmp_path, "--gpus", 0, "--", "--actor.gradient_checkpointing_enable",
+                             "--train.micro_batch_size", 2, "--rollout.micro_batch_size=1", "--ckpt.max_num", 1)
+    assert rc == 0
+    assert args["actor.gradient_checkpointing_enable"] is True and args["ckpt.max_num"] == 1
+    assert args["train.micro_batch_size"] == 2 and args["rollout.micro_batch_size"] == 1
+    assert argv.count("--train.micro_batch_size") == 1  # the user's value replaced TRACE's default
+    assert args["ckpt.load_enable"] is True and args["ckpt.path"].endswith("ckpt/deepspeed")  # resume on rerun
+
+
+def test_colocation_is_a_launch_option(tmp_path):
+    _, args, _ = _launch(tmp_path / "a", "--gpus", 2)
+    assert args["train.colocate_all"] is True and args["actor.num_gpus_per_node"] == 2
+    _, args, _ = _launch(tmp_path / "b", "--gpus", 2, "--colocate", "none")
+    assert args["train.colocate_all"] is False and args["vllm.num_engines"] == 2
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--actor.adam.lr", "1e-3"], "--actor.adam.lr is set by TRACE (from rl.lr)"),
+    (["--train.see", "3"], "--train.see is set by TRACE (from seed)"),  # an abbreviation argparse would accept
+    (["--ds.zero_stage", "2"], "launch --zero-stage"),
+    (["--no.such_flag"], "--no.such_flag is not a flag of OpenRLHF's train_ppo_ray"),
+])
+def test_conflicting_or_unknown_user_flag_refused(tmp_path, capsys, flags, needle):
+    rc, _, _ = _launch(tmp_path, "--gpus", 0, "--", *flags)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "o").exists()  # refused before the run dir is made

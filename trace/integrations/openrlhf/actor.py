@@ -19,7 +19,15 @@
 - the arm's weighted alignment term (`Method.alignment`) is added to OpenRLHF's policy loss; the mismatch
   metrics (k1, k3, |dlp|, ratio-outside, chi2 over action tokens, against the rollout log-probs)
   and flip rates go into `experience.info`, which OpenRLHF logs, and rank 0 appends one line per
-  step to `$TRACE_RUN_DIR/metrics.jsonl` with the embedded trainer's metric names.
+  step to `$TRACE_RUN_DIR/metrics.jsonl` with the embedded trainer's metric names;
+- resume: launch always passes `--ckpt.load_enable`, so OpenRLHF's `init_model_from_pretrained` loads
+  the newest DeepSpeed checkpoint under `--ckpt.path` and keeps its client states; the actor counts
+  steps on from their `global_step` and opens the metrics log as the embedded trainer does
+  (`rundir.MetricsLog.open(upto_step=global_step)`: lines past the checkpoint, a torn last line, go);
+- periodic held-out evaluation (`rl.eval_every`), as `trace.rl.trainer.RLTrainer.run`: step 0 (a fresh
+  run) gets its own line with `eval_accuracy`, and every eval_every-th step and the last add
+  `eval_accuracy` and `eval_reward` to their line; `trace.episode.evaluate_policy` on the policy in
+  the arm's deployment, its parameters gathered under ZeRO-3 (every rank enters, rank 0 evaluates).
 DeepSpeed's optimizer is torch's AdamW (`torch_adam`, the same update): DeepSpeed's own Adam is an
 extension built on first use on every fresh machine (g++ on a CPU; nvcc on a GPU, where DeepSpeed 0.19.6
 fails to parse a TORCH_CUDA_ARCH_LIST entry such as "9.0a", ops/op_builder/builder.py:708).
@@ -44,6 +52,7 @@ import openrlhf.trainer.ppo_utils.samples_generator as _sg  # noqa: E402
 import openrlhf.trainer.ray.ppo_actor as _pa  # noqa: E402
 
 from trace import rundir  # noqa: E402
+from trace.episode import build_task, evaluate_policy  # noqa: E402
 from trace.guidance import Method  # noqa: E402
 from trace.guidance.mismatch import mismatch_metrics  # noqa: E402
 from trace.integrations.openrlhf.records import batch_records, coverages  # noqa: E402
@@ -241,6 +250,8 @@ def check_hooks() -> None:
     for name in ("Actor", "ActorPPOTrainer"):
         guards.require_attr(_pa, name, f"{_PA}.{name}")
         guards.require_uses(init, name, f"{_PA}.{name}", _INIT)
+    # resume: the DeepSpeed checkpoint's client states (global_step) are kept on the actor
+    guards.require_uses(init, "checkpoint_states", f"{_PA}.PolicyModelActor.checkpoint_states", _INIT)
     guards.require_attr(_pa.DeepspeedStrategy, "get_ds_train_config", "DeepspeedStrategy.get_ds_train_config")
     guards.require_uses(init, "get_ds_train_config", "DeepspeedStrategy.get_ds_train_config", _INIT)
     for name in ("forward", "fit"):
@@ -306,12 +317,40 @@ class TracePolicyActor(_BASE):
         guards.require_attr(self.trainer, "actor_loss_fn", _LOSS)
         self.trainer.trace = self._trace
         self._trace_cfg = cfg
-        self._trace_step = 0
-        self._trace_t = time.perf_counter()
+        states = guards.require_attr(self, "checkpoint_states", f"{_PA}.PolicyModelActor.checkpoint_states")
+        start = int((states or {}).get("global_step", 0))  # > 0: resumed from OpenRLHF's DeepSpeed checkpoint
+        self._trace_step = start
         self._trace_log = None
         if torch.distributed.get_rank() == 0:
-            # OpenRLHF has no resume of our metrics: a restarted launch starts the log afresh
-            self._trace_log = rundir.MetricsLog.open(plugin.run_dir(), upto_step=None)
+            # as the embedded trainer: a resumed run keeps the lines up to its checkpoint's step, a fresh one none
+            self._trace_log = rundir.MetricsLog.open(plugin.run_dir(), upto_step=start if start else None)
+        if not start and cfg["rl"]["eval_every"]:
+            # step 0: the initial policy's held-out accuracy in this arm's deployment
+            ev = self._trace_evaluate()
+            if self._trace_log is not None:
+                self._trace_log.log({"step": 0, "method": cfg["rl"]["method"], "eval_accuracy": ev["accuracy"]})
+        self._trace_t = time.perf_counter()
+
+    def _trace_evaluate(self) -> dict | None:
+        """`evaluate_policy` on the current policy in the arm's deployment (rank 0's result; None elsewhere).
+        Under ZeRO-3 every rank gathers the parameters (a collective), rank 0 evaluates."""
+        cfg = self._trace_cfg
+        model = hf_model(self.actor)
+        ctx = contextlib.nullcontext()
+        if self.strategy.args.ds.zero_stage == 3:
+            import deepspeed
+            ctx = deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+        ev = None
+        with ctx, torch.no_grad():
+            if torch.distributed.get_rank() == 0:
+                was = model.training
+                model.eval()
+                try:
+                    ev = evaluate_policy(model, cfg, build_task(cfg), self.tokenizer, mode=self._trace.arm.deploy)
+                finally:
+                    model.train(was)
+        torch.distributed.barrier()
+        return ev
 
     def forward(self, sequences, action_mask=None, attention_mask=None, packed_seq_lens=None,
                 mm_train_inputs_list=None):
@@ -326,14 +365,22 @@ class TracePolicyActor(_BASE):
         status = super().fit(kl_ctl)
         t1 = time.perf_counter()
         self._trace_step += 1
+        rl = self._trace_cfg["rl"]
+        every = rl["eval_every"]
+        ev = None
+        if every and (self._trace_step % every == 0 or self._trace_step == rl["steps"]):
+            ev = self._trace_evaluate()
+        t2 = time.perf_counter()
         if self._trace_log is not None:
-            rl = self._trace_cfg["rl"]
             rec = metrics_line(self._trace_step, rl["method"], status, rl["kl_coef"] > 0)
             rec["time_train_s"] = t1 - t0
-            rec["time_step_s"] = t1 - self._trace_t
             rec["time_rollout_s"] = max(0.0, t0 - self._trace_t)
+            if ev is not None:
+                rec["eval_accuracy"], rec["eval_reward"] = ev["accuracy"], ev["reward"]
+                rec["time_eval_s"] = t2 - t1
+            rec["time_step_s"] = t2 - self._trace_t  # with the evaluation, as the embedded trainer's
             self._trace_log.log(rec)
-        self._trace_t = t1
+        self._trace_t = t2
         return status
 
 

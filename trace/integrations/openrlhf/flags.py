@@ -16,6 +16,14 @@ shared RL hyper-parameters into OpenRLHF's names, so both trainers optimise the 
 OpenRLHF's decoupled PPO ratio (old policy = the trainer's own log-prob) is rl.ppo_ratio="trainer";
 "rollout" has no OpenRLHF equivalent and is refused. TRACE's own settings (method, rho, align_coef,
 fmt) are not OpenRLHF flags: the plugin reads them from the run dir's config.yaml.
+
+The user's own flags (`launch ... -- FLAGS`) join TRACE's through `merge_user_flags`: any
+`train_ppo_ray` flag TRACE does not set is appended as given; a flag TRACE derives from the run config
+or a launch option is refused with one line naming it and where to change it (`FlagConflict`), except
+the few TRACE only defaults (`USER_SETTABLE`: micro-batch sizes, engine count), which the user's value
+replaces. Flags are compared by OpenRLHF's own argparse destinations, so aliases and abbreviations
+are caught too. `--ckpt.load_enable` is always on: a rerun of the same command loads OpenRLHF's
+DeepSpeed checkpoint (`--ckpt.path`), and the policy actor continues the metrics log from its step.
 Compared against: OpenRLHF's own argument parser (tests/integrations/openrlhf/test_flags.py parses
 every arm's flags with `openrlhf.cli.train_ppo_ray`'s parser and its validation).
 """
@@ -28,6 +36,70 @@ MODULE = "openrlhf.cli.train_ppo_ray"
 
 class UnsupportedConfig(ValueError):
     """A config value that OpenRLHF cannot express."""
+
+
+class FlagConflict(ValueError):
+    """A user's train_ppo_ray flag that TRACE sets itself (the message is one line)."""
+
+
+# flags TRACE sets only as a default: the user's value (after `launch --`) replaces TRACE's
+USER_SETTABLE = {
+    "train.micro_batch_size": "training micro-batch per GPU (TRACE: the whole per-rank batch)",
+    "rollout.micro_batch_size": "old-log-prob forward micro-batch per GPU (TRACE: the whole per-rank batch)",
+    "vllm.num_engines": "rollout engine actors (TRACE: one per actor GPU)",
+}
+# where a flag TRACE owns comes from: the message of FlagConflict says where to change it
+SOURCE = {
+    "actor.model_name_or_path": "rl.init_ckpt", "train.seed": "seed", "actor.adam.lr": "rl.lr",
+    "actor.adam.weight_decay": "rl.weight_decay", "actor.max_norm": "rl.grad_clip", "actor.eps_clip": "rl.clip_eps",
+    "rollout.n_samples_per_prompt": "rl.group_size", "rollout.batch_size": "rl.prompts_per_step",
+    "train.batch_size": "rl.prompts_per_step x rl.group_size", "rollout.max_new_tokens": "rl.max_new_tokens",
+    "rollout.temperature": "rl.temperature", "algo.advantage.estimator": "rl.advantage",
+    "data.max_samples": "rl.steps x rl.prompts_per_step", "ckpt.save_steps": "rl.ckpt_every",
+    "algo.kl.init_coef": "rl.kl_coef", "algo.advantage.is_correction_level": "rl.tis_cap / rl.icepop",
+    "algo.advantage.is_correction_mode": "rl.tis_cap / rl.icepop",
+    "algo.advantage.is_correction_threshold": "rl.tis_cap / rl.icepop",
+    "ds.zero_stage": "launch --zero-stage", "train.colocate_all": "launch --colocate",
+    "actor.num_gpus_per_node": "launch --gpus", "ref.num_gpus_per_node": "launch --gpus",
+    "ckpt.path": "launch --out", "ckpt.output_dir": "launch --out", "data.prompt_dataset": "task.train_jsonl",
+}
+
+
+def flag_groups(argv: list[str]) -> list[tuple[str, list[str]]]:
+    """[(option string, the tokens of that flag: option and values)] of an argv of `--name [values]` flags
+    (`--name=value` kept as one token)."""
+    groups: list[tuple[str, list[str]]] = []
+    for tok in argv:
+        if tok.startswith("--"):
+            groups.append((tok.split("=", 1)[0], [tok]))
+        elif not groups:
+            raise FlagConflict(f"train_ppo_ray flags must start with an option, got {tok!r}")
+        else:
+            groups[-1][1].append(tok)
+    return groups
+
+
+def merge_user_flags(trace_argv: list[str], user_argv: list[str], dest_of) -> list[str]:
+    """TRACE's argv with the user's flags: a flag TRACE sets raises FlagConflict unless it is in
+    USER_SETTABLE (then the user's replaces TRACE's); any other is appended. dest_of(option) -> the
+    argparse destination in OpenRLHF's parser (KeyError: no such flag)."""
+    def dest(opt):
+        try:
+            return dest_of(opt)
+        except KeyError:
+            raise FlagConflict(f"{opt} is not a flag of OpenRLHF's train_ppo_ray") from None
+
+    mine = [(dest(o), toks) for o, toks in flag_groups(trace_argv)]
+    theirs = [(dest(o), o, toks) for o, toks in flag_groups(user_argv)]
+    owned = {d for d, _ in mine}
+    for d, opt, _ in theirs:
+        if d in owned and d not in USER_SETTABLE:
+            where = SOURCE.get(d, "the run config or a launch option")
+            raise FlagConflict(f"train_ppo_ray flag {opt} is set by TRACE (from {where}); change it there, "
+                               "not after `--`")
+    replaced = {d for d, _, _ in theirs}
+    out = [t for d, toks in mine if d not in replaced for t in toks]
+    return out + [t for _, _, toks in theirs for t in toks]
 
 
 def _num(x) -> str:
@@ -99,6 +171,7 @@ def ppo_flags(cfg: dict, *, model_path: str, prompts: str, out: str, reward_file
         "--ckpt.output_dir", os.path.join(out, "ckpt", f"step_{rl['steps']:06d}"),
         "--ckpt.path", os.path.join(out, "ckpt", "deepspeed"),
         "--ckpt.save_steps", str(rl["ckpt_every"]), "--ckpt.save_hf",
+        "--ckpt.load_enable",  # a rerun of the command resumes from the DeepSpeed checkpoint under ckpt.path
         "--logger.logging_steps", "1",
     ]
     argv += is_correction_flags(rl)
@@ -115,4 +188,5 @@ def ppo_flags(cfg: dict, *, model_path: str, prompts: str, out: str, reward_file
     return argv
 
 
-__all__ = ["MODULE", "UnsupportedConfig", "is_correction_flags", "ppo_flags"]
+__all__ = ["MODULE", "SOURCE", "USER_SETTABLE", "FlagConflict", "UnsupportedConfig", "flag_groups",
+           "is_correction_flags", "merge_user_flags", "ppo_flags"]

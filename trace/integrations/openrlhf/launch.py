@@ -25,6 +25,7 @@ Compared against: `python -m trace.rl` on the same config (tests/integrations/op
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import runpy
@@ -32,6 +33,7 @@ import subprocess
 import sys
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import yaml
@@ -118,42 +120,100 @@ def prepare_prompts(cfg: dict, out: Path, data: dict) -> tuple[str, str, str, in
     return str(path.resolve()), "input", "label", max(len(r["input"]) for r in rows)
 
 
-def build_argv(cfg: dict, out: Path, model_path: str, data: dict, gpus: int, zero_stage: int = 3) -> list[str]:
-    prompts, input_key, label_key, longest = prepare_prompts(cfg, out, data)
+def build_argv(cfg: dict, out: Path, model_path: str, data: dict, gpus: int, zero_stage: int = 3,
+               colocate: bool | None = None, prompts: tuple | None = None) -> list[str]:
+    """TRACE's train_ppo_ray argv; `prompts` (prepare_prompts' answer) given: nothing is written."""
+    prompts, input_key, label_key, longest = prompts or prepare_prompts(cfg, out, data)
     multi = cfg["task"]["name"] in MULTI_TURN_TASKS
+    # the engine prepends <bos> to every prompt (as SFT and the embedded trainer encode it): one token more
     return F.ppo_flags(cfg, model_path=model_path, prompts=prompts, out=str(out.resolve()),
                        reward_file=None if multi else str(REWARD_FILE),
                        agent_file=str(AGENT_FILE) if multi else None, gpus=gpus, input_key=input_key,
                        label_key=label_key, max_prompt_len=(longest + 2) if longest else 1024,
-                       zero_stage=zero_stage)
+                       zero_stage=zero_stage, colocate=colocate)
 
 
-def parse_with_openrlhf(argv: list[str]):
-    """Run OpenRLHF's own parser and validation on argv; returns its hierarchical args (no training)."""
-    seen = {}
-    real = orl_config.hierarchize
-
-    def capture(args):
-        seen["args"] = real(args)
-        return seen["args"]
+def _run_openrlhf_main(argv: list[str], capture) -> None:
+    """Run OpenRLHF's train_ppo_ray main with `capture(parser_or_args)` intercepting it (no training):
+    `capture` gets the ArgumentParser at parse_args and then OpenRLHF's hierarchical args."""
 
     class _Parsed(Exception):
         pass
 
+    real_parse, real_h, old_argv, old_init = argparse.ArgumentParser.parse_args, orl_config.hierarchize, sys.argv, \
+        ray.is_initialized
+
+    def parse(parser, *a, **k):
+        if capture(parser) is False:
+            raise _Parsed
+        return real_parse(parser, *a, **k)
+
+    def hier(args):
+        out = real_h(args)
+        capture(out)
+        return out
+
     def stop(*_a, **_k):
         raise _Parsed
 
-    old_argv, old_init = sys.argv, ray.is_initialized
-    sys.argv, orl_config.hierarchize, ray.is_initialized = [F.MODULE, *argv], capture, stop
+    sys.argv, orl_config.hierarchize, ray.is_initialized = [F.MODULE, *argv], hier, stop
+    argparse.ArgumentParser.parse_args = parse
     try:
         runpy.run_module(F.MODULE, run_name="__main__")
     except _Parsed:
         pass
     finally:
-        sys.argv, orl_config.hierarchize, ray.is_initialized = old_argv, real, old_init
+        sys.argv, orl_config.hierarchize, ray.is_initialized = old_argv, real_h, old_init
+        argparse.ArgumentParser.parse_args = real_parse
+
+
+def parse_with_openrlhf(argv: list[str]):
+    """Run OpenRLHF's own parser and validation on argv; returns its hierarchical args (no training)."""
+    seen = {}
+
+    def capture(x):
+        if not isinstance(x, argparse.ArgumentParser):
+            seen["args"] = x
+
+    _run_openrlhf_main(argv, capture)
     if "args" not in seen:
         raise RuntimeError("OpenRLHF's train_ppo_ray did not reach argument parsing")
     return seen["args"]
+
+
+def openrlhf_dest_of():
+    """option string -> argparse destination in OpenRLHF's train_ppo_ray parser (unique prefixes too,
+    as argparse accepts them); KeyError for a flag it does not have."""
+    seen = {}
+
+    def capture(x):
+        if isinstance(x, argparse.ArgumentParser):
+            seen["parser"] = x
+            return False
+
+    _run_openrlhf_main([], capture)
+    opts = {o: a.dest for a in seen["parser"]._actions for o in a.option_strings}
+
+    def dest_of(opt: str) -> str:
+        if opt in opts:
+            return opts[opt]
+        hits = {d for o, d in opts.items() if o.startswith(opt) and o.startswith("--")}
+        if len(hits) == 1:
+            return hits.pop()
+        raise KeyError(opt)
+
+    return dest_of
+
+
+def flat_args(args, prefix: str = "") -> dict:
+    """OpenRLHF's hierarchical args as {dotted name: value} (what openrlhf_args.json holds)."""
+    out = {}
+    for k, v in vars(args).items():
+        if isinstance(v, SimpleNamespace):
+            out.update(flat_args(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool, type(None), list)) else repr(v)
+    return out
 
 
 CREATE_ENGINES = "openrlhf.trainer.ray.create_vllm_engines"
@@ -183,10 +243,11 @@ def check_patches(engines, policy) -> None:
 
 
 def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int, engine: str = "trace",
-                 zero_persistence: int | None = None) -> None:
+                 zero_persistence: int | None = None, colocate: bool = True) -> None:
     """Start Ray with the plugin in every process and run OpenRLHF's train_ppo_ray main here.
     engine "vllm" keeps OpenRLHF's vLLM engines (only our policy actor replaces OpenRLHF's).
-    zero_persistence: DeepSpeed's stage3_param_persistence_threshold for the policy actor (None: OpenRLHF's)."""
+    zero_persistence: DeepSpeed's stage3_param_persistence_threshold for the policy actor (None: OpenRLHF's).
+    colocate: the engines share the actors' GPUs (a fifth of one each); else each takes a GPU of its own."""
     os.environ[plugin.RUN_DIR_ENV] = str(out.resolve())
     plugin.setup()
     pypath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
@@ -203,7 +264,7 @@ def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int, engine: str =
     try:
         engines = None
         if engine == "trace":
-            engines = partial(create_engines, cfg=cfg, num_gpus=0.2 if gpus > 0 else 0)
+            engines = partial(create_engines, cfg=cfg, num_gpus=(0.2 if colocate else 1) if gpus > 0 else 0)
             orl_ray.create_vllm_engines = engines
         policy = ray.remote(num_gpus=1)(TracePolicyActor)
         orl_actor.PolicyModelActor = policy
@@ -236,12 +297,24 @@ def _delegate(stage: str, a) -> int:
     return subprocess.call(cmd)
 
 
+def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(launch's own arguments, the train_ppo_ray flags after the first `--`)."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
 def main(argv=None) -> int:
     p = C.base_parser("python -m trace.integrations.openrlhf.launch", __doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="run directory (rl, sft) or eval JSON (eval)")
     p.add_argument("--stage", choices=["rl", "sft", "eval"], default="rl")
     p.add_argument("--ckpt", help="checkpoint to evaluate (stage eval)")
     p.add_argument("--gpus", type=int, default=None, help="GPUs for the actor (default: all visible; 0 = CPU)")
+    p.add_argument("--colocate", choices=["all", "none"], default=None,
+                   help="all: engines, policy and reference share the actor GPUs (OpenRLHF's --train.colocate_all, "
+                        "CUDA-IPC weight sync; the default on GPUs); none: every engine takes a GPU of its own "
+                        "(NCCL broadcast; --gpus N actors + N engines need 2N GPUs; the default on the CPU)")
     p.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=3,
                    help="DeepSpeed ZeRO stage of the actor (3: parameters, gradients and optimizer state "
                         "partitioned, the cluster setting; attention, shared experts and dense MLPs are "
@@ -250,11 +323,18 @@ def main(argv=None) -> int:
                    help="ZeRO-3: parameters of fewer than N elements stay unpartitioned (DeepSpeed's "
                         "stage3_param_persistence_threshold; default OpenRLHF's, 1e5); 0 partitions all, "
                         "as a real model's are (the CI's tiny models)")
-    p.add_argument("--dry-run", action="store_true", help="write config + argv, check with OpenRLHF's parser")
+    p.add_argument("--dry-run", action="store_true",
+                   help="write config + argv, check them with OpenRLHF's parser (RUN_DIR/openrlhf_args.json)")
     p.add_argument("--engine", choices=["trace", "vllm"], default="trace",
                    help="rollout engines: ours (every arm) or OpenRLHF's vLLM engines (bf16 arm only; needs vLLM)")
-    a = p.parse_args(argv)
+    p.epilog = ("Flags after `--` go to OpenRLHF's train_ppo_ray as given (e.g. -- --actor.gradient_checkpointing_enable "
+                "--train.micro_batch_size 4); one TRACE sets from the run config is refused (docs/openrlhf.md).")
+    mine, user_flags = split_passthrough(list(sys.argv[1:] if argv is None else argv))
+    a = p.parse_args(mine)
     if a.stage != "rl":
+        if user_flags:
+            print("error: train_ppo_ray flags after `--` apply to --stage rl only", file=sys.stderr)
+            return 2
         return _delegate(a.stage, a)
     try:
         cfg, data = load_run_config(a.config, a.set)
@@ -262,26 +342,46 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     gpus = torch.cuda.device_count() if a.gpus is None else a.gpus
+    colocate = (gpus > 0) if a.colocate is None else a.colocate == "all"
     if a.engine == "vllm" and (cfg["rl"]["method"] != "bf16" or stand_ins.is_stand_in("vllm") or gpus == 0):
         # vLLM serves BF16 weights and records nothing: the FP4 arms' rollouts and TRACE's records
         # need our engine (docs/openrlhf.md, "vLLM instead of our engine")
         print("error: --engine vllm runs the bf16 arm on GPUs with vLLM installed", file=sys.stderr)
         return 2
+    out = Path(a.out)
     try:
         check_hooks()
-    except guards.HookError as e:
+        # the user's flags against TRACE's before anything is written (paths are placeholders here)
+        dest_of = openrlhf_dest_of()
+        F.merge_user_flags(build_argv(cfg, out, "MODEL", data, gpus, a.zero_stage, colocate,
+                                      prompts=("P.jsonl", "input", "label", None)), user_flags, dest_of)
+    except (guards.HookError, F.FlagConflict, F.UnsupportedConfig) as e:
+        print(f"error: {guards.one_line(e) or ' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    if (out / "done").exists():
+        print(f"[openrlhf] {out} is done; nothing to run", file=sys.stderr)
+        return 0
+    rundir.prepare_run_dir(out, cfg, kind="rl-openrlhf")
+    try:  # a resumed run must pass the same flags as it started with
+        rundir.note_meta(out, "openrlhf_user_flags", user_flags)
+        rundir.note_meta(out, "openrlhf_launch", {"gpus": gpus, "colocate": colocate, "zero_stage": a.zero_stage,
+                                                  "engine": a.engine})
+    except C.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(a.out)
-    rundir.prepare_run_dir(out, cfg, kind="rl-openrlhf")
-    argv_orl = build_argv(cfg, out, prepare_model(cfg, out), data, gpus, a.zero_stage)
+    argv_orl = F.merge_user_flags(build_argv(cfg, out, prepare_model(cfg, out), data, gpus, a.zero_stage, colocate),
+                                  user_flags, dest_of)
     (out / "openrlhf_argv.json").write_text(json.dumps([F.MODULE, *argv_orl], indent=1) + "\n")
     print("[openrlhf] python -m " + " ".join([F.MODULE, *argv_orl]), flush=True)
     if a.dry_run:
-        parse_with_openrlhf(argv_orl)
+        args = parse_with_openrlhf(argv_orl)
+        (out / "openrlhf_args.json").write_text(json.dumps(flat_args(args), indent=1, sort_keys=True) + "\n")
         return 0
     try:
-        run_openrlhf(cfg, argv_orl, out, gpus, a.engine, a.zero_persistence_threshold)
+        run_openrlhf(cfg, argv_orl, out, gpus, a.engine, a.zero_persistence_threshold, colocate)
+    except KeyboardInterrupt:
+        return rundir.report_interrupt(f"interrupted; rerun the same command to resume from the last DeepSpeed "
+                                       f"checkpoint under {out / 'ckpt' / 'deepspeed'}")
     except Exception as e:
         line = guards.one_line(e)  # a hook that failed in a Ray actor surfaces wrapped in RayTaskError
         if line is None:

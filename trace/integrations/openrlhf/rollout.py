@@ -17,6 +17,14 @@ handles (ObjectRefs, never the bytes) ride in the response's `mm_train_inputs` =
 ref, "trace_diag": ref} (a key only where that record exists); the trainer fetches them per
 micro-batch. Recording time and bytes count the guidance record alone, as in the embedded trainer.
 
+Prompts are encoded as in SFT and the embedded trainer (`trace.episode.encode_prompt`: `<bos>` + the
+prompt's tokens). OpenRLHF's executors tokenize the prompt themselves with the tokenizer they are handed
+and no special tokens; `generate_responses` hands each sample's executor a `PromptTokenizer`, which
+encodes the first text that executor tokenizes (the prompt; the initial observation of a multi-turn
+agent, ours being the prompt) with `encode_prompt` and everything after (environment feedback) as
+given. `generate` checks that a sample's first request starts with `<bos>` (else the executor no longer
+tokenizes through the tokenizer it is given: one line, guards.PatchNotInForce).
+
 Weight sync, both of OpenRLHF's protocols: `init_process_group` + `update_weight` (a broadcast from
 trainer rank 0 over vLLM's stateless group, or its stand-in on torch c10d: NCCL on a GPU, gloo on the
 CPU; or over ray.util.collective with --vllm.sync_with_ray) and `update_weight_cuda_ipc` (colocated GPU). The
@@ -41,7 +49,7 @@ from types import SimpleNamespace
 
 import torch
 
-from trace.integrations.openrlhf import stand_ins
+from trace.integrations.openrlhf import guards, stand_ins
 
 stand_ins.install()  # before OpenRLHF's modules import vLLM / flash-attn names
 # (the weight-sync group classes below are vLLM's where it is installed, else the stand-ins)
@@ -54,7 +62,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator  # noqa: E402
 from vllm.distributed.utils import StatelessProcessGroup  # noqa: E402
 
-from trace.episode import build_task  # noqa: E402
+from trace.episode import build_task, encode_prompt  # noqa: E402
 from trace.guidance import Method  # noqa: E402
 from trace.guidance.record import Tee  # noqa: E402
 from trace.integrations.openrlhf.plugin import run_config  # noqa: E402
@@ -70,6 +78,28 @@ _SLOT: contextvars.ContextVar = contextvars.ContextVar("trace_sample_slot", defa
 # (`wave_prompts`: the rollout batch's share of this engine), so that the wave runs as one engine
 # call rather than its first prompts alone and then the rest.
 SETTLE_S, SETTLE_MAX_S = 0.02, 0.5
+
+
+class PromptTokenizer:
+    """OpenRLHF's tokenizer for one sample's executor: its first call (the prompt) encodes the text as SFT
+    does (`encode_prompt`: `<bos>` first), later calls (environment feedback) pass through; attributes
+    (decode, eos_token_id, ...) are the tokenizer's."""
+
+    def __init__(self, tok):
+        self._tok, self.first = tok, True
+
+    def __call__(self, *args, **kwargs):
+        if not self.first or self._tok.bos_token_id is None:
+            return self._tok(*args, **kwargs)
+        self.first = False
+        text = kwargs.get("text", args[0] if args else None)
+        if not isinstance(text, str):
+            raise TypeError("PromptTokenizer encodes one prompt string")
+        ids = encode_prompt(self._tok, text)
+        return {"input_ids": torch.tensor([ids]) if kwargs.get("return_tensors") == "pt" else ids}
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
 
 
 def _load_agent(path: str):
@@ -148,9 +178,14 @@ class TraceRolloutEngine:
         max_new = min(int(sp.max_tokens or self.rl["max_new_tokens"]), self.rl["max_new_tokens"],
                       self.engine.max_seq_len - len(ids))
         stop_ids = {int(self.tok.eos_token_id)} | {int(t) for t in (getattr(sp, "stop_token_ids", None) or [])}
+        slot = _SLOT.get()
+        bos = self.tok.bos_token_id
+        if slot is not None and bos is not None and not self._slots[slot]["records"] and ids[:1] != [bos]:
+            raise guards.PatchNotInForce("a prompt reached the TRACE engine without <bos>: OpenRLHF's executor no "
+                                         "longer tokenizes it with the hf_tokenizer it is given (PromptTokenizer)")
         fut = asyncio.get_running_loop().create_future()
         key = (max(1, max_new), float(sp.temperature), float(sp.top_p), tuple(sorted(stop_ids)))
-        self._queue.append((key, ids, _SLOT.get(), fut))
+        self._queue.append((key, ids, slot, fut))
         self._schedule_flush()
         return await fut
 
@@ -254,7 +289,8 @@ class TraceRolloutEngine:
             ctx.run(_SLOT.set, slot)
             task = asyncio.get_running_loop().create_task(
                 self.executor.execute(prompt=prompt, label=label, sampling_params=sampling_params,
-                                      max_length=max_length, hf_tokenizer=hf_tokenizer, llm_engine=self,
+                                      max_length=max_length, hf_tokenizer=PromptTokenizer(hf_tokenizer),
+                                      llm_engine=self,
                                       images=images), context=ctx)
             self._active += 1
             task.add_done_callback(self._task_done)
@@ -373,4 +409,4 @@ def create_engines(num_engines: int, tensor_parallel_size: int, pretrain: str, s
     return engines
 
 
-__all__ = ["DIAG_KEY", "RECORD_KEY", "TraceRolloutEngine", "create_engines"]
+__all__ = ["DIAG_KEY", "RECORD_KEY", "PromptTokenizer", "TraceRolloutEngine", "create_engines"]
