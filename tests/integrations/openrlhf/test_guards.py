@@ -39,42 +39,44 @@ def test_current_openrlhf_passes_every_check():
     launch.check_hooks()
 
 
-# (module or class, attribute, the symbol the message must name): deleting the attribute simulates
-# an upstream rename of what a patch replaces or relies on
-RENAMES = [
-    (orl_ray, "create_vllm_engines", "openrlhf.trainer.ray.create_vllm_engines"),
-    (orl_pa, "PolicyModelActor", "openrlhf.trainer.ray.ppo_actor.PolicyModelActor"),
-    (orl_pa, "Actor", "openrlhf.trainer.ray.ppo_actor.Actor"),
-    (orl_pa, "ActorPPOTrainer", "openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer"),
-    (orl_pa.DeepspeedStrategy, "get_ds_train_config", "DeepspeedStrategy.get_ds_train_config"),
-    (orl_pa.ActorPPOTrainer, "training_step", "ActorPPOTrainer.training_step"),
-    (orl_main, "train", "openrlhf.cli.train_ppo_ray.train"),
-]
+HOOKS, USES = launch.all_hooks()
 
 
-@pytest.mark.parametrize("target,attr,symbol", RENAMES, ids=[r[2] for r in RENAMES])
-def test_rename_of_patched_symbol_fails_in_one_line(monkeypatch, target, attr, symbol):
-    monkeypatch.delattr(target, attr)
+def test_every_hook_is_in_the_tables():
+    """The tables the start-up check walks hold every name launch, the policy actor and the CPU shim
+    patch (a new patch must be added there, and then this file simulates its rename)."""
+    symbols = {h.symbol for h in HOOKS}
+    for name in ("create_vllm_engines", "ppo_actor.PolicyModelActor", "ppo_actor.Actor", "ppo_actor.ActorPPOTrainer",
+                 "get_ds_train_config", "training_step", "init_model_from_pretrained", "PolicyModelActor.forward",
+                 "PolicyModelActor.fit", "train_ppo_ray.train", "init_device_mesh", "NaiveReplayBuffer",
+                 "__compatible_ops__"):
+        assert any(name in s for s in symbols), name
+    assert {u.name for u in USES} >= {"create_vllm_engines", "PolicyModelActor", "Actor", "ActorPPOTrainer",
+                                      "get_ds_train_config", "checkpoint_states", "actor_loss_fn", "mm_train_inputs",
+                                      "mm_train_inputs_list", "init_device_mesh"}
+
+
+@pytest.mark.parametrize("hook", HOOKS, ids=[h.symbol for h in HOOKS])
+def test_rename_of_patched_symbol_fails_in_one_line(monkeypatch, hook):
+    """An upstream rename of each name TRACE replaces (the attribute deleted on the real OpenRLHF object)."""
+    monkeypatch.delattr(hook.owner, hook.attr)
     with pytest.raises(guards.PatchNotInForce) as e:
         launch.check_hooks()
-    _one_line(e, symbol, "0.11.2")
+    _one_line(e, hook.symbol, "0.11.2")
 
 
 def _no_uses(*_a, **_k):
     return None
 
 
-@pytest.mark.parametrize("target,attr,symbol", [
-    (orl_main, "train", "create_vllm_engines"),  # train_ppo_ray stops taking the engines factory by name
-    (orl_pa.ActorPPOTrainer, "training_step", "actor_loss_fn"),  # the loss is no longer self.actor_loss_fn
-    (orl_sg.SamplesGenerator, "_process_response_into_experience", "mm_train_inputs"),
-    (orl_em.RemoteExperienceMaker, "make_experience", "mm_train_inputs_list"),
-])
-def test_code_no_longer_using_patched_symbol_fails(monkeypatch, target, attr, symbol):
-    monkeypatch.setattr(target, attr, _no_uses)
+@pytest.mark.parametrize("use", USES, ids=[f"{u.where}->{u.name}" for u in USES])
+def test_code_no_longer_using_patched_symbol_fails(monkeypatch, use):
+    """An upstream refactor of the code that should use a patched name (replaced by code that does not)."""
+    monkeypatch.setattr(use.owner, use.attr, _no_uses)
     with pytest.raises(guards.PatchNotInForce) as e:
         launch.check_hooks()
-    _one_line(e, symbol, "no longer uses")
+    msg = _one_line(e, "no longer uses")
+    assert use.symbol in msg or use.where in msg, msg
 
 
 def test_init_model_no_longer_using_actor_or_ds_config_fails(monkeypatch):

@@ -167,7 +167,7 @@ def test_multi_turn_engine_records(model_dir):
                                              160, eng.tok, num_samples=2))
     assert eng._calls <= max(len(r["action_ranges"]) for r in out)  # one batched call per turn
     for r in out:
-        transcript = eng.tok.decode(r["observation_tokens"])[len(ex.prompt):]
+        transcript = eng.tok.decode(r["observation_tokens"], skip_special_tokens=True)[len(ex.prompt):]
         assert r["reward"] == pytest.approx(task.score(ex, transcript))
         n = len(r["observation_tokens"])
         last_action_end = r["action_ranges"][-1][1]
@@ -177,3 +177,25 @@ def test_multi_turn_engine_records(model_dir):
             # is never fed to the engine: it follows the last action and is not trained on)
             assert keys.tolist()[:last_action_end] == list(range(last_action_end)) and len(keys) <= n
             assert bool((keys[1:] > keys[:-1]).all())
+
+
+@pytest.mark.parametrize("task_name", ["reasoning", "long_horizon"])
+def test_prompts_encoded_as_in_sft(model_dir, task_name, monkeypatch):
+    """OpenRLHF's executors tokenize the prompt themselves, without special tokens; through our engine a
+    sample's sequence starts with SFT's encoding (`encode_prompt`: <bos> + prompt), environment feedback
+    gets none, and an executor that bypasses the tokenizer it is handed is refused in one line."""
+    from trace.episode import encode_prompt
+    from trace.integrations.openrlhf import guards, rollout
+    kw = {"agent_func_path": str(AGENT_FILE)} if task_name == "long_horizon" else {"remote_rm_url": [str(REWARD_FILE)]}
+    eng = TraceRolloutEngine(model_dir, _cfg(task_name, "bf16"), seed=3, **kw)
+    ex = get_task(task_name, difficulty="easy").make_split("train", 1, 0)[0]
+    sp = SamplingParams(max_tokens=None if task_name == "long_horizon" else 6, logprobs=1)
+    out = asyncio.run(eng.generate_responses(ex.prompt, ex.label, sp, 160, eng.tok, num_samples=2))
+    head = encode_prompt(eng.tok, ex.prompt)
+    for r in out:
+        assert r["observation_tokens"][:len(head)] == head and r["action_ranges"][0][0] == len(head)
+        assert r["observation_tokens"].count(eng.tok.bos_token_id) == 1  # the prompt's, none before feedback
+        assert len(r["rollout_log_probs"]) == len(r["observation_tokens"])
+    monkeypatch.setattr(rollout, "PromptTokenizer", lambda tok: tok)  # an executor tokenizing on its own
+    with pytest.raises(guards.PatchNotInForce, match="without <bos>"):
+        asyncio.run(eng.generate_responses(ex.prompt, ex.label, sp, 160, eng.tok, num_samples=1))

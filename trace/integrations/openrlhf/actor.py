@@ -243,32 +243,44 @@ def metrics_line(step: int, method: str, status: dict, kl_on: bool) -> dict:
     return rec
 
 
+_BASE = guards.ray_actor_class(_pa.PolicyModelActor, f"{_PA}.PolicyModelActor")
+# OpenRLHF's own class under Ray's wrapper (which copies its methods): where a method TRACE overrides is defined
+_ORIG = next((c for c in _BASE.__mro__ if c.__qualname__ == "PolicyModelActor" and c.__module__ == _pa.__name__), _BASE)
+_EXP = "openrlhf.trainer.ppo_utils.experience.Experience.mm_train_inputs"
+# what the policy actor replaces or wraps (init_model_from_pretrained swaps the first three for its call;
+# the class below overrides the last three), and the OpenRLHF code that must still use each
+HOOKS = (
+    guards.Hook(_pa, "Actor", f"{_PA}.Actor"),
+    guards.Hook(_pa, "ActorPPOTrainer", f"{_PA}.ActorPPOTrainer"),
+    guards.Hook(_pa.DeepspeedStrategy, "get_ds_train_config", "DeepspeedStrategy.get_ds_train_config"),
+    guards.Hook(_pa.ActorPPOTrainer, "training_step", f"{_PA}.{_STEP}"),
+    guards.Hook(_ORIG, "init_model_from_pretrained", f"{_PA}.{_INIT}", own=True),
+    guards.Hook(_ORIG, "forward", f"{_PA}.PolicyModelActor.forward", own=True),
+    guards.Hook(_ORIG, "fit", f"{_PA}.PolicyModelActor.fit", own=True),
+)
+USES = (
+    guards.Use(_BASE, "init_model_from_pretrained", "Actor", f"{_PA}.Actor", _INIT),
+    guards.Use(_BASE, "init_model_from_pretrained", "ActorPPOTrainer", f"{_PA}.ActorPPOTrainer", _INIT),
+    guards.Use(_BASE, "init_model_from_pretrained", "get_ds_train_config", "DeepspeedStrategy.get_ds_train_config",
+               _INIT),
+    # resume: the DeepSpeed checkpoint's client states (global_step) are kept on the actor
+    guards.Use(_BASE, "init_model_from_pretrained", "checkpoint_states",
+               f"{_PA}.PolicyModelActor.checkpoint_states", _INIT),
+    guards.Use(_pa.ActorPPOTrainer, "training_step", "actor_loss_fn", _LOSS, _STEP),
+    # records ride in Experience.mm_train_inputs: the samples generator fills it from the engine's
+    # response, the experience maker hands it to the actor's forward as mm_train_inputs_list
+    guards.Use(_sg.SamplesGenerator, "_process_response_into_experience", "mm_train_inputs", _EXP,
+               "SamplesGenerator._process_response_into_experience"),
+    guards.Use(_em.RemoteExperienceMaker, "make_experience", "mm_train_inputs_list",
+               f"{_PA}.PolicyModelActor.forward(mm_train_inputs_list=)", "RemoteExperienceMaker.make_experience"),
+)
+
+
 def check_hooks() -> None:
     """Start-up check of the policy actor's hooks (guards.py): the OpenRLHF symbols they replace
     exist and the OpenRLHF code that should use them still refers to them. Raises PatchNotInForce."""
-    init = guards.require_attr(_BASE, "init_model_from_pretrained", f"{_PA}.{_INIT}")
-    for name in ("Actor", "ActorPPOTrainer"):
-        guards.require_attr(_pa, name, f"{_PA}.{name}")
-        guards.require_uses(init, name, f"{_PA}.{name}", _INIT)
-    # resume: the DeepSpeed checkpoint's client states (global_step) are kept on the actor
-    guards.require_uses(init, "checkpoint_states", f"{_PA}.PolicyModelActor.checkpoint_states", _INIT)
-    guards.require_attr(_pa.DeepspeedStrategy, "get_ds_train_config", "DeepspeedStrategy.get_ds_train_config")
-    guards.require_uses(init, "get_ds_train_config", "DeepspeedStrategy.get_ds_train_config", _INIT)
-    for name in ("forward", "fit"):
-        guards.require_attr(_BASE, name, f"{_PA}.PolicyModelActor.{name}")
-    step = guards.require_attr(_pa.ActorPPOTrainer, "training_step", f"{_PA}.{_STEP}")
-    guards.require_uses(step, "actor_loss_fn", _LOSS, _STEP)
-    # records ride in Experience.mm_train_inputs: the samples generator fills it from the engine's
-    # response, the experience maker hands it to the actor's forward as mm_train_inputs_list
-    exp = "openrlhf.trainer.ppo_utils.experience.Experience.mm_train_inputs"
-    guards.require_field(_exp.Experience, "mm_train_inputs", exp)
-    guards.require_uses(_sg.SamplesGenerator._process_response_into_experience, "mm_train_inputs", exp,
-                        "SamplesGenerator._process_response_into_experience")
-    guards.require_uses(_em.RemoteExperienceMaker.make_experience, "mm_train_inputs_list",
-                        f"{_PA}.PolicyModelActor.forward(mm_train_inputs_list=)", "RemoteExperienceMaker.make_experience")
-
-
-_BASE = guards.ray_actor_class(_pa.PolicyModelActor, f"{_PA}.PolicyModelActor")
+    guards.check_all(HOOKS, USES)
+    guards.require_field(_exp.Experience, "mm_train_inputs", _EXP)
 
 
 class TracePolicyActor(_BASE):
@@ -384,5 +396,5 @@ class TracePolicyActor(_BASE):
         return status
 
 
-__all__ = ["TraceActorPPOTrainer", "TracePolicyActor", "TraceReplay", "check_hooks", "hf_model", "metrics_line", "mismatch_metrics",
+__all__ = ["HOOKS", "USES", "TraceActorPPOTrainer", "TracePolicyActor", "TraceReplay", "check_hooks", "hf_model", "metrics_line", "mismatch_metrics",
            "positions", "prepare_for_qat", "shared_input_modules"]

@@ -121,6 +121,42 @@ def require_field(dc, name: str, symbol: str) -> None:
         raise PatchNotInForce(f"OpenRLHF has no field `{symbol}` (renamed or removed?); {_hint()}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Hook:
+    """An OpenRLHF name a TRACE hook replaces, wraps or calls: `owner.attr`, named `symbol` in errors."""
+    owner: object
+    attr: str
+    symbol: str
+    own: bool = False  # the owner class itself must define it (a method TRACE overrides: inherited is a miss)
+
+    def check(self):
+        if self.own and self.attr not in vars(self.owner):
+            raise PatchNotInForce(f"OpenRLHF has no `{self.symbol}` (renamed or removed?); {_hint()}")
+        return require_attr(self.owner, self.attr, self.symbol)
+
+
+@dataclasses.dataclass(frozen=True)
+class Use:
+    """OpenRLHF code (`owner.attr`, named `where`) that must still refer to `name` for a hook on `symbol` to
+    take effect."""
+    owner: object
+    attr: str
+    name: str
+    symbol: str
+    where: str
+
+    def check(self) -> None:
+        require_uses(require_attr(self.owner, self.attr, self.where), self.name, self.symbol, self.where)
+
+
+def check_all(hooks, uses) -> None:
+    """Every Hook exists and every Use still refers to its name; the first miss raises PatchNotInForce."""
+    for h in hooks:
+        h.check()
+    for u in uses:
+        u.check()
+
+
 def one_line(exc: BaseException) -> str | None:
     """The one-line message of a HookError, also when a Ray actor raised it (RayTaskError.cause)."""
     seen = set()
@@ -135,6 +171,6 @@ def one_line(exc: BaseException) -> str | None:
     return None
 
 
-__all__ = ["TESTED_OPENRLHF", "UNTESTED_OK_ENV", "HookError", "PatchNotInForce", "UntestedOpenRLHF",
-           "check_openrlhf_version", "one_line", "openrlhf_version", "ray_actor_class", "require_attr",
+__all__ = ["TESTED_OPENRLHF", "UNTESTED_OK_ENV", "Hook", "HookError", "PatchNotInForce", "UntestedOpenRLHF", "Use",
+           "check_all", "check_openrlhf_version", "one_line", "openrlhf_version", "ray_actor_class", "require_attr",
            "require_called", "require_field", "require_patched", "require_uses"]

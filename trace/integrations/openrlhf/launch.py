@@ -218,18 +218,29 @@ def flat_args(args, prefix: str = "") -> dict:
 
 CREATE_ENGINES = "openrlhf.trainer.ray.create_vllm_engines"
 POLICY_ACTOR = "openrlhf.trainer.ray.ppo_actor.PolicyModelActor"
+# what launch replaces before train_ppo_ray runs, and the code that must still take them by name
+HOOKS = (
+    guards.Hook(orl_main, "train", "openrlhf.cli.train_ppo_ray.train"),
+    guards.Hook(orl_ray, "create_vllm_engines", CREATE_ENGINES),
+    guards.Hook(orl_actor, "PolicyModelActor", POLICY_ACTOR),
+)
+USES = (
+    guards.Use(orl_main, "train", "create_vllm_engines", CREATE_ENGINES, "openrlhf.cli.train_ppo_ray.train"),
+    guards.Use(orl_main, "train", "PolicyModelActor", POLICY_ACTOR, "openrlhf.cli.train_ppo_ray.train"),
+)
+
+
+def all_hooks() -> tuple[tuple, tuple]:
+    """(every Hook, every Use) TRACE puts into OpenRLHF: launch's, the policy actor's, the CPU shim's."""
+    return HOOKS + trace_actor.HOOKS + plugin.HOOKS, USES + trace_actor.USES + plugin.USES
 
 
 def check_hooks() -> None:
-    """Start-up check of every hook (guards.py): the OpenRLHF version, the names launch replaces
-    before train_ppo_ray runs (its `train` must still take them from those modules) and the policy
-    actor's hooks (actor.check_hooks). Raises guards.HookError with one line."""
+    """Start-up check of every hook (guards.py): the OpenRLHF version, every name launch, the policy
+    actor and the CPU shim replace or wrap (`all_hooks`), and that the OpenRLHF code meant to use each
+    still refers to it. Raises guards.HookError with one line."""
     guards.check_openrlhf_version()
-    train = guards.require_attr(orl_main, "train", "openrlhf.cli.train_ppo_ray.train")
-    for mod, name, symbol in ((orl_ray, "create_vllm_engines", CREATE_ENGINES),
-                              (orl_actor, "PolicyModelActor", POLICY_ACTOR)):
-        guards.require_attr(mod, name, symbol)
-        guards.require_uses(train, name, symbol, "openrlhf.cli.train_ppo_ray.train")
+    guards.check_all(*all_hooks())
     if not issubclass(TracePolicyActor, guards.ray_actor_class(orl_actor.PolicyModelActor, POLICY_ACTOR)):
         raise guards.PatchNotInForce(f"TracePolicyActor does not derive from the class under `{POLICY_ACTOR}`")
     trace_actor.check_hooks()

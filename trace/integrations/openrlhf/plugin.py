@@ -26,7 +26,9 @@ from pathlib import Path
 
 import torch
 
-from trace.integrations.openrlhf import stand_ins
+from trace.integrations.openrlhf import guards, stand_ins
+
+stand_ins.install()  # before OpenRLHF's modules import vLLM / flash-attn names
 
 RUN_DIR_ENV = "TRACE_RUN_DIR"
 ZERO_PERSISTENCE_ENV = "TRACE_ZERO_PERSISTENCE_THRESHOLD"
@@ -52,6 +54,27 @@ def run_config() -> dict:
     return yaml.safe_load((run_dir() / "config.yaml").read_text())
 
 
+def _shim_targets():
+    import deepspeed.ops
+    import openrlhf.trainer.ppo_utils.replay_buffer as rb_mod
+    import openrlhf.utils.deepspeed.deepspeed as ds_mod
+    return ds_mod, rb_mod, deepspeed.ops
+
+
+_DS, _RB, _OPS = _shim_targets()
+_MESH = "openrlhf.utils.deepspeed.deepspeed.init_device_mesh"
+# what the CPU shim replaces (checked at start-up wherever it runs, so a rename shows before a CPU run)
+HOOKS = (
+    guards.Hook(_DS, "init_device_mesh", _MESH),
+    guards.Hook(_RB, "NaiveReplayBuffer", "openrlhf.trainer.ppo_utils.replay_buffer.NaiveReplayBuffer"),
+    guards.Hook(_OPS, "__compatible_ops__", "deepspeed.ops.__compatible_ops__"),
+)
+USES = (
+    guards.Use(_DS.DeepspeedStrategy, "setup_distributed", "init_device_mesh", _MESH,
+               "DeepspeedStrategy.setup_distributed"),
+)
+
+
 def install_cpu_shim() -> bool:
     """The CUDA calls of OpenRLHF's training path made CPU-safe; returns False where CUDA exists."""
     if torch.cuda.is_available():
@@ -64,7 +87,7 @@ def install_cpu_shim() -> bool:
     torch.cuda.current_stream = lambda device=None: None
     torch.cuda.__trace_cpu_shim__ = True
 
-    import openrlhf.utils.deepspeed.deepspeed as ds_mod
+    ds_mod, rb_mod, ops = _shim_targets()
     from torch.distributed.device_mesh import init_device_mesh
 
     def _cpu_mesh(device_type, *args, **kwargs):
@@ -72,7 +95,6 @@ def install_cpu_shim() -> bool:
 
     ds_mod.init_device_mesh = _cpu_mesh
 
-    import openrlhf.trainer.ppo_utils.replay_buffer as rb_mod
     buffer_init = rb_mod.NaiveReplayBuffer.__init__
 
     def _buffer_init(self, *args, **kwargs):
@@ -88,8 +110,7 @@ def install_cpu_shim() -> bool:
     rb_mod.NaiveReplayBuffer.__init__ = _buffer_init
     # DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce op (g++, about a minute per
     # fresh machine) at init_distributed; marking it incompatible keeps plain gloo collectives
-    import deepspeed.ops
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    ops.__compatible_ops__["deepspeed_shm_comm"] = False
     return True
 
 
@@ -99,5 +120,5 @@ def setup() -> None:
     install_cpu_shim()
 
 
-__all__ = ["RUN_DIR_ENV", "ZERO_PERSISTENCE_ENV", "install_cpu_shim", "run_config", "run_dir", "setup",
+__all__ = ["HOOKS", "RUN_DIR_ENV", "USES", "ZERO_PERSISTENCE_ENV", "install_cpu_shim", "run_config", "run_dir", "setup",
            "zero_persistence_threshold"]
