@@ -327,6 +327,10 @@ class TracePolicyActor(_BASE):
             raise guards.PatchNotInForce(f"TRACE's patch of `{_PA}.ActorPPOTrainer` is not in force: "
                                          f"{_INIT} did not build self.trainer from it")
         guards.require_attr(self.trainer, "actor_loss_fn", _LOSS)
+        if getattr(self.actor, "is_vlm", False):
+            # OpenRLHF would merge mm_train_inputs (our record handles) into the VLM's forward as pixel inputs
+            raise guards.PatchNotInForce(f"{_EXP} carries TRACE's records, which a VLM policy (Actor.is_vlm) "
+                                         "would read as its image inputs; TRACE runs text-only policies")
         self.trainer.trace = self._trace
         self._trace_cfg = cfg
         states = guards.require_attr(self, "checkpoint_states", f"{_PA}.PolicyModelActor.checkpoint_states")
