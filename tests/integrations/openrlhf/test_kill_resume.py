@@ -2,7 +2,9 @@
 started again with the same command resumes from OpenRLHF's DeepSpeed checkpoint: metrics.jsonl then
 holds each step once, in order (the line of the step after the checkpoint, logged before the kill, is
 dropped and redone), and the periodic held-out evaluation lines are where the embedded trainer puts
-them (step 0 of the fresh start, every eval_every-th step, the last). Two Ray starts on a CPU: slow."""
+them (step 0 of the fresh start, every eval_every-th step, the last), with every parameter partitioned
+(`--zero-persistence-threshold 0`, so the evaluation's ZeRO-3 gather is real). Two Ray starts on a CPU:
+about 80-105 s on 2 cores, hence slow."""
 import json
 import os
 import signal
@@ -23,7 +25,7 @@ STEPS, CKPT_EVERY, EVAL_EVERY = 6, 3, 3
 
 def _cmd(cfg, out):
     return [sys.executable, "-m", "trace.integrations.openrlhf.launch", "--config", str(cfg), "--out", str(out),
-            "--gpus", "0", "--set", "rl.method=trace"]
+            "--gpus", "0", "--zero-persistence-threshold", "0", "--set", "rl.method=trace"]
 
 
 def _env():
