@@ -15,11 +15,16 @@ What it does (stage rl, the default):
    our engine actors (rollout.py) in place of `create_vllm_engines` and our policy actor (actor.py) in
    place of `PolicyModelActor`, and runs OpenRLHF's own `train_ppo_ray` main in this process.
 Before step 1 `check_hooks` verifies the OpenRLHF version and that every name it patches is still
-there and used (guards.py); a miss prints `error: <one line>` and exits 2.
+there and used (the tables `all_hooks()`, guards.py); a miss prints `error: <one line>` and exits 2.
+The user's `train_ppo_ray` flags follow `--` (`launch --config C --out D -- --actor.gradient_checkpointing_enable`):
+they are checked against TRACE's own with OpenRLHF's parser (`openrlhf_dest_of`, flags.merge_user_flags)
+before anything is written. `--colocate all|none` picks OpenRLHF's colocated mode or engines on GPUs of
+their own. A rerun of the same command resumes (`--ckpt.load_enable`; the policy actor continues the
+metrics log from the DeepSpeed checkpoint's step); a run with `done` is left alone.
 On a machine without GPUs Ray is given logical GPUs for OpenRLHF's placement and the CPU shim of
 plugin.py handles OpenRLHF's CUDA calls; DeepSpeed runs on its CPU accelerator (gloo).
 `--dry-run` writes the run dir's config and the argv and checks it with OpenRLHF's parser, without
-running. Stages sft and eval run our own entry points (`trace.sft`, `trace.eval`), which read the
+running (OpenRLHF's parsed arguments in RUN_DIR/openrlhf_args.json). Stages sft and eval run our own entry points (`trace.sft`, `trace.eval`), which read the
 HF checkpoints this stage leaves.
 Compared against: `python -m trace.rl` on the same config (tests/integrations/openrlhf/).
 """
