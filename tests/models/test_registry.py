@@ -20,13 +20,13 @@ from trace.models.tokenizer import VOCAB_SIZE
 
 FAMILY_NAMES = list(FAMILIES)
 TINY = [f"{f}-tiny" for f in FAMILY_NAMES]
-ALL = [f"{f}-{v}" for f in FAMILY_NAMES for v in ("tiny", "small", "paper")]
+ALL = [f"{f}-{v}" for f in FAMILY_NAMES for v in ("tiny", "small", "medium", "paper")]
 
 
 def test_names_and_specs():
     assert sorted(list_models()) == sorted(ALL) and sorted(FLAVORS) == sorted(ALL)
     assert list_models(flavor="tiny") == TINY
-    assert list_models(family="olmoe") == ["olmoe-tiny", "olmoe-small", "olmoe-paper"]
+    assert list_models(family="olmoe") == ["olmoe-tiny", "olmoe-small", "olmoe-medium", "olmoe-paper"]
     for name in ALL:
         spec = get_spec(name)
         fam, flavor = name.split("-")

@@ -1,10 +1,17 @@
-"""Model registry: four MoE families x three flavors, built from transformers config classes.
+"""Model registry: four MoE families x four flavors, built from transformers config classes.
 
 Names are ``"<family>-<flavor>"`` with family in ``qwen3_moe | mixtral | olmoe | qwen2_moe`` and flavor in
 
 * ``tiny``  -- CPU, trains in minutes (4 layers, hidden 64, 8 experts top-2, expert intermediate 64,
   vocab = the character tokenizer, 256 positions). Used by the ``smoke`` profile and the tests.
 * ``small`` -- one GPU (8 layers, hidden 512); the committed small-scale reproduction.
+* ``medium`` -- the paper flavor's layer shapes (hidden size, experts, expert width, top-k, heads, KV heads,
+  head_dim, shared expert, norms, RoPE) with few layers (``MEDIUM_LAYERS``), random init: one decoder layer
+  costs what it costs in the real model, so rollout and RL-step timings measure the method at scale (the
+  small flavors' decode steps are launch-bound). Each trains with AdamW beside its rollout engine on one H200
+  (parameter counts and memory in trace/models/FAMILIES.md section 7). It keeps the character tokenizer and
+  2048 positions of tiny/small: the tasks are character-tokenized, and the real 32k-152k vocabularies would
+  only add embedding and lm_head cost that says nothing about FP4 (the ``paper`` vocab is not used).
 * ``paper`` -- the real checkpoint's hyper-parameters written out as config kwargs, plus its hub id.
   Only the *config* is ever built in tests; the weights come from the hub on a cluster (never here).
 
@@ -64,7 +71,7 @@ FP4_MULTIPLE = 32  # lcm of the NVFP4 (16) and MXFP4 (32) block sizes
 ATTN_IMPLEMENTATION = "sdpa"
 EXPERTS_IMPLEMENTATION = "eager"
 
-FLAVOR_NAMES = ("tiny", "small", "paper")
+FLAVOR_NAMES = ("tiny", "small", "medium", "paper")
 
 
 QK_NORMS = ("none", "per_head", "full")
@@ -137,7 +144,7 @@ class ModelSpec:
     config_cls: type[PretrainedConfig]
     model_cls: type[PreTrainedModel]
     config_kwargs: dict[str, Any] = field(hash=False)
-    hub_id: str | None  # real checkpoint id for the paper flavor; None for tiny/small (random init)
+    hub_id: str | None  # real checkpoint id for the paper flavor; None for tiny/small/medium (random init)
 
     @property
     def reference_hub_id(self) -> str:
@@ -284,6 +291,27 @@ _FLAVOR_KWARGS: dict[str, dict[str, dict[str, Any]]] = {
         },
     },
 }
+
+
+# Decoder layers of each family's medium flavor: as many as fit a trainer (FP32 master weights, gradients, AdamW
+# moments: 16 bytes per parameter) beside its engine on one H200 with the activations of a long-answer RL step;
+# about 2.5B parameters or fewer (FAMILIES.md section 7 has the counts and the memory estimate).
+MEDIUM_LAYERS = {"qwen3_moe": 4, "mixtral": 2, "olmoe": 4, "qwen2_moe": 4}
+MEDIUM_MAX_POSITIONS = 2048  # a character-tokenized prompt (< 64 tokens) + 1,024 generated tokens fit
+
+
+def _medium(paper: dict[str, Any], layers: int) -> dict[str, Any]:
+    """The medium flavor's kwargs: the paper flavor's, with the character vocabulary, `layers` decoder layers and
+    MEDIUM_MAX_POSITIONS positions (a window over more layers than the model has is cut to its layers)."""
+    kw = {**paper, **_CHAR_VOCAB, "num_hidden_layers": layers, "max_position_embeddings": MEDIUM_MAX_POSITIONS}
+    if "max_window_layers" in kw:
+        kw["max_window_layers"] = min(kw["max_window_layers"], layers)
+    return kw
+
+
+for _family, _layers in MEDIUM_LAYERS.items():
+    _FLAVOR_KWARGS[_family]["medium"] = _medium(_FLAVOR_KWARGS[_family]["paper"], _layers)
+del _family, _layers
 
 
 def _family_flavors(info: FamilyInfo, flavors: dict[str, dict[str, Any]]) -> dict[str, ModelSpec]:
@@ -454,7 +482,7 @@ def build_model(
     Initialisation always runs in float32 on the CPU under a forked RNG seeded with ``seed`` (the global
     RNG state is left untouched), then the model is cast to ``dtype`` and moved to ``device``. So the
     same seed gives the same float32 weights everywhere, and a bf16 model is exactly their rounding.
-    Meant for tiny/small flavors; the paper flavor's weights come from its hub checkpoint.
+    Meant for the tiny, small and medium flavors; the paper flavor's weights come from its hub checkpoint.
     """
     spec = get_spec(name)
     config = build_config(name, check_fp4=check_fp4, **overrides)
@@ -470,6 +498,6 @@ def build_model(
 
 __all__ = [
     "ATTN_IMPLEMENTATION", "EXPERTS_IMPLEMENTATION", "FAMILIES", "FLAVORS", "FLAVOR_NAMES", "FP4_MULTIPLE",
-    "FamilyInfo", "ModelSpec", "build_config", "build_model", "check_fp4_dims", "family_of",
+    "FamilyInfo", "MEDIUM_LAYERS", "ModelSpec", "build_config", "build_model", "check_fp4_dims", "family_of",
     "fp4_reduction_dims", "get_spec", "head_dim_of", "list_models", "register_family", "unregister_family",
 ]

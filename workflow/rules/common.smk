@@ -32,7 +32,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 ENV = "export OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} TQDM_DISABLE=1;"
 
 wildcard_constraints:
-    model=r"[a-z0-9_]+-(tiny|small|paper)",
+    model=r"[a-z0-9_]+-(tiny|small|medium|paper)",
     task=r"reasoning-short|reasoning|coding|long_horizon",
     arm=r"(?!sft/)[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*",  # never the SFT base's folder
     sftdir=r"sft(/seed\d+)?",
