@@ -1,0 +1,281 @@
+"""One RL step per arm, timed phase by phase in one process on an otherwise idle device: where the step's time
+goes (rollout, TRACE's recording, the trainer's forward+backward and its replay, optimizer, weight sync), what the
+record costs in bytes per generated token beside the BF16 KV cache, and the rollout's speed against the BF16
+arm's, at a model's layer shapes (the medium flavors: the real models' layers, few of them).
+
+    PYTHONPATH=. python benchmarks/bench_rlstep.py --device cuda --profile experiments/profiles/medium.yaml \
+        --model qwen3_moe-medium --task reasoning --prompts 32 --group-size 8 --gen 1024 [--steps 3] \
+        [--arms bf16 fp4-naive qat-independent trace trace-deep] [--kernels auto off] [--init-ckpt DIR] [--procs N]
+
+Each (arm, kernels) builds the RL trainer (trace/rl/trainer.py) from the profile's run config (seed 0; random
+weights unless --init-ckpt; an ablation arm of the profile such as `trace-deep` is its method with its settings),
+runs --steps steps and keeps the medians of the steps after the first (warm-up: CUDA graphs, Triton compiles).
+With --gen N every sequence generates exactly N tokens: the engine is called without the stop token and the stop
+string (the trainer's rollout otherwise unchanged), so every arm trains on the same shape and the prompts, which
+derive from (seed, step), are the same in every arm; the row says `forced`. --natural keeps the task's stops
+(then --gen is the length limit and `gen_per_seq` says what was generated).
+
+Columns (rows APPENDED to --out, default results/rlstep/rlstep.csv; DESIGN.md §6 "RL step"):
+  rollout_s     the step's rollout phase: generation with the arm's recording, scoring, the record's finish
+  generate_s    generation alone (the arm's recording excluded); record_s: the arm's own guidance record (storing
+                its rows, the engine's feed that exists only for it, its finish), record_frac = record_s / rollout_s
+  tok_s         generated tokens / rollout_s; tok_s_vs_bf16 = tok_s / the bf16 arm's in the same run
+  record_bytes_per_token   the arm's record per generated token (DESIGN.md §3 accounting); kv_bf16_bytes_per_token:
+                the BF16 KV cache of the same model per token (K and V, every layer)
+  train_s       the step's train phase = fwd_bwd_s + optimizer_s + sync_s + the rest (batch, advantages, metrics)
+  fwd_bwd_s     trainer forward (inside the arm's replay), loss and backward with gradient clipping
+  replay_s      the part of fwd_bwd_s that the replay costs: fwd_bwd_s minus the same batch's forward, loss and
+                backward without any record, timed right after the step (paired, same process); 0 without a record
+  optimizer_s   AdamW's step; sync_s: the engine's weight sync (re-quantization for the FP4 engines)
+  peak_gb       the trainer process's GPU peak over the step (allocator statistics; empty off a GPU)
+  train_vs_qat_independent, train_vs_bf16   train_s over that arm's with the same kernels setting
+  k3_first, k3  rollout/trainer mismatch of the first step (same weights on both sides) and its median
+  procs, steps_per_s   as --procs: N processes of the arm at once (runs sharing a GPU), N / step_s
+Compared against: the bf16 arm (no FP4 anywhere) and qat-independent (the FP4 trainer without guidance).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.results_table import append, git_commit, read, today  # noqa: E402
+from benchmarks.trainer_memory import step_config  # noqa: E402
+from trace.arms import ARMS  # noqa: E402
+from trace.models.registry import head_dim_of  # noqa: E402
+from trace.rl.trainer import RLTrainer, token_logprobs  # noqa: E402
+
+FIELDS = ("version", "commit", "gpu", "date", "model", "task", "arm", "method", "rho", "fp4_kernels", "prompts",
+          "group_size", "batch", "gen", "gen_per_seq", "forced", "steps", "step_s", "rollout_s", "generate_s",
+          "record_s", "record_frac", "tok_s", "tok_s_vs_bf16", "record_bytes_per_token", "kv_bf16_bytes_per_token",
+          "train_s", "fwd_bwd_s", "replay_s", "optimizer_s", "sync_s", "train_vs_qat_independent", "train_vs_bf16",
+          "peak_gb", "k3_first", "k3", "procs", "steps_per_s", "recompute_experts", "note")
+# the timed phases, medians over the steps after the first
+PHASES = ("step_s", "rollout_s", "generate_s", "record_s", "train_s", "fwd_bwd_s", "replay_s", "optimizer_s",
+          "sync_s")
+
+
+def kv_bf16_bytes_per_token(config) -> int:
+    """Bytes of one token's BF16 KV cache: K and V of every layer, num_key_value_heads x head_dim each."""
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim_of(config) * 2
+
+
+class PhaseClock:
+    """Times the trainer's train-phase pieces by wrapping its methods on the instance (device synchronized at
+    each boundary, so asynchronous GPU work is charged to the piece that launched it), forces the rollout's
+    length, and keeps the last step's train batch for the replay probe."""
+
+    def __init__(self, tr: RLTrainer, force: bool):
+        self.tr, self.s = tr, {}
+        self.cuda = torch.device(tr.device).type == "cuda"
+        self.last = None  # (train batch, advantages, replay stats) of the last step
+        self._wrap(tr, "_replayed_logprobs", "fwd_bwd_s")
+        self._wrap(tr, "_loss", "fwd_bwd_s", keep=True)
+        self._wrap(tr, "_optimize", "fwd_bwd_s")
+        self._wrap(tr.opt, "step", "optimizer_s")  # inside _optimize: charged here, taken out of fwd_bwd_s
+        self._wrap(tr.engine, "sync_weights", "sync_s")
+        if force:
+            gen = tr.engine.generate
+            tr.engine.generate = lambda *a, **k: gen(*a, **{**k, "stop_token_ids": (), "stop_strings": ()})
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize(self.tr.device)
+
+    def _wrap(self, obj, name: str, phase: str, keep: bool = False):
+        inner = getattr(obj, name)
+
+        def timed(*a, **k):
+            self.sync()
+            t0 = time.perf_counter()
+            out = inner(*a, **k)
+            self.sync()
+            dt = time.perf_counter() - t0
+            self.s[phase] = self.s.get(phase, 0.0) + dt
+            if name == "step":  # the optimizer's step runs inside _optimize, which fwd_bwd_s already timed
+                self.s["fwd_bwd_s"] = self.s.get("fwd_bwd_s", 0.0) - dt
+            if keep:
+                self.last = (a[1], a[2], a[3])
+            return out
+
+        setattr(obj, name, timed)
+
+    def step(self, i: int) -> dict:
+        """RL step i with its phase times; for a step that replayed a record, replay_s from the paired probe."""
+        self.s = {}
+        m = self.tr.step(i)
+        (tb, adv, stats), self.last = self.last, None
+        replay = self.fwd_bwd_without_record(tb, adv) if stats is not None else None
+        return {**m, **self.s, "replay_s": self.s["fwd_bwd_s"] - replay if replay is not None else 0.0}
+
+    def fwd_bwd_without_record(self, tb, adv) -> float:
+        """Seconds of the step's forward, loss and backward on the same batch outside any replay (plain RTN in
+        the arm's trainer mode, no alignment term); the gradients are dropped, nothing is applied."""
+        tr = self.tr
+        self.sync()
+        t0 = time.perf_counter()
+        lp = token_logprobs(tr.model, tb, tr.rl["autocast"] == "bf16", tr.rl["temperature"])
+        loss, _, _ = type(tr)._loss(tr, lp, tb, adv, None)
+        tr.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(tr.model.parameters(), tr.rl["grad_clip"])
+        self.sync()
+        dt = time.perf_counter() - t0
+        tr.opt.zero_grad(set_to_none=True)
+        return dt
+
+
+def time_arm(cfg: dict, steps: int, force: bool) -> dict:
+    """Medians over steps 2..steps of the phase times; tokens, record bytes, GPU peak, and the rollout/trainer
+    mismatch k3 of the first step (before any update) and its median over all steps."""
+    with tempfile.TemporaryDirectory() as out:
+        tr = RLTrainer(cfg, out, progress=False)
+        clock = PhaseClock(tr, force)
+        ms = [clock.step(i) for i in range(1, steps + 1)]
+        recompute = tr.model._trace_rt.recompute_experts  # what the trainer ran, not what was asked
+        kv = kv_bf16_bytes_per_token(tr.model.config)
+    k3 = [m["k3"] for m in ms]
+    batch = cfg["rl"]["prompts_per_step"] * cfg["rl"]["group_size"]
+    ms = ms[1:]
+    med = lambda k: statistics.median(m[k] for m in ms)  # noqa: E731
+    r = {"rollout_s": med("time_rollout_s"), "generate_s": med("time_generate_s"), "record_s": med("time_record_s"),
+         "train_s": med("time_train_s"), **{p: med(p) for p in ("fwd_bwd_s", "replay_s", "optimizer_s", "sync_s")}}
+    r["step_s"] = r["rollout_s"] + r["train_s"]
+    # generated tokens of a step (the trainer logs their rate over the generation time)
+    n_gen = statistics.median(round(m["rollout_gen_tokens_per_s"] * m["time_generate_s"]) for m in ms)
+    peaks = [m["gpu_peak_alloc_gb"] for m in ms if m["gpu_peak_alloc_gb"] is not None]
+    return {**r, "gen_per_seq": n_gen / batch, "tok_s": n_gen / r["rollout_s"],
+            "record_frac": r["record_s"] / r["rollout_s"],
+            "record_bytes_per_token": med("guidance_bytes_per_gen_token"), "kv_bf16_bytes_per_token": kv,
+            "peak_gb": max(peaks) if peaks else None, "k3_first": k3[0], "k3": statistics.median(k3),
+            "recompute_experts": recompute}
+
+
+def time_arm_in_procs(argv: list[str], arm: str, kernels: str, procs: int) -> dict:
+    """time_arm's fields for one (arm, kernels) run in `procs` processes of this script at once (each --procs 1):
+    medians over the processes of their times, the largest peak, the first process's tokens, bytes and k3 (the same
+    in all: same config, same seed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [os.path.join(tmp, f"p{i}.csv") for i in range(procs)]
+        jobs = [subprocess.Popen([sys.executable, __file__, *argv, "--arms", arm, "--kernels", kernels, "--procs", "1",
+                                  "--out", o], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                for o in outs]
+        errs = [j.communicate()[1] for j in jobs]
+        for j, e in zip(jobs, errs, strict=True):
+            if j.returncode != 0:
+                raise RuntimeError(f"a process of {arm} ({kernels}) failed:\n{e[-3000:]}")
+        rows = [read(o)[0] for o in outs]
+    med = lambda k: statistics.median(float(r[k]) for r in rows)  # noqa: E731
+    peaks = [float(r["peak_gb"]) for r in rows if r["peak_gb"] not in ("", "None")]
+    first = rows[0]
+    return {**{p: med(p) for p in PHASES}, "record_frac": med("record_frac"), "tok_s": med("tok_s"),
+            "peak_gb": max(peaks) if peaks else None,
+            **{k: float(first[k]) for k in ("gen_per_seq", "record_bytes_per_token", "k3_first", "k3")},
+            "kv_bf16_bytes_per_token": int(first["kv_bf16_bytes_per_token"]),
+            "recompute_experts": all(r["recompute_experts"] == "True" for r in rows)}
+
+
+SAME_RUN = ("version", "commit", "gpu", "model", "task", "batch", "gen", "forced")
+
+
+def add_ratios(rows: list[dict], earlier: list[dict] = ()) -> None:
+    """Each row's train time over qat-independent's and bf16's, and its tokens/s over bf16's, taking the reference
+    row of the same kernels setting where there is one (bf16 runs once, with the default setting). The references
+    are these rows or `earlier` rows of the same run (SAME_RUN: a benchmark split over calls on one machine that
+    append to one table, e.g. scripts/gpu/rlstep_unit.sh)."""
+    key = lambda r: tuple(str(r[k]) for k in SAME_RUN)  # noqa: E731
+    refs = list(rows) + [{**e, "train_s": float(e["train_s"]), "tok_s": float(e["tok_s"])}
+                         for e in earlier if key(e) in {key(r) for r in rows}]
+    for r in rows:
+        for base, col, k in (("qat-independent", "train_vs_qat_independent", "train_s"),
+                              ("bf16", "train_vs_bf16", "train_s"), ("bf16", "tok_s_vs_bf16", "tok_s")):
+            ref = [b for b in refs if b["arm"] == base and key(b) == key(r)
+                   and b["fp4_kernels"] in (r["fp4_kernels"], "auto")]
+            ref = [b for b in ref if b["fp4_kernels"] == r["fp4_kernels"]] or ref
+            r[col] = round(r[k] / ref[0][k], 3) if ref else None
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default="experiments/profiles/medium.yaml")
+    ap.add_argument("--model", default="qwen3_moe-medium")
+    ap.add_argument("--task", default="reasoning")
+    ap.add_argument("--arms", nargs="+", default=["bf16", "fp4-naive", "qat-independent", "trace", "trace-deep"])
+    ap.add_argument("--kernels", nargs="+", default=["auto"], choices=["auto", "on", "off"],
+                    help="TRACE_FP4_KERNELS settings to run the FP4 arms with (bf16 runs once, auto)")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the profile's)")
+    ap.add_argument("--group-size", type=int, default=None, help="samples per prompt (default: the profile's)")
+    ap.add_argument("--gen", type=int, default=None, help="generated tokens per sequence (default: the profile's "
+                    "rl.max_new_tokens), forced unless --natural")
+    ap.add_argument("--natural", action="store_true", help="keep the task's stop token and string")
+    ap.add_argument("--init-ckpt", default=None)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--version", default="dev")
+    ap.add_argument("--out", default="results/rlstep/rlstep.csv")
+    ap.add_argument("--procs", type=int, default=1, help="processes at once per (arm, kernels), as runs share a GPU")
+    ap.add_argument("--recompute-experts", action="store_true",
+                    help="rl.recompute_experts on: less trainer memory, one more expert forward per step")
+    ap.add_argument("--note", default="", help="appended to every row's note")
+    a = ap.parse_args(argv)
+    if a.procs < 1:
+        ap.error("--procs must be at least 1")
+    if a.steps < 2:
+        ap.error("--steps must be at least 2 (the first is warm-up)")
+    # what each process of --procs gets: every given argument but the arms, kernels, processes and output
+    child = [w for k, v in vars(a).items() if v is not None and v is not False and v != ""
+             and k not in ("arms", "kernels", "procs", "out")
+             for w in ((f"--{k.replace('_', '-')}",) if v is True else (f"--{k.replace('_', '-')}", str(v)))]
+    rows, before = [], os.environ.get("TRACE_FP4_KERNELS")
+    gpu = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu"
+    try:
+        for arm in a.arms:
+            rl = {"recompute_experts": a.recompute_experts, "eval_every": 0}
+            rl.update({k: v for k, v in (("group_size", a.group_size), ("max_new_tokens", a.gen)) if v})
+            cfg, full = step_config(a.profile, a.model, a.task, arm, a.prompts or 1, init_ckpt=a.init_ckpt, **rl)
+            if not a.prompts:
+                cfg, _ = step_config(a.profile, a.model, a.task, arm, full, init_ckpt=a.init_ckpt, **rl)
+            cfg["device"] = a.device
+            method = cfg["rl"]["method"]
+            for k in (a.kernels if ARMS[method].engine_mode != "bf16" else ["auto"]):
+                os.environ["TRACE_FP4_KERNELS"] = k
+                t0 = time.perf_counter()
+                r = (time_arm(cfg, a.steps, not a.natural) if a.procs == 1
+                     else time_arm_in_procs(child, arm, k, a.procs))
+                rlc = cfg["rl"]
+                note = "; ".join(x for x in (
+                    "forced: stop token and stop string ignored" if not a.natural else "natural stops",
+                    "random init" if not a.init_ckpt else "", f"{time.perf_counter() - t0:.0f} s with setup",
+                    a.note) if x)
+                rows.append({"version": a.version, "commit": git_commit(), "gpu": gpu, "date": today(),
+                             "model": a.model, "task": a.task, "arm": arm, "method": method,
+                             "rho": rlc["rho"] if ARMS[method].record == "guide" else "",
+                             "fp4_kernels": k, "prompts": rlc["prompts_per_step"], "group_size": rlc["group_size"],
+                             "batch": rlc["prompts_per_step"] * rlc["group_size"], "gen": rlc["max_new_tokens"],
+                             "forced": not a.natural, "steps": a.steps, **r, "procs": a.procs,
+                             "steps_per_s": round(a.procs / r["step_s"], 4), "note": note})
+                print({k2: (round(v, 4) if isinstance(v, float) else v) for k2, v in rows[-1].items()}, flush=True)
+    finally:
+        if before is None:
+            os.environ.pop("TRACE_FP4_KERNELS", None)
+        else:
+            os.environ["TRACE_FP4_KERNELS"] = before
+    add_ratios(rows, read(a.out))
+    append(a.out, rows, FIELDS)
+    print(f"appended {len(rows)} rows to {a.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
