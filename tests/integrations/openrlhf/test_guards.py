@@ -16,10 +16,7 @@ from trace.integrations.openrlhf import stand_ins
 
 stand_ins.install()
 
-import openrlhf.cli.train_ppo_ray as orl_main  # noqa: E402
 import openrlhf.trainer.ppo_utils.experience as orl_exp  # noqa: E402
-import openrlhf.trainer.ppo_utils.experience_maker as orl_em  # noqa: E402
-import openrlhf.trainer.ppo_utils.samples_generator as orl_sg  # noqa: E402
 import openrlhf.trainer.ray as orl_ray  # noqa: E402
 import openrlhf.trainer.ray.ppo_actor as orl_pa  # noqa: E402
 import openrlhf.trainer.ray.vllm_engine as orl_vllm  # noqa: E402

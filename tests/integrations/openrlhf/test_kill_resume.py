@@ -3,7 +3,8 @@ started again with the same command resumes from OpenRLHF's DeepSpeed checkpoint
 holds each step once, in order (the line of the step after the checkpoint, logged before the kill, is
 dropped and redone), and the periodic held-out evaluation lines are where the embedded trainer puts
 them (step 0 of the fresh start, every eval_every-th step, the last), with every parameter partitioned
-(`--zero-persistence-threshold 0`, so the evaluation's ZeRO-3 gather is real). Two Ray starts on a CPU:
+(`--zero-persistence-threshold 0`, so the evaluation's ZeRO-3 gather is real) and gradient checkpointing
+passed through after `--` (the guided forward recomputed in backward under replay). Two Ray starts on a CPU:
 about 80-105 s on 2 cores, hence slow."""
 import json
 import os
@@ -25,7 +26,8 @@ STEPS, CKPT_EVERY, EVAL_EVERY = 6, 3, 3
 
 def _cmd(cfg, out):
     return [sys.executable, "-m", "trace.integrations.openrlhf.launch", "--config", str(cfg), "--out", str(out),
-            "--gpus", "0", "--zero-persistence-threshold", "0", "--set", "rl.method=trace"]
+            "--gpus", "0", "--zero-persistence-threshold", "0", "--set", "rl.method=trace",
+            "--", "--actor.gradient_checkpointing_enable"]  # a user flag, kept by the resumed run
 
 
 def _env():
@@ -89,4 +91,6 @@ def test_killed_run_resumes_without_duplicate_steps(tmp_path):
     assert all(0.0 <= x["eval_accuracy"] <= 1.0 for x in recs if x["step"] in evals)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["kind"] == "rl-openrlhf" and len(meta["resumes"]) == 1
+    assert meta["openrlhf_user_flags"] == ["--actor.gradient_checkpointing_enable"]
+    assert "--actor.gradient_checkpointing_enable" in json.loads((out / "openrlhf_argv.json").read_text())
     assert (out / "done").exists() and (out / "ckpt" / "latest").read_text().strip() == f"step_{STEPS:06d}"

@@ -62,6 +62,10 @@ SOURCE = {
     "ds.zero_stage": "launch --zero-stage", "train.colocate_all": "launch --colocate",
     "actor.num_gpus_per_node": "launch --gpus", "ref.num_gpus_per_node": "launch --gpus",
     "ckpt.path": "launch --out", "ckpt.output_dir": "launch --out", "data.prompt_dataset": "task.train_jsonl",
+    "vllm.tensor_parallel_size": "the TRACE engine: one engine per GPU, tensor parallel size 1",
+    "actor.num_nodes": "launch: one node, the Ray cluster launch starts", "ref.num_nodes": "launch: one node",
+    "ckpt.load_enable": "launch: always on, a rerun resumes", "data.max_len": "task prompts + rl.max_new_tokens",
+    "vllm.sync_backend": "launch --colocate / --gpus",
 }
 
 
