@@ -14,7 +14,8 @@
 # the machine it started on: STEPS=N shortens both profiles alike (rl.steps), for a probe of the step times.
 # The GPU test suite runs first when GPU_SUITE is set (full|fast; scripts/gpu/gpu_tests.sh), its line in every
 # run's meta.json (env TRACE_GPU_TESTS). WORK (default /tmp/trace-orl-table) holds the profiles, the pipelines'
-# working directories and run.log; CORES (default nproc) caps snakemake's cores.
+# working directories and run.log; CORES (default nproc) caps snakemake's cores; SNAKEMAKE_EXTRA adds snakemake options
+# (`-n`: a dry run of the whole sequence, the run.sh plumbing included).
 set -euo pipefail
 work=${WORK:-/tmp/trace-orl-table}
 py=${PYTHON:-python3}
@@ -53,7 +54,7 @@ set -euo pipefail
 cd "$PWD"
 export PYTHONPATH=$PWD\${PYTHONPATH:+:\$PYTHONPATH} PYTHONUNBUFFERED=1 TRACE_GPU_TESTS="${TRACE_GPU_TESTS:-}"
 sm() { d=\$1; shift; "$py" -m snakemake --snakefile "$PWD/Snakefile" --directory "$work/\$d" --configfile "$work/\$d.yaml" \\
-  --cores $cores --resources gpu=$((gpus * slots)) --scheduler greedy --rerun-incomplete --retries 2 "\$@"; }
+  --cores $cores --resources gpu=$((gpus * slots)) --scheduler greedy --rerun-incomplete --retries 2 ${SNAKEMAKE_EXTRA:-} "\$@"; }
 ln -sf "$work/openrlhf.yaml" "$work/orl.yaml"; ln -sf "$work/embedded.yaml" "$work/emb.yaml"
 sft=\$("$py" -c "import sys, yaml; sys.path.insert(0, 'workflow/scripts'); from runplan import Plan
 print(Plan(yaml.safe_load(open(sys.argv[1]))).sft_dir('qwen3_moe-small', 'reasoning', 0))" "$work/openrlhf.yaml")
@@ -62,7 +63,9 @@ sm orl "\$sft/eval.json"
 # the SFT base, its evaluation and its generated config are the twin's too (same profile values, same trainer)
 rel=\${sft#$root/openrlhf/}
 mkdir -p "$work/emb/$root/embedded"
-( cd "$work/orl/$root/openrlhf" && tar cf - "\$rel" "configs/\$rel.yaml" ) | tar xf - -C "$work/emb/$root/embedded"
+if [ -d "$work/orl/\$sft" ]; then  # (absent in a dry run)
+  ( cd "$work/orl/$root/openrlhf" && tar cf - "\$rel" "configs/\$rel.yaml" ) | tar xf - -C "$work/emb/$root/embedded"
+fi
 echo "[table] RL runs, both sides"; date -u
 sm orl \$("$py" workflow/scripts/runplan.py "$work/openrlhf.yaml" --targets qwen3_moe-small reasoning) > "$work/orl.log" 2>&1 &
 o=\$!
@@ -74,7 +77,9 @@ for s in openrlhf:orl embedded:emb; do
   "$py" -m analysis.tables --runs "$work/\${s#*:}/$root/\${s%%:*}" --out "$work/\${s#*:}/$root/\${s%%:*}-tables" || status=1
 done
 mkdir -p "$work/orl/$root/embedded"
-( cd "$work/emb/$root" && tar cf - --exclude=ckpt embedded embedded-tables ) | tar xf - -C "$work/orl/$root"
+for d in embedded embedded-tables; do
+  [ -d "$work/emb/$root/\$d" ] && { ( cd "$work/emb/$root" && tar cf - --exclude=ckpt "\$d" ) | tar xf - -C "$work/orl/$root" || status=1; }
+done
 "$py" -m analysis.openrlhf_compare --openrlhf "$work/orl/$root/openrlhf" --embedded "$work/orl/$root/embedded" \\
   --out "$work/orl/$root" || status=1
 date -u; echo "[table] finished, status \$status"
