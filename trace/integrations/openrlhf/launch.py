@@ -237,7 +237,8 @@ USES = (
 
 def all_hooks() -> tuple[tuple, tuple]:
     """(every Hook, every Use) TRACE puts into OpenRLHF: launch's, the policy actor's, the CPU shim's."""
-    return HOOKS + trace_actor.HOOKS + plugin.HOOKS, USES + trace_actor.USES + plugin.USES
+    shim_hooks, shim_uses = plugin.hooks()
+    return HOOKS + trace_actor.HOOKS + shim_hooks, USES + trace_actor.USES + shim_uses
 
 
 def check_hooks() -> None:

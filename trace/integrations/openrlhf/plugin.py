@@ -28,8 +28,6 @@ import torch
 
 from trace.integrations.openrlhf import guards, stand_ins
 
-stand_ins.install()  # before OpenRLHF's modules import vLLM / flash-attn names
-
 RUN_DIR_ENV = "TRACE_RUN_DIR"
 ZERO_PERSISTENCE_ENV = "TRACE_ZERO_PERSISTENCE_THRESHOLD"
 _CPU = torch.device("cpu")
@@ -61,18 +59,19 @@ def _shim_targets():
     return ds_mod, rb_mod, deepspeed.ops
 
 
-_DS, _RB, _OPS = _shim_targets()
 _MESH = "openrlhf.utils.deepspeed.deepspeed.init_device_mesh"
-# what the CPU shim replaces (checked at start-up wherever it runs, so a rename shows before a CPU run)
-HOOKS = (
-    guards.Hook(_DS, "init_device_mesh", _MESH),
-    guards.Hook(_RB, "NaiveReplayBuffer", "openrlhf.trainer.ppo_utils.replay_buffer.NaiveReplayBuffer"),
-    guards.Hook(_OPS, "__compatible_ops__", "deepspeed.ops.__compatible_ops__"),
-)
-USES = (
-    guards.Use(_DS.DeepspeedStrategy, "setup_distributed", "init_device_mesh", _MESH,
-               "DeepspeedStrategy.setup_distributed"),
-)
+
+
+def hooks() -> tuple[tuple, tuple]:
+    """(Hooks, Uses) of the CPU shim: what it replaces, and the code that must still use it; launch checks
+    them at start-up wherever it runs, so a rename shows before a CPU run. Imported here, not at module
+    import: on a GPU the workers' setup loads neither OpenRLHF nor DeepSpeed, as before the shim existed."""
+    ds, rb, ops = _shim_targets()
+    return ((guards.Hook(ds, "init_device_mesh", _MESH),
+             guards.Hook(rb, "NaiveReplayBuffer", "openrlhf.trainer.ppo_utils.replay_buffer.NaiveReplayBuffer"),
+             guards.Hook(ops, "__compatible_ops__", "deepspeed.ops.__compatible_ops__")),
+            (guards.Use(ds.DeepspeedStrategy, "setup_distributed", "init_device_mesh", _MESH,
+                        "DeepspeedStrategy.setup_distributed"),))
 
 
 def install_cpu_shim() -> bool:
@@ -120,5 +119,5 @@ def setup() -> None:
     install_cpu_shim()
 
 
-__all__ = ["HOOKS", "RUN_DIR_ENV", "USES", "ZERO_PERSISTENCE_ENV", "install_cpu_shim", "run_config", "run_dir", "setup",
+__all__ = ["RUN_DIR_ENV", "hooks", "ZERO_PERSISTENCE_ENV", "install_cpu_shim", "run_config", "run_dir", "setup",
            "zero_persistence_threshold"]
