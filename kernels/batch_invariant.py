@@ -54,13 +54,15 @@ MOE_REFERENCE_TOKENS = 256
 def gemm_config(N: int, K: int) -> GemmConfig:
     """The dense FP4 GEMM config of this mode: a function of the weight's shape only (here a constant): the MMA tile,
     one split, BM 64 (the default's at > 32 rows); the interpreter's small tile there."""
-    if INTERPRET:
-        return GemmConfig(BN=16, BM=16, BKW=4, split=1, num_warps=1, num_stages=1)
+    if INTERPRET:  # large tiles: the interpreter's time goes with the number of programs
+        return GemmConfig(BN=64, BM=64, BKW=8, split=1, num_warps=1, num_stages=1)
     return GemmConfig(BN=64, BM=64, BKW=16, split=1, num_warps=4, num_stages=3, bf16_decode=True, dot_order=True)
 
 
 def moe_config(E: int, k: int) -> MoEConfig:
     """The MoE config of this mode for E experts of top-k, whatever the number of tokens."""
+    if INTERPRET:
+        return MoEConfig(BM=32, BN=64, BKW=8, num_warps=1, num_stages=1, BN_down=64)
     return mma_moe_config(MOE_REFERENCE_TOKENS, k, E)
 
 

@@ -120,7 +120,7 @@ def test_token_logprobs_rows_invariant():
         assert float((y.double() - r).abs().max()) < 1e-4
 
 
-def test_per_row_kernels_are_rows_invariant():
+def test_per_row_kernels_quantize_norm_rope_routing_rows_invariant():
     """The kernels that are one program per row in every mode (activation quantize, residual add + RMSNorm, q/k
     norm + RoPE, routing) and the elementwise ones of this mode."""
     g = _gen(10)

@@ -165,7 +165,10 @@ class DecodeLoop:
 
     def sample(self, logits: torch.Tensor):
         """(tokens, log-probs, finite flag) on the device (the engine's `_sample`, which benchmarks may time)."""
-        return self.eng._sample(logits, self.temperature, self.top_p, self.gen)
+        tok, lp, finite = self.eng._sample(logits, self.temperature, self.top_p, self.gen)
+        if self.eng.batch_invariant:  # the log-prob from the per-row kernel the trainer's forward also takes
+            lp = self.eng.fwd.fast.logprobs(logits, tok, self.temperature or 1.0)
+        return tok, lp, finite
 
     def open_window(self) -> None:
         """Before a recording decode step: hands the recorded steps to the recorder when the window of buffers is

@@ -45,6 +45,12 @@ other FP4 arms' rollouts; on a GPU its one-token decode steps record inside thei
 RECORD_WINDOW steps and after the call); prefill and multi-token chunks (observations of a multi-turn
 call) record eagerly.
 
+Batch-invariant mode (`batch_invariant=True`; W4A4 + FP4 KV, NVFP4, the Triton kernels on a GPU or in the
+interpreter): the forward runs every chunk on the kernels' batch-invariant configs (trace/rollout/forward.py) and a
+sampled token's log-prob comes from the per-row kernel `kernels.batch_invariant.token_logprobs`, as `score`'s do, so
+`score` over the generated sequences returns the rollout's log-probs bit for bit (the exact arm's trainer values;
+tests/rollout/test_batch_invariant_engine.py).
+
 Stops: `stop_token_ids` finish a sample (e.g. pass `(EOS_ID,)`; nothing is implicit); a stop string
 (needs `tokenizer`) ends the turn and is kept in the output; `max_new_tokens` caps the policy tokens
 of each turn; the context (`max_seq_len`, default `config.max_position_embeddings`) caps the total.
@@ -62,6 +68,7 @@ alone and seeds in tests/rollout/test_generate.py. Run: `.venv/bin/python -m pyt
 """
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -98,7 +105,7 @@ def default_dtype(device) -> torch.dtype:
 class RolloutEngine:
     def __init__(self, config, *, mode: str = "bf16", fmt: str = "nvfp4", kv_fp4: bool = False,
                  dtype: torch.dtype | None = None, device="cpu", max_seq_len: int | None = None,
-                 cuda_graphs: bool = True, fp4_backend: str = "auto"):
+                 cuda_graphs: bool = True, fp4_backend: str = "auto", batch_invariant: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if fmt not in fp4.FORMATS:
@@ -110,6 +117,9 @@ class RolloutEngine:
             raise ValueError(f"fp4_backend must be one of {fast.BACKENDS}, got {fp4_backend!r}")
         self.config, self.mode, self.fmt, self.kv_fp4 = config, mode, fmt, kv_fp4
         self.fp4_backend = fp4_backend
+        self.batch_invariant = bool(batch_invariant)
+        if self.batch_invariant:
+            self._check_batch_invariant(device, dtype)
         self.dtype, self.device = dtype, torch.device(device)
         self.arch = Arch.from_config(config)
         self.max_seq_len = int(max_seq_len or self.arch.max_pos)
@@ -133,12 +143,30 @@ class RolloutEngine:
                                           self.device)
         self.fwd = EngineForward(self.weights, mode=self.mode, fmt=self.fmt, dtype=self.dtype)
         self.fwd.fused = fast.fused_ops(self.device, self.dtype, self.fp4_backend)
-        if self.mode == "w4a4" and self.fmt == "nvfp4" and fast.available(self.device, self.dtype, self.fp4_backend):
-            path = fast.TritonPath.build(self.weights)
+        if self.batch_invariant:
+            self.fwd.batch_invariant()
+        if self.batch_invariant or (self.mode == "w4a4" and self.fmt == "nvfp4"
+                                    and fast.available(self.device, self.dtype, self.fp4_backend)):
+            path = fast.TritonPath.build(self.weights, self.batch_invariant)
             if self.device.type == "cuda" and not self._fast_checked:  # once per engine: shapes do not change
                 path.self_test(self.weights, self.dtype, self.device)
                 self._fast_checked = True
             self.fwd.fast = path
+
+    def _check_batch_invariant(self, device, dtype) -> None:
+        """The batch-invariant mode (DESIGN.md §4 "Exact on-policy arm") runs every op of W4A4 + FP4-KV NVFP4 on the
+        kernels (`kernels.batch_invariant`): on a GPU, or on a CPU in the Triton interpreter (TRITON_INTERPRET=1)."""
+        if self.mode != "w4a4" or self.fmt != "nvfp4" or not self.kv_fp4:
+            raise ValueError("batch_invariant needs mode='w4a4', fmt='nvfp4' and kv_fp4=True (its kernels are W4A4 "
+                             f"NVFP4 over the FP4 KV cache), got mode={self.mode!r}, fmt={self.fmt!r}, "
+                             f"kv_fp4={self.kv_fp4}")
+        if self.fp4_backend == "torch":
+            raise ValueError("batch_invariant runs on the Triton kernels; fp4_backend='torch' excludes them")
+        if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("batch_invariant on a CPU runs the Triton kernels in the interpreter: set TRITON_INTERPRET=1 "
+                             "before starting Python")
+        if not fast.available(device, dtype, "triton"):
+            raise ValueError("batch_invariant: the Triton kernels (kernels/) cannot be imported here")
 
     def _check_ready(self):
         if self.fwd is None:
@@ -225,6 +253,14 @@ class RolloutEngine:
         logits = self._chunk(cache, [list(s) for s in sequences], [0] * len(sequences), list(range(len(sequences))),
                              recorder, ids, all_logits=True)  # [B, T, V]
         self._check_logits(logits)
+        if self.batch_invariant:  # the per-row kernel the rollout's sampled tokens' log-probs come from
+            B, T, V = logits.shape
+            tgt = torch.zeros(B, T, dtype=torch.long)
+            for b, s in enumerate(sequences):
+                tgt[b, : len(s) - 1] = torch.as_tensor(s[1:], dtype=torch.long)
+            lp = self.fwd.fast.logprobs(logits.reshape(B * T, V), tgt.view(-1).to(self.device), temperature)
+            lp = lp.view(B, T).cpu()
+            return [lp[b, : len(s) - 1].tolist() for b, s in enumerate(sequences)]
         lp = torch.log_softmax(logits.float() / temperature, dim=-1).cpu()
         out = []
         for b, s in enumerate(sequences):

@@ -121,22 +121,25 @@ def attention_wanted() -> str:
 
 
 class TritonPath:
-    def __init__(self, dense: list[dict], moe: list):
-        """dense / moe: per layer, the kernels' prepared weights."""
+    def __init__(self, dense: list[dict], moe: list, batch_invariant: bool = False):
+        """dense / moe: per layer, the kernels' prepared weights. batch_invariant: every projection, expert and
+        attention of any chunk on the kernels' batch-invariant mode (`kernels.batch_invariant`, DESIGN.md §4 "Exact
+        on-policy arm"), prefill included; the default mode's crossover and configs are not used then."""
         self.dense, self.moe = dense, moe
         self.dense_rows, self.moe_load = crossover()
         self.attn = attention_wanted()
+        self.bi = batch_invariant
 
     def dense_kernels(self, rows: int) -> bool:
         """Whether a projection of `rows` activation rows runs on the W4A4 kernels (else BF16 GEMMs)."""
-        return rows <= self.dense_rows
+        return self.bi or rows <= self.dense_rows
 
     def moe_kernels(self, i: int, tokens: int, k: int) -> bool:
         """Whether layer i's routed experts for `tokens` tokens of top-k run on the W4A4 MoE kernels."""
-        return tokens * k / self.moe[i].E <= self.moe_load
+        return self.bi or tokens * k / self.moe[i].E <= self.moe_load
 
     @staticmethod
-    def build(weights) -> "TritonPath":
+    def build(weights, batch_invariant: bool = False) -> "TritonPath":
         from kernels.gemm import prepare_weight
         from kernels.moe import prepare_moe_weights
 
@@ -146,7 +149,7 @@ class TritonPath:
             experts = _expert_fp4(weights, i)
             dense.append({key: prepare_weight(t.codes, t.scales, t.outer) for key, t in fp4s.items()})
             moe.append(None if experts is None else prepare_moe_weights(*experts))
-        return TritonPath(dense, moe)
+        return TritonPath(dense, moe, batch_invariant)
 
     def self_test(self, weights, dtype: torch.dtype, device, rows=(1, 2, 5, 64, 300), seed: int = 0) -> None:
         """Check the kernels against `kernels.reference` at this model's own shapes before a run uses
@@ -262,7 +265,12 @@ class TritonPath:
         from kernels.gemm import fp4_linear
 
         seen = None if keep is None else (lambda q: keep(as_fp4(q, x.dtype)))
-        y = fp4_linear(x, self.dense[i][key], act_quant=True, check_finite=False, on_quant=seen)
+        if self.bi:
+            from kernels.batch_invariant import fp4_linear_bi
+
+            y = fp4_linear_bi(x, self.dense[i][key], on_quant=seen)
+        else:
+            y = fp4_linear(x, self.dense[i][key], act_quant=True, check_finite=False, on_quant=seen)
         return y if bias is None else y + bias
 
     def experts(self, i: int, x, topi, topv, keep_in=None, keep_down=None) -> torch.Tensor:
@@ -278,6 +286,10 @@ class TritonPath:
                 keeps[which](as_fp4(q, x.dtype, (N, k) if which == "down" else (N,)))
 
         observe = None if keep_in is None and keep_down is None else seen
+        if self.bi:
+            from kernels.batch_invariant import fused_moe_bi
+
+            return fused_moe_bi(x, self.moe[i], topi, topv, on_quant=observe)
         return fused_moe(x, self.moe[i], topi, topv, act_quant=True, check_finite=False, on_quant=observe)
 
     def mma_attention(self, head_dim: int, groups: int) -> bool:
@@ -292,16 +304,12 @@ class TritonPath:
         """One-token decode with the FP4 KV cache: store k, v [R, 1, Hkv, D] at (rows, slots) and attend
         q [R, 1, Hq, D] over slots 0 .. start[r] + lens[r] - 1 of each row (lens 0: an idle row, its cached
         tokens only). Returns [R, Hq, D]."""
-        from kernels.attention import FP4KVCache, decode_attention, kv_store
+        from kernels.attention import decode_attention, kv_store
 
         per = cache.cap + 1
         R = q.shape[0]
         r = cache.row_ids(rows, q.device)
-        views = []
-        for j in range(2):
-            c, s, o = cache.codes[layer][j], cache.scales[layer][j], cache.outer[layer][j]  # [B, cap+1, Hkv, ..]
-            views += [c.view(-1, *c.shape[2:]), s.view(-1, *s.shape[2:]), o.view(-1, o.shape[2])]
-        view = FP4KVCache(views[0], views[1], views[2], views[3], views[4], views[5])
+        view = _kv_view(cache, layer)
         flat_slots = r * per + slots[:, 0]  # [R]
         kv_store(view, k[:, 0], v[:, 0], flat_slots, check_finite=False)
         if self.mma_attention(q.shape[-1], q.shape[2] // k.shape[2]):
@@ -311,6 +319,69 @@ class TritonPath:
         else:
             out = decode_attention(q[:, 0], view, r * per, start + lens, max_len, check_finite=False)
         return out.view(R, *q.shape[2:])
+
+
+    # ---------------------------------------------------------------- batch-invariant mode only
+    def attend(self, cache, layer: int, rows, slots, start, lens, q, k, v, max_len: int) -> torch.Tensor:
+        """Any chunk (a decode step, a prefill, an appended observation) in the batch-invariant mode: store k, v
+        [R, T, Hkv, D] at (rows, slots) (padding at the trash slot) and attend each query q [R, T, Hq, D] at position
+        p over its row's slots 0 .. p (a padded position, and a decode step's idle row (lens 0), over the row's
+        tokens start .. start + lens - 1 only) with `kernels.batch_invariant.attention`: every query one program of
+        the decode kernel over the same key tiles, so a decode step's query equals the same position's in a
+        prefill bit for bit. Returns [R, T, Hq, D]."""
+        from kernels.attention import kv_store
+        from kernels.batch_invariant import attention
+
+        R, T, Hq, D = q.shape
+        Hkv = k.shape[2]
+        per = cache.cap + 1
+        r = cache.row_ids(rows, q.device)
+        view = _kv_view(cache, layer)
+        kv_store(view, k.reshape(R * T, Hkv, D), v.reshape(R * T, Hkv, D), (r[:, None] * per + slots).reshape(-1),
+                 check_finite=False)
+        t = torch.arange(T, device=q.device)
+        upto = torch.where(t[None, :] < lens[:, None], start[:, None] + t + 1, (start + lens)[:, None])  # [R, T]
+        base = (r * per).repeat_interleave(T)  # [R*T] contiguous (the kernel reads it by index)
+        return attention(q.reshape(R * T, Hq, D), view, base, upto.reshape(-1), max_len).view(R, T, Hq, D)
+
+    @staticmethod
+    def plain_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """An unquantized linear (router, shared-expert gate, lm_head) in the batch-invariant mode."""
+        from kernels.batch_invariant import linear
+
+        return linear(x, w, bias)
+
+    @staticmethod
+    def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        from kernels.batch_invariant import silu_mul
+
+        return silu_mul(g, u)
+
+    @staticmethod
+    def sigmoid(a: torch.Tensor) -> torch.Tensor:
+        from kernels.batch_invariant import sigmoid
+
+        return sigmoid(a)
+
+    @staticmethod
+    def logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+        """log_softmax(logits / temperature)[row, token] [A] fp32, per row (`kernels.batch_invariant.token_logprobs`):
+        the rollout's log-prob of a sampled token and the trainer's of the same target are the same computation."""
+        from kernels.batch_invariant import token_logprobs
+
+        return token_logprobs(logits, tokens, temperature)
+
+
+def _kv_view(cache, layer: int):
+    """A zero-copy `kernels.attention.FP4KVCache` over layer `layer` of the engine's cache (slot s of row b at
+    b * (cap + 1) + s)."""
+    from kernels.attention import FP4KVCache
+
+    views = []
+    for j in range(2):
+        c, s, o = cache.codes[layer][j], cache.scales[layer][j], cache.outer[layer][j]  # [B, cap+1, Hkv, ..]
+        views += [c.view(-1, *c.shape[2:]), s.view(-1, *s.shape[2:]), o.view(-1, o.shape[2])]
+    return FP4KVCache(*views)
 
 
 class ChunkPath:

@@ -28,6 +28,12 @@ recorder wants only; above the kernels' crossover (`TritonPath.dense_kernels` / 
 prefill and multi-token chunks (`fast.ChunkPath`) the quantize kernel's codes feed BF16 GEMMs on the
 dequantized weights and are recorded the same way. Without `rec` nothing extra is computed.
 
+Batch-invariant mode (`bi`, the engine's `batch_invariant`, DESIGN.md §4 "Exact on-policy arm"): every chunk, prefill
+or decode, on the Triton path's kernels in the configs of `kernels.batch_invariant` (FP4 projections and experts at
+any row count, attention by `TritonPath.attend`, router / shared gate / lm_head by its fixed-tile GEMM, the fused
+norms and routing, RoPE from one table), so a token's row has the same bits in a decode step and in a full-sequence
+forward of the same tokens.
+
 Compared against: the transformers forward (bf16 mode) and `trace.qat.patch_model(model, "w4a4")`
 (w4a4 mode) in tests/rollout/test_engine.py.
 """
@@ -105,6 +111,11 @@ class EngineForward:
         self.acts = mode == "w4a4"
         self.fast = None  # TritonPath (trace/rollout/fast.py) when enabled by the engine
         self.fused = False  # kernels/norm.py and kernels/routing.py for the norms, RoPE, routing (`fast.fused_ops`)
+        # batch-invariant mode (the engine's `batch_invariant`; needs `fast` with its `bi` on and `fused`): every
+        # chunk, prefill or decode, on the same kernels in the same configs, so a token's row gives the same bits in
+        # a decode step and in a full-sequence forward (DESIGN.md §4 "Exact on-policy arm")
+        self.bi = False
+        self._rope_table = None  # batch-invariant mode: cos, sin [positions, D] computed once
 
     # ------------------------------------------------------------------------------ helpers
     def _norm(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None):
@@ -130,6 +141,13 @@ class EngineForward:
         if w is not None:
             t = rms_norm(t, w, self.a.eps)
         return rope(t, cos, sin)
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """An unquantized linear (router, shared-expert gate, lm_head): F.linear, or the batch-invariant mode's."""
+        return self.fast.plain_linear(x, w) if self.bi else F.linear(x, w)
+
+    def _sigmoid(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fast.sigmoid(x) if self.bi else torch.sigmoid(x)
 
     def _act(self, x: torch.Tensor, layer: int, site: str, rec: Recording | None) -> torch.Tensor:
         """Per-row FP4 RTN of x [N, *inner, K] at (layer, site); returns the dequantized value."""
@@ -169,7 +187,22 @@ class EngineForward:
             rec.add(layer, site, t)
 
     def _rope(self, pos: torch.Tensor):
-        """cos, sin [R, T, D] for absolute positions pos [R, T] (float32 like transformers, then dtype)."""
+        """cos, sin [R, T, D] for absolute positions pos [R, T] (float32 like transformers, then dtype). In the
+        batch-invariant mode rows of one table made once for every position (a CPU's vectorized cos / sin and its
+        scalar remainder loop may differ in the last bit, and the remainder follows the tensor's size)."""
+        if self.bi:
+            p = pos.clamp(0, self.a.max_pos - 1)  # padding past the context: never used
+            return self._rope_table[0][p], self._rope_table[1][p]
+        return self._rope_of(pos)
+
+    def batch_invariant(self) -> None:
+        """Switch this forward to the batch-invariant mode (its `fast` path built with `batch_invariant`): the fused
+        ops on, and the RoPE table made now, eagerly, before any decode graph captures a step."""
+        self.bi, self.fused = True, True
+        pos = torch.arange(self.a.max_pos, device=self.w.embed.device)[None]
+        self._rope_table = tuple(t[0] for t in self._rope_of(pos))
+
+    def _rope_of(self, pos: torch.Tensor):
         freqs = pos.float()[..., None] * self.w.inv_freq  # [R, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
@@ -200,7 +233,11 @@ class EngineForward:
         q = self._rope_heads(q.view(R, T, nh, D), cos, sin, lw["q_norm"] if per_head else None)
         k = self._rope_heads(k.view(R, T, nkv, D), cos, sin, lw["k_norm"] if per_head else None)
         v = v.view(R, T, nkv, D)
-        if fast is not None and cache.codes_stored and T == 1 and cache.fmt == "nvfp4":  # FP4-KV decode kernel
+        if self.bi:  # every chunk: each query one program of the decode kernel (fast.TritonPath.attend)
+            o = fast.attend(cache, i, rows, slots, start, lens, q, k, v, S).reshape(R * T, nh * D)
+            if rec is not None and rec.wants(i):
+                self._record_kv(rec, i, cache.stored(i, rows, slots))
+        elif fast is not None and cache.codes_stored and T == 1 and cache.fmt == "nvfp4":  # FP4-KV decode kernel
             o = fast.decode_attention(cache, i, rows, slots, start, lens, q, k, v, S).reshape(R * T, nh * D)
             if rec is not None and rec.wants(i):  # the K/V codes the kernel stored, read back
                 self._record_kv(rec, i, cache.stored(i, rows, slots))
@@ -252,7 +289,7 @@ class EngineForward:
         a = self.a
         N = x.shape[0]
         k = a.top_k
-        logits = F.linear(x, lw["router"])  # [N, E], unquantized router
+        logits = self._linear(x, lw["router"])  # [N, E], unquantized router
         wdt = torch.float32 if a.routing_fp32 else x.dtype  # Mixtral keeps its routing weights float32
         if self.fused:
             from kernels.routing import topk_softmax
@@ -275,7 +312,7 @@ class EngineForward:
                                  lambda t: act(t, i, "moe_down_in", rec))
         if a.shared_expert:  # Qwen2-MoE's shared expert, gated by a per-token sigmoid of the unquantized input
             sd = self._mlp(i, lw, x, rec, fast, ("sg", "su", "sd"), ("shared_in", "shared_down_in"))
-            out = out + torch.sigmoid(F.linear(x, lw["shared_gate"])) * sd
+            out = out + self._sigmoid(self._linear(x, lw["shared_gate"])) * sd
         return out
 
     def _mlp(self, i, lw, x, rec, fast, keys, sites):
@@ -284,7 +321,8 @@ class EngineForward:
         sizes, else BF16 GEMMs on the dequantized weights."""
         g, u, d = keys
         if fast is not None and fast.dense_kernels(x.shape[0]):
-            hs = F.silu(fast.linear(i, g, x, keep=self._keep(rec, i, sites[0]))) * fast.linear(i, u, x)
+            gl, ul = fast.linear(i, g, x, keep=self._keep(rec, i, sites[0])), fast.linear(i, u, x)
+            hs = fast.silu_mul(gl, ul) if self.bi else F.silu(gl) * ul
             return fast.linear(i, d, hs, keep=self._keep(rec, i, sites[1]))
         act = self._acts(fast)
         xs = act(x, i, sites[0], rec)
@@ -314,7 +352,7 @@ class EngineForward:
         # FP4 GEMM kernels (kernels/) for decode steps only: they stream FP4 weights, which pays when a step
         # is memory-bound; prefill and multi-token chunks are compute-bound and run the same codes on BF16
         # tensor cores (dequantized weights), quantized by the Triton quantize kernel (`fast.ChunkPath`)
-        fast = self.fast if T == 1 or self.fast is None else CHUNK
+        fast = self.fast if T == 1 or self.fast is None or self.bi else CHUNK
         x = F.embedding(ids, w.embed)  # [R, T, H] residual stream
         h = self._norm(x, w.layers[0]["ln1"])
         for i, lw in enumerate(w.layers):
@@ -332,4 +370,4 @@ class EngineForward:
         if not all_logits:  # the last layer's add on the last fed tokens only, [R, H]
             last = (torch.arange(R, device=ids.device), lens - 1)
             x, m = x[last], m[last]
-        return F.linear(self._norm(x, w.norm, residual=m)[1], w.lm_head)
+        return self._linear(self._norm(x, w.norm, residual=m)[1], w.lm_head)
