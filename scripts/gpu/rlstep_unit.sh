@@ -50,6 +50,9 @@ if [ $(( $(date +%s) - suite_start )) -gt 60 ] && [ $(( $(date +%s) - t0 )) -gt 
 fi
 mkdir -p /tmp/rlstep
 table=/tmp/rlstep/rlstep.csv
+if [ "$part" = 2 ] && ! grep -q "^$version,.*,$model,[^,]*,bf16," "$table" 2>/dev/null; then
+  echo "no PART 1 rows of $model ($version) on this machine: PART 2's rows get no ratios against bf16 / qat-independent"
+fi
 # the benchmark on the device at a tiny shape first (seconds): the phases, the probe and the forced length on CUDA
 python3 benchmarks/bench_rlstep.py --device cuda --model qwen3_moe-tiny --arms qat-independent trace --prompts 2 \
   --group-size 4 --gen 32 --steps 2 --version check --out /tmp/rlstep/check.csv > "$out/check.log" 2>&1 \

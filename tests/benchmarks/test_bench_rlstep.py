@@ -49,6 +49,9 @@ def test_rows_columns_and_phases(tmp_path):
     assert trace["train_vs_qat_independent"] == round(trace["train_s"] / qat["train_s"], 3)
     # the deepest half of the layers records fewer bytes than all of them (routing ids stay every layer's)
     assert 0 < deep["record_bytes_per_token"] < trace["record_bytes_per_token"]
+    # --natural keeps the task's stops: the row says so, and no sequence generates more than --gen
+    nat = main(BASE + ["--gen", "6", "--steps", "2", "--natural", "--arms", "bf16", "--out", str(tmp_path / "n.csv")])[0]
+    assert nat["forced"] is False and "natural stops" in nat["note"] and 0 < nat["gen_per_seq"] <= 6
 
 
 def test_forcing_drops_the_stops_and_nothing_else():
