@@ -82,3 +82,31 @@ def test_meta_build_parameter_shapes_and_count(family):
     # FP32 master weights, gradients and AdamW's two moments (16 bytes per parameter) leave room on an H200's
     # 141 GB for the engine and the activations
     assert 16 * n < 50e9
+
+
+def test_the_medium_profile_plans_the_learning_run_and_the_benchmark_arms():
+    """experiments/profiles/medium.yaml validates against the pipeline schema and plans the issue's learning run
+    (SFT base, then bf16, qat-independent and trace for >= 50 steps, one seed, qwen3_moe-medium) with valid run
+    configs; trace-deep (for benchmarks/bench_rlstep.py) resolves to trace on the deepest half and runs nothing."""
+    import sys
+    from pathlib import Path
+
+    import jsonschema
+    import yaml
+
+    from trace import config as C
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "workflow" / "scripts"))
+    from runplan import Plan
+
+    profile = yaml.safe_load((root / "experiments/profiles/medium.yaml").read_text())
+    jsonschema.validate(profile, yaml.safe_load((root / "workflow/schemas/config.schema.yaml").read_text()))
+    plan = Plan(profile)
+    assert sorted((r.model, r.task, r.arm, r.seed) for r in plan.runs) == [
+        ("qwen3_moe-medium", "reasoning", arm, 0) for arm in ("bf16", "qat-independent", "trace")]
+    assert plan.sft_enabled
+    for arm in ("bf16", "qat-independent", "trace", "trace-deep"):
+        cfg = C.validate(C.deep_merge(C.DEFAULTS, plan.run_config("qwen3_moe-medium", "reasoning", arm, 0)))
+        assert cfg["rl"]["steps"] >= 50 and cfg["rl"]["max_new_tokens"] >= 157  # reasoning's longest gold answer
+        assert cfg["rl"]["rho"] == (0.5 if arm == "trace-deep" else 1.0)
+        assert cfg["rl"]["method"] == ("trace" if arm == "trace-deep" else arm)
