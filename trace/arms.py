@@ -9,6 +9,9 @@ analysis can import it without torch.
     ARMS["trace"].trainer_mode   # "w4a4kv4"
 
 `posthoc-fp4` is not an arm that trains: it is the FP4-deployment evaluation of the `bf16` run.
+`exact` (beyond the paper, DESIGN.md §4 "Exact on-policy arm") rolls out on the engine's batch-invariant kernels and
+takes the trainer's log-probs from the same kernels over the rollout's tokens: no record, no alignment term, and the
+trainer's log-probs are the rollout's bit for bit (k3 = 0).
 Compared against: tests/test_arms.py (the schema, trainer and pipeline agree with this table).
 """
 from __future__ import annotations
@@ -27,6 +30,8 @@ class Arm:
     routing: bool = False  # routing replay
     align: bool = False  # alignment term
     main: bool = False  # an arm of the main table (the others are ablations)
+    exact: bool = False  # batch-invariant engine; the trainer's log-prob values from its kernels (trainer_mode: the
+    # QAT forward whose straight-through backward gives the gradient)
 
     @property
     def deploy(self) -> str:
@@ -50,6 +55,7 @@ ARMS: dict[str, Arm] = {
     "trace-fullcodes": Arm("w4a4", True, "w4a4kv4", "guide", full_codes=True, routing=True, align=True),
     "trace-noalign": Arm("w4a4", True, "w4a4kv4", "guide", routing=True, align=False),
     "trace-noroutingreplay": Arm("w4a4", True, "w4a4kv4", "guide", routing=False, align=True),
+    "exact": Arm("w4a4", True, "w4a4kv4", None, exact=True),
 }
 METHODS: tuple[str, ...] = tuple(ARMS)
 MAIN_METHODS: tuple[str, ...] = tuple(m for m, a in ARMS.items() if a.main)

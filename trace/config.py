@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 import jsonschema
 import yaml
 
-from trace.arms import METHODS
+from trace.arms import ARMS, METHODS
 
 ADVANTAGES = ("group_norm", "reinforce_baseline", "rloo")
 # the task registry's names (trace/tasks), listed here so that validating a config imports no task code
@@ -175,6 +175,11 @@ def _semantic_checks(cfg: dict) -> None:
         raise ConfigError(f"config key 'rl.icepop': expected [lo, hi] with lo < hi, got {ice!r}")
     if ice is not None and rl.get("tis_cap") is not None:
         raise ConfigError("config key 'rl.icepop': ICEPOP replaces TIS; set rl.tis_cap to null with it")
+    arm = ARMS.get(rl.get("method"))
+    if arm is not None and arm.exact:
+        if rl.get("fmt", "nvfp4") != "nvfp4":
+            raise ConfigError(f"config key 'rl.fmt': the {rl['method']} arm runs the batch-invariant NVFP4 kernels; "
+                              f"got {rl['fmt']!r}")
     if rl.get("advantage") == "rloo" and rl.get("group_size", 2) < 2:
         raise ConfigError("config key 'rl.group_size': rloo needs group_size >= 2")
     # bool is a subclass of int in Python; jsonschema treats it separately, so nothing to do here.

@@ -73,6 +73,13 @@ class Method:
         """(guidance recorder, diagnostic recorder) for one rollout, each None where the arm takes none."""
         return arm_recorders(self.arm, num_layers, self.rho, self.diag_flips)
 
+    @property
+    def exact(self) -> bool:
+        """Whether the arm is exact on-policy: a batch-invariant rollout engine (`RolloutEngine(batch_invariant=True)`)
+        and the trainer's log-prob values from the engine's own forward over the rollout's tokens, no record, no
+        alignment term, zero guidance bytes (DESIGN.md §4 "Exact on-policy arm")."""
+        return self.arm.exact
+
     def record_bytes_per_generated_token(self, record, n_generated: int) -> float:
         """DESIGN.md §3 bytes of the arm's own record per generated token (full codes only where the arm guides
         with them; 0.0 without a record)."""

@@ -23,8 +23,9 @@ def guided_layer_indices(num_layers: int, rho: float) -> list[int]:
 def arm_records(arm, diag_flips: bool = True) -> tuple[bool, bool]:
     """(whether the arm's rollout takes a guidance record, whether it takes the diagnostic record): the
     guidance record for arms that guide (`arm.record == "guide"`), the diagnostic one (`diag_flips`) for
-    every arm whose trainer quantizes activations."""
-    return arm.record == "guide", diag_flips and arm.trainer_mode in ("w4a4", "w4a4kv4")
+    every arm whose trainer quantizes activations, except the exact arm (no record at all: its trainer's
+    log-probs are the rollout's)."""
+    return arm.record == "guide", diag_flips and arm.trainer_mode in ("w4a4", "w4a4kv4") and not arm.exact
 
 
 def arm_recorders(arm, num_layers: int, rho: float, diag_flips: bool = True) -> tuple[Recorder | None, Recorder | None]:

@@ -16,6 +16,9 @@ One step (`RLTrainer._step`, read top-down):
               qat-weight-only, w4a4kv4 for qat-independent and trace*) under BF16 autocast on FP32
               master weights, inside the arm's `Method.replay` whenever a record exists (guided rounding,
               routing replay and alignment term for trace; flip statistics against the diagnostic record)
+  exact       the `exact` arm only: the log-probs' values from the engine's batch-invariant forward over the
+              rollout's tokens (`RolloutEngine.score` on the kernels the rollout sampled with: the rollout's
+              log-probs bit for bit), their gradient the QAT forward's above (`_exact_logprobs`)
   loss        PPO-clip vs the rollout log-probs with TIS / ICEPOP, + kl_coef * KL(ref) + the arm's weighted
               alignment term (`Method.alignment`)
   optimizer   AdamW with gradient clipping
@@ -53,6 +56,7 @@ the last checkpoint untouched). Compared against: OpenRLHF 0.11.2 losses (tests/
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +65,7 @@ import torch
 import torch.nn.functional as F
 
 from trace import rundir
+from trace.config import ConfigError
 from trace.episode import build_task, evaluate_policy, run_episode
 from trace.guidance import Method, Tee
 from trace.models import build_model, build_tokenizer, load_checkpoint
@@ -145,6 +150,9 @@ class RLTrainer:
         self.progress = progress
         self.method = Method.from_config(self.rl)  # the arm's recorders, replay and alignment term
         self.arm = self.method.arm
+        if self.method.exact and torch.device(cfg["device"]).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ConfigError(f"config key 'device': the {self.rl['method']} arm on a CPU runs the Triton kernels in "
+                              "the interpreter; set TRITON_INTERPRET=1 before starting (or run on a GPU)")
         self.out = rundir.prepare_run_dir(out, cfg, kind="rl")
         self.device = cfg["device"]
         self.task = build_task(cfg)
@@ -182,7 +190,7 @@ class RLTrainer:
         if state is not None:
             self.opt.load_state_dict(state["optimizer"])
         self.engine = RolloutEngine(self.model.config, mode=self.arm.engine_mode, fmt=self.rl["fmt"],
-                                    kv_fp4=self.arm.kv_fp4, device=self.device)
+                                    kv_fp4=self.arm.kv_fp4, device=self.device, batch_invariant=self.method.exact)
         self.engine.sync_weights(self.model)
         self.num_layers = self.model.config.num_hidden_layers
 
@@ -199,6 +207,22 @@ class RLTrainer:
         with self.method.replay(self.rt, record, diag, tb.seq, tb.pos) as stats:
             lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16", self.rl["temperature"])
         return lp, stats
+
+    def _exact_logprobs(self, batch, tb: TrainBatch, lp_grad: torch.Tensor) -> torch.Tensor:
+        """The exact arm's log-probs [B, T]. Values: the engine's batch-invariant forward over each sample's input
+        tokens and target (`RolloutEngine.score`: one full-sequence forward on the kernels and configs the rollout
+        sampled with, log-probs from the same per-row kernel), equal to the rollout's log-probs bit for bit.
+        Gradient: the QAT forward's, `lp_grad` (the trainer mode's straight-through FP4 fake quantization, DESIGN.md
+        §4 "Exact on-policy arm"): v + (g - g.detach()) is v exactly (g - g.detach() is 0 for a finite g) with g's
+        gradient."""
+        n = tb.att.sum(1).tolist()
+        rows = self.engine.score([list(batch.tokens[b][: n[b] + 1]) for b in range(len(n))],
+                                 temperature=self.rl["temperature"] or 1.0)  # greedy rollouts report temperature 1
+        v = torch.zeros(lp_grad.shape, dtype=torch.float32)
+        for b, r in enumerate(rows):
+            v[b, : len(r)] = torch.tensor(r, dtype=torch.float32)
+        g = torch.where(tb.att.bool(), lp_grad - lp_grad.detach(), torch.zeros_like(lp_grad))
+        return v.to(lp_grad.device) + g
 
     # ------------------------------------------------------------------------------ one step
     def step(self, step: int) -> dict:
@@ -235,6 +259,10 @@ class RLTrainer:
         rewards = torch.tensor(ep.scores, dtype=torch.float32, device=tb.ids.device)
         adv = compute_advantages(rewards, tb.mask, rl["group_size"], rl["advantage"])
         lp_train, stats = self._replayed_logprobs(tb, record, diag)
+        t_ex = time.perf_counter()
+        if method.exact:
+            lp_train = self._exact_logprobs(ep.batch, tb, lp_train)
+        t_ex = time.perf_counter() - t_ex
         mm = mismatch_metrics(lp_train.detach(), tb.lp_roll, tb.mask)
 
         loss, parts, align = self._loss(lp_train, tb, adv, stats)
@@ -272,6 +300,7 @@ class RLTrainer:
             "time_score_s": ep.score_s,  # decoding and the task's verifier (the coding sandbox runs on the CPU)
             "time_rollout_s": t1 - t0,
             "time_train_s": t2 - t1,
+            **({"time_exact_score_s": t_ex} if method.exact else {}),  # the engine's forward inside time_train_s
             "loss": float(loss.detach()),
             **parts,
             "grad_norm": float(gn),
