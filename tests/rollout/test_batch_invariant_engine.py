@@ -74,3 +74,17 @@ def test_batch_invariant_engine_on_gpu_small_flavors(family):
     alone = eng.generate(prompts[:3], max_new_tokens=24, temperature=0.0)
     for i in range(3):
         assert alone.tokens[i] == both.tokens[i] and alone.logprobs[i] == both.logprobs[i], i
+
+
+def test_self_test_checks_the_batch_invariant_kernels(monkeypatch):
+    """`TritonPath.self_test` (every sync on a GPU) checks the batch-invariant mode's own configs against
+    kernels.reference at the model's shapes: a broken batch-invariant GEMM config is named."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the kernels in the Triton interpreter")
+    import kernels.batch_invariant as kb
+
+    eng = _engine(tiny("mixtral"))
+    eng.fwd.fast.self_test(eng.weights, torch.float32, "cpu", rows=(3,))
+    monkeypatch.setattr(kb, "fp4_linear_bi", lambda x, w, on_quant=None: torch.zeros(x.shape[0], w.N))
+    with pytest.raises(RuntimeError, match="W4A4 linear"):
+        eng.fwd.fast.self_test(eng.weights, torch.float32, "cpu", rows=(3,))

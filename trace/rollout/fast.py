@@ -206,7 +206,12 @@ class TritonPath:
             w = self.dense[layer][key]
             for M in (M for M in rows if self.dense_kernels(M)):
                 x = rand(M, w.K)
-                y = fp4_linear(x.to(dev), w, act_quant=True, out_dtype=torch.float32, check_finite=False).cpu()
+                if self.bi:  # the batch-invariant mode's config, the one its forward runs
+                    from kernels.batch_invariant import fp4_linear_bi
+
+                    y = fp4_linear_bi(x.to(dev), w).float().cpu()
+                else:
+                    y = fp4_linear(x.to(dev), w, act_quant=True, out_dtype=torch.float32, check_finite=False).cpu()
                 r = ref.fp4_linear(x.float(), t.codes.cpu(), t.scales.cpu(), t.outer.cpu(), act_quant=True)
                 err = rel(y, r)
                 if not err < 1e-2:
@@ -229,6 +234,10 @@ class TritonPath:
             from kernels.attention_mma import decode_attention_mma  # the kernel the engine's steps take
 
             attend.append((" (register-operand kernel)", decode_attention_mma))
+        if self.bi:
+            from kernels.batch_invariant import attention as bi_attention
+
+            attend.append((" (batch-invariant)", lambda *args, check_finite: bi_attention(*args)))
         for name, fn in attend:
             y = fn(q.to(dev).to(dtype), kv, torch.arange(B, device=dev) * L, lens.to(dev), L,
                    check_finite=False).float().cpu()
@@ -251,8 +260,13 @@ class TritonPath:
                 # activations rounded to x's dtype (a multiply by 1/S_enc, within an ulp), which moves h by
                 # about an ulp and can flip its FP4 codes; one flip at I = 64 is a ~10% output error, so
                 # they are compared in W4A16 (their activation quantize is the one checked bit-exact above).
-                aq = default_moe_config(T, k, m.E).kind == "mma"
-                y = fused_moe(x.to(dev), m, ids.to(dev), wts.to(dev), act_quant=aq, check_finite=False).float().cpu()
+                aq = self.bi or default_moe_config(T, k, m.E).kind == "mma"
+                if self.bi:  # the batch-invariant mode's MMA tile
+                    from kernels.batch_invariant import fused_moe_bi
+
+                    y = fused_moe_bi(x.to(dev), m, ids.to(dev), wts.to(dev)).float().cpu()
+                else:
+                    y = fused_moe(x.to(dev), m, ids.to(dev), wts.to(dev), act_quant=aq, check_finite=False).float().cpu()
                 r = ref.moe_fp4_reference(x.float(), gate, up, down, ids, wts, act_quant=aq, h_dtype=dtype)
                 err = rel(y, r)
                 if not err < 1e-2:
