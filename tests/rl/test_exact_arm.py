@@ -23,11 +23,11 @@ def _spy(tr):
     """Wrap the trainer's exact log-probs: keeps (log-probs, rollout log-probs, mask) of each step."""
     seen, orig = [], tr._exact_logprobs
 
-    def spy(batch, tb, lp_grad):
-        lp = orig(batch, tb, lp_grad)
+    def spy(batch, tb):
+        lp, t = orig(batch, tb)
         assert lp.requires_grad and lp.grad_fn is not None  # the QAT forward's gradient flows through
         seen.append((lp.detach().clone(), tb.lp_roll.clone(), tb.mask.clone()))
-        return lp
+        return lp, t
 
     tr._exact_logprobs = spy
     return seen

@@ -16,9 +16,10 @@ One step (`RLTrainer._step`, read top-down):
               qat-weight-only, w4a4kv4 for qat-independent and trace*) under BF16 autocast on FP32
               master weights, inside the arm's `Method.replay` whenever a record exists (guided rounding,
               routing replay and alignment term for trace; flip statistics against the diagnostic record)
-  exact       the `exact` arm only: the log-probs' values from the engine's batch-invariant forward over the
-              rollout's tokens (`RolloutEngine.score` on the kernels the rollout sampled with: the rollout's
-              log-probs bit for bit), their gradient the QAT forward's above (`_exact_logprobs`)
+  exact       the `exact` arm instead of the forward above: the log-probs' values from the engine's batch-invariant
+              forward over the rollout's tokens (`RolloutEngine.score` on the kernels the rollout sampled with: the
+              rollout's log-probs bit for bit), their gradient the QAT forward's with each layer's input pinned to
+              the engine's residual stream (`_exact_logprobs`, `trace.qat.pinned_inputs`)
   loss        PPO-clip vs the rollout log-probs with TIS / ICEPOP, + kl_coef * KL(ref) + the arm's weighted
               alignment term (`Method.alignment`)
   optimizer   AdamW with gradient clipping
@@ -69,7 +70,7 @@ from trace.config import ConfigError
 from trace.episode import build_task, evaluate_policy, run_episode
 from trace.guidance import Method, Tee
 from trace.models import build_model, build_tokenizer, load_checkpoint
-from trace.qat import patch_model
+from trace.qat import patch_model, pinned_inputs
 from trace.rl.losses import compute_advantages, kl_k3, masked_mean, mismatch_metrics, policy_loss
 from trace.rollout import RolloutEngine
 
@@ -208,21 +209,30 @@ class RLTrainer:
             lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16", self.rl["temperature"])
         return lp, stats
 
-    def _exact_logprobs(self, batch, tb: TrainBatch, lp_grad: torch.Tensor) -> torch.Tensor:
-        """The exact arm's log-probs [B, T]. Values: the engine's batch-invariant forward over each sample's input
-        tokens and target (`RolloutEngine.score`: one full-sequence forward on the kernels and configs the rollout
-        sampled with, log-probs from the same per-row kernel), equal to the rollout's log-probs bit for bit.
-        Gradient: the QAT forward's, `lp_grad` (the trainer mode's straight-through FP4 fake quantization, DESIGN.md
-        §4 "Exact on-policy arm"): v + (g - g.detach()) is v exactly (g - g.detach() is 0 for a finite g) with g's
-        gradient."""
+    def _exact_logprobs(self, batch, tb: TrainBatch) -> tuple[torch.Tensor, float]:
+        """The exact arm's log-probs [B, T] and the seconds of the engine's forward. Values: the engine's
+        batch-invariant forward over each sample's input tokens and target (`RolloutEngine.score`: one
+        full-sequence forward on the kernels and configs the rollout sampled with, log-probs from the same per-row
+        kernel), equal to the rollout's log-probs bit for bit. Gradient: the QAT forward's (the trainer mode's
+        straight-through FP4 fake quantization) with each decoder layer's input and the final norm's pinned to the
+        engine's residual stream there (`trace.qat.pinned_inputs`), so each layer's backward is evaluated at the
+        engine's activations (DESIGN.md §4 "Exact on-policy arm"): v + (g - g.detach()) is v exactly (g - g.detach()
+        is 0 for a finite g) with g's gradient."""
+        t0 = time.perf_counter()
         n = tb.att.sum(1).tolist()
+        streams: list[torch.Tensor] = []
         rows = self.engine.score([list(batch.tokens[b][: n[b] + 1]) for b in range(len(n))],
-                                 temperature=self.rl["temperature"] or 1.0)  # greedy rollouts report temperature 1
-        v = torch.zeros(lp_grad.shape, dtype=torch.float32)
+                                 temperature=self.rl["temperature"] or 1.0,  # greedy rollouts report temperature 1
+                                 streams=streams)
+        v = torch.zeros(tb.ids.shape, dtype=torch.float32)
         for b, r in enumerate(rows):
             v[b, : len(r)] = torch.tensor(r, dtype=torch.float32)
-        g = torch.where(tb.att.bool(), lp_grad - lp_grad.detach(), torch.zeros_like(lp_grad))
-        return v.to(lp_grad.device) + g
+        t_engine = time.perf_counter() - t0
+        T = tb.ids.shape[1]  # the engine also fed each sample's last target: one position more
+        with pinned_inputs(self.model, [s[:, :T] for s in streams]):
+            lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16", self.rl["temperature"])
+        g = torch.where(tb.att.bool(), lp - lp.detach(), torch.zeros_like(lp))
+        return v.to(lp.device) + g, t_engine
 
     # ------------------------------------------------------------------------------ one step
     def step(self, step: int) -> dict:
@@ -258,11 +268,10 @@ class RLTrainer:
         tb = build_train_batch(ep.batch, self.tok.pad_token_id, self.device)
         rewards = torch.tensor(ep.scores, dtype=torch.float32, device=tb.ids.device)
         adv = compute_advantages(rewards, tb.mask, rl["group_size"], rl["advantage"])
-        lp_train, stats = self._replayed_logprobs(tb, record, diag)
-        t_ex = time.perf_counter()
-        if method.exact:
-            lp_train = self._exact_logprobs(ep.batch, tb, lp_train)
-        t_ex = time.perf_counter() - t_ex
+        if method.exact:  # no record: values from the engine, gradient from the pinned QAT forward
+            (lp_train, t_ex), stats = self._exact_logprobs(ep.batch, tb), None
+        else:
+            lp_train, stats = self._replayed_logprobs(tb, record, diag)
         mm = mismatch_metrics(lp_train.detach(), tb.lp_roll, tb.mask)
 
         loss, parts, align = self._loss(lp_train, tb, adv, stats)

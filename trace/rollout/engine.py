@@ -219,7 +219,7 @@ class RolloutEngine:
                 raise ValueError(f"{what} {j} has token ids outside [0, {self.arch.vocab}): {bad[:5]}")
 
     def _chunk(self, cache, seqs: list[list[int]], starts: list[int], rows: list[int], recorder, seq_ids,
-               all_logits=False):
+               all_logits=False, streams=None):
         """Feed token lists seqs[r] at positions starts[r].. into cache rows rows[r]."""
         R, T = len(seqs), max(len(s) for s in seqs)
         ids = torch.zeros(R, T, dtype=torch.long)
@@ -236,14 +236,15 @@ class RolloutEngine:
             rec = Recording(recorder, Rows.of_batch(torch.tensor(seq_ids, device=dev), pos.to(dev)))
         max_len = max(st + len(sq) for st, sq in zip(starts, seqs, strict=False))
         causal = all(st == 0 for st in starts)  # a fresh prefill: then max_len == T
-        return self.fwd(ids.to(dev), start, lens, rows_t, cache, rec, all_logits, max_len, causal)
+        return self.fwd(ids.to(dev), start, lens, rows_t, cache, rec, all_logits, max_len, causal, streams)
 
     # ------------------------------------------------------------------------------ scoring
     def score(self, sequences: list[list[int]], *, recorder=None, seq_ids=None,
-              temperature: float = 1.0) -> list[list[float]]:
+              temperature: float = 1.0, streams: list | None = None) -> list[list[float]]:
         """Teacher-forced log-probs (at `temperature`) of tokens[1:] of each sequence, from ONE full-sequence
         prefill (the engine's prefill numerics). With `recorder`, the prefill is recorded at
-        (seq_ids[b] or b, position)."""
+        (seq_ids[b] or b, position). streams (a list): gets the forward's residual stream [B, T, H] (right padded)
+        entering each layer and the final norm's input (EngineForward)."""
         if not temperature > 0:
             raise ValueError(f"scoring needs temperature > 0, got {temperature}")
         self._check_ready()
@@ -251,7 +252,7 @@ class RolloutEngine:
         cache = self._new_cache(len(sequences), max(len(s) for s in sequences))
         ids = list(range(len(sequences))) if seq_ids is None else list(seq_ids)
         logits = self._chunk(cache, [list(s) for s in sequences], [0] * len(sequences), list(range(len(sequences))),
-                             recorder, ids, all_logits=True)  # [B, T, V]
+                             recorder, ids, all_logits=True, streams=streams)  # [B, T, V]
         self._check_logits(logits)
         if self.batch_invariant:  # the per-row kernel the rollout's sampled tokens' log-probs come from
             B, T, V = logits.shape

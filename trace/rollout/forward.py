@@ -336,11 +336,12 @@ class EngineForward:
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, start: torch.Tensor, lens: torch.Tensor, rows, cache: KVCache,
                  rec: Recording | None = None, all_logits: bool = False, max_len: int | None = None,
-                 causal: bool = False) -> torch.Tensor:
+                 causal: bool = False, streams: list | None = None) -> torch.Tensor:
         """ids [R, T] long (padded), start/lens [R] long; max_len = max(start + lens) (host int, optional;
         a decode step may pass more: slots past a row's position are masked). causal: the caller knows
         every row starts at 0 and max_len == T (a fresh prefill), so attention needs only the causal mask.
-        Returns logits [R, V] at each row's last fed token (or [R, T, V] with all_logits)."""
+        Returns logits [R, V] at each row's last fed token (or [R, T, V] with all_logits). streams (a list, with
+        all_logits): gets the residual stream [R, T, H] entering each layer and the final norm's input (L + 1)."""
         S = int((start + lens).max()) if max_len is None else max_len
         w = self.w
         R, T = ids.shape
@@ -356,6 +357,8 @@ class EngineForward:
         x = F.embedding(ids, w.embed)  # [R, T, H] residual stream
         h = self._norm(x, w.layers[0]["ln1"])
         for i, lw in enumerate(w.layers):
+            if streams is not None:
+                streams.append(x)
             # profiler labels (no-ops unless torch.profiler is active): benchmarks/bench_rollout.py
             # --breakdown splits step time into attention / moe / other with them
             with record_function("rollout.attention"):
@@ -370,4 +373,7 @@ class EngineForward:
         if not all_logits:  # the last layer's add on the last fed tokens only, [R, H]
             last = (torch.arange(R, device=ids.device), lens - 1)
             x, m = x[last], m[last]
-        return self._linear(self._norm(x, w.norm, residual=m)[1], w.lm_head)
+        x, h = self._norm(x, w.norm, residual=m)
+        if streams is not None:
+            streams.append(x)
+        return self._linear(h, w.lm_head)
