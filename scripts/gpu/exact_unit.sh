@@ -45,7 +45,7 @@ echo "sft: $(( $(date +%s) - t0 )) s; last: $(tail -1 "$work/sft/metrics.jsonl")
 t1=$(date +%s); pids=()
 for arm in "${arms[@]}"; do
   sets=(); for s in "$@"; do [ "$s" = --set ] || sets+=(--set "$s"); done
-  python3 -m trace.rl --config "$work/$arm.yaml" --out "$work/runs/$arm" "${sets[@]}" > "$out/rl_$arm.log" 2>&1 &
+  python3 -m trace.rl --config "$work/$arm.yaml" --out "$work/runs/$arm" --no-progress "${sets[@]}" > "$out/rl_$arm.log" 2>&1 &
   pids+=($!)
 done
 fail=0
