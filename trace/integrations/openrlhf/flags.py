@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import os
 
+from trace.arms import ARMS
+
 MODULE = "openrlhf.cli.train_ppo_ray"
 
 
@@ -133,6 +135,9 @@ def ppo_flags(cfg: dict, *, model_path: str, prompts: str, out: str, reward_file
     the launcher). sync: weight-sync backend, "nccl" (GPU; CUDA IPC when colocated) or "gloo"
     (CPU; a torch gloo group between trainer rank 0 and the engines)."""
     rl = cfg["rl"]
+    if ARMS[rl["method"]].exact:
+        raise UnsupportedConfig("rl.method=exact: its trainer log-probs come from the rollout engine's batch-invariant "
+                                "kernels, which OpenRLHF's experience maker does not call; run it with python -m trace.rl")
     if rl["ppo_ratio"] != "trainer":
         raise UnsupportedConfig("rl.ppo_ratio: OpenRLHF uses the trainer's own log-probs as the old policy "
                                 "(ppo_ratio=trainer); 'rollout' cannot be expressed")
