@@ -23,13 +23,15 @@ Columns (rows APPENDED to --out, default results/rlstep/rlstep.csv; DESIGN.md §
   record_bytes_per_token   the arm's record per generated token (DESIGN.md §3 accounting); kv_bf16_bytes_per_token:
                 the BF16 KV cache of the same model per token (K and V, every layer)
   train_s       the step's train phase = fwd_bwd_s + optimizer_s + sync_s + the rest (batch, advantages, metrics)
-  fwd_bwd_s     trainer forward (inside the arm's replay), loss and backward with gradient clipping
+  fwd_bwd_s     trainer forward (inside the arm's replay), loss and backward with gradient clipping (with
+                --micro-batch: every micro-batch's forward, loss and backward, then the clipping)
   replay_s      the part of fwd_bwd_s that the replay costs: fwd_bwd_s minus the same batch's forward, loss and
                 backward without any record, timed right after the step (paired, same process); 0 without a record
   optimizer_s   AdamW's step; sync_s: the engine's weight sync (re-quantization for the FP4 engines)
   peak_gb       the trainer process's GPU peak over the step (allocator statistics; empty off a GPU)
   train_vs_qat_independent, train_vs_bf16   train_s over that arm's with the same kernels setting
   k3_first, k3  rollout/trainer mismatch of the first step (same weights on both sides) and its median
+  micro_batch   --micro-batch: sequences per trainer forward/backward (rl.micro_batch; empty: the whole batch)
   procs, steps_per_s   as --procs: N processes of the arm at once (runs sharing a GPU), N / step_s
 Compared against: the bf16 arm (no FP4 anywhere) and qat-independent (the FP4 trainer without guidance).
 """
@@ -60,7 +62,7 @@ FIELDS = ("version", "commit", "gpu", "date", "model", "task", "arm", "method", 
           "group_size", "batch", "gen", "gen_per_seq", "forced", "steps", "step_s", "rollout_s", "generate_s",
           "record_s", "record_frac", "tok_s", "tok_s_vs_bf16", "record_bytes_per_token", "kv_bf16_bytes_per_token",
           "train_s", "fwd_bwd_s", "replay_s", "optimizer_s", "sync_s", "train_vs_qat_independent", "train_vs_bf16",
-          "peak_gb", "k3_first", "k3", "procs", "steps_per_s", "recompute_experts", "note")
+          "peak_gb", "k3_first", "k3", "procs", "steps_per_s", "recompute_experts", "micro_batch", "note")
 # the timed phases, medians over the steps after the first
 PHASES = ("step_s", "rollout_s", "generate_s", "record_s", "train_s", "fwd_bwd_s", "replay_s", "optimizer_s",
           "sync_s")
@@ -79,10 +81,14 @@ class PhaseClock:
     def __init__(self, tr: RLTrainer, force: bool):
         self.tr, self.s = tr, {}
         self.cuda = torch.device(tr.device).type == "cuda"
-        self.last = None  # (train batch, advantages, replay stats) of the last step
+        self.kept, self.replayed = [], False  # the last step's (train batch, advantages) per forward; a record?
+        self.inside = False  # within _optimize, whose _apply it already times
         self._wrap(tr, "_replayed_logprobs", "fwd_bwd_s")
         self._wrap(tr, "_loss", "fwd_bwd_s", keep=True)
         self._wrap(tr, "_optimize", "fwd_bwd_s")
+        # rl.micro_batch: one backward per micro-batch (`_backward`) and one clipped step (`_apply`)
+        self._wrap(tr, "_backward", "fwd_bwd_s")
+        self._wrap(tr, "_apply", "fwd_bwd_s")
         self._wrap(tr.opt, "step", "optimizer_s")  # inside _optimize: charged here, taken out of fwd_bwd_s
         self._wrap(tr.engine, "sync_weights", "sync_s")
         if force:
@@ -94,41 +100,54 @@ class PhaseClock:
             torch.cuda.synchronize(self.tr.device)
 
     def _wrap(self, obj, name: str, phase: str, keep: bool = False):
-        inner = getattr(obj, name)
+        inner = getattr(obj, name, None)
+        if inner is None:
+            return
 
         def timed(*a, **k):
+            if self.inside and name == "_apply":
+                return inner(*a, **k)
+            self.inside = name == "_optimize"
             self.sync()
             t0 = time.perf_counter()
-            out = inner(*a, **k)
+            try:
+                out = inner(*a, **k)
+            finally:
+                self.inside = False
             self.sync()
             dt = time.perf_counter() - t0
             self.s[phase] = self.s.get(phase, 0.0) + dt
             if name == "step":  # the optimizer's step runs inside _optimize, which fwd_bwd_s already timed
                 self.s["fwd_bwd_s"] = self.s.get("fwd_bwd_s", 0.0) - dt
             if keep:
-                self.last = (a[1], a[2], a[3])
+                self.kept.append((a[1], a[2]))
+            if name == "_replayed_logprobs":
+                self.replayed = self.replayed or out[1] is not None
             return out
 
         setattr(obj, name, timed)
 
     def step(self, i: int) -> dict:
         """RL step i with its phase times; for a step that replayed a record, replay_s from the paired probe."""
-        self.s = {}
+        self.s, self.kept, self.replayed = {}, [], False
         m = self.tr.step(i)
-        (tb, adv, stats), self.last = self.last, None
-        replay = self.fwd_bwd_without_record(tb, adv) if stats is not None else None
+        replay = self.fwd_bwd_without_record(self.kept) if self.replayed else None
+        self.kept = []
         return {**m, **self.s, "replay_s": self.s["fwd_bwd_s"] - replay if replay is not None else 0.0}
 
-    def fwd_bwd_without_record(self, tb, adv) -> float:
-        """Seconds of the step's forward, loss and backward on the same batch outside any replay (plain RTN in
-        the arm's trainer mode, no alignment term); the gradients are dropped, nothing is applied."""
+    def fwd_bwd_without_record(self, kept) -> float:
+        """Seconds of the step's forwards, losses and backwards on the same batches (the whole batch, or each
+        micro-batch in turn) outside any replay (plain RTN in the arm's trainer mode, no alignment term); the
+        gradients are dropped, nothing is applied."""
         tr = self.tr
         self.sync()
         t0 = time.perf_counter()
-        lp = token_logprobs(tr.model, tb, tr.rl["autocast"] == "bf16", tr.rl["temperature"])
-        loss, _, _ = type(tr)._loss(tr, lp, tb, adv, None)
         tr.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        for tb, adv in kept:
+            lp = token_logprobs(tr.model, tb, tr.rl["autocast"] == "bf16", tr.rl["temperature"])
+            loss, _, _ = type(tr)._loss(tr, lp, tb, adv, None)
+            loss.backward()
+            del lp, loss
         torch.nn.utils.clip_grad_norm_(tr.model.parameters(), tr.rl["grad_clip"])
         self.sync()
         dt = time.perf_counter() - t0
@@ -227,6 +246,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--procs", type=int, default=1, help="processes at once per (arm, kernels), as runs share a GPU")
     ap.add_argument("--recompute-experts", action="store_true",
                     help="rl.recompute_experts on: less trainer memory, one more expert forward per step")
+    ap.add_argument("--micro-batch", type=int, default=None,
+                    help="rl.micro_batch: sequences per trainer forward/backward (default: the whole batch)")
     ap.add_argument("--note", default="", help="appended to every row's note")
     a = ap.parse_args(argv)
     if a.procs < 1:
@@ -242,6 +263,8 @@ def main(argv=None) -> list[dict]:
     try:
         for arm in a.arms:
             rl = {"recompute_experts": a.recompute_experts, "eval_every": 0}
+            if a.micro_batch:
+                rl["micro_batch"] = a.micro_batch
             rl.update({k: v for k, v in (("group_size", a.group_size), ("max_new_tokens", a.gen)) if v})
             cfg, full = step_config(a.profile, a.model, a.task, arm, a.prompts or 1, init_ckpt=a.init_ckpt, **rl)
             if not a.prompts:
@@ -264,6 +287,7 @@ def main(argv=None) -> list[dict]:
                              "fp4_kernels": k, "prompts": rlc["prompts_per_step"], "group_size": rlc["group_size"],
                              "batch": rlc["prompts_per_step"] * rlc["group_size"], "gen": rlc["max_new_tokens"],
                              "forced": not a.natural, "steps": a.steps, **r, "procs": a.procs,
+                             "micro_batch": rlc.get("micro_batch") or "",
                              "steps_per_s": round(a.procs / r["step_s"], 4), "note": note})
                 print({k2: (round(v, 4) if isinstance(v, float) else v) for k2, v in rows[-1].items()}, flush=True)
     finally:

@@ -50,6 +50,9 @@ DEFAULTS: dict[str, Any] = {
         "rho": 0.5, "align_coef": 5.0, "align_scales": True, "fmt": "nvfp4", "autocast": "bf16", "init_ckpt": None,
         "ckpt_every": 5, "eval_every": 0, "max_turns": 8, "diag_flips": True, "recompute_experts": False,
     },
+    # rl.micro_batch (sequences per trainer forward/backward, gradients accumulated; trace/rl/microbatch.py) has
+    # no default either: absent, null or 0 = the whole batch in one forward, so resolved configs of existing runs
+    # stay as they were
     # eval.split ("test" | "validation") has no default: absent = "test" (trace/episode.py), so resolved configs
     # of existing runs stay as they were; "validation" is for choices of configuration, so that choosing never
     # reads the test split (trace/tasks/base.py)
@@ -106,6 +109,7 @@ SCHEMA: dict = _obj({
         "fmt": {"enum": ["nvfp4", "mxfp4"]}, "autocast": {"enum": ["bf16", "none"]},
         "init_ckpt": {"type": ["string", "null"]}, "ckpt_every": _pos_int, "eval_every": _nonneg_int,
         "max_turns": _pos_int, "diag_flips": {"type": "boolean"}, "recompute_experts": {"type": "boolean"},
+        "micro_batch": {"oneOf": [{"type": "null"}, _nonneg_int]},
     }),
     "eval": _obj({
         "n_test": {"oneOf": [{"type": "null"}, _pos_int]}, "samples_per_prompt": _pos_int,

@@ -54,6 +54,16 @@ def test_rows_columns_and_phases(tmp_path):
     assert nat["forced"] is False and "natural stops" in nat["note"] and 0 < nat["gen_per_seq"] <= 6
 
 
+def test_micro_batch_option(tmp_path):
+    """--micro-batch reaches rl.micro_batch: the row says so, every micro-batch's backward is in fwd_bwd_s and the
+    replay probe runs over the same micro-batches."""
+    r = main(BASE + ["--gen", "4", "--steps", "2", "--arms", "trace", "--micro-batch", "1",
+                     "--out", str(tmp_path / "m.csv")])[0]
+    assert r["micro_batch"] == 1 and r["batch"] == 2 and r["gen_per_seq"] == 4
+    assert r["fwd_bwd_s"] > 0 and r["optimizer_s"] > 0 and r["fwd_bwd_s"] + r["optimizer_s"] <= r["train_s"]
+    assert r["replay_s"] != 0.0 and r["replay_s"] < r["fwd_bwd_s"]
+
+
 def test_forcing_drops_the_stops_and_nothing_else():
     """The clock's engine call keeps every argument but the stop token and stop string; --natural keeps them."""
     calls = []

@@ -96,6 +96,30 @@ class ReplayStats:
             out[f"align_{part}_flipped"] = f / n if n else 0.0
         return out
 
+    def merge(self, other: ReplayStats | None) -> ReplayStats:
+        """A new ReplayStats with the counts of `other` (None: nothing) and of this one added up, the alignment
+        sum detached: the statistics of one step's micro-batches as those of the whole batch
+        (trace/rl/microbatch.py). Neither input is changed."""
+        out = ReplayStats()
+        for src in (other, self):
+            if src is None:
+                continue
+            for i, s in src.layers.items():
+                o = out.layer(i)
+                for name in _COUNTS:
+                    setattr(o, name, getattr(o, name) + getattr(s, name))
+                for site, acc in s.site_codes.items():
+                    have = o.site_codes.setdefault(site, [0] * len(acc))
+                    o.site_codes[site] = [a + b for a, b in zip(have, acc, strict=True)]
+            if src.align_sum is not None:
+                d = src.align_sum.detach()
+                out.align_sum = d if out.align_sum is None else out.align_sum + d.to(out.align_sum.device)
+            out.align_count = out.align_count + src.align_count
+            for k, acc in src.align_parts.items():
+                have = out.align_parts.setdefault(k, [0, 0, 0])
+                out.align_parts[k] = [a + b for a, b in zip(have, acc, strict=True)]
+        return out
+
     def totals(self) -> ReplayStats:
         """A copy with every count an int: one host sync for all layers (the device counts are stacked)."""
         out = ReplayStats(align_sum=self.align_sum, align_count=self.align_count, align_parts=self.align_parts)

@@ -20,6 +20,9 @@ One step (`RLTrainer._step`, read top-down):
               forward over the rollout's tokens (`RolloutEngine.score` on the kernels the rollout sampled with: the
               rollout's log-probs bit for bit), their gradient the QAT forward's with each layer's input pinned to
               the engine's residual stream (`_exact_logprobs`, `trace.qat.pinned_inputs`)
+  micro       with `rl.micro_batch` (sequences per forward/backward) the forward, loss and backward run in
+              chunks of the batch with gradients accumulated, normalized over the whole batch
+              (trace/rl/microbatch.py): the whole-batch step's loss, gradient and metrics
   loss        PPO-clip vs the rollout log-probs with TIS / ICEPOP, + kl_coef * KL(ref) + the arm's weighted
               alignment term (`Method.alignment`)
   optimizer   AdamW with gradient clipping
@@ -72,6 +75,7 @@ from trace.guidance import Method, Tee
 from trace.models import build_model, build_tokenizer, load_checkpoint
 from trace.qat import patch_model, pinned_inputs
 from trace.rl.losses import compute_advantages, kl_k3, masked_mean, mismatch_metrics, policy_loss
+from trace.rl.microbatch import micro_step
 from trace.rollout import RolloutEngine
 
 
@@ -209,7 +213,7 @@ class RLTrainer:
             lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16", self.rl["temperature"])
         return lp, stats
 
-    def _exact_logprobs(self, batch, tb: TrainBatch) -> tuple[torch.Tensor, float]:
+    def _exact_logprobs(self, tokens, tb: TrainBatch) -> tuple[torch.Tensor, float]:
         """The exact arm's log-probs [B, T] and the seconds of the engine's forward. Values: the engine's
         batch-invariant forward over each sample's input tokens and target (`RolloutEngine.score`: one
         full-sequence forward on the kernels and configs the rollout sampled with, log-probs from the same per-row
@@ -217,11 +221,11 @@ class RLTrainer:
         straight-through FP4 fake quantization) with each decoder layer's input and the final norm's pinned to the
         engine's residual stream there (`trace.qat.pinned_inputs`), so each layer's backward is evaluated at the
         engine's activations (DESIGN.md §4 "Exact on-policy arm"): v + (g - g.detach()) is v exactly (g - g.detach()
-        is 0 for a finite g) with g's gradient."""
+        is 0 for a finite g) with g's gradient. tokens: the rollout's token lists of tb's rows."""
         t0 = time.perf_counter()
         n = tb.att.sum(1).tolist()
         streams: list[torch.Tensor] = []
-        rows = self.engine.score([list(batch.tokens[b][: n[b] + 1]) for b in range(len(n))],
+        rows = self.engine.score([list(tokens[b][: n[b] + 1]) for b in range(len(n))],
                                  temperature=self.rl["temperature"] or 1.0,  # greedy rollouts report temperature 1
                                  streams=streams)
         v = torch.zeros(tb.ids.shape, dtype=torch.float32)
@@ -268,18 +272,23 @@ class RLTrainer:
         tb = build_train_batch(ep.batch, self.tok.pad_token_id, self.device)
         rewards = torch.tensor(ep.scores, dtype=torch.float32, device=tb.ids.device)
         adv = compute_advantages(rewards, tb.mask, rl["group_size"], rl["advantage"])
-        if method.exact:  # no record: values from the engine, gradient from the pinned QAT forward
-            (lp_train, t_ex), stats = self._exact_logprobs(ep.batch, tb), None
-        else:
-            lp_train, stats = self._replayed_logprobs(tb, record, diag)
-        mm = mismatch_metrics(lp_train.detach(), tb.lp_roll, tb.mask)
-
-        loss, parts, align = self._loss(lp_train, tb, adv, stats)
         # where the alignment term is in the loss, its share of the gradient at step 1 and at evaluation steps
         # (one more backward of that term alone): the clipped update is the sum of both parts
         every = rl["eval_every"]
-        split = align if (step == 1 or (every and step % every == 0)) else None
-        gn, gparts = self._optimize(loss, split)
+        want_split = step == 1 or bool(every and step % every == 0)
+        mb = rl.get("micro_batch") or 0  # absent / null / 0: the whole batch in one forward
+        if 0 < mb < tb.ids.shape[0]:  # micro-batches: the whole-batch loss and gradient (trace/rl/microbatch.py)
+            lp_det, stats, loss, parts, gn, gparts, t_ex = micro_step(self, ep.batch.tokens, tb, adv, record, diag,
+                                                                      mb, want_split)
+            mm = mismatch_metrics(lp_det, tb.lp_roll, tb.mask)
+        else:
+            if method.exact:  # no record: values from the engine, gradient from the pinned QAT forward
+                (lp_train, t_ex), stats = self._exact_logprobs(ep.batch.tokens, tb), None
+            else:
+                lp_train, stats = self._replayed_logprobs(tb, record, diag)
+            mm = mismatch_metrics(lp_train.detach(), tb.lp_roll, tb.mask)
+            loss, parts, align = self._loss(lp_train, tb, adv, stats)
+            gn, gparts = self._optimize(loss, align if want_split else None)
         self.engine.sync_weights(self.model)
         t2 = time.perf_counter()
 
@@ -366,12 +375,20 @@ class RLTrainer:
             norms = {"grad_norm_align": sq(g_part),
                      "grad_norm_rest": sq([p.grad - g if g is not None else p.grad
                                            for p, g in zip(params, g_part, strict=True) if p.grad is not None])}
+        return self._apply(), norms
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """One micro-batch's backward, its gradient added to .grad (trace/rl/microbatch.py)."""
+        loss.backward()
+
+    def _apply(self) -> torch.Tensor:
+        """Gradient clipping and the AdamW step on the gradient in .grad; returns the norm before clipping."""
         gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.rl["grad_clip"])
         if not bool(torch.isfinite(gn)):
             self.opt.zero_grad(set_to_none=True)
             raise NonFiniteError(f"non-finite gradient norm ({float(gn)})")
         self.opt.step()
-        return gn, norms
+        return gn
 
     # ------------------------------------------------------------------------------ evaluation
     def evaluate(self, mode: str | None = None) -> dict:
