@@ -9,12 +9,11 @@ TIS / ICEPOP fractions, KL, flip rates, the alignment term and its parts, guidan
 cover the whole-batch normalizations: token means (bf16 with KL, fp4-naive with the rollout as PPO's old policy),
 reinforce_baseline's whitening over the batch (qat-independent, flip statistics from the diagnostic record), and
 TRACE's record lookup per chunk with the alignment term's mean over all guided items and its gradient split
-(trace, step 1). The exact arm keeps k3 == 0 in micro-batches (slow: Triton interpreter).
+(trace, step 1). The exact arm refuses micro-batches (config error).
 """
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -118,15 +117,6 @@ def test_micro_batch_config():
         small_cfg(["rl.micro_batch=-1"])
 
 
-@pytest.mark.slow
-def test_exact_arm_micro_batches_keep_k3_zero(tmp_path, sft_ckpt):
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("the exact arm on a CPU runs the kernels in the Triton interpreter (tests/conftest.py sets it)")
-    _step.ckpt = sft_ckpt
-    extra = ["rl.method=exact", "rl.prompts_per_step=1", "rl.max_new_tokens=4", "rl.eval_every=0"]
-    ref, g_ref = _step(tmp_path, "exact", extra, None)
-    rec, g = _step(tmp_path, "exact", extra, 3)
-    assert rec["k3"] == 0.0 and rec["dlp_abs_max"] == 0.0 and ref["k3"] == 0.0
-    for n in g_ref:
-        _grad_close(g[n], g_ref[n], n)
-    _close(ref["loss"], rec["loss"], "loss")
+def test_exact_arm_refuses_micro_batches():
+    with pytest.raises(ConfigError, match="micro_batch"):
+        small_cfg(["rl.method=exact", "rl.micro_batch=2"])
