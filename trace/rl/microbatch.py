@@ -19,8 +19,8 @@ What is split and what is normalized over the whole batch:
   (step 1, evaluation steps) the term's gradient is accumulated apart for grad_norm_align / grad_norm_rest.
 - replay statistics (flips, alignment parts): counts summed over the chunks (`ReplayStats.merge`), so
   rates are whole-batch rates; mismatch metrics are computed by the caller from the assembled log-probs.
-- the exact arm: each chunk's log-prob values come from the batch-invariant engine's forward over the
-  chunk's sequences, equal bit for bit to the rollout's (k3 stays 0).
+- the exact arm: the code path scores each chunk's sequences with the engine, but the config refuses
+  micro_batch for it (its CPU check did not finish: unverified).
 Each chunk's graph is freed by its backward before the next chunk's forward: the step's activation peak is
 one chunk's. Compared against: tests/rl/test_micro_batch.py (gradients and metrics of the whole-batch step).
 """
