@@ -143,3 +143,25 @@ def test_note_meta_keeps_a_resumed_run_on_its_first_choice(tmp_path):
     assert json.loads((tmp_path / "meta.json").read_text()) == {"kind": "sft", "sft_attention": "math"}
     with pytest.raises(ConfigError, match="resume it as it started"):
         rundir.note_meta(tmp_path, "sft_attention", "auto")
+
+
+def test_sigint_guard_keeps_an_interrupt_a_finalizer_swallowed():
+    """Python prints and ignores a KeyboardInterrupt raised inside `__del__`; the guard's flag makes the
+    training loop's step-boundary check raise it again, and the previous handler comes back on exit."""
+    import gc
+    import signal
+
+    class Swallowing:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)  # the handler runs here: its KeyboardInterrupt is ignored
+
+    before = signal.getsignal(signal.SIGINT)
+    with rundir.SigintGuard() as guard:
+        guard.check()  # nothing pending
+        x = Swallowing()
+        del x
+        gc.collect()
+        assert guard.requested
+        with pytest.raises(KeyboardInterrupt):
+            guard.check()
+    assert signal.getsignal(signal.SIGINT) is before

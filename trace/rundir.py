@@ -425,6 +425,39 @@ class Interrupted(Exception):
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
 
 
+class SigintGuard:
+    """Ctrl-C during a training loop, kept even where Python swallows the KeyboardInterrupt. The handler
+    raises KeyboardInterrupt as Python's default does and also sets `requested`; a KeyboardInterrupt raised
+    while a finalizer (`__del__`, a weakref callback) runs is printed and ignored by Python, so the loop
+    calls `check()` at every step boundary, which raises it again. Installed only in the main thread."""
+
+    def __init__(self):
+        self.requested = False
+        self._prev = None
+
+    def _handler(self, signum, frame):
+        self.requested = True
+        raise KeyboardInterrupt
+
+    def __enter__(self):
+        import signal
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            self._prev = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+        if self._prev is not None:
+            signal.signal(signal.SIGINT, self._prev)
+            self._prev = None
+        return False
+
+    def check(self) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+
+
 def report_interrupt(message) -> int:
     """One line on stderr, no traceback; the exit status of an interrupted command."""
     print(str(message), file=sys.stderr, flush=True)

@@ -168,7 +168,8 @@ def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
     bar = rundir.progress_bar(range(start, total), "sft", progress)
     at = {"step": None}  # the step in progress (1-based), for an interrupt's message
     try:
-        _sft_loop(bar, at, cfg, s, data, tok, model, opt, log, task, mode, out, total)
+        with rundir.SigintGuard() as guard:
+            _sft_loop(bar, at, cfg, s, data, tok, model, opt, log, task, mode, out, total, guard.check)
     except KeyboardInterrupt:
         log.close()
         raise rundir.Interrupted(out, at["step"]) from None
@@ -179,8 +180,9 @@ def run_sft(cfg: dict, out: str | Path, progress: bool = True) -> Path:
     return rundir.latest_checkpoint(out)
 
 
-def _sft_loop(bar, at, cfg, s, data, tok, model, opt, log, task, mode, out, total) -> None:
-    """The SFT steps of `bar`, each checkpointed every `ckpt_every`; at["step"]: the step in progress."""
+def _sft_loop(bar, at, cfg, s, data, tok, model, opt, log, task, mode, out, total, check_interrupt) -> None:
+    """The SFT steps of `bar`, each checkpointed every `ckpt_every`; at["step"]: the step in progress;
+    `check_interrupt()` after each step raises a Ctrl-C that a finalizer swallowed (rundir.SigintGuard)."""
     for step in bar:
         at["step"] = step + 1
         t0 = time.time()
@@ -213,6 +215,7 @@ def _sft_loop(bar, at, cfg, s, data, tok, model, opt, log, task, mode, out, tota
             log.log(rec)
         if done_steps % s["ckpt_every"] == 0 or done_steps == total:
             rundir.save_run_checkpoint(out, done_steps, model, tok, {"optimizer": opt.state_dict()})
+        check_interrupt()
 
 
 

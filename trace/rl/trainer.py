@@ -405,13 +405,14 @@ class RLTrainer:
         log = rundir.MetricsLog.open(self.out, upto_step=self.start_step if self.resumed else None,
                                 wandb_cfg=self.cfg["wandb"], cfg=self.cfg)
         recs = []
+        guard, step = rundir.SigintGuard(), None
         try:
+            guard.__enter__()
             if not self.resumed and self.start_step == 0 and rl["eval_every"]:
                 # step 0: the initial policy's test accuracy (the SFT base) in this arm's deployment
                 log.log({"step": 0, "method": rl["method"], "eval_accuracy": self.evaluate()["accuracy"]})
             bar = rundir.progress_bar(range(self.start_step + 1, rl["steps"] + 1), f"rl[{rl['method']}]",
                                       self.progress)
-            step = None
             for step in bar:
                 ts = time.perf_counter()
                 try:
@@ -429,11 +430,13 @@ class RLTrainer:
                 bar.set_postfix(acc=f"{rec['accuracy']:.2f}", k3=f"{rec['k3']:.1e}")
                 if step % rl["ckpt_every"] == 0 or step == rl["steps"]:
                     self._save(step)
+                guard.check()
             if rl["steps"] == 0 and rundir.latest_checkpoint(self.out) is None:
                 self._save(0)
         except KeyboardInterrupt:
             raise rundir.Interrupted(self.out, step) from None
         finally:
+            guard.__exit__()
             log.close()
         rundir.mark_done(self.out, {"steps": rl["steps"]})
         return recs
