@@ -25,6 +25,10 @@ import torch
 from trace.guidance.mismatch import mismatch_metrics
 
 
+class NonFiniteError(FloatingPointError):
+    """The trainer produced NaN/inf; the step was not applied."""
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     mask = mask.to(x.dtype)
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
@@ -119,4 +123,4 @@ def kl_k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     return ((-lr).exp() - 1 + lr).clamp(-10, 10)
 
 
-__all__ = ["compute_advantages", "group_baseline", "kl_k3", "masked_mean", "mismatch_metrics", "policy_loss"]
+__all__ = ["NonFiniteError", "compute_advantages", "group_baseline", "kl_k3", "masked_mean", "mismatch_metrics", "policy_loss"]

@@ -30,6 +30,8 @@ from dataclasses import fields
 
 import torch
 
+from trace.rl.losses import NonFiniteError
+
 
 def chunks(n: int, size: int) -> list[range]:
     """Row ranges of `size` sequences (the last one shorter when size does not divide n)."""
@@ -105,7 +107,6 @@ def micro_step(tr, tokens, tb, adv: torch.Tensor, record, diag, size: int, split
                         acc.add_(gi)
             total = loss if part is None else loss + part.to(loss.device)
             if not bool(torch.isfinite(total)):
-                from trace.rl.trainer import NonFiniteError
                 raise NonFiniteError(f"non-finite loss ({float(total)})")
             tr._backward(total)
             loss_sum += float(total.detach())

@@ -74,13 +74,16 @@ from trace.episode import build_task, evaluate_policy, run_episode
 from trace.guidance import Method, Tee
 from trace.models import build_model, build_tokenizer, load_checkpoint
 from trace.qat import patch_model, pinned_inputs
-from trace.rl.losses import compute_advantages, kl_k3, masked_mean, mismatch_metrics, policy_loss
+from trace.rl.losses import (
+    NonFiniteError,
+    compute_advantages,
+    kl_k3,
+    masked_mean,
+    mismatch_metrics,
+    policy_loss,
+)
 from trace.rl.microbatch import micro_step
 from trace.rollout import RolloutEngine
-
-
-class NonFiniteError(FloatingPointError):
-    """The trainer produced NaN/inf; the step was not applied."""
 
 
 # ----------------------------------------------------------------------------------------------
