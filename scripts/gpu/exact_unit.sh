@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One GPU unit for the exact on-policy arm (DESIGN.md §4 "Exact on-policy arm"): a model's SFT base (seed SEED) of the
 # small-v2 profile's reasoning task, then the arms exact, trace, trace-deep and qat-independent from that base side by
-# side on the one GPU (the profile's 4 runs per device), STEPS RL steps each (default 40: the profile's 150 do not fit a
-# ~20 min session) with the profile's settings otherwise, each evaluated in FP4 at its last step; then a check that
+# side on the one GPU (the profile's 4 runs per device), STEPS RL steps each (default 40: the profile's 150 do not fit
+# ~20 min on one machine) with the profile's settings otherwise, each evaluated in FP4 at its last step; then a check that
 # every step of the exact run logged k3 == 0, k1 == 0 and max |dlp| == 0 (exit 1 otherwise) and a summary per arm:
 # mismatch, guidance bytes per generated token, trainer and step time, rollout tokens/s, accuracy.
 #   bash scripts/gpu/exact_unit.sh MODEL [STEPS] [SEED] [--set key=value ...]   # extra --set go to every RL run

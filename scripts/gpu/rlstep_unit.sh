@@ -20,7 +20,7 @@
 #   mixtral-medium: fixed ~70 GB + 4 B x 2.90B = 11.6 GB + 2.3 GB KV = ~84 GB; a sequence keeps 1,100 x 463 KB x
 #     2 layers = 1.02 GB, so 32 sequences = 33 GB: ~117 GB, ~24 GB left.
 #   olmoe / qwen2_moe medium: no activation slope measured; 32 sequences in one forward as before.
-# Device time, ESTIMATED (nothing timed at 256 sequences yet): a step = a 256-sequence rollout (~3-5 s) + 8
+# GPU time, ESTIMATED (nothing timed at 256 sequences yet): a step = a 256-sequence rollout (~3-5 s) + 8
 # micro-batches of 32 x ~1,100 tokens (each a forward+backward of the size the benchmark's earlier 32-sequence
 # steps took a few seconds for): ~30-40 s; per arm ~2.5-3.5 min with setup, 2 steps and the replay probe, so each
 # PART (2 arms, PART 3 one) ~4-7 min (a fresh machine's first call may only run the GPU suite: call again). A PART
