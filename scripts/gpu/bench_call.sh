@@ -25,13 +25,7 @@ t0=$(date +%s)
 version=${1:?usage: bench_call.sh VERSION [PARTS]}; parts=${2:-attention,moe,dense}
 out=${OUT:?the device tool sets OUT}
 limit=${LIMIT:-570}
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-wheels=${WHEELS:-.whl-pipe}
-if [ -d "$wheels" ]; then
-  python3 -m pip install -q --no-index --find-links "$wheels" --target /tmp/site-bench jsonschema > "$out/install.log" 2>&1 \
-    || { tail -20 "$out/install.log"; exit 1; }
-  export PYTHONPATH=$PYTHONPATH:/tmp/site-bench
-fi
+. scripts/gpu/env.sh || exit 1
 left() { echo $(( limit - ($(date +%s) - t0) )); }
 # the GPU suite first; where it ran in this call and left less than 300 s, the timings wait for the next call
 suite_start=$(date +%s)

@@ -8,14 +8,7 @@
 set -uo pipefail
 profile=${1:?usage: calibrate_unit.sh PROFILE MODEL TASK}; model=${2:?}; task=${3:?}; shift 3
 out=${OUT:-/tmp/out}; mkdir -p "$out"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-wheels=${WHEELS:-.whl-pipe}
-if [ -d "$wheels" ]; then
-  SITE=/tmp/site-unit bash scripts/gpu/offline_wheels.sh install "$wheels" > "$out/install.log" 2>&1 \
-    || { tail -5 "$out/install.log"; exit 1; }
-  grep '^bwrap' "$out/install.log"
-  export PYTHONPATH=$PYTHONPATH:/tmp/site-unit PATH=/tmp/site-unit/bin:$PATH
-fi
+. scripts/gpu/env.sh || exit 1
 GPU_SUITE=${GPU_SUITE:-fast} bash scripts/gpu/gpu_tests.sh || { echo "GPU tests failed: nothing run"; exit 1; }
 work=/tmp/unit/$profile; mkdir -p "$work"
 python3 - "$profile" "$model" "$task" "$work" <<'PY'

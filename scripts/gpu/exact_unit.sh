@@ -16,13 +16,7 @@ shift $(( $# < 3 ? $# : 3 ))
 profile=small-v2; task=reasoning
 arms=(exact trace trace-deep qat-independent)
 out=${OUT:-/tmp/out}; mkdir -p "$out"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-wheels=${WHEELS:-.whl-pipe}
-if [ -d "$wheels" ]; then
-  SITE=/tmp/site-unit bash scripts/gpu/offline_wheels.sh install "$wheels" > "$out/install.log" 2>&1 \
-    || { tail -5 "$out/install.log"; exit 1; }
-  export PYTHONPATH=$PYTHONPATH:/tmp/site-unit PATH=/tmp/site-unit/bin:$PATH
-fi
+. scripts/gpu/env.sh || exit 1
 GPU_SUITE=${GPU_SUITE:-fast} bash scripts/gpu/gpu_tests.sh || { echo "GPU tests failed: nothing run"; exit 1; }
 work=/tmp/exact_unit/$profile/$model/seed$seed; mkdir -p "$work"
 python3 - "$profile" "$model" "$task" "$seed" "$steps" "$work" "${arms[@]}" <<'PY' || exit 1

@@ -24,8 +24,7 @@ wheels=${1:?usage: remote_call.sh WHEELS PROFILE MODEL[,MODEL...] [TASK]}; profi
 limit=${LIMIT:-575}
 out=${OUT:?the device tool sets OUT}
 work=${WORK:-/tmp/trace-chunk}
-bash scripts/gpu/offline_wheels.sh install "$wheels" > "$out/install.log" 2>&1 || { tail -30 "$out/install.log"; exit 1; }
-export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+WHEELS=$wheels REQUIRE_WHEELS=1; . scripts/gpu/env.sh || exit 1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 echo "install/check $(( $(date +%s) - t0 )) s"
 key="$profile $model $task ${ARMS:-}"

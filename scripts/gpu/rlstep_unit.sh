@@ -33,13 +33,7 @@ set -uo pipefail
 t0=$(date +%s)
 model=${1:?usage: rlstep_unit.sh MODEL PART VERSION}; part=${2:?PART 1 or 2}; version=${3:?VERSION}
 out=${OUT:?the device tool sets OUT}
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-wheels=${WHEELS:-.whl-pipe}
-if [ -d "$wheels" ]; then
-  python3 -m pip install -q --no-index --find-links "$wheels" --target /tmp/site-rlstep jsonschema > "$out/install.log" 2>&1 \
-    || { tail -20 "$out/install.log"; exit 1; }
-  export PYTHONPATH=$PYTHONPATH:/tmp/site-rlstep
-fi
+. scripts/gpu/env.sh || exit 1
 case $part in
   1) arms=${ARMS:-bf16 qat-independent};;
   2) arms=${ARMS:-trace trace-deep};;
