@@ -70,6 +70,7 @@ from kernels.gemv import (  # noqa: F401  (re-exported: the GEMV's names are par
     _gv_store,
     gemv_layout,
 )
+from kernels.quantize import _AMAX_MIN, nvfp4_row_senc, nvfp4_tile_values
 
 
 @dataclass
@@ -153,6 +154,37 @@ def _act_tile(x_ptr, rows, mmask, stride_xm, k0, K, BK: tl.constexpr):
     offs_k = k0 + tl.arange(0, BK)
     return tl.load(x_ptr + rows[None, :].to(tl.int64) * stride_xm + offs_k[:, None],
                    mask=(offs_k < K)[:, None] & mmask[None, :], other=0.0)
+
+
+@triton.jit
+def fused_act_senc(x_ptr, rows, mmask, stride_xm, K, amax_min, BM: tl.constexpr, BK: tl.constexpr,
+                   NITA: tl.constexpr):
+    """`fuse_quant`'s prologue: one pass over the whole of each of the BM activation rows (NITA K-tiles of BK, K
+    itself, not a split-K share) -> each row's NVFP4 outer scale S_enc [BM] (`kernels.quantize.nvfp4_row_senc`, as
+    `quantize_rows` computes it; 1 for masked rows)."""
+    amax = tl.zeros([BM], tl.float32)
+    for it in range(NITA):
+        xv = _act_tile(x_ptr, rows, mmask, stride_xm, it * BK, K, BK).to(tl.float32)  # [BK, BM]
+        amax = tl.maximum(amax, tl.max(tl.abs(xv), axis=0))
+    return nvfp4_row_senc(amax, amax_min)
+
+
+@triton.jit
+def _act_tile_quant(x_ptr, rows, mmask, stride_xm, k0, K, s_enc, BM: tl.constexpr, BK: tl.constexpr,
+                    INTERP: tl.constexpr):
+    """`_act_tile` for `fuse_quant`: the activation's K-tile read from x itself and NVFP4-quantized in registers
+    (`kernels.quantize.nvfp4_tile_values`, per 16-element block: E4M3 scale, E2M1 RTN code) -> [BK, BM] fp32 tile
+    values q * s_b * 2^-7, the values `quantize_act_for_gemm` writes for the unfused tile to read. K % 16 == 0, so
+    the blocks past K are whole and read 0 (scale 0, values 0). The tile is loaded as `_act_tile` loads it and
+    comes back in that shape (its blocks permuted to the rows for the quantize and back), the load's mask applied
+    once more (a no-op on the values): in the interpreter that select makes a fresh array in row-major order, so the
+    dot's operand has the unfused tile's memory order as well as its values, and numpy's matmul, whose summation
+    order follows its operands' strides, adds the same products in the same order (a permuted view did not)."""
+    offs_k = k0 + tl.arange(0, BK)
+    xv = _act_tile(x_ptr, rows, mmask, stride_xm, k0, K, BK).to(tl.float32)  # [BK, BM]
+    xb = tl.permute(tl.reshape(xv, [BK // 16, 16, BM]), (2, 0, 1))  # [BM, BK/16, 16]
+    g = tl.reshape(tl.permute(nvfp4_tile_values(xb, s_enc, INTERP), (1, 2, 0)), [BK, BM])
+    return tl.where((offs_k < K)[:, None] & mmask[None, :], g, 0.0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -248,15 +280,19 @@ def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, xv, k0, K, BN: tl.constexpr, BK
 
 @triton.jit
 def _fp4_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
-                     M, N, KW, stride_xm, kw_per_split,
+                     M, N, KW, stride_xm, kw_per_split, amax_min,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
                      SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BF16D: tl.constexpr,
                      XF: tl.constexpr, WDESC: tl.constexpr = False, DOT: tl.constexpr = False,
-                     KMASK: tl.constexpr = True):
+                     KMASK: tl.constexpr = True, FQ: tl.constexpr = False, NITA: tl.constexpr = 1):
     """Grid (N / BN, M / BM, split-K): out[offs_m, offs_n] (+)= the tile's share of K (`_fp4_tile_dot_v3`),
     times the weight's 2^7 / S_enc and, with XF (W4A4: x holds the activation's tile values), the activation
     row's (xf_ptr). WDESC: w_ptr and ws_ptr are tensor descriptors over the words and scales (`GemmConfig.tma`).
-    DOT / KMASK: the weight in the dot order, the tiles masked along K (`_fp4_tile_dot_v3`)."""
+    DOT / KMASK: the weight in the dot order, the tiles masked along K (`_fp4_tile_dot_v3`).
+    FQ (W4A4, `GemmConfig.fuse_quant`): x is the activation itself; a first loop over the whole row (NITA K-tiles)
+    gives each row's S_enc, each K-tile is quantized in registers to the tile values XF would read
+    (`_act_tile_quant`), and the epilogue multiplies by the row's 2^7 / S_enc, so the operands and the output are
+    XF's, without the quantize launch and its tile values' round trip through memory."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -266,14 +302,21 @@ def _fp4_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
     mmask = offs_m < M
     kw_lo = pid_k * kw_per_split
     acc = tl.zeros([BN, BM], tl.float32)
+    if FQ:
+        s_enc = fused_act_senc(x_ptr, offs_m, mmask, stride_xm, KW * 8, amax_min, BM, 8 * BKW, NITA)
     for it in range(NIT):  # constexpr trip count (the interpreter cannot loop to a runtime bound)
         k0 = (kw_lo + it * BKW) * 8
-        xv = _act_tile(x_ptr, offs_m, mmask, stride_xm, k0, KW * 8, 8 * BKW)
+        if FQ:
+            xv = _act_tile_quant(x_ptr, offs_m, mmask, stride_xm, k0, KW * 8, s_enc, BM, 8 * BKW, INTERP)
+        else:
+            xv = _act_tile(x_ptr, offs_m, mmask, stride_xm, k0, KW * 8, 8 * BKW)
         acc = _fp4_tile_dot_v3(acc, w_ptr, ws_ptr, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D,
                                WDESC, pid_n * BN, DOT, KMASK)
     acc = acc * tl.load(wf_ptr)
     if XF:
         acc = acc * tl.load(xf_ptr + offs_m, mask=mmask, other=0.0)[None, :]
+    elif FQ:  # 2^7 / S_enc, correctly rounded as quantize_act_for_gemm's division
+        acc = acc * tl.math.div_rn(tl.full([BM], 128.0, tl.float32), s_enc)[None, :]
     o_ptrs = out_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]  # out [M, N], tile transposed
     omask = nmask[:, None] & mmask[None, :]
     if SPLIT > 1:
@@ -346,6 +389,11 @@ class GemmConfig:
     #                             (kernels/NOTES.md v5b); None: the compiler's choice
     dot_order: bool = False  # mma: the weight in the dot order (`PreparedFP4Weight.dotted`, `dot_decode`) where K and
     #                          the K-tile are multiples of 128 and without tma; else the pair / element order
+    fuse_quant: bool = False  # mma with act_quant and no on_quant observer: the kernel quantizes the activation rows
+    #                           itself (per-row S_enc in a first pass over K, each K-tile to its NVFP4 tile values in
+    #                           registers) instead of reading `quantize_act_for_gemm`'s tile values: one launch, the
+    #                           same output bit for bit; NOT yet measured on a GPU (kernels/NOTES.md, "Fused activation
+    #                           quantize"). With on_quant the unfused path runs (the fused kernel writes no codes)
 
 
 def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
@@ -447,12 +495,15 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
         return torch.empty((0, N), dtype=out_dtype, device=x.device)
     if x.stride(-1) != 1:
         x = x.contiguous()
+    fuse = False
     if act_quant and cfg.kind == "gemv2":
         # W4A4 on the W4A16 kernel: the activation's NVFP4 codes and scales are the trainer's (same
         # quantize kernel); the kernel reads their dequantized values (one rounding to x.dtype)
         from kernels.quantize import fake_rows
 
         x, act_quant = fake_rows(x, on_quant), False
+    elif act_quant and cfg.fuse_quant and cfg.kind == "mma" and on_quant is None:  # the MMA kernel quantizes x (FQ)
+        xa, xf, stride_xm, fuse = x, x, x.stride(0), True
     elif act_quant:
         xa, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=on_quant)
         stride_xm = K
@@ -502,9 +553,9 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
             raise ValueError(f"tma needs K a multiple of 256 and BKW a multiple of 32, got K={K}, BKW={cfg.BKW}")
         words = TensorDescriptor.from_tensor(words, [cfg.BN, cfg.BKW])
         scales = TensorDescriptor.from_tensor(scales, [cfg.BN, cfg.BKW // 2])
-    _fp4_gemm_kernel[grid](xa, xf, words, scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
+    _fp4_gemm_kernel[grid](xa, xf, words, scales, w.factor, out, M, N, KW, stride_xm, kw_per_split, _AMAX_MIN,
                            BM=cfg.BM, BN=cfg.BN, BKW=cfg.BKW, SPLIT=split,
-                           INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW, BF16D=bf16d, XF=act_quant, WDESC=cfg.tma,
-                           DOT=dot, KMASK=split * kw_per_split != KW,
+                           INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW, BF16D=bf16d, XF=act_quant and not fuse, WDESC=cfg.tma,
+                           DOT=dot, KMASK=split * kw_per_split != KW, FQ=fuse, NITA=triton.cdiv(KW, cfg.BKW),
                            num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -40,12 +40,15 @@ from kernels.gemm import (
     GV_GK,
     PreparedFP4Weight,
     _act_tile,
+    _act_tile_quant,
     _fp4_tile_dot_v3,
     _gv_group,
+    fused_act_senc,
     prepare_weight,
     quantize_act_for_gemm,
     uses_dot_order,
 )
+from kernels.quantize import _AMAX_MIN
 
 
 @dataclass
@@ -230,10 +233,11 @@ def moe_align(topk_ids: torch.Tensor, E: int, BM: int):
 
 @triton.jit
 def _moe_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, rw_ptr,
-                     S, N, KW, stride_xm, A_DIV,
+                     S, N, KW, stride_xm, A_DIV, amax_min,
                      BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, GATED: tl.constexpr,
                      ROUTE_W: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BF16D: tl.constexpr,
-                     XF: tl.constexpr, WDESC: tl.constexpr = False, DOT: tl.constexpr = False):
+                     XF: tl.constexpr, WDESC: tl.constexpr = False, DOT: tl.constexpr = False,
+                     FQ: tl.constexpr = False):
     """One program = one block of BM slots of one expert x BN output rows, over the MMA tile of
     `kernels.gemm._fp4_tile_dot_v3` (gate and up rows in one program, reading one activation tile, SiLU product
     fused; routing weight fused into down). BF16D: the tile's decode in bf16 (GPU only; weight words in
@@ -242,7 +246,12 @@ def _moe_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, b
     and [E * NW, K/16] (TMA, `MoEConfig.tma`); a tile's rows past its expert's N read the next expert's rows (or 0
     past the last), which only feed output rows the store masks. DOT: the words in the dot order and the scales int32
     [E * NW, K/64] (`PreparedFP4Weight.dotted`; K a multiple of the K-tile, no mask along K). Programs of padding
-    blocks (expert -1) exit at once."""
+    blocks (expert -1) exit at once.
+    FQ (W4A4, `MoEConfig.fuse_quant`): x holds the activation itself (x per token for gate/up, h per slot for down);
+    a first loop over each of the block's rows gives its S_enc (`kernels.gemm.fused_act_senc`), each K-tile is
+    quantized in registers to the tile values XF would read (`kernels.gemm._act_tile_quant`) and the epilogue
+    multiplies by 2^7 / S_enc: XF's operands and output without the quantize launch. Every N-tile program of a block
+    quantizes the block's rows again (N / BN times per launch)."""
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(bexp_ptr + pid_b)
@@ -269,9 +278,14 @@ def _moe_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, b
         sb = ws_ptr + e64 * NW * (KW // SKW)
         wb_u, sb_u = wb + N * KW, sb + N * (KW // SKW)
     n0 = e * NW + pid_n * BN
+    if FQ:
+        s_enc = fused_act_senc(x_ptr, rows, mmask, stride_xm, KW * 8, amax_min, BM, 8 * BKW, NIT)
     for it in range(NIT):
         k0 = it * BKW * 8
-        xv = _act_tile(x_ptr, rows, mmask, stride_xm, k0, KW * 8, 8 * BKW)  # [BK, BM]
+        if FQ:
+            xv = _act_tile_quant(x_ptr, rows, mmask, stride_xm, k0, KW * 8, s_enc, BM, 8 * BKW, INTERP)  # [BK, BM]
+        else:
+            xv = _act_tile(x_ptr, rows, mmask, stride_xm, k0, KW * 8, 8 * BKW)  # [BK, BM]
         acc = _fp4_tile_dot_v3(acc, wb, sb, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D, WDESC, n0,
                                DOT, not DOT)
         if GATED:  # the up rows read the same activation tile
@@ -282,8 +296,11 @@ def _moe_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, b
         acc_u = acc_u * tl.load(wf_ptr + e * 2 + 1)
     else:
         acc = acc * tl.load(wf_ptr + e)
-    if XF:
-        xf = tl.load(xf_ptr + rows, mask=mmask, other=0.0)[None, :]
+    if XF or FQ:
+        if XF:
+            xf = tl.load(xf_ptr + rows, mask=mmask, other=0.0)[None, :]
+        else:  # 2^7 / S_enc, correctly rounded as quantize_act_for_gemm's division
+            xf = tl.math.div_rn(tl.full([BM], 128.0, tl.float32), s_enc)[None, :]
         acc = acc * xf
         if GATED:
             acc_u = acc_u * xf
@@ -432,6 +449,11 @@ class MoEConfig:
     maxnreg_down: int | None = None  # the same for the down launch; None: the compiler's choice
     dot_order: bool = False  # mma: the weights in the dot order (`kernels.gemm.PreparedFP4Weight.dotted`) where K and
     #                          the K-tile are multiples of 128 and without tma; else the pair / element order
+    fuse_quant: bool = False  # mma with act_quant and no on_quant observer: both launches quantize their activation
+    #                           rows themselves (x per token, h per slot; `_moe_gemm_kernel`'s FQ) instead of reading
+    #                           `quantize_act_for_gemm`'s tile values: two launches fewer, the same output bit for bit;
+    #                           NOT yet measured on a GPU (kernels/NOTES.md, "Fused activation quantize"). With on_quant
+    #                           the unfused path runs (the fused kernels write no codes for the record)
 
 
 # Relative time of one (expert, BM) block, each used expert taking one block: H200 medians, kernels.csv version v5d,
@@ -496,13 +518,17 @@ def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
 
 def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_div: int, gated: bool,
              route_w=None, a_factor=None, BM=16, BN=64, BKW=16, num_warps=4, num_stages=3, out_dtype=None,
-             bf16_decode: bool = True, tma: bool = False, maxnreg: int | None = None, dot_order: bool = False):
+             bf16_decode: bool = True, tma: bool = False, maxnreg: int | None = None, dot_order: bool = False,
+             fuse_quant: bool = False):
     """One grouped launch of the MMA kernel. a: activations [R, K] (R = tokens or slots; row of slot s = s // a_div),
     or with a_factor [R] (W4A4) the activation's tile values from `quantize_act_for_gemm` and a_factor each row's
-    2^7 / S_enc. Returns [S, N] in out_dtype (default a.dtype).
+    2^7 / S_enc. fuse_quant (W4A4, without a_factor): a is the activation itself, quantized per row in the kernel
+    (the same operands and output as a_factor's path). Returns [S, N] in out_dtype (default a.dtype).
     bf16_decode: the tile's decode in bf16 (GPU only; the interpreter decodes in fp32). tma: the weight tiles by TMA
     (`_moe_gemm_kernel`'s WDESC). maxnreg: the compiler's register cap per thread (None: its choice). dot_order: the
     weights in the dot order where `kernels.gemm.uses_dot_order` allows."""
+    if fuse_quant and a_factor is not None:
+        raise ValueError("fuse_quant quantizes the activation itself: a_factor is for tile values quantized before")
     N = w.N // 2 if gated else w.N
     KW = w.K // 8
     out = torch.empty((S, N), dtype=out_dtype or a.dtype, device=w.words.device)
@@ -517,9 +543,9 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
         scales = TensorDescriptor.from_tensor(scales.view(-1, KW // 2), [BN, BKW // 2])
     _moe_gemm_kernel[grid](a, a if a_factor is None else a_factor, words, scales,
                            w.factor, out, sorted_slots, block_expert, route_w if route_w is not None else out, S, N, KW,
-                           a.stride(0), a_div, BM=BM, BN=BN, BKW=BKW, GATED=gated, ROUTE_W=route_w is not None,
-                           INTERP=INTERPRET, NIT=triton.cdiv(KW, BKW), BF16D=bf16d, XF=a_factor is not None,
-                           WDESC=tma, DOT=dot, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
+                           a.stride(0), a_div, _AMAX_MIN, BM=BM, BN=BN, BKW=BKW, GATED=gated,
+                           ROUTE_W=route_w is not None, INTERP=INTERPRET, NIT=triton.cdiv(KW, BKW), BF16D=bf16d,
+                           XF=a_factor is not None, WDESC=tma, DOT=dot, FQ=fuse_quant, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
     return out
 
 
@@ -576,7 +602,12 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
         return y.view(T, k, H).sum(1, dtype=torch.float32).to(x.dtype)
     kw = dict(BM=cfg.BM, BKW=cfg.BKW, num_warps=cfg.num_warps, num_stages=cfg.num_stages, bf16_decode=cfg.bf16_decode,
               out_dtype=x.dtype, tma=cfg.tma, dot_order=cfg.dot_order)
-    if act_quant:  # the MMA tile reads the activations' tile values, each row's 2^7 / S_enc applied after it
+    if act_quant and cfg.fuse_quant and on_quant is None:  # each launch quantizes its activation rows in the kernel
+        h = moe_gemm(x, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, fuse_quant=True, BN=cfg.BN,
+                     maxnreg=cfg.maxnreg, **kw)
+        y = moe_gemm(h, w.w2, sorted_slots, block_expert, S, a_div=1, gated=False, route_w=rw, fuse_quant=True,
+                     BN=cfg.BN_down, maxnreg=cfg.maxnreg_down, **kw)
+    elif act_quant:  # the MMA tile reads the activations' tile values, each row's 2^7 / S_enc applied after it
         xq, xf = quantize_act_for_gemm(x, check_finite=False, on_quant=_tagged(on_quant, "gate_up"))
         h = moe_gemm(xq, w.w13, sorted_slots, block_expert, S, a_div=k, gated=True, a_factor=xf, BN=cfg.BN,
                      maxnreg=cfg.maxnreg, **kw)

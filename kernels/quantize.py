@@ -87,25 +87,72 @@ def _store_values(ptr, offs, g, mask, INTERP: tl.constexpr):
 
 
 @triton.jit
+def nvfp4_row_senc(amax, amax_min):
+    """Per-row NVFP4 outer scale S_enc = div_rn(2688, amax) from each row's amax (fp32; amax floored at amax_min so
+    that S_enc stays finite), 1 for an all-zero row (DESIGN.md §2)."""
+    return tl.where(amax == 0.0, 1.0, tl.math.div_rn(2688.0, tl.maximum(amax, amax_min)))
+
+
+@triton.jit
+def nvfp4_block_scales(xb, s_enc, INTERP: tl.constexpr):
+    """xb [BM, NB, 16] fp32 blocks, s_enc [BM] -> (E4M3 scale bytes [BM, NB], their values s_b [BM, NB], the
+    scaled values p = x * S_enc [BM, NB, 16] (v = RN(p / s_b) is the element on the E2M1 grid), zero [BM, NB, 1]:
+    the blocks whose scale is 0). s_b = E4M3(div_rn(amax_blk * S_enc, 6)), saturating at 448."""
+    amax_blk = tl.max(tl.abs(xb), axis=2)  # [BM, NB]
+    sb = tl.minimum(tl.math.div_rn(amax_blk * s_enc[:, None], 6.0), 448.0)
+    sbyte = e4m3_byte(sb, INTERP)  # [BM, NB] uint8
+    s_b = e4m3_value(sbyte)
+    p = xb * s_enc[:, None, None]
+    return sbyte, s_b, p, s_b[:, :, None] == 0.0
+
+
+@triton.jit
+def nvfp4_rtn_idx(p, s_b, zero, INTERP: tl.constexpr, FMA_RTN: tl.constexpr):
+    """E2M1 magnitude index (0..7) of RN(p / s_b), round-to-nearest-even, without the division; a zero-scale
+    block's indices 0. FMA_RTN: the compares as saturating FMAs (`e2m1_rtn_idx_fma`), else threshold compares
+    (`e2m1_rtn_idx_scaled`): the same indices."""
+    if FMA_RTN:  # the compares on the FMA pipe; a zero scale's block gets +inf midpoints (index 0)
+        idx = e2m1_rtn_idx_fma(p, tl.where(zero, float("inf"), s_b[:, :, None]), not INTERP)  # |p| inside
+    else:
+        idx = tl.where(zero, 0, e2m1_rtn_idx_scaled(tl.abs(p), s_b[:, :, None]))
+    return idx
+
+
+@triton.jit
+def e2m1_signed_value(idx, sign8):
+    """Index 0..7 and its sign bit at bit 3 (sign8: 0 or 8) -> the signed E2M1 value (fp32)."""
+    return tl.where(sign8 != 0, -e2m1_grid(idx), e2m1_grid(idx))
+
+
+@triton.jit
+def nvfp4_tile_values(xb, s_enc, INTERP: tl.constexpr, FMA_RTN: tl.constexpr = True):
+    """In-register NVFP4 RTN of xb [BM, NB, 16] (fp32 blocks of BM rows whose outer scales are s_enc [BM]) ->
+    the tile values q * s_b * 2^-7 [BM, NB, 16] fp32, exact: what `quantize_rows(..., fake_tile=True)` writes for
+    the same elements (the same helpers, the same operations), read by the GEMM / MoE tile with
+    `fuse_quant` (kernels/NOTES.md, "Fused activation quantize"). Times the row's 2^7 / S_enc they are the
+    dequantized values."""
+    _, s_b, p, zero = nvfp4_block_scales(xb, s_enc, INTERP)
+    idx = nvfp4_rtn_idx(p, s_b, zero, INTERP, FMA_RTN)
+    sign8 = (p.to(tl.uint32, bitcast=True) >> 28).to(tl.int32) & tl.where(zero, 0, 8)
+    return e2m1_signed_value(idx, sign8) * s_b[:, :, None] * 0.0078125
+
+
+@triton.jit
 def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
                  codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
                  BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
                  NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
                  FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, INTERP: tl.constexpr, FMA_RTN: tl.constexpr):
     CH: tl.constexpr = NB * BLOCK
-    amax_blk = tl.max(tl.abs(xb), axis=2)  # [BM, NB]
     if IS_NV:
-        sb = tl.minimum(tl.math.div_rn(amax_blk * s_enc[:, None], 6.0), 448.0)
-        sbyte = e4m3_byte(sb, INTERP)  # [BM, NB] uint8
-        s_b = e4m3_value(sbyte)
-        p = xb * s_enc[:, None, None]  # the dividend of v = RN(p / s_b)
-        zero = s_b[:, :, None] == 0.0
+        sbyte, s_b, p, zero = nvfp4_block_scales(xb, s_enc, INTERP)  # p: the dividend of v = RN(p / s_b)
         if STOCH:
             v = tl.where(zero, 0.0, tl.math.div_rn(p, s_b[:, :, None]))
         else:
             v = p  # v's sign; the RTN code compares |p| with midpoints * s_b (no division)
         signbit = tl.where(zero, 0, 8)  # [BM, NB, 1]: a zero-scale block's codes are +0 (its index is 0 below)
     else:
+        amax_blk = tl.max(tl.abs(xb), axis=2)  # [BM, NB]
         bits = amax_blk.to(tl.int32, bitcast=True)
         expf = (bits >> 23) & 0xFF
         fl = expf - 127
@@ -129,10 +176,8 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
         p_up = (a - glo) / (ghi - glo)
         u = tl.rand(seed, rows[:, None, None] * K + kk)
         idx = lo + (u < p_up).to(tl.int32)
-    elif IS_NV and FMA_RTN:  # the compares on the FMA pipe; a zero scale's block gets +inf midpoints (index 0)
-        idx = e2m1_rtn_idx_fma(v, tl.where(zero, float("inf"), s_b[:, :, None]), not INTERP)  # |v| inside
     elif IS_NV:
-        idx = tl.where(zero, 0, e2m1_rtn_idx_scaled(a, s_b[:, :, None]))
+        idx = nvfp4_rtn_idx(v, s_b, zero, INTERP, FMA_RTN)
     elif FMA_RTN:
         idx = e2m1_rtn_idx_fma(v, tl.full([BM, NB, 1], 1.0, tl.float32), not INTERP)  # |v| inside
     else:
@@ -141,7 +186,7 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
     sign8 = (v.to(tl.uint32, bitcast=True) >> 28).to(tl.int32) & signbit
     code = idx | sign8
     if FAKE:  # dequantized value e2m1 * s_b / S_enc (the product is exact), then one cast
-        g = tl.where(sign8 != 0, -e2m1_grid(idx), e2m1_grid(idx)) * s_b[:, :, None]
+        g = e2m1_signed_value(idx, sign8) * s_b[:, :, None]
         if FAKE_TILE:  # what the MMA tile decodes from the codes: q * s_b * 2^-7, exact (S_enc left to its epilogue)
             g = g * 0.0078125
         elif IS_NV and FAKE_EXACT:  # the reference's formula, a correctly rounded division per element
@@ -192,7 +237,7 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
         xb, kk, mask = _load_chunk(x_ptr, rows, rmask, stride_xm, 0, K, NB, BLOCK)
         if IS_NV and not GIVEN:
             amax = tl.max(tl.max(tl.abs(xb), axis=2), axis=1)
-            s_enc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(2688.0, tl.maximum(amax, amax_min)))
+            s_enc = nvfp4_row_senc(amax, amax_min)
             tl.store(outer_ptr + drow, s_enc, mask=rmask)
         _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, 0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
                      BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP, FMA_RTN)
@@ -203,7 +248,7 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
                 k0 = c * CH
                 xb, kk, mask = _load_chunk(x_ptr, rows, rmask, stride_xm, k0, K, NB, BLOCK)
                 amax = tl.maximum(amax, tl.max(tl.max(tl.abs(xb), axis=2), axis=1))
-            s_enc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(2688.0, tl.maximum(amax, amax_min)))
+            s_enc = nvfp4_row_senc(amax, amax_min)
             tl.store(outer_ptr + drow, s_enc, mask=rmask)
         for c in range(NCH):
             k0 = c * CH

@@ -3,6 +3,8 @@ Tolerance (relative Frobenius error, tests/kernels/conftest.py): FP32 FMA paths 
 devices; the MMA path TOL_MMA = 1e-5 in the interpreter (FP32 dots over exactly dequantized operands:
 only accumulation order differs) and 1e-4 on the GPU (BF16 tensor cores over the same operands, exact
 in BF16 because the activations are BF16-exact, FP32 accumulation; 3e-4 for the one case with K = 2048)."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -272,3 +274,54 @@ def test_tma_needs_16_byte_rows():
     (c, s, o), x = _mma_case(3, 16, 96)  # 6 scale bytes per row: not a TMA row
     with pytest.raises(ValueError, match="tma needs"):
         fp4_linear(dev(x), prepare_weight(*dev(c, s, o)), config=GemmConfig(tma=True, BN=16, BM=16, BKW=32))
+
+
+def _fused_quant_case(M, N, K, seed, dtype):
+    """Weight and fresh activations x [M, K] (BF16-exact) with an all-zero row, a row with a huge outlier (its other
+    elements' blocks fall to tiny or zero scales) and a zero block."""
+    g = torch.Generator().manual_seed(seed)
+    c, s, o = _w(N, K, seed)
+    x = bf16_exact(torch.randn(M, K, generator=g) * torch.exp(torch.randn(M, 1, generator=g)))
+    x[0] = 0
+    x[-1, K // 3] = 3e4
+    if M > 2:
+        x[1, 16:32] = 0
+    return (c, s, o), x.to(dtype)
+
+
+@pytest.mark.parametrize("M,N,K,split", [(5, 33, 96, 1), (17, 20, 256, 2), (3, 16, 80, 1), (2, 40, 272, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_act_quant_gives_the_unfused_w4a4_bit_for_bit(M, N, K, split, dtype):
+    """GemmConfig(fuse_quant=True): the MMA kernel reads x itself, takes each row's S_enc in a first pass over the
+    whole row (under split-K too) and quantizes each K-tile in registers (`kernels.quantize.nvfp4_tile_values`): the
+    tile values `quantize_act_for_gemm` writes, the same dots and the same 2^7 / S_enc, so the unfused W4A4 output
+    bit for bit; zero and outlier rows, and K past the last whole K-tile (80, 272 with the interpreter's 32-element
+    tiles) included. On a GPU split-K adds partial sums with atomics in no fixed order (the tolerance there)."""
+    (c, s, o), x = _fused_quant_case(M, N, K, M * K, dtype)
+    pw = prepare_weight(*dev(c, s, o))
+    base = dict(MMA_KW, BN=16, BM=16, split=split, num_stages=1)
+    kw = dict(act_quant=True, out_dtype=torch.float32)
+    y = fp4_linear(dev(x), pw, config=GemmConfig(fuse_quant=True, **base), **kw)
+    y0 = fp4_linear(dev(x), pw, config=GemmConfig(**base), **kw)
+    if split > 1 and ON_GPU:
+        assert rel(y, host(y0)) < GPU_TOL_MMA
+    else:
+        assert torch.equal(y, y0)
+    assert rel(y, ref.fp4_linear(x.float(), c, s, o, act_quant=True)) < TOL_MMA
+    assert torch.equal(host(y)[0], torch.zeros(N))
+
+
+def test_fused_act_quant_keeps_the_unfused_path_for_an_observer_and_the_gemv():
+    """With an on_quant observer (TRACE's record needs the codes, which the fused kernel does not write) fuse_quant
+    runs the unfused path: the observer sees the codes once. GEMV kinds ignore fuse_quant (their W4A4 reads the
+    dequantized activations)."""
+    (c, s, o), x = _fused_quant_case(3, 24, 64, 7, torch.float32)
+    pw = prepare_weight(*dev(c, s, o))
+    base = dict(MMA_KW, BN=16, BM=16, split=1, num_stages=1)
+    seen = []
+    y = fp4_linear(dev(x), pw, act_quant=True, config=GemmConfig(fuse_quant=True, **base), on_quant=seen.append)
+    assert len(seen) == 1 and torch.equal(host(seen[0].codes()), ref.nvfp4_quantize(x, outer="row")[0])
+    assert torch.equal(y, fp4_linear(dev(x), pw, act_quant=True, config=GemmConfig(fuse_quant=True, **base)))
+    gv = kg.gemv2_config(3, 24, 64, DEV)
+    y_gv = fp4_linear(dev(x), pw, act_quant=True, config=dataclasses.replace(gv, fuse_quant=True))
+    assert torch.equal(y_gv, fp4_linear(dev(x), pw, act_quant=True, config=gv))

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from kernels import reference as ref
-from kernels.moe import MoEConfig, default_moe_config, fused_moe, moe_align, prepare_moe_weights
+from kernels.gemm import quantize_act_for_gemm
+from kernels.moe import MoEConfig, default_moe_config, fused_moe, moe_align, moe_gemm, prepare_moe_weights
 from tests.kernels.conftest import (
     DEV,
     GPU_TOL_MMA,
@@ -283,3 +284,74 @@ def test_register_cap_changes_no_value(act_quant):
     y = fused_moe(xd, mw, idsd, twd, act_quant=act_quant, config=MoEConfig(maxnreg=64, maxnreg_down=80, **base))
     assert torch.equal(y, fused_moe(xd, mw, idsd, twd, act_quant=act_quant, config=MoEConfig(**base)))
     assert rel(y, ref.moe_fp4_reference(x, g, u, d, ids, tw, act_quant=act_quant)) < (TOL_MMA if act_quant else TOL_MOE_MMA)
+
+
+def _fused_quant_case(T, E, H, I, k, seed, dtype):
+    """`_case`'s weights and routing with fresh activations x [T, H]: token 0 all zero (its h rows, the down input,
+    are zero too), token 1 with a huge outlier (its other blocks' scales tiny or zero)."""
+    g, u, d, _, ids, tw = _case(T, E, H, I, k)
+    gen = torch.Generator().manual_seed(seed)
+    x = bf16_exact(torch.randn(T, H, generator=gen) * torch.exp(torch.randn(T, 1, generator=gen)))
+    x[0] = 0
+    x[1, H // 3] = 3e4
+    return g, u, d, x.to(dtype), ids, tw
+
+
+FUSED_QUANT_CASES = [(7, 5, 64, 48, 2), (19, 6, 48, 32, 3), (5, 4, 80, 96, 2)]
+
+
+@pytest.mark.parametrize("T,E,H,I,k", FUSED_QUANT_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_act_quant_gives_the_unfused_w4a4_bit_for_bit(T, E, H, I, k, dtype):
+    """MoEConfig(fuse_quant=True): gate/up quantizes x per token (a_div = k) and down h per slot (a_div = 1) inside
+    their kernels (`_moe_gemm_kernel`'s FQ: S_enc from a first pass over each row, each K-tile quantized in registers
+    by `kernels.quantize.nvfp4_tile_values`): the tile values and row factors of `quantize_act_for_gemm`, so the
+    unfused W4A4 output bit for bit. H 48 / 80 and I 48 / 96 end inside the interpreter's 32-element K-tile; empty
+    experts and padding blocks included."""
+    g, u, d, x, ids, tw = _fused_quant_case(T, E, H, I, k, T * H + I, dtype)
+    mw = prepare_moe_weights(*dev(g, u, d))
+    xd, idsd, twd = dev(x, ids, tw)
+    base = dict(MMA_KW, BM=16, BN=16, num_stages=1, BN_down=16)
+    y = fused_moe(xd, mw, idsd, twd, act_quant=True, config=MoEConfig(fuse_quant=True, **base))
+    assert torch.equal(y, fused_moe(xd, mw, idsd, twd, act_quant=True, config=MoEConfig(**base)))
+    assert torch.equal(host(y)[0], torch.zeros(H, dtype=dtype))
+    if dtype == torch.float32:  # in bf16 h is rounded before its quantize, which moves codes off the FP32 oracle's
+        assert rel(y, ref.moe_fp4_reference(x, g, u, d, ids, tw, act_quant=True)) < TOL_MMA
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_fused_act_quant_launches_read_tokens_and_slots(gated):
+    """Each launch alone: gate/up (rows of x per token, a_div = k, the token's row quantized once per slot that
+    reads it) and down (rows of h per slot, a_div = 1) with fuse_quant give the a_factor launch on
+    `quantize_act_for_gemm`'s tile values bit for bit."""
+    T, E, H, I, k = 9, 5, 80, 48, 2
+    g, u, d, x, ids, tw = _fused_quant_case(T, E, H, I, k, 3 + gated, torch.float32)
+    mw = prepare_moe_weights(*dev(g, u, d))
+    w, a_div, R, K = (mw.w13, k, T, H) if gated else (mw.w2, 1, T * k, I)
+    a = x if gated else bf16_exact(torch.randn(R, K, generator=torch.Generator().manual_seed(5)))
+    if not gated:
+        a[3] = 0
+        a[4, 7] = -5e4
+    a = dev(a)
+    slots, bexp = moe_align(dev(ids), E, 16)
+    rw = dev(tw.reshape(-1))
+    kw = dict(a_div=a_div, gated=gated, route_w=None if gated else rw, BM=16, BN=16, num_stages=1, **MMA_KW)
+    y = moe_gemm(a, w, slots, bexp, T * k, fuse_quant=True, **kw)
+    aq, af = quantize_act_for_gemm(a, check_finite=False)
+    assert torch.equal(y, moe_gemm(aq, w, slots, bexp, T * k, a_factor=af, out_dtype=a.dtype, **kw))
+    with pytest.raises(ValueError, match="a_factor"):
+        moe_gemm(aq, w, slots, bexp, T * k, a_factor=af, fuse_quant=True, **kw)
+
+
+def test_fused_act_quant_keeps_the_unfused_path_for_an_observer():
+    """With on_quant (TRACE's record needs the codes, which the fused kernels do not write) fuse_quant runs the
+    unfused path: the observer sees both activations, and the output is the fused one's."""
+    T, E, H, I, k = 7, 5, 64, 48, 2
+    g, u, d, x, ids, tw = _fused_quant_case(T, E, H, I, k, 11, torch.float32)
+    mw = prepare_moe_weights(*dev(g, u, d))
+    xd, idsd, twd = dev(x, ids, tw)
+    cfg = MoEConfig(fuse_quant=True, BM=16, BN=16, num_stages=1, BN_down=16, **MMA_KW)
+    seen = []
+    y = fused_moe(xd, mw, idsd, twd, act_quant=True, config=cfg, on_quant=lambda w, q: seen.append(w))
+    assert seen == ["gate_up", "down"]
+    assert torch.equal(y, fused_moe(xd, mw, idsd, twd, act_quant=True, config=cfg))
