@@ -20,7 +20,19 @@ from kernels.gemm import (
     quantize_act_for_gemm,
     uses_dot_order,
 )
-from tests.kernels.conftest import DEV, GPU_TOL_MMA, MMA_KW, ON_GPU, TOL, TOL_MMA, bf16_exact, dev, host, rel
+from tests.kernels.conftest import (
+    DEV,
+    GPU_TOL_MMA,
+    MMA_KW,
+    ON_GPU,
+    TOL,
+    TOL_MMA,
+    bf16_exact,
+    compile_sm90,
+    dev,
+    host,
+    rel,
+)
 
 MMA_CASES = [(1, 40, 96), (17, 33, 256), (5, 64, 48)]
 
@@ -325,3 +337,15 @@ def test_fused_act_quant_keeps_the_unfused_path_for_an_observer_and_the_gemv():
     gv = kg.gemv2_config(3, 24, 64, DEV)
     y_gv = fp4_linear(dev(x), pw, act_quant=True, config=dataclasses.replace(gv, fuse_quant=True))
     assert torch.equal(y_gv, fp4_linear(dev(x), pw, act_quant=True, config=gv))
+
+
+def test_fused_act_quant_compiles_for_sm90():
+    """`_fp4_gemm_kernel` with FQ (split-K, the weight in the dot order, bf16 decode) compiles for sm_90 without a
+    GPU, with the quantize's saturating FMAs and the correctly rounded divisions of S_enc in its PTX."""
+    sig = {"x_ptr": "*bf16", "xf_ptr": "*bf16", "w_ptr": "*i32", "ws_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*fp32",
+           "M": "i32", "N": "i32", "KW": "i32", "stride_xm": "i32", "kw_per_split": "i32", "amax_min": "fp32"}
+    cst = dict(BM=16, BN=64, BKW=32, SPLIT=2, INTERP=False, NIT=8, BF16D=True, XF=False, WDESC=False, DOT=True,
+               KMASK=False, FQ=True, NITA=16)
+    n = compile_sm90("kernels.gemm", "_fp4_gemm_kernel", sig, cst, ("fma.rn.sat", "div.rn"), 4,
+                     wide=("KW", "stride_xm", "kw_per_split"))
+    assert n["fma.rn.sat"] >= 7 and n["div.rn"] >= 2, n

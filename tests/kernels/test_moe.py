@@ -20,6 +20,7 @@ from tests.kernels.conftest import (
     TOL_MMA,
     TOL_MOE_MMA,
     bf16_exact,
+    compile_sm90,
     dev,
     host,
     rel,
@@ -355,3 +356,18 @@ def test_fused_act_quant_keeps_the_unfused_path_for_an_observer():
     y = fused_moe(xd, mw, idsd, twd, act_quant=True, config=cfg, on_quant=lambda w, q: seen.append(w))
     assert seen == ["gate_up", "down"]
     assert torch.equal(y, fused_moe(xd, mw, idsd, twd, act_quant=True, config=cfg))
+
+
+def test_fused_act_quant_compiles_for_sm90():
+    """The fused kernels' GPU path (the dot-order bf16 decode and the quantize's FFMA.SAT rounding in inline PTX,
+    the tile's permutes) compiles for sm_90 without a GPU: the gate/up and down launches of `_moe_gemm_kernel` with
+    FQ, each with the seven saturating FMAs per activation element and the correctly rounded divisions of S_enc."""
+    sig = {"x_ptr": "*bf16", "xf_ptr": "*bf16", "w_ptr": "*i32", "ws_ptr": "*i32", "wf_ptr": "*fp32", "out_ptr": "*bf16",
+           "slots_ptr": "*i32", "bexp_ptr": "*i32", "rw_ptr": "*fp32", "S": "i32", "N": "i32", "KW": "i32",
+           "stride_xm": "i32", "A_DIV": "i32", "amax_min": "fp32"}
+    for gated in (True, False):
+        cst = dict(BM=16, BN=64, BKW=32, GATED=gated, ROUTE_W=not gated, INTERP=False, NIT=8, BF16D=True, XF=False,
+                   WDESC=False, DOT=True, FQ=True)
+        n = compile_sm90("kernels.moe", "_moe_gemm_kernel", sig, cst, ("fma.rn.sat", "div.rn"), 4,
+                         wide=("KW", "stride_xm"))
+        assert n["fma.rn.sat"] >= 7 and n["div.rn"] >= 2, (gated, n)
