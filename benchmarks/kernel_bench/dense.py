@@ -98,6 +98,14 @@ def run_dense(dev, quick):
                 e = relerr(fp4_linear(x, pw, act_quant=aq, config=cm), r)
                 check(f"dense {'w4a4' if aq else 'w4a16'} M{M} N{N} K{K} mma {'bf16' if bd else 'fp32'}-decode", e < 1e-2,
                       f"rel err {e:.2e} (tol 1e-2)")
+            if aq:  # the tile with the activation quantize fused (GemmConfig.fuse_quant): the oracle's tolerance, and
+                #     whether it is the unfused tile's output bit for bit (split-K's atomics add in no fixed order)
+                cm = default_config(M, N, K, x.device)
+                yf = fp4_linear(x, pw, act_quant=True, config=dataclasses.replace(cm, fuse_quant=True))
+                e = relerr(yf, r)
+                same = torch.equal(yf, fp4_linear(x, pw, act_quant=True, config=cm))
+                check(f"dense w4a4 M{M} N{N} K{K} mma fused-quant", e < 1e-2,
+                      f"rel err {e:.2e} (tol 1e-2); bit-equal to the unfused tile: {same} (split {cm.split})")
     tk = load_anchor()
     shapes = [(14336, 4096), (4096, 14336)] + ([] if quick else [(11264, 2048), (2048, 5632)])
     for N, K in shapes:
@@ -166,6 +174,15 @@ def run_dense(dev, quick):
                     if t:
                         record("dense", shape, f"fp4-w4a{4 if aq else 16}-pair", t, fp4_bytes, base, a_ms,
                                cfg_str(cm) + (";+act-quant launch" if aq else ""))
+            # the MMA tile with the activation quantize fused (GemmConfig.fuse_quant: no quantize launch) beside the
+            # fp4-w4a4 row (the same tile unfused wherever the default is the MMA tile)
+            r = ref.fp4_linear(x.float(), c, s, o, act_quant=True)
+            t, cm = timed_best(lambda cf: (lambda: fp4_linear(x, pw, act_quant=True, config=cf, check_finite=False)),
+                               [dataclasses.replace(default_config(M, N, K, x.device), fuse_quant=True)], "dense", shape,
+                               "fp4-w4a4-fused", base, oracle=(r, 1e-2))
+            if t:
+                record("dense", shape, "fp4-w4a4-fused", t, fp4_bytes, base, a_ms, cfg_str(cm) + ";act-quant fused")
+            del r
             # the engine's path above its crossover: the same activation codes on cuBLAS BF16
             record("dense", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_linear(x, wb)), N * K * 2 + io, base, a_ms,
                    "+act-quant launch")

@@ -96,6 +96,15 @@ def check_moe(dev):
                            ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=aq))
                 check(f"moe {fam} T{T} {'w4a4' if aq else 'w4a16'} mma {'bf16' if bd else 'fp32'}-decode", e < tol,
                       f"rel err {e:.2e} (tol {tol:g})")
+        # the W4A4 tile with the activation quantize fused into both launches (MoEConfig.fuse_quant): the oracle's
+        # tolerance, and whether it is the unfused tile's output bit for bit (as in the interpreter)
+        cm = mma_moe_config(T, k, E)
+        r4 = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=True)
+        yf = fused_moe(x, mw, ids, tw, act_quant=True, config=dataclasses.replace(cm, fuse_quant=True))
+        e = relerr(yf, r4)
+        same = torch.equal(yf, fused_moe(x, mw, ids, tw, act_quant=True, config=cm))
+        check(f"moe {fam} T{T} w4a4 mma fused-quant", e < moe_tol(True),
+              f"rel err {e:.2e} (tol {moe_tol(True):g}); bit-equal to the unfused tile: {same}")
         w13 = torch.cat([ref.nvfp4_dequantize(*g), ref.nvfp4_dequantize(*u)], 1).to(torch.bfloat16)
         w2 = ref.nvfp4_dequantize(*d).to(torch.bfloat16)
         e = relerr(w4a4_bf16_moe(x, ids, tw, w13, w2), ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=True))
@@ -213,7 +222,17 @@ def time_moe_family(dev, quick, tk, fam):
                            cfg_str(cm) + (";+2 act-quant launches;routing align inside" if aq else ""),
                            f"experts_hit={hit}")
                 del r
-        del r16
+        # the W4A4 tile with the activation quantize fused into both launches (MoEConfig.fuse_quant: no quantize
+        # launches, each N-tile program quantizes its rows again) beside the unfused fp4-w4a4 row(s); the same tile
+        # config as the MMA rows, routing align inside as theirs
+        r = ref.moe_fp4_reference(x.float(), g, u, d, ids, tw, act_quant=True)
+        t, cm = timed_best(lambda c: (lambda: fused_moe(x, mw, ids, tw, act_quant=True, config=c, check_finite=False)),
+                           [dataclasses.replace(cm0, fuse_quant=True)], "moe", shape, "fp4-w4a4-fused", base,
+                           oracle=(r, moe_tol(True)))
+        if t:
+            record("moe", shape, "fp4-w4a4-fused", t, fp4_bytes, base, a_ms,
+                   cfg_str(cm) + ";act-quant fused;routing align inside", f"experts_hit={hit}")
+        del r, r16
         # the engine's path above its crossover: the same activation codes on BF16 grouped GEMMs
         record("moe", shape, "w4a4-bf16gemm", bench(lambda: w4a4_bf16_moe(x, ids, tw, w13, w2)),
                hit * 3 * H * I * 2 + act_bytes, base, a_ms, "+2 act-quant launches;routing sort inside",
