@@ -24,7 +24,9 @@ weights (MoE: with the engine's own routing sort inside), so `fp4-w4a4` against 
 Rows `fp4-w4a16` / `fp4-w4a4` run the default configs (the engine's choice). Where that is the decode GEMV
 (dense up to M=2, MoE up to 1.5 (token, slot) rows per expert), rows `fp4-w4a16-mma` / `fp4-w4a4-mma` time
 the MMA tile as well (best of a few tiles, each checked against the oracle first), so one run gives the
-GEMV / MMA / BF16 crossover of the engine (trace/rollout/fast.py, benchmarks/crossover.py).
+GEMV / MMA / BF16 crossover of the engine (trace/rollout/fast.py, benchmarks/crossover.py). Rows `fp4-w4a4-fused` time
+the MMA tile with the activation quantize fused into the GEMM / MoE kernels (`fuse_quant`, off by default) beside
+`fp4-w4a4`; their check rows also say whether the output is the unfused tile's bit for bit.
 
 Run (repo root, on a GPU): `PYTHONPATH=. python benchmarks/bench_kernels.py --version v1b`
 (`--quick` for a subset, `--only moe,dense`, `--families mixtral-8x7b` for the MoE shapes, `--T 1 4 16 64 256` / `--M 1 2 4 8 16` for the sizes, `--sweep` to
