@@ -15,10 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from trace import rundir
-from trace.models import build_model, build_tokenizer, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS, CKPT_EVERY, EVAL_EVERY = 6, 3, 3
@@ -52,17 +50,8 @@ def _kill_tree(pid):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_without_duplicate_steps(tmp_path):
-    init = tmp_path / "init"
-    save_checkpoint(build_model("qwen3_moe-tiny", seed=0), build_tokenizer(), init)
-    cfg = tmp_path / "rl.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "model": "qwen3_moe-tiny", "seed": 0, "threads": 1,
-        "task": {"name": "reasoning", "difficulty": "easy", "n_train": 64, "n_test": 4},
-        "rl": {"steps": STEPS, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 8,
-               "ckpt_every": CKPT_EVERY, "eval_every": EVAL_EVERY, "init_ckpt": str(init)},
-        "eval": {"samples_per_prompt": 1},
-    }))
+def test_killed_run_resumes_without_duplicate_steps(tmp_path, tiny_rl_config):
+    cfg = tiny_rl_config(STEPS, n_test=4, ckpt_every=CKPT_EVERY, eval_every=EVAL_EVERY)
     out = tmp_path / "run"
     log = open(tmp_path / "first.log", "w")
     p = subprocess.Popen(_cmd(cfg, out), cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)

@@ -18,9 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-
-from trace.models import build_model, build_tokenizer, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[3]
 ARMS = ("bf16", "qat-independent", "trace")
@@ -35,17 +32,8 @@ def _launch(*args):
 
 
 @pytest.mark.slow
-def test_train_ppo_ray_three_arms(tmp_path):
-    init = tmp_path / "init"
-    save_checkpoint(build_model("qwen3_moe-tiny", seed=0), build_tokenizer(), init)
-    cfg = tmp_path / "rl.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "model": "qwen3_moe-tiny", "seed": 0, "threads": 1,
-        "task": {"name": "reasoning", "difficulty": "easy", "n_train": 64, "n_test": 8},
-        "rl": {"steps": STEPS, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 8, "ckpt_every": STEPS,
-               "init_ckpt": str(init)},
-        "eval": {"samples_per_prompt": 1},
-    }))
+def test_train_ppo_ray_three_arms(tmp_path, tiny_rl_config):
+    cfg = tiny_rl_config(STEPS)
     runs = tmp_path / "runs"
     flips = {}
     for arm in ARMS:
