@@ -195,17 +195,80 @@ def engine_speed(rollout_csv: str = "results/rollout/rollout.csv") -> str:
                                  f"(`{rollout_csv}`, benchmarks/bench_rollout.py)."])
 
 
+RLSTEP_ARMS = ("bf16", "fp4-naive", "qat-independent", "trace", "trace-deep")
+RLSTEP_RUN = ("version", "gpu", "model", "batch", "gen", "forced")  # rows of one run (its arms may be separate calls)
+
+
+def _timed_steps(run: pd.DataFrame) -> str:
+    """'one timed step' or 'medians of N timed steps' (a range where the arms differ)."""
+    n = sorted({int(x) - 1 for x in run["steps"]})
+    if n == [1]:
+        return "one timed step"
+    return f"medians of {n[0]}-{n[-1]} timed steps" if len(n) > 1 else f"medians of {n[0]} timed steps"
+
+
+def rl_step(rlstep_csv: str = "results/rlstep/rlstep.csv") -> str:
+    """Markdown rows of the newest GPU run of benchmarks/bench_rlstep.py (the last row's version): per model shape and
+    arm the rollout's tokens/s and its ratio to the bf16 arm's, the record per generated token, the train phase, the
+    part of it the replay adds, its ratio to qat-independent's and the mismatch k3; then where a trace step's time
+    goes. Ratios are taken between rows of the same run (RLSTEP_RUN), whatever order the arms were timed in."""
+    if not os.path.exists(rlstep_csv):
+        return ""
+    df = pd.read_csv(rlstep_csv)
+    df = df[df["gpu"].astype(str) != "cpu"]
+    if df.empty:
+        return ""
+    run = df[df["version"] == df.iloc[-1]["version"]].drop_duplicates(["model", "arm"], keep="last")
+    if "fp4_kernels" in run:
+        run = run[run["fp4_kernels"].astype(str).isin(["auto", "nan"])]
+    lines = ["| layer shape | arm | rollout tok/s | vs bf16 | record B/token | train s | replay s | vs qat-independent | "
+             "micro-batch | peak GB | k3 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    where = []
+    for _run, g in run.groupby(list(RLSTEP_RUN), sort=False):
+        by = g.set_index("arm")
+        ref = lambda arm, col: float(by.loc[arm, col]) if arm in by.index else float("nan")  # noqa: E731
+        for arm in [a for a in RLSTEP_ARMS if a in by.index]:
+            r = by.loc[arm]
+            tok = float(r["tok_s"]) / ref("bf16", "tok_s")
+            tr = float(r["train_s"]) / ref("qat-independent", "train_s")
+            lines.append(f"| {r['model']} | {arm} | {float(r['tok_s']):,.0f} | {tok:.2f}x | "
+                         f"{float(r['record_bytes_per_token']):,.0f} | {float(r['train_s']):.1f} | "
+                         f"{float(r['replay_s']):.1f} | {tr:.2f}x | {int(r['micro_batch'])} | "
+                         f"{float(r['peak_gb']):.0f} | {float(r['k3']):.1e} |")
+        if "trace" in by.index and "qat-independent" in by.index:
+            t, q = by.loc["trace"], by.loc["qat-independent"]
+            where.append(
+                f"{t['model']}: rollout {float(t['rollout_s']):.2f} s against qat-independent's "
+                f"{float(q['rollout_s']):.2f} s (the record's hand-over after generation {float(t['record_s']):.2f} s; the "
+                f"rest of the difference is inside generation, whose decode graphs write the record), train {float(t['train_s']):.1f} s against "
+                f"{float(q['train_s']):.1f} s, of which forward+backward {float(t['fwd_bwd_s']):.1f} s with the "
+                f"replay's {float(t['replay_s']):.1f} s (micro-batches of {int(t['micro_batch'])} and "
+                f"{int(q['micro_batch'])} sequences).")
+    last = run.iloc[-1]
+    commits = ", ".join(dict.fromkeys(str(c)[:7] for c in run["commit"]))
+    text = (f"RL step at the real models' layer shapes (medium flavors, random weights) on one {last['gpu']} "
+            f"(benchmark version {last['version']}, commit {commits}): {int(last['batch'])} sequences x "
+            f"{int(last['gen'])} generated tokens{' (forced)' if str(last['forced']) == 'True' else ''}; "
+            f"{_timed_steps(run)} after a warm-up step per arm, one process per arm "
+            f"(`{rlstep_csv}`, benchmarks/bench_rlstep.py). Ratios against the same run's bf16 "
+            "and qat-independent rows. Where a trace step's time goes: " + " ".join(where))
+    return "\n".join(lines + ["", text])
+
+
 def readme_block(tables_root: str = "results/tables", profile: str = README_PROFILE,
-                 rollout_csv: str = "results/rollout/rollout.csv") -> str:
-    """The README's generated block: the claims table of `profile`, a link to its report, and the engine's
-    FP4 speed from the newest rollout benchmark."""
+                 rollout_csv: str = "results/rollout/rollout.csv",
+                 rlstep_csv: str = "results/rlstep/rlstep.csv") -> str:
+    """The README's generated block: the claims table of `profile`, a link to its report, the engine's FP4 speed
+    from the newest rollout benchmark and the newest RL-step benchmark at the medium shapes."""
     path = os.path.join(tables_root, profile, "claims.md")
     body = open(path).read().rstrip("\n") if os.path.exists(path) else f"(no claims table for the {profile} profile)"
     body = body.replace(f"### The paper's claims ({profile} profile)\n\n", "", 1)
     link = f"Full tables, figures and their reading: [{tables_root}/{profile}/REPORT.md]({tables_root}/{profile}/REPORT.md)."
     scope = run_scope(os.path.join(tables_root, profile, "main.csv"))
     speed = engine_speed(rollout_csv)
-    return "\n".join([BEGIN, body, "", link] + (["", scope] if scope else []) + (["", speed] if speed else []) + [END])
+    step = rl_step(rlstep_csv)
+    return "\n".join([BEGIN, body, "", link] + (["", scope] if scope else []) + (["", speed] if speed else [])
+                     + (["", step] if step else []) + [END])
 
 
 def run_scope(main_csv: str) -> str:

@@ -39,3 +39,25 @@ def test_verdicts_follow_the_holm_intervals():
 def test_readme_block_is_the_committed_tables():
     text = open("README.md").read()
     assert paste_readme(text, readme_block()) == text, "run: python -m analysis.report --readme README.md"
+
+
+def test_rl_step_takes_ratios_within_a_run_whatever_the_arm_order(tmp_path):
+    from analysis.report import rl_step
+
+    base = dict(version="m1", commit="abc1234", gpu="NVIDIA H200", model="qwen3_moe-medium", task="reasoning",
+                fp4_kernels="auto", batch=256, gen=1024, forced=True, steps=2, micro_batch=32, peak_gb=90.0,
+                record_s=0.0, record_bytes_per_token=0.0, replay_s=0.0, fwd_bwd_s=1.0, k3=1e-3)
+    older = dict(base, version="m0", arm="bf16", tok_s=1.0, rollout_s=9.0, train_s=1.0)  # another run's reference
+    rows = [older, dict(base, arm="bf16", tok_s=100.0, rollout_s=2.0, train_s=4.0),
+            # trace timed before qat-independent: its ratio to qat-independent still comes from the same run
+            dict(base, arm="trace", tok_s=50.0, rollout_s=4.0, train_s=9.0, record_s=0.1, replay_s=3.0),
+            dict(base, arm="qat-independent", tok_s=125.0, rollout_s=1.6, train_s=6.0)]
+    path = tmp_path / "rlstep.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)  # the newest run (m1) comes last
+    text = rl_step(str(path))
+    lines = {ln.split("|")[2].strip(): ln for ln in text.splitlines() if ln.startswith("| qwen3")}
+    assert set(lines) == {"bf16", "qat-independent", "trace"}
+    assert "| 0.50x |" in lines["trace"] and "| 1.50x |" in lines["trace"]  # 50/100 tok/s, 9/6 s train
+    assert "| 1.25x |" in lines["qat-independent"]
+    assert "one timed step" in text and "rollout 4.00 s against qat-independent's 1.60 s" in text
+    assert rl_step(str(tmp_path / "missing.csv")) == ""
