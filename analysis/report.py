@@ -250,7 +250,7 @@ def rl_step(rlstep_csv: str = "results/rlstep/rlstep.csv") -> str:
             f"(benchmark version {last['version']}, commit {commits}): {int(last['batch'])} sequences x "
             f"{int(last['gen'])} generated tokens{' (forced)' if str(last['forced']) == 'True' else ''}; "
             f"{_timed_steps(run)} after a warm-up step per arm, one process per arm "
-            f"(`{rlstep_csv}`, benchmarks/bench_rlstep.py). Ratios against the same run's bf16 "
+            f"(`{rlstep_csv}`, benchmarks/bench_rlstep.py; figure `figures/gpu/rlstep.png`). Ratios against the same run's bf16 "
             "and qat-independent rows. Where a trace step's time goes: " + " ".join(where))
     return "\n".join(lines + ["", text])
 

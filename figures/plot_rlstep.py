@@ -3,10 +3,12 @@
     python -m figures.plot_rlstep [--csv results/rlstep/rlstep.csv] [--out figures/gpu]
 
 One panel per model shape: one horizontal bar per arm, the median RL step split into its phases (DESIGN.md §6,
-"RL step"): rollout (generation and scoring, recording excluded), record (the arm's guidance record), forward+backward
+"RL step"): rollout (generation, its in-graph recording included, and scoring), record (the record's hand-over), forward+backward
 (the trainer's, replay excluded), replay (what replaying the record adds to forward+backward, paired in the
-benchmark's process) and other (optimizer, weight sync, batch and metrics). Beside each bar: the rollout's generated
-tokens/s over the bf16 arm's, the record's share of the rollout and the train phase over qat-independent's. Drawn per shape: the newest run
+benchmark's process) and other (optimizer, weight sync, batch and metrics). Beside each bar, from the same run's rows:
+the rollout's generated tokens/s over the bf16 arm's, a recording arm's rollout time over qat-independent's (the
+same FP4 engine without a record: recording inside the decode graphs is part of generation, so `record` draws only
+the hand-over after it) and the train phase over qat-independent's. Drawn per shape: the newest run
 (version@commit of that shape's last row), GPU rows only, the `auto` kernels setting where a run has several.
 Writes `rlstep.png/pdf` into --out, and nothing at all when the table has no GPU row (the figure is then absent,
 not a placeholder, so `snakemake figures` leaves a checkout without measurements unchanged).
@@ -74,12 +76,16 @@ def plot_rlstep(csv: str | None, out: str) -> list[str]:
                 left += v
             r = g.loc[arm]
             tags = []
-            if pd.notna(r.get("tok_s_vs_bf16")) and arm != "bf16":
-                tags.append(f"rollout {float(r['tok_s_vs_bf16']):.2f}x bf16")
-            if float(r.get("record_s") or 0) > 0:
-                tags.append(f"record {float(r['record_s']) / float(r['rollout_s']):.0%} of rollout")
-            if pd.notna(r.get("train_vs_qat_independent")) and arm not in ("bf16", "fp4-naive", "qat-independent"):
-                tags.append(f"train {float(r['train_vs_qat_independent']):.2f}x qat-ind.")
+            ref = lambda a, k: float(g.loc[a, k]) if a in g.index and a != arm else float("nan")  # noqa: E731
+            if arm != "bf16" and np.isfinite(ref("bf16", "tok_s")):
+                tags.append(f"rollout {float(r['tok_s']) / ref('bf16', 'tok_s'):.2f}x bf16")
+            if float(r.get("record_s") or 0) > 0 and np.isfinite(ref("qat-independent", "rollout_s")):
+                # recording inside the decode graphs is part of generation: its whole cost is the rollout's excess
+                # over the same FP4 engine without a record
+                tags.append(f"rollout +{float(r['rollout_s']) / ref('qat-independent', 'rollout_s') - 1:.0%} "
+                            "over qat-ind.")
+            if arm not in ("bf16", "fp4-naive", "qat-independent") and np.isfinite(ref("qat-independent", "train_s")):
+                tags.append(f"train {float(r['train_s']) / ref('qat-independent', 'train_s'):.2f}x qat-ind.")
             if tags:
                 ax.text(left, yi, "  " + ", ".join(tags), va="center", fontsize=8)
         ax.set_yticks(y, arms)
