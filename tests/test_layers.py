@@ -12,7 +12,7 @@ registry (trace/tasks/base.py registers the task modules that import it). fp4 is
 other package of trace/), and guidance sits on fp4 and the arm table alone.
 
 kernels/ is reached one way (the rule in trace/fp4/__init__.py): its numerics (`kernels.reference`,
-`kernels.quantize`: formats, tables, quantization) only from trace/fp4; its compute kernels only from the
+`kernels.quantize`, `kernels.align`: formats, tables, quantization, the alignment term) only from trace/fp4; its compute kernels only from the
 engine (trace/rollout); nothing else in trace/ imports kernels/.
 """
 from __future__ import annotations
@@ -90,7 +90,8 @@ def _kernel_imports(mod: str) -> set[str]:
 
 
 KERNEL_IMPORTS = {m: k for m in MODULES if (k := _kernel_imports(m))}
-NUMERICS = {"kernels.reference", "kernels.quantize"}  # formats, tables, (fake) quantization: via trace.fp4
+# formats, tables, (fake) quantization and the FP4 alignment term: via trace.fp4
+NUMERICS = {"kernels.reference", "kernels.quantize", "kernels.align"}
 ENGINE = {m for m in MODULES if m.startswith("trace.rollout.")}  # the engine launches the compute kernels
 
 

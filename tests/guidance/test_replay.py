@@ -280,3 +280,75 @@ def test_replay_never_makes_the_host_wait():
     assert control.n > 0
     assert plain.n == 0 and guided.n == 0, (plain.n, guided.n)
     assert st.summary()["code_flip_rate"].keys() == {0, 1}
+
+
+@pytest.mark.parametrize("align_scales", [True, False])
+def test_fused_alignment_term_equals_the_torch_term(monkeypatch, align_scales):
+    """A replay step with alignment on the fused kernels (kernels/align.py, TRACE_FP4_ALIGN=on; the Triton
+    interpreter here) against the torch ops (off): the same flip counts, the loss within fp32 summation order
+    (rtol 1e-5: a sum of >= 0 hinges in another order), and x's gradients bit-equal except at each row's amax
+    element, whose share of the row amax's gradient is a sum over the row's blocks in another order (rtol 1e-5,
+    atol 1e-6 of the largest gradient); dense and expert-slot [n, k, I] sites, routing replayed."""
+    g = torch.Generator().manual_seed(12)
+    n, k = 6, 2
+    xs = {(0, "attn_in"): torch.randn(n, 64, generator=g), (0, "moe_down_in"): torch.randn(n, k, 48, generator=g)}
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2], [0, 3], [3, 1], [2, 0]])
+    rt, rec = Runtime(), Recorder()
+    with recording(rt, rec, *_rows(n)):
+        rt.record_routing(0, ids)
+        for (layer, site), x in xs.items():
+            rt.act(layer, site, x)
+    record = rec.finish()
+    near = {key: x * (1 + 0.1 * torch.randn(x.shape, generator=g)) for key, x in xs.items()}
+    w = {key: torch.randn(x.shape, generator=g) for key, x in xs.items()}
+    logits = torch.randn(n, 4, generator=g)
+
+    def step(mode):
+        monkeypatch.setenv("TRACE_FP4_ALIGN", mode)
+        xg = {key: x.clone().requires_grad_(True) for key, x in near.items()}
+        with replay(rt, record, *_rows(n), align=True, align_scales=align_scales) as st:
+            rt.route(0, logits, ids.flip(-1), renorm=True)
+            out = sum((rt.act(*key, x) * w[key]).sum() for key, x in xg.items())
+        loss = st.alignment_loss()
+        (out + loss).backward()
+        return loss.detach(), {key: x.grad for key, x in xg.items()}, st
+
+    want, gw, sw = step("off")
+    got, gg, sg = step("on")
+    assert float(want) > 0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    for key, x in near.items():
+        a = x.abs()
+        at_max = (a == a.amax(-1, keepdim=True)) if align_scales else torch.zeros_like(a, dtype=torch.bool)
+        assert torch.equal(gg[key][~at_max], gw[key][~at_max]), key
+        torch.testing.assert_close(gg[key][at_max], gw[key][at_max], rtol=1e-5,
+                                   atol=1e-6 * float(gw[key].abs().max()))
+    assert sg.align_parts.keys() == sw.align_parts.keys() == ({("codes", 0), ("scales", 0)} if align_scales
+                                                             else {("codes", 0)})
+    for key, (total, items, flipped) in sw.align_parts.items():
+        assert int(sg.align_parts[key][1]) == int(items) and int(sg.align_parts[key][2]) == int(flipped) > 0
+        torch.testing.assert_close(torch.as_tensor(sg.align_parts[key][0]).detach(),
+                                   torch.as_tensor(total).detach(), rtol=1e-5, atol=0)
+
+
+def test_fused_alignment_saves_only_the_inputs_and_never_waits(monkeypatch):
+    """With the fused term the forward keeps no fp32 tensor of the site's size but x for the backward, and the
+    host never waits for the device."""
+    monkeypatch.setenv("TRACE_FP4_ALIGN", "on")
+    g = torch.Generator().manual_seed(13)
+    x_roll = torch.randn(16, 128, generator=g)
+    rt, rec = Runtime(), Recorder()
+    with recording(rt, rec, *_rows(16)):
+        rt.act(1, "o_in", x_roll)
+    record = rec.finish()
+    x = (x_roll * (1 + 0.1 * torch.randn(x_roll.shape, generator=g))).requires_grad_(True)
+    saved = []
+    with replay(rt, record, *_rows(16), align=True) as st:
+        with _HostSyncs() as syncs:
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+                rt.act(1, "o_in", x)
+            st.alignment_loss().backward()
+    big = [t for t in saved if t.dtype == torch.float32 and t.numel() >= x.numel() and t.data_ptr() != x.data_ptr()]
+    assert not big, [tuple(t.shape) for t in big]
+    assert syncs.n == 0, syncs.n
+    assert bool(x.grad.abs().sum() > 0)

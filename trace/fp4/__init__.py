@@ -10,7 +10,8 @@ every FP4 number (DESIGN.md §2). Inside trace/ the rule is:
     - the tables (`E2M1_GRID`, `E4M3_MAX`, `NVFP4_BLOCK`, `MXFP4_BLOCK`);
     - `trace.fp4.reference`, the reference module itself, for hot paths that validated their inputs once
       (record packing, the KV cache) and for checks of kernels against the oracle;
-    - `trace.fp4.rows`, the Triton row-quantize kernels (imported on first use).
+    - `trace.fp4.rows`, the Triton row-quantize kernels (imported on first use);
+    - `trace.fp4.align`, the fused TRACE alignment term of a site (`kernels.align`, imported on first use).
 - The rollout engine's compute kernels (`kernels.gemm`, `kernels.moe`, `kernels.attention`,
   `kernels.attention_mma`, `kernels.norm`, `kernels.routing`, `kernels.sampling`) are launched by the engine
   (trace/rollout) alone: fast.py (the Triton path and its self-test), forward.py (fused norms and routing),

@@ -39,6 +39,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from trace import fp4
+from trace.fp4 import align as fp4_align
 from trace.guidance.align import MARGIN, alignment_terms, scale_terms
 from trace.guidance.record import GuidanceRecord, Recorder, RecordMismatch, RecordView
 from trace.guidance.stats import ReplayStats
@@ -217,10 +218,15 @@ class Runtime:
             with_scales = self.fmt == "nvfp4" and rp.align_scales
             args = (xv, g.scales, g.outer, own_enc, target, own.scales, target_scales, self.fmt, rp.align_margin,
                     with_scales)
-            # recomputed in the backward from these inputs: the term's fp32 intermediates over every element
+            # the fused kernels (kernels/align.py) read the inputs once per pass and save nothing else; the torch
+            # ops are recomputed in the backward from these inputs: their fp32 intermediates over every element
             # of the site were half the trainer forward's saved memory (mixtral-small, coding: benchmarks/trainer_memory.py)
-            terms = (checkpoint(_alignment_site, *args, use_reentrant=False)
-                     if torch.is_grad_enabled() and xv.requires_grad else _alignment_site(*args))
+            if fp4_align.align_kernel_on(xv):
+                terms = fp4_align.alignment_site(*args)
+            elif torch.is_grad_enabled() and xv.requires_grad:
+                terms = checkpoint(_alignment_site, *args, use_reentrant=False)
+            else:
+                terms = _alignment_site(*args)
             rp.stats.add_alignment(*terms[:3], part="codes", layer=layer)
             if with_scales:
                 rp.stats.add_alignment(*terms[3:], part="scales", layer=layer)
