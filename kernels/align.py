@@ -22,7 +22,7 @@ flip counts are equal, each item's hinge and each element's gradient are bit-equ
 - the gradient reaching the row-amax element of a row through the row amax (a sum over the row's blocks,
   in another order and multiplied by the upstream gradient after the sum instead of before).
 For bf16 x the two parts' gradients are rounded to bf16 each and then added and rounded again, as autograd
-accumulates them (tests/kernels/test_align.py).
+accumulates them (tests/kernels/test_align_kernel.py).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from kernels._common import INTERPRET, e2m1_grid, e4m3_value, round_as
 E4M3_MAX = 448.0
 NVFP4_BLOCK = 16
 MXFP4_BLOCK = 32
-CAP = 1.0  # trace/guidance/align.py's CAP (asserted equal by tests/kernels/test_align.py)
+CAP = 1.0  # trace/guidance/align.py's CAP (asserted equal by tests/kernels/test_align_kernel.py)
 _R_MIN = 1e-30  # scale_terms' clamp of the row amax
 
 

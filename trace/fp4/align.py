@@ -7,7 +7,7 @@ trace/ through trace.fp4 alone (trace/fp4/__init__.py). The kernel module is imp
 
 Its definitions are trace/guidance/align.py's (the oracle): equal item and flip counts, hinge sums within fp32
 summation order, gradients bit-equal but at each row's amax element under the scale part
-(tests/kernels/test_align.py, tests/guidance/test_replay.py).
+(tests/kernels/test_align_kernel.py, tests/guidance/test_replay.py).
 """
 from __future__ import annotations
 
