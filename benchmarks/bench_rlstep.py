@@ -17,6 +17,8 @@ derive from (seed, step), are the same in every arm; the row says `forced`. --na
 
 Columns (rows APPENDED to --out, default results/rlstep/rlstep.csv; DESIGN.md §6 "RL step"):
   rollout_s     the step's rollout phase: generation with the arm's recording, scoring, the record's finish
+  generate_again_s   the step's generate call repeated right after the step (same prompts, seed, weights; its decode
+                graphs already captured): steady-state generation; arms without a record only (empty otherwise)
   generate_s    generation alone (the arm's recording excluded); record_s: the arm's own guidance record (storing
                 its rows, the engine's feed that exists only for it, its finish), record_frac = record_s / rollout_s
   tok_s         generated tokens / rollout_s; tok_s_vs_bf16 = tok_s / the bf16 arm's in the same run
@@ -62,7 +64,8 @@ FIELDS = ("version", "commit", "gpu", "date", "model", "task", "arm", "method", 
           "group_size", "batch", "gen", "gen_per_seq", "forced", "steps", "step_s", "rollout_s", "generate_s",
           "record_s", "record_frac", "tok_s", "tok_s_vs_bf16", "record_bytes_per_token", "kv_bf16_bytes_per_token",
           "train_s", "fwd_bwd_s", "replay_s", "optimizer_s", "sync_s", "train_vs_qat_independent", "train_vs_bf16",
-          "peak_gb", "k3_first", "k3", "procs", "steps_per_s", "recompute_experts", "micro_batch", "note")
+          "peak_gb", "k3_first", "k3", "procs", "steps_per_s", "recompute_experts", "micro_batch", "note",
+          "generate_again_s")
 # the timed phases, medians over the steps after the first
 PHASES = ("step_s", "rollout_s", "generate_s", "record_s", "train_s", "fwd_bwd_s", "replay_s", "optimizer_s",
           "sync_s")
@@ -91,9 +94,17 @@ class PhaseClock:
         self._wrap(tr, "_apply", "fwd_bwd_s")
         self._wrap(tr.opt, "step", "optimizer_s")  # inside _optimize: charged here, taken out of fwd_bwd_s
         self._wrap(tr.engine, "sync_weights", "sync_s")
-        if force:
-            gen = tr.engine.generate
-            tr.engine.generate = lambda *a, **k: gen(*a, **{**k, "stop_token_ids": (), "stop_strings": ()})
+        gen = tr.engine.generate
+        self.last_call = None  # the step's generate call (args, kwargs), repeated by `generate_again`
+
+        def generate(*a, **k):
+            if force:
+                k = {**k, "stop_token_ids": (), "stop_strings": ()}
+            self.last_call = (a, k)
+            return gen(*a, **k)
+
+        tr.engine.generate = generate
+        self._generate = gen
 
     def sync(self):
         if self.cuda:
@@ -133,7 +144,22 @@ class PhaseClock:
         m = self.tr.step(i)
         replay = self.fwd_bwd_without_record(self.kept) if self.replayed else None
         self.kept = []
-        return {**m, **self.s, "replay_s": self.s["fwd_bwd_s"] - replay if replay is not None else 0.0}
+        return {**m, **self.s, "replay_s": self.s["fwd_bwd_s"] - replay if replay is not None else 0.0,
+                "generate_again_s": self.generate_again()}
+
+    def generate_again(self) -> float | None:
+        """Seconds of the step's generate call made again right after the step: same prompts, seed and weights, the
+        engine's decode graphs already captured for them (the step's own call captures them after every weight
+        sync), so generate_s minus this is what the step's call spent outside steady-state decoding. Only for calls
+        without a recorder (a second call would record again); None otherwise."""
+        if self.last_call is None or self.last_call[1].get("recorder") is not None:
+            return None
+        a, k = self.last_call
+        self.sync()
+        t0 = time.perf_counter()
+        self._generate(*a, **k)
+        self.sync()
+        return time.perf_counter() - t0
 
     def fwd_bwd_without_record(self, kept) -> float:
         """Seconds of the step's forwards, losses and backwards on the same batches (the whole batch, or each
@@ -171,6 +197,8 @@ def time_arm(cfg: dict, steps: int, force: bool) -> dict:
     r = {"rollout_s": med("time_rollout_s"), "generate_s": med("time_generate_s"), "record_s": med("time_record_s"),
          "train_s": med("time_train_s"), **{p: med(p) for p in ("fwd_bwd_s", "replay_s", "optimizer_s", "sync_s")}}
     r["step_s"] = r["rollout_s"] + r["train_s"]
+    again = [m["generate_again_s"] for m in ms if m["generate_again_s"] is not None]
+    r["generate_again_s"] = statistics.median(again) if again else None
     # generated tokens of a step (the trainer logs their rate over the generation time)
     n_gen = statistics.median(round(m["rollout_gen_tokens_per_s"] * m["time_generate_s"]) for m in ms)
     peaks = [m["gpu_peak_alloc_gb"] for m in ms if m["gpu_peak_alloc_gb"] is not None]
@@ -198,7 +226,9 @@ def time_arm_in_procs(argv: list[str], arm: str, kernels: str, procs: int) -> di
     med = lambda k: statistics.median(float(r[k]) for r in rows)  # noqa: E731
     peaks = [float(r["peak_gb"]) for r in rows if r["peak_gb"] not in ("", "None")]
     first = rows[0]
+    again = [float(r["generate_again_s"]) for r in rows if r.get("generate_again_s") not in (None, "", "None")]
     return {**{p: med(p) for p in PHASES}, "record_frac": med("record_frac"), "tok_s": med("tok_s"),
+            "generate_again_s": statistics.median(again) if again else None,
             "peak_gb": max(peaks) if peaks else None,
             **{k: float(first[k]) for k in ("gen_per_seq", "record_bytes_per_token", "k3_first", "k3")},
             "kv_bf16_bytes_per_token": int(first["kv_bf16_bytes_per_token"]),

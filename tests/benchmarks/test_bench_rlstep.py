@@ -43,6 +43,8 @@ def test_rows_columns_and_phases(tmp_path):
         assert r["record_frac"] == pytest.approx(r["record_s"] / r["rollout_s"])
         # replay: the paired probe ran only where the step replayed a record
         assert (r["replay_s"] != 0.0) == guided and r["replay_s"] < r["fwd_bwd_s"]
+        # the repeated generate call: timed for arms without a record only
+        assert (r["generate_again_s"] is None) == guided and (guided or r["generate_again_s"] > 0)
     bf16, qat, trace, deep = rows
     assert bf16["tok_s_vs_bf16"] == 1.0 and qat["train_vs_qat_independent"] == 1.0
     assert trace["tok_s_vs_bf16"] == round(trace["tok_s"] / bf16["tok_s"], 3)
@@ -74,8 +76,13 @@ def test_forcing_drops_the_stops_and_nothing_else():
                                                     max_new_tokens=5)
     assert calls[-1] == (([[1, 2]],), {"n": 3, "stop_token_ids": (), "stop_strings": (), "max_new_tokens": 5})
     fake.engine.generate = lambda *a, **k: calls.append((a, k))
-    PhaseClock(fake, force=False).tr.engine.generate([[1]], stop_token_ids=(2,), stop_strings=("\n\n",))
+    clock = PhaseClock(fake, force=False)
+    clock.tr.engine.generate([[1]], stop_token_ids=(2,), stop_strings=("\n\n",))
     assert calls[-1] == (([[1]],), {"stop_token_ids": (2,), "stop_strings": ("\n\n",)})
+    # generate_again repeats the step's call as it was made, and not a call that fed a recorder
+    assert clock.generate_again() > 0 and calls[-1] == calls[-2] and len(calls) == 3
+    clock.tr.engine.generate([[1]], recorder=object())
+    assert clock.generate_again() is None and len(calls) == 4
 
 
 @pytest.mark.slow
