@@ -198,3 +198,19 @@ def test_rejects_the_scale_part_for_mxfp4():
     x, scales, outer, own, target, _, _ = _site((2, 64), fmt="mxfp4", seed=11)
     with pytest.raises(ValueError):
         kalign.alignment_site(x, scales, outer, own, target, scales, scales, "mxfp4", 0.1, True)
+
+
+def test_kernels_compile_for_sm90():
+    """The forward and backward kernels (NVFP4 with the scale part, bf16 activations) compile for sm_90 without a GPU."""
+    from tests.kernels.conftest import compile_sm90
+
+    common = {"x_ptr": "*bf16", "s_ptr": "*u8", "o_ptr": "*fp32", "own_ptr": "*u8", "tgt_ptr": "*u8", "os_ptr": "*u8",
+              "ts_ptr": "*u8"}
+    fwd = dict(common, hc_ptr="*fp32", fc_ptr="*i32", hs_ptr="*fp32", fs_ptr="*i32", rr_ptr="*fp32", p_ptr="*fp32",
+               cr_ptr="*i32", K="i32", margin="fp32")
+    bwd = dict(common, rr_ptr="*fp32", p_ptr="*fp32", cr_ptr="*i32", gc_ptr="*fp32", gs_ptr="*fp32", gx_ptr="*bf16",
+               K="i32", margin="fp32")
+    cst = dict(NV=True, SCALES=True, NB=64, B=16, NCH=2)
+    for name, sig, extra in (("_fwd_kernel", fwd, {}), ("_bwd_kernel", bwd, {"INTERP": False})):
+        n = compile_sm90("kernels.align", name, sig, {**cst, **extra}, ("ld.global",), 4, wide=("K",))
+        assert n["ld.global"] > 0, (name, n)
