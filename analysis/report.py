@@ -218,7 +218,11 @@ def rl_step(rlstep_csv: str = "results/rlstep/rlstep.csv") -> str:
     df = df[df["gpu"].astype(str) != "cpu"]
     if df.empty:
         return ""
-    run = df[df["version"] == df.iloc[-1]["version"]].drop_duplicates(["model", "arm"], keep="last")
+    run = df[df["version"] == df.iloc[-1]["version"]].copy()
+    # a row timed under a setting of its own (its note's TRACE_*=value, e.g. TRACE_FP4_ALIGN=on) is its own arm
+    setting = run.get("note", pd.Series("", index=run.index)).fillna("").astype(str).str.findall(r"TRACE_\w+=\w+")
+    run["arm"] = [a if not s else f"{a} {' '.join(s)}" for a, s in zip(run["arm"], setting, strict=True)]
+    run = run.drop_duplicates(["model", "arm"], keep="last")
     if "fp4_kernels" in run:
         run = run[run["fp4_kernels"].astype(str).isin(["auto", "nan"])]
     lines = ["| layer shape | arm | rollout tok/s | vs bf16 | record B/token | train s | replay s | vs qat-independent | "
@@ -227,7 +231,8 @@ def rl_step(rlstep_csv: str = "results/rlstep/rlstep.csv") -> str:
     for _run, g in run.groupby(list(RLSTEP_RUN), sort=False):
         by = g.set_index("arm")
         ref = lambda arm, col: float(by.loc[arm, col]) if arm in by.index else float("nan")  # noqa: E731
-        for arm in [a for a in RLSTEP_ARMS if a in by.index]:
+        for arm in sorted(by.index, key=lambda a: (RLSTEP_ARMS.index(a.split()[0]) if a.split()[0] in RLSTEP_ARMS
+                                                  else len(RLSTEP_ARMS), a)):
             r = by.loc[arm]
             tok = float(r["tok_s"]) / ref("bf16", "tok_s")
             tr = float(r["train_s"]) / ref("qat-independent", "train_s")
