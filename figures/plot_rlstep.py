@@ -49,13 +49,18 @@ def select(df: pd.DataFrame) -> pd.DataFrame:
     for _, g in df.groupby("model", sort=False):
         last = g.loc[g["row_"].idxmax()]
         run = g[(g["version"].astype(str) == str(last["version"])) & (g["commit"].astype(str) == str(last["commit"]))]
+        # a row timed under a setting of its own (its note's TRACE_*=value) is drawn as an arm of its own
+        setting = run.get("note", pd.Series("", index=run.index)).fillna("").astype(str).str.findall(r"TRACE_\w+=\w+")
+        run = run.assign(arm=[a if not s else f"{a} {' '.join(s)}" for a, s in zip(run["arm"], setting, strict=True)])
         run = run.assign(auto_=run["fp4_kernels"].astype(str) == "auto").sort_values(["auto_", "row_"])
         out.append(run.drop_duplicates("arm", keep="last").drop(columns="auto_"))
     return pd.concat(out) if out else pd.DataFrame()
 
 
 def _order(arms) -> list[str]:
-    return [a for a in ARMS if a in set(arms)] + sorted(set(arms) - set(ARMS))
+    """The known arms in ARMS order, each followed by its rows under settings of their own, then any others."""
+    rank = lambda a: (ARMS.index(a.split()[0]) if a.split()[0] in ARMS else len(ARMS), a)  # noqa: E731
+    return sorted(set(arms), key=rank)
 
 
 def plot_rlstep(csv: str | None, out: str) -> list[str]:
@@ -84,7 +89,7 @@ def plot_rlstep(csv: str | None, out: str) -> list[str]:
                 # over the same FP4 engine without a record
                 tags.append(f"rollout +{float(r['rollout_s']) / ref('qat-independent', 'rollout_s') - 1:.0%} "
                             "over qat-ind.")
-            if arm not in ("bf16", "fp4-naive", "qat-independent") and np.isfinite(ref("qat-independent", "train_s")):
+            if arm.split()[0] not in ("bf16", "fp4-naive", "qat-independent") and np.isfinite(ref("qat-independent", "train_s")):
                 tags.append(f"train {float(r['train_s']) / ref('qat-independent', 'train_s'):.2f}x qat-ind.")
             if tags:
                 ax.text(left, yi, "  " + ", ".join(tags), va="center", fontsize=8)
