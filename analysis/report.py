@@ -195,8 +195,13 @@ def engine_speed(rollout_csv: str = "results/rollout/rollout.csv") -> str:
                                  f"(`{rollout_csv}`, benchmarks/bench_rollout.py)."])
 
 
-RLSTEP_ARMS = ("bf16", "fp4-naive", "qat-independent", "trace", "trace-deep")
+RLSTEP_ARMS = ("bf16", "fp4-naive", "qat-independent", "trace", "trace-deep", "exact")
 RLSTEP_RUN = ("version", "gpu", "model", "batch", "gen", "forced")  # rows of one run (its arms may be separate calls)
+
+
+def _micro(v) -> str:
+    """A row's micro_batch: its size, or 'whole batch' where it trained the batch in one forward (empty)."""
+    return "whole batch" if pd.isna(v) or str(v) in ("", "None") else str(int(float(v)))
 
 
 def _timed_steps(run: pd.DataFrame) -> str:
@@ -225,8 +230,8 @@ def rl_step(rlstep_csv: str = "results/rlstep/rlstep.csv") -> str:
     run = run.drop_duplicates(["model", "arm"], keep="last")
     if "fp4_kernels" in run:
         run = run[run["fp4_kernels"].astype(str).isin(["auto", "nan"])]
-    lines = ["| layer shape | arm | rollout tok/s | vs bf16 | record B/token | train s | replay s | vs qat-independent | "
-             "micro-batch | peak GB | k3 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| layer shape | sequences | arm | rollout tok/s | vs bf16 | record B/token | train s | replay s | "
+             "vs qat-independent | micro-batch | peak GB | k3 |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     where = []
     for _run, g in run.groupby(list(RLSTEP_RUN), sort=False):
         by = g.set_index("arm")
@@ -236,9 +241,9 @@ def rl_step(rlstep_csv: str = "results/rlstep/rlstep.csv") -> str:
             r = by.loc[arm]
             tok = float(r["tok_s"]) / ref("bf16", "tok_s")
             tr = float(r["train_s"]) / ref("qat-independent", "train_s")
-            lines.append(f"| {r['model']} | {arm} | {float(r['tok_s']):,.0f} | {tok:.2f}x | "
+            lines.append(f"| {r['model']} | {int(r['batch'])} | {arm} | {float(r['tok_s']):,.0f} | {tok:.2f}x | "
                          f"{float(r['record_bytes_per_token']):,.0f} | {float(r['train_s']):.1f} | "
-                         f"{float(r['replay_s']):.1f} | {tr:.2f}x | {int(r['micro_batch'])} | "
+                         f"{float(r['replay_s']):.1f} | {tr:.2f}x | {_micro(r['micro_batch'])} | "
                          f"{float(r['peak_gb']):.0f} | {float(r['k3']):.1e} |")
         if "trace" in by.index and "qat-independent" in by.index:
             t, q = by.loc["trace"], by.loc["qat-independent"]
@@ -247,12 +252,13 @@ def rl_step(rlstep_csv: str = "results/rlstep/rlstep.csv") -> str:
                 f"{float(q['rollout_s']):.2f} s (the record's hand-over after generation {float(t['record_s']):.2f} s; the "
                 f"rest of the difference is inside generation, whose decode graphs write the record), train {float(t['train_s']):.1f} s against "
                 f"{float(q['train_s']):.1f} s, of which forward+backward {float(t['fwd_bwd_s']):.1f} s with the "
-                f"replay's {float(t['replay_s']):.1f} s (micro-batches of {int(t['micro_batch'])} and "
-                f"{int(q['micro_batch'])} sequences).")
+                f"replay's {float(t['replay_s']):.1f} s (micro-batches of {_micro(t['micro_batch'])} and "
+                f"{_micro(q['micro_batch'])} sequences).")
     last = run.iloc[-1]
     commits = ", ".join(dict.fromkeys(str(c)[:7] for c in run["commit"]))
     text = (f"RL step at the real models' layer shapes (medium flavors, random weights) on one {last['gpu']} "
-            f"(benchmark version {last['version']}, commit {commits}): {int(last['batch'])} sequences x "
+            f"(benchmark version {last['version']}, commit {commits}): "
+            f"{' or '.join(str(b) for b in dict.fromkeys(int(b) for b in run['batch']))} sequences x "
             f"{int(last['gen'])} generated tokens{' (forced)' if str(last['forced']) == 'True' else ''}; "
             f"{_timed_steps(run)} after a warm-up step per arm, one process per arm "
             f"(`{rlstep_csv}`, benchmarks/bench_rlstep.py; figure `figures/gpu/rlstep.png`). Ratios against the same run's bf16 "

@@ -2,7 +2,7 @@
 
     python -m figures.plot_rlstep [--csv results/rlstep/rlstep.csv] [--out figures/gpu]
 
-One panel per model shape: one horizontal bar per arm, the median RL step split into its phases (DESIGN.md §6,
+One panel per model shape and batch: one horizontal bar per arm, the median RL step split into its phases (DESIGN.md §6,
 "RL step"): rollout (generation, its in-graph recording included, and scoring), record (the record's hand-over), forward+backward
 (the trainer's, replay excluded), replay (what replaying the record adds to forward+backward, paired in the
 benchmark's process) and other (optimizer, weight sync, batch and metrics). Beside each bar, from the same run's rows:
@@ -25,7 +25,7 @@ from figures import style
 from figures.plot_kernels import read_table
 from figures.style import plt
 
-ARMS = ("bf16", "fp4-naive", "qat-independent", "trace", "trace-deep")
+ARMS = ("bf16", "fp4-naive", "qat-independent", "trace", "trace-deep", "exact")
 PHASES = ("rollout", "record", "forward+backward", "replay", "other")
 PHASE_COLORS = {"rollout": "#9ecae1", "record": "#d62728", "forward+backward": "#fdae6b", "replay": "#1f77b4",
                 "other": "#bdbdbd"}
@@ -41,19 +41,20 @@ def phases(row: pd.Series) -> dict[str, float]:
 
 
 def select(df: pd.DataFrame) -> pd.DataFrame:
-    """Per model: the rows of its newest run (GPU rows only), one per arm (`auto` kernels first, then the last)."""
+    """Per (model, batch): the rows of its newest run (GPU rows only), one per arm (`auto` kernels first, then the
+    last); column panel_ names the panel."""
     if df.empty or "gpu" not in df.columns:
         return pd.DataFrame()
     df = df[(df["gpu"].astype(str) != "cpu") & pd.to_numeric(df["step_s"], errors="coerce").notna()].copy()
     out = []
-    for _, g in df.groupby("model", sort=False):
+    for (model, batch), g in df.groupby(["model", "batch"], sort=False):
         last = g.loc[g["row_"].idxmax()]
         run = g[(g["version"].astype(str) == str(last["version"])) & (g["commit"].astype(str) == str(last["commit"]))]
         # a row timed under a setting of its own (its note's TRACE_*=value) is drawn as an arm of its own
         setting = run.get("note", pd.Series("", index=run.index)).fillna("").astype(str).str.findall(r"TRACE_\w+=\w+")
         run = run.assign(arm=[a if not s else f"{a} {' '.join(s)}" for a, s in zip(run["arm"], setting, strict=True)])
         run = run.assign(auto_=run["fp4_kernels"].astype(str) == "auto").sort_values(["auto_", "row_"])
-        out.append(run.drop_duplicates("arm", keep="last").drop(columns="auto_"))
+        out.append(run.drop_duplicates("arm", keep="last").drop(columns="auto_").assign(panel_=f"{model}/{batch}"))
     return pd.concat(out) if out else pd.DataFrame()
 
 
@@ -68,10 +69,10 @@ def plot_rlstep(csv: str | None, out: str) -> list[str]:
     if rows.empty:
         return []
     style.setup()
-    models = list(dict.fromkeys(rows["model"]))
+    models = list(dict.fromkeys(rows["panel_"]))
     fig, axes = plt.subplots(len(models), 1, figsize=(10, 1.2 + 0.5 * 5 * len(models)), squeeze=False)
     for ax, model in zip(axes[:, 0], models, strict=True):
-        g = rows[rows["model"] == model].set_index("arm")
+        g = rows[rows["panel_"] == model].set_index("arm")
         arms = _order(g.index)
         y = np.arange(len(arms))[::-1]
         for yi, arm in zip(y, arms, strict=True):

@@ -57,7 +57,7 @@ def test_rl_step_takes_ratios_within_a_run_whatever_the_arm_order(tmp_path):
     path = tmp_path / "rlstep.csv"
     pd.DataFrame(rows).to_csv(path, index=False)  # the newest run (m1) comes last
     text = rl_step(str(path))
-    lines = {ln.split("|")[2].strip(): ln for ln in text.splitlines() if ln.startswith("| qwen3")}
+    lines = {ln.split("|")[3].strip(): ln for ln in text.splitlines() if ln.startswith("| qwen3")}
     assert set(lines) == {"bf16", "qat-independent", "trace", "trace TRACE_FP4_ALIGN=on"}
     assert "| 1.25x |" in lines["trace TRACE_FP4_ALIGN=on"]  # 7.5 / 6 s train
     assert "| 0.50x |" in lines["trace"] and "| 1.50x |" in lines["trace"]  # 50/100 tok/s, 9/6 s train
