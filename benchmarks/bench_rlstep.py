@@ -242,7 +242,7 @@ def add_ratios(rows: list[dict], earlier: list[dict] = ()) -> None:
     """Each row's train time over qat-independent's and bf16's, and its tokens/s over bf16's, taking the reference
     row of the same kernels setting where there is one (bf16 runs once, with the default setting). The references
     are these rows or `earlier` rows of the same run (SAME_RUN: a benchmark split over calls on one machine that
-    append to one table, e.g. scripts/gpu/rlstep_unit.sh)."""
+    append to one table, e.g. scripts/gpu/jobs/medium_rlstep.jobs)."""
     key = lambda r: tuple(str(r[k]) for k in SAME_RUN)  # noqa: E731
     refs = list(rows) + [{**e, "train_s": float(e["train_s"]), "tok_s": float(e["tok_s"])}
                          for e in earlier if key(e) in {key(r) for r in rows}]

@@ -17,7 +17,7 @@ BASE = ["--profile", "experiments/profiles/medium.yaml", "--model", "mixtral-tin
 def test_rows_columns_and_phases(tmp_path):
     out = tmp_path / "r.csv"
     args = BASE + ["--gen", "6", "--steps", "2", "--out", str(out)]
-    # in two calls that append to one table, as scripts/gpu/rlstep_unit.sh splits the arms: the second call's
+    # in two calls that append to one table, as scripts/gpu/jobs/medium_rlstep.jobs splits the arms: the second call's
     # ratios take the first call's bf16 and qat-independent rows
     rows = main(args + ["--arms", "bf16", "qat-independent"])
     rows += main(args + ["--arms", "trace", "trace-deep"])
