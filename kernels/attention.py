@@ -60,8 +60,11 @@ class FP4KVCache:
         return 2 * H * (D // 2 + D // 16 + 4)
 
 
-def kv_store(cache: FP4KVCache, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, check_finite: bool = True):
-    """Quantize k, v [T, Hkv, D] (per token and head NVFP4, RTN) into cache slots [T] (int32/int64)."""
+def kv_store(cache: FP4KVCache, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, check_finite: bool = True,
+             record=None):
+    """Quantize k, v [T, Hkv, D] (per token and head NVFP4, RTN) into cache slots [T] (int32/int64).
+    record: (sink of k, sink of v), `kernels.quantize.RecordSink`s (either None): the store's launches also
+    write the record form of the T*Hkv rows (row t*Hkv + h) at the sinks' current step."""
     S, H, D = cache.shape
     for name, t in (("k", k), ("v", v)):
         check_tensor(t, name, (torch.bfloat16, torch.float16, torch.float32), dim=3, finite=check_finite)
@@ -76,9 +79,11 @@ def kv_store(cache: FP4KVCache, k: torch.Tensor, v: torch.Tensor, slots: torch.T
     if check_finite and T and (int(slots.min()) < 0 or int(slots.max()) >= S):
         raise ValueError(f"slots must lie in [0, {S})")
     dst = (slots.to(torch.int64)[:, None] * H + torch.arange(H, device=k.device)).reshape(-1)  # [T*H] rows
-    for x, p, s, o in ((k, cache.k_packed, cache.k_scales, cache.k_outer), (v, cache.v_packed, cache.v_scales, cache.v_outer)):
+    sinks = (None, None) if record is None else record
+    for x, p, s, o, r in ((k, cache.k_packed, cache.k_scales, cache.k_outer, sinks[0]),
+                          (v, cache.v_packed, cache.v_scales, cache.v_outer, sinks[1])):
         quantize_rows(x.reshape(T * H, D), "nvfp4", out=QuantizedRows(p, s, o, None, "nvfp4"), dst_rows=dst,
-                      check_finite=False)
+                      check_finite=False, record=r)
 
 
 @triton.jit

@@ -461,12 +461,14 @@ def quantize_act_for_gemm(x: torch.Tensor, check_finite: bool = True, on_quant=N
     pass that computes the codes, and the tile reads them as it reads a W4A16 activation: the same MMA operands
     as decoding the codes in the tile, without that decode in the GEMM's loop (W4A4 on the tile 11-26% faster at
     every MoE size timed on the H200 and 4-21% dense; kernels/NOTES.md v3c measured). on_quant(QuantizedRows),
-    if given, sees the codes, scales and S_enc."""
-    from kernels.quantize import quantize_rows
+    if given, sees the codes, scales and S_enc; a `kernels.quantize.RecordSink` there gets their record form
+    written by the same launch."""
+    from kernels.quantize import RecordSink, quantize_rows
 
     fd = torch.float32 if x.dtype == torch.float32 else torch.bfloat16
-    q = quantize_rows(x, "nvfp4", fake_dtype=fd, fake_tile=True, check_finite=check_finite)
-    if on_quant is not None:
+    sink = on_quant if isinstance(on_quant, RecordSink) else None
+    q = quantize_rows(x, "nvfp4", fake_dtype=fd, fake_tile=True, check_finite=check_finite, record=sink)
+    if on_quant is not None and sink is None:
         on_quant(q)
     return q.fake, EPI_POW / q.outer.reshape(-1)
 
@@ -477,7 +479,8 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
     act_quant: W4A4 emulation (per-row NVFP4 activations; on the decode GEMV path the activation is
     quantized and dequantized in one pass and the W4A16 kernel runs on it). out_dtype defaults to x.dtype.
     on_quant(QuantizedRows [M, ...]): with act_quant, called once with the activation's codes, scales and
-    outer scales as the kernel uses them (a rollout recorder keeps them: no second quantization)."""
+    outer scales as the kernel uses them (a rollout recorder keeps them: no second quantization); a
+    `kernels.quantize.RecordSink` instead has the quantize launch write their record form itself."""
     check_tensor(x, "x", (torch.bfloat16, torch.float16, torch.float32), dim=2, finite=check_finite)
     if not isinstance(w, PreparedFP4Weight) or w.E is not None:
         raise TypeError("w must be a dense PreparedFP4Weight from prepare_weight(codes [N, K], ...)")

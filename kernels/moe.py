@@ -550,7 +550,10 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
 
 
 def _tagged(on_quant, which: str):
-    """on_quant(which, q) as a one-argument observer, or None."""
+    """on_quant(which, q) as a one-argument observer, or None; a mapping's entry for `which` as it is (an
+    observer, a `kernels.quantize.RecordSink`, or None)."""
+    if isinstance(on_quant, dict):
+        return on_quant.get(which)
     return None if on_quant is None else (lambda q: on_quant(which, q))
 
 
@@ -561,7 +564,9 @@ def fused_moe(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_weigh
     x bf16/fp16/fp32 [T, H]; topk_ids int [T, k] in [0, E); topk_weights float [T, k].
     align: optional precomputed moe_align(topk_ids, E, config.BM) result (shared across layers).
     on_quant(which, QuantizedRows): with act_quant, sees each activation as the kernels use it:
-    "gate_up" the per-token input [T, H], "down" the per-(token, slot) input [T*k, I] (row t*k + j)."""
+    "gate_up" the per-token input [T, H], "down" the per-(token, slot) input [T*k, I] (row t*k + j). Or a dict
+    {"gate_up": ..., "down": ...} of one-argument observers or `kernels.quantize.RecordSink`s (a sink's record
+    written by the activation's quantize launch itself), either None."""
     check_tensor(x, "x", (torch.bfloat16, torch.float16, torch.float32), dim=2, finite=check_finite)
     check_tensor(topk_ids, "topk_ids", (torch.int32, torch.int64), dim=2)
     check_tensor(topk_weights, "topk_weights", (torch.float32, torch.bfloat16, torch.float16), dim=2,

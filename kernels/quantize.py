@@ -71,6 +71,52 @@ class QuantizedRows:
         return ref.mxfp4_dequantize(self.codes(), self.scales)
 
 
+@dataclass
+class RecordTargets:
+    """Where a quantize launch of M rows writes the record form of its rows, step-major: row r of x goes to row
+    `step * M + r` of each buffer, step read from the device tensor `step` [1] (int) when the kernel runs, so a
+    CUDA graph replays the launch into the row of whatever step the tensor holds. mantissa uint8 [steps, M, K/8]
+    (element 8i+j in bit j of byte i: `kernels.reference.pack_bits(codes & 1)`), scales uint8 [steps, M, K/block],
+    outer float32 [steps, M] (the rows' S_enc; ones for MXFP4), codes uint8 [steps, M, K/2] (`pack_fp4`) or None.
+    All contiguous."""
+
+    mantissa: torch.Tensor
+    scales: torch.Tensor
+    outer: torch.Tensor
+    codes: torch.Tensor | None
+    step: torch.Tensor
+
+
+class RecordSink:
+    """A record destination that `quantize_rows(record=...)`, `fake_rows` and `kernels.gemm.quantize_act_for_gemm`
+    (hence `fp4_linear` / `fused_moe` where their `on_quant` observer goes, and `kernels.attention.kv_store`)
+    recognize: instead of handing the launch's QuantizedRows to an observer, the quantize launch itself writes the
+    record form of its rows into the sink's buffers, at no cost beyond those bytes. make(M, K, fmt) gives the
+    buffers for a launch of M rows of width K (RecordTargets, or its fields as a tuple); the owner allocates them
+    on the first call and returns the same ones after (a captured CUDA graph writes to those addresses). A code
+    path that only knows observers calls the sink with the QuantizedRows, which writes the same bytes with torch
+    ops (`__call__`)."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def targets(self, M: int, K: int, fmt: str) -> RecordTargets:
+        t = self.make(M, K, fmt)
+        return t if isinstance(t, RecordTargets) else RecordTargets(*t)
+
+    def __call__(self, q: QuantizedRows) -> None:
+        K = q.packed.shape[-1] * 2
+        M = q.packed.numel() // (K // 2)
+        t = self.targets(M, K, fmt=q.fmt)
+        codes = q.codes().reshape(M, K)
+        parts = [(t.mantissa, ref.pack_bits(codes & 1)), (t.scales, q.scales.reshape(M, -1)),
+                 (t.outer, q.outer.reshape(M).float())]
+        if t.codes is not None:
+            parts.append((t.codes, q.packed.reshape(M, K // 2)))
+        for buf, x in parts:
+            buf.index_copy_(0, t.step, x.unsqueeze(0))
+
+
 @triton.jit
 def _load_chunk(x_ptr, rows, rmask, stride_xm, k0, K, NB: tl.constexpr, BLOCK: tl.constexpr):
     # -> [BM, NB, BLOCK] fp32 tile of x and its element offsets within the row
@@ -139,10 +185,11 @@ def nvfp4_tile_values(xb, s_enc, INTERP: tl.constexpr, FMA_RTN: tl.constexpr = T
 
 @triton.jit
 def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
-                 codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
+                 codes_ptr, scales_ptr, mbits_ptr, fq_ptr, rrow, rec_m_ptr, rec_s_ptr, rec_c_ptr,
                  BM: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, IS_NV: tl.constexpr,
                  NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
-                 FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, INTERP: tl.constexpr, FMA_RTN: tl.constexpr):
+                 FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, INTERP: tl.constexpr, FMA_RTN: tl.constexpr,
+                 REC: tl.constexpr, REC_CODES: tl.constexpr):
     CH: tl.constexpr = NB * BLOCK
     if IS_NV:
         sbyte, s_b, p, zero = nvfp4_block_scales(xb, s_enc, INTERP)  # p: the dividend of v = RN(p / s_b)
@@ -197,22 +244,29 @@ def _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed,
     # scales [BM, NB]
     sk = k0 // BLOCK + tl.arange(0, NB)
     nblk = K // BLOCK
-    tl.store(scales_ptr + drow[:, None].to(tl.int64) * nblk + sk[None, :], sbyte,
-             mask=rmask[:, None] & (sk[None, :] < nblk))
+    smask = rmask[:, None] & (sk[None, :] < nblk)
+    tl.store(scales_ptr + drow[:, None].to(tl.int64) * nblk + sk[None, :], sbyte, mask=smask)
     # packed codes [BM, CH/2]: element 2i low nibble
     pair = tl.reshape(code, [BM, CH // 2, 2])
     lo_n, hi_n = tl.split(pair)
     byte = (lo_n | (hi_n << 4)).to(tl.uint8)
     pk = k0 // 2 + tl.arange(0, CH // 2)
-    tl.store(codes_ptr + drow[:, None].to(tl.int64) * (K // 2) + pk[None, :], byte,
-             mask=rmask[:, None] & (pk[None, :] < K // 2))
-    if GUIDE:
+    cmask = rmask[:, None] & (pk[None, :] < K // 2)
+    tl.store(codes_ptr + drow[:, None].to(tl.int64) * (K // 2) + pk[None, :], byte, mask=cmask)
+    if REC:  # the record form at the record's row (step * M + row): scale bytes, packed codes if wanted
+        tl.store(rec_s_ptr + rrow[:, None] * nblk + sk[None, :], sbyte, mask=smask)
+        if REC_CODES:
+            tl.store(rec_c_ptr + rrow[:, None] * (K // 2) + pk[None, :], byte, mask=cmask)
+    if GUIDE or REC:
         m8 = tl.reshape(code & 1, [BM, CH // 8, 8])
         w = 1 << tl.arange(0, 8)
         mb = tl.sum(m8 * w[None, None, :], axis=2).to(tl.uint8)
         mk = k0 // 8 + tl.arange(0, CH // 8)
-        tl.store(mbits_ptr + drow[:, None].to(tl.int64) * (K // 8) + mk[None, :], mb,
-                 mask=rmask[:, None] & (mk[None, :] < K // 8))
+        mmask = rmask[:, None] & (mk[None, :] < K // 8)
+        if GUIDE:
+            tl.store(mbits_ptr + drow[:, None].to(tl.int64) * (K // 8) + mk[None, :], mb, mask=mmask)
+        if REC:  # the mantissa bits packed as `kernels.reference.pack_bits` packs them
+            tl.store(rec_m_ptr + rrow[:, None] * (K // 8) + mk[None, :], mb, mask=mmask)
 
 
 @triton.jit
@@ -222,7 +276,8 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
                        NOCLIP: tl.constexpr, STOCH: tl.constexpr, GUIDE: tl.constexpr, FAKE: tl.constexpr,
                        FAKE_EXACT: tl.constexpr, FAKE_TILE: tl.constexpr, HAS_DST: tl.constexpr, SINGLE: tl.constexpr,
                        CH: tl.constexpr, NCH: tl.constexpr, INTERP: tl.constexpr, GIVEN: tl.constexpr = False,
-                       FMA_RTN: tl.constexpr = True):
+                       FMA_RTN: tl.constexpr = True, rec_m_ptr=None, rec_s_ptr=None, rec_o_ptr=None, rec_c_ptr=None,
+                       step_ptr=None, REC: tl.constexpr = False, REC_CODES: tl.constexpr = False):
     pid = tl.program_id(0)
     rows = pid * BM + tl.arange(0, BM)  # [BM]
     rmask = rows < M
@@ -230,6 +285,9 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
         drow = tl.load(dst_ptr + rows, mask=rmask, other=0)
     else:
         drow = rows
+    rrow = rows.to(tl.int64)
+    if REC:  # the record's row of x's row: step-major buffers [steps, M, ...], the step read on the device
+        rrow = tl.load(step_ptr).to(tl.int64) * M + rrow
     s_enc = tl.full([BM], 1.0, tl.float32)
     if GIVEN:  # the caller's S_enc per row (a tensor's or an expert's outer scale), read from outer
         s_enc = tl.load(outer_ptr + drow, mask=rmask, other=1.0)
@@ -239,8 +297,12 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
             amax = tl.max(tl.max(tl.abs(xb), axis=2), axis=1)
             s_enc = nvfp4_row_senc(amax, amax_min)
             tl.store(outer_ptr + drow, s_enc, mask=rmask)
+        if REC:
+            tl.store(rec_o_ptr + rrow, s_enc, mask=rmask)
         _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, 0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
-                     BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP, FMA_RTN)
+                     rrow, rec_m_ptr, rec_s_ptr, rec_c_ptr,
+                     BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP, FMA_RTN,
+                     REC, REC_CODES)
     else:
         if IS_NV and not GIVEN:
             amax = tl.zeros([BM], tl.float32)
@@ -250,11 +312,15 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scales_ptr, outer_ptr, mbits_ptr, dst_p
                 amax = tl.maximum(amax, tl.max(tl.max(tl.abs(xb), axis=2), axis=1))
             s_enc = nvfp4_row_senc(amax, amax_min)
             tl.store(outer_ptr + drow, s_enc, mask=rmask)
+        if REC:
+            tl.store(rec_o_ptr + rrow, s_enc, mask=rmask)
         for c in range(NCH):
             k0 = c * CH
             xb, kk, mask = _load_chunk(x_ptr, rows, rmask, stride_xm, k0, K, NB, BLOCK)
             _quant_chunk(xb, kk, mask, rows, drow, rmask, s_enc, k0, K, seed, codes_ptr, scales_ptr, mbits_ptr, fq_ptr,
-                         BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP, FMA_RTN)
+                         rrow, rec_m_ptr, rec_s_ptr, rec_c_ptr,
+                         BM, NB, BLOCK, IS_NV, NOCLIP, STOCH, GUIDE, FAKE, FAKE_EXACT, FAKE_TILE, INTERP, FMA_RTN,
+                         REC, REC_CODES)
 
 
 def _config(M: int, K: int, block: int, interpret: bool = INTERPRET):
@@ -285,7 +351,8 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
                   guidance: bool = False, mx_rule: str = "floor", out: QuantizedRows | None = None,
                   dst_rows: torch.Tensor | None = None, fake_dtype: torch.dtype | None = None,
                   fake_exact: bool = False, fake_tile: bool = False, check_finite: bool = True,
-                  s_enc: torch.Tensor | None = None, fma_rtn: bool = True) -> QuantizedRows:
+                  s_enc: torch.Tensor | None = None, fma_rtn: bool = True,
+                  record: RecordSink | None = None) -> QuantizedRows:
     """Quantize x [..., K] (fp32/bf16/fp16) per row. Returns QuantizedRows (see class docstring).
 
     out/dst_rows: write into caller-owned flat buffers (packed [R, K/2], scales [R, K/b], outer [R],
@@ -302,7 +369,10 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
     returned `outer` holds it.
     fma_rtn ('rtn'; the default): the E2M1 rounding as saturating FMAs (`kernels._common.e2m1_rtn_idx_fma`), the
     same codes as the seven threshold compares (`e2m1_rtn_idx_scaled`, fma_rtn=False) with the work on the FMA pipe
-    instead of the ALU pipe (NVFP4 8192x4096 on an H200: 59.0 -> 46.7 us; kernels/NOTES.md v2l, v2n)."""
+    instead of the ALU pipe (NVFP4 8192x4096 on an H200: 59.0 -> 46.7 us; kernels/NOTES.md v2l, v2n).
+    record: a RecordSink; the same launch also writes the record form of x's rows (mantissa bits packed, scale
+    bytes, S_enc, packed codes if the sink has a buffer for them) at the sink's current step (RecordTargets),
+    row r of x (not its dst_rows row) at record row step * M + r."""
     check_tensor(x, "x", (torch.float32, torch.bfloat16, torch.float16), finite=check_finite)
     if fmt not in ("nvfp4", "mxfp4"):
         raise ValueError(f"fmt must be 'nvfp4' or 'mxfp4', got {fmt!r}")
@@ -362,6 +432,13 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
         return QuantizedRows(packed.reshape(*lead, K // 2), scales.reshape(*lead, K // block),
                              outer.reshape(*lead, 1), None if mant is None else mant.reshape(*lead, K // 8), fmt,
                              None if fq is None else fq.reshape(*lead, K))
+    rec = None if record is None else record.targets(M, K, fmt)
+    if rec is not None:
+        rec_bufs = [rec.mantissa, rec.scales, rec.outer] + ([] if rec.codes is None else [rec.codes])
+        widths = [K // 8, K // block, 1, K // 2]
+        for b, w in zip(rec_bufs, widths, strict=False):
+            if not b.is_contiguous() or b.numel() % (M * w) or b.device != dev:
+                raise ValueError(f"record buffers must be contiguous [steps, {M}, ...] on {dev}")
     bm, nb, single, nw = _config(M, K, block)
     grid = (triton.cdiv(M, bm),)
     _quant_rows_kernel[grid](
@@ -370,6 +447,10 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
         BM=bm, NB=nb, BLOCK=block, IS_NV=fmt == "nvfp4", NOCLIP=mx_rule == "noclip",
         STOCH=rounding == "stochastic", GUIDE=guidance, FAKE=fq is not None, FAKE_EXACT=fake_exact, FAKE_TILE=fake_tile, HAS_DST=dst_rows is not None, SINGLE=single, CH=nb * block, NCH=triton.cdiv(K, nb * block), INTERP=INTERPRET,
         GIVEN=s_enc is not None, FMA_RTN=fma_rtn and rounding == "rtn",
+        rec_m_ptr=packed if rec is None else rec.mantissa, rec_s_ptr=packed if rec is None else rec.scales,
+        rec_o_ptr=outer if rec is None else rec.outer,
+        rec_c_ptr=packed if rec is None or rec.codes is None else rec.codes,
+        step_ptr=outer if rec is None else rec.step, REC=rec is not None, REC_CODES=rec is not None and rec.codes is not None,
         num_warps=nw,
     )
     if out is not None:
@@ -382,9 +463,10 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
 def fake_rows(x: torch.Tensor, on_quant=None) -> torch.Tensor:
     """NVFP4 per-row RTN of x [M, K] dequantized in x.dtype, in one pass: what the W4A16 decode kernels
     read to run W4A4 (their codes and scales are the trainer's). on_quant(QuantizedRows), if given, sees
-    the codes."""
-    q = quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False)
-    if on_quant is not None:
+    the codes; a RecordSink there gets them written by the same launch (quantize_rows(record=...))."""
+    sink = on_quant if isinstance(on_quant, RecordSink) else None
+    q = quantize_rows(x, "nvfp4", fake_dtype=x.dtype, check_finite=False, record=sink)
+    if on_quant is not None and sink is None:
         on_quant(q)
     return q.fake
 
