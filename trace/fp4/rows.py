@@ -41,4 +41,22 @@ def guided_rows(x: torch.Tensor, mantissa: torch.Tensor, scales: torch.Tensor, o
     return kernel(x, mantissa, scales, outer, fmt, fake_dtype=fake_dtype, own=own)
 
 
-__all__ = ["fake_rows", "guided_rows", "quantize_rows"]
+def record_sink(make):
+    """`kernels.quantize.RecordSink(make)`: a record destination the quantize launches write themselves (passed
+    where an `on_quant` observer goes); make(M, K, fmt) -> (mantissa [steps, M, K/8], scales [steps, M, K/block],
+    outer float32 [steps, M], packed codes [steps, M, K/2] or None, step [1] device tensor)."""
+    from kernels.quantize import RecordSink
+
+    return RecordSink(make)
+
+
+def is_record_sink(obj) -> bool:
+    """Whether obj is a `record_sink` (the kernels write it) rather than an observer of QuantizedRows."""
+    if obj is None:
+        return False
+    from kernels.quantize import RecordSink
+
+    return isinstance(obj, RecordSink)
+
+
+__all__ = ["fake_rows", "guided_rows", "is_record_sink", "quantize_rows", "record_sink"]

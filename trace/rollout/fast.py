@@ -275,10 +275,11 @@ class TritonPath:
 
     def linear(self, i: int, key: str, x: torch.Tensor, bias=None, keep=None) -> torch.Tensor:
         """x [N, K] (unquantized) -> W4A4 x @ W^T [N, out] (+ bias). keep(FP4Tensor [N, K]), if given,
-        gets the activation's quantization as the kernel used it (a recorder's site)."""
+        gets the activation's quantization as the kernel used it (a recorder's site); a record sink
+        (`trace.fp4.rows.record_sink`) is written by the activation's quantize launch itself."""
         from kernels.gemm import fp4_linear
 
-        seen = None if keep is None else (lambda q: keep(as_fp4(q, x.dtype)))
+        seen = observer(keep, x.dtype)
         if self.bi:
             from kernels.batch_invariant import fp4_linear_bi
 
@@ -289,22 +290,20 @@ class TritonPath:
 
     def experts(self, i: int, x, topi, topv, keep_in=None, keep_down=None) -> torch.Tensor:
         """x [N, H] -> [N, H]. keep_in(FP4Tensor [N, H]) / keep_down(FP4Tensor [N, k, I]), if given, get
-        the gate/up input's and the down input's quantization as the kernels used them."""
+        the gate/up input's and the down input's quantization as the kernels used them; record sinks there are
+        written by the activations' quantize launches themselves."""
         from kernels.moe import fused_moe
 
         N, k = topi.shape
-        keeps = {"gate_up": keep_in, "down": keep_down}
-
-        def seen(which, q):
-            if keeps[which] is not None:
-                keeps[which](as_fp4(q, x.dtype, (N, k) if which == "down" else (N,)))
-
-        observe = None if keep_in is None and keep_down is None else seen
+        obs = {"gate_up": observer(keep_in, x.dtype, (N,)), "down": observer(keep_down, x.dtype, (N, k))}
+        if keep_in is None and keep_down is None:
+            obs = None
         if self.bi:
             from kernels.batch_invariant import fused_moe_bi
 
-            return fused_moe_bi(x, self.moe[i], topi, topv, on_quant=observe)
-        return fused_moe(x, self.moe[i], topi, topv, act_quant=True, check_finite=False, on_quant=observe)
+            seen = None if obs is None else (lambda which, q: obs[which] is not None and obs[which](q))
+            return fused_moe_bi(x, self.moe[i], topi, topv, on_quant=seen)
+        return fused_moe(x, self.moe[i], topi, topv, act_quant=True, check_finite=False, on_quant=obs)
 
     def mma_attention(self, head_dim: int, groups: int) -> bool:
         """Whether decode steps take the register-operand attention (chosen, and applicable at these heads)."""
@@ -314,10 +313,11 @@ class TritonPath:
 
         return applies(head_dim, groups)
 
-    def decode_attention(self, cache, layer: int, rows, slots, start, lens, q, k, v, max_len: int) -> torch.Tensor:
+    def decode_attention(self, cache, layer: int, rows, slots, start, lens, q, k, v, max_len: int,
+                         record=None) -> torch.Tensor:
         """One-token decode with the FP4 KV cache: store k, v [R, 1, Hkv, D] at (rows, slots) and attend
         q [R, 1, Hq, D] over slots 0 .. start[r] + lens[r] - 1 of each row (lens 0: an idle row, its cached
-        tokens only). Returns [R, Hq, D]."""
+        tokens only). Returns [R, Hq, D]. record: (sink of k, sink of v), written by the store's launches."""
         from kernels.attention import decode_attention, kv_store
 
         per = cache.cap + 1
@@ -325,7 +325,7 @@ class TritonPath:
         r = cache.row_ids(rows, q.device)
         view = _kv_view(cache, layer)
         flat_slots = r * per + slots[:, 0]  # [R]
-        kv_store(view, k[:, 0], v[:, 0], flat_slots, check_finite=False)
+        kv_store(view, k[:, 0], v[:, 0], flat_slots, check_finite=False, record=record)
         if self.mma_attention(q.shape[-1], q.shape[2] // k.shape[2]):
             from kernels.attention_mma import decode_attention_mma
 
@@ -434,6 +434,14 @@ class ChunkPath:
 
 
 CHUNK = ChunkPath()
+
+
+def observer(keep, dtype: torch.dtype, lead: tuple | None = None):
+    """What a kernel's on_quant gets for a recorder's `keep`: None, a record sink as it is (the quantize launch
+    writes it), or keep(FP4Tensor) of the kernel's QuantizedRows (`as_fp4`, leading dims `lead`)."""
+    if keep is None or fp4.rows.is_record_sink(keep):
+        return keep
+    return lambda q: keep(as_fp4(q, dtype, lead))
 
 
 def as_fp4(q, dtype: torch.dtype, lead: tuple | None = None) -> fp4.FP4Tensor:

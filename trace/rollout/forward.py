@@ -45,7 +45,7 @@ from torch.profiler import record_function
 
 from trace.guidance import Recording
 from trace.rollout.cache import KVCache, quant_rows
-from trace.rollout.fast import CHUNK, as_fp4
+from trace.rollout.fast import CHUNK, as_fp4, observer
 from trace.rollout.weights import EngineWeights
 
 
@@ -164,8 +164,8 @@ class EngineForward:
         W4A4 decode kernels read the same, `kernels.quantize.fake_rows`), for a BF16 GEMM."""
         from trace.fp4.rows import fake_rows
 
-        keep = self._keep(rec, layer, site)
-        seen = None if keep is None else (lambda q: keep(as_fp4(q, self.dtype, tuple(x.shape[:-1]))))
+        keep = self._keep(rec, layer, site, tuple(x.shape[1:-1]))
+        seen = observer(keep, self.dtype, tuple(x.shape[:-1]))
         return fake_rows(x.reshape(-1, x.shape[-1]), seen).view(x.shape)
 
     def _acts(self, fast):
@@ -173,12 +173,25 @@ class EngineForward:
         return self._act if fast is None else self._act_fast
 
     @staticmethod
-    def _keep(rec: Recording | None, layer: int, site: str):
+    def _keep(rec: Recording | None, layer: int, site: str, inner: tuple = ()):
         """The fast path's callback that stores an activation's FP4Tensor at (layer, site), or None when
-        nothing records that layer (the kernels then skip handing the codes out)."""
+        nothing records that layer (the kernels then skip handing the codes out). A recorded decode step's
+        `StepRecording` gives its record sink instead (inner: the site's dims between rows and K), which the
+        quantize launch writes itself."""
         if rec is None or not rec.wants(layer):
             return None
-        return lambda t: rec.add(layer, site, t)
+        sink = getattr(rec, "sink", None)
+        s = None if sink is None else sink(layer, site, inner)
+        return s if s is not None else (lambda t: rec.add(layer, site, t))
+
+    @staticmethod
+    def _kv_sinks(rec, layer: int, heads: int):
+        """(sink of k, sink of v) of a recorded decode step's StepRecording for the FP4-KV store, or None."""
+        sink = getattr(rec, "sink", None)
+        if sink is None:
+            return None
+        ks = tuple(sink(layer, site, (heads,)) for site in ("k", "v"))
+        return None if None in ks else ks
 
     @staticmethod
     def _record_kv(rec: Recording, layer: int, kv4) -> None:
@@ -238,8 +251,10 @@ class EngineForward:
             if rec is not None and rec.wants(i):
                 self._record_kv(rec, i, cache.stored(i, rows, slots))
         elif fast is not None and cache.codes_stored and T == 1 and cache.fmt == "nvfp4":  # FP4-KV decode kernel
-            o = fast.decode_attention(cache, i, rows, slots, start, lens, q, k, v, S).reshape(R * T, nh * D)
-            if rec is not None and rec.wants(i):  # the K/V codes the kernel stored, read back
+            kv_rec = self._kv_sinks(rec, i, nkv)  # a recorded step: the store's launches write the K/V record
+            o = fast.decode_attention(cache, i, rows, slots, start, lens, q, k, v, S, record=kv_rec)
+            o = o.reshape(R * T, nh * D)
+            if rec is not None and rec.wants(i) and kv_rec is None:  # the K/V codes the kernel stored, read back
                 self._record_kv(rec, i, cache.stored(i, rows, slots))
         else:
             o = self._cached_attention(i, q, k, v, slots, start, lens, rows, cache, rec, S, causal, fast)
@@ -305,7 +320,7 @@ class EngineForward:
             rec.add_routing(i, topi)
         if fast is not None and fast.moe_kernels(i, N, k):
             out = fast.experts(i, x, topi, topv, keep_in=self._keep(rec, i, "moe_in"),
-                               keep_down=self._keep(rec, i, "moe_down_in"))  # [N, H] W4A4 grouped expert GEMMs
+                               keep_down=self._keep(rec, i, "moe_down_in", (k,)))  # [N, H] W4A4 grouped expert GEMMs
         else:
             act = self._acts(fast)
             out = routed_experts(x, topi, topv, lw["gate_up"], lw["down"], lambda t: act(t, i, "moe_in", rec),

@@ -21,7 +21,10 @@ The logits tensor returned is the graph's static output: it is overwritten by th
 must be consumed (sampled) before the next call, which is what RolloutEngine.generate does.
 
 Recording: with a `StepRecording`, the captured step also writes every recorded site's rows (all B rows,
-record form) into device buffers at the step index, which `flush` hands to the recorder after the call.
+record form) into device buffers at the step index, which `flush` hands to the recorder after the call. The
+sites quantized by the Triton kernels (the projections' and experts' inputs, K/V) are written by the quantize
+launch that computes their codes (`StepRecording.sink`: no extra kernels); the expert ids, and the sites of a
+path without those kernels, by a few torch ops each (`add_routing`, `add`).
 
 Compared against: the eager forward of the same steps (tests/rollout/test_gpu.py on a GPU, records bit for
 bit at one graph per attention length; tests/rollout/test_graph_record.py runs the uncaptured all-row
@@ -30,8 +33,11 @@ call's observations), or when `cuda_graphs=False`.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
+from trace.fp4 import MXFP4_BLOCK, NVFP4_BLOCK
 from trace.fp4 import reference as ref
 
 
@@ -55,15 +61,58 @@ class StepRecording:
     is full and after the call, and starts the next window at step 0). Buffers are allocated by the first
     (eager warm-up) step."""
 
+    # sites on the quantize kernels record through `sink` (the launch writes the record); False: through `add`
+    in_kernel = True
+
     def __init__(self, spec: tuple, batch: int, max_steps: int, device):
         self.sites, self.routing_layers, self.full_codes = spec
         self.batch, self.max_steps = batch, max_steps
         self.step = torch.zeros(1, dtype=torch.long, device=device)
         self.bufs: dict[tuple[int, str], tuple[list[torch.Tensor], str]] = {}
         self.route: dict[int, torch.Tensor] = {}
+        self.sinks: dict[tuple[int, str], object] = {}
+        self.views: dict[tuple[int, str], tuple] = {}  # a sink's buffers as the quantize launch writes them
 
     def wants(self, layer: int) -> bool:
         return layer in self.sites
+
+    def sink(self, layer: int, site: str, inner: tuple = ()):
+        """The record sink of (layer, site) (`trace.fp4.rows.record_sink`), for a quantize launch of all B rows
+        of a step, rows [B, *inner] flattened (inner: (k,) for the experts' down input, (H_kv,) for K/V): the
+        launch writes the site's record form (the parts `add` writes, in the same buffers and layout) at row
+        `step` itself. None when the layer is not recorded, or with `in_kernel` off."""
+        if layer not in self.sites or not self.in_kernel:
+            return None
+        key = (layer, site)
+        if key not in self.sinks:
+            from trace.fp4.rows import record_sink
+
+            self.sinks[key] = record_sink(lambda M, K, fmt: self._targets(key, tuple(inner), M, K, fmt))
+        return self.sinks[key]
+
+    def _targets(self, key, inner: tuple, M: int, K: int, fmt: str) -> tuple:
+        """(mantissa, scales, outer, codes or None, step) of site `key` as [max_steps, M, ...] views of its buffers
+        [max_steps, B, *inner, ...] (allocated here on the first step, as `add` allocates them)."""
+        lead = (self.batch, *inner)
+        if M != math.prod(lead):
+            raise ValueError(f"a recorded step quantizes {M} rows at {key}, its buffers hold {lead}")
+        if key in self.views:  # made once: a step then runs no torch op for the record of this site
+            return self.views[key]
+        if key not in self.bufs:
+            block = NVFP4_BLOCK if fmt == "nvfp4" else MXFP4_BLOCK
+            dev = self.step.device
+
+            def zeros(width: int, dtype: torch.dtype) -> torch.Tensor:
+                return torch.zeros(self.max_steps, *lead, width, dtype=dtype, device=dev)
+
+            parts = [zeros(K // 8, torch.uint8), zeros(K // block, torch.uint8), zeros(1, torch.float32)]
+            if self.full_codes:
+                parts.append(zeros(K // 2, torch.uint8))
+            self.bufs[key] = (parts, fmt)
+        parts, _ = self.bufs[key]
+        mant, scales, outer, *codes = (p.view(self.max_steps, M, -1) for p in parts)
+        self.views[key] = (mant, scales, outer.view(self.max_steps, M), codes[0] if codes else None, self.step)
+        return self.views[key]
 
     def _put(self, buf: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
         if buf is None:
@@ -72,7 +121,8 @@ class StepRecording:
         return buf
 
     def add(self, layer: int, site: str, t) -> None:
-        """t: an FP4Tensor of all B rows, codes [B, *inner, K]."""
+        """t: an FP4Tensor of all B rows, codes [B, *inner, K]: its record form by torch ops (a site not on the
+        quantize kernels; theirs come through `sink`)."""
         if layer not in self.sites:
             return
         parts = [ref.pack_bits(t.codes & 1), t.scales, t.outer.float().expand(*t.codes.shape[:-1], 1)]
