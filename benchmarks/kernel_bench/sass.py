@@ -201,7 +201,8 @@ def sass_counts():
     for fmt, block, fma in (("nvfp4", 16, False), ("mxfp4", 32, False), ("nvfp4", 16, True), ("mxfp4", 32, True)):
         cst = dict(BM=1, NB=4096 // block, BLOCK=block, IS_NV=fmt == "nvfp4", NOCLIP=False, STOCH=False, GUIDE=False,
                    FAKE=False, FAKE_EXACT=False, FAKE_TILE=False, HAS_DST=False, SINGLE=True, CH=4096, NCH=1,
-                   INTERP=False, GIVEN=False, FMA_RTN=fma)
+                   INTERP=False, GIVEN=False, FMA_RTN=fma, rec_m_ptr=None, rec_s_ptr=None, rec_o_ptr=None,
+                   rec_c_ptr=None, step_ptr=None, REC=False, REC_CODES=False)  # no record outputs
         sig.update({k: "constexpr" for k in cst})
         n, ops, cvt, shared = _loop_sass(_quant_rows_kernel, sig, aligned, cst, 4, 1, f"quant_{fmt}_{int(fma)}",
                                          whole=True)
