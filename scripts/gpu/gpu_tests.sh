@@ -18,10 +18,10 @@
 set -uo pipefail
 FILES=(tests/kernels tests/rollout/test_gpu.py tests/rollout/test_fast.py tests/rl/test_steps.py
        tests/qat/test_patch.py tests/test_sft.py tests/fp4/test_kernel_path.py
-       tests/rollout/test_batch_invariant_engine.py tests/rl/test_exact_arm.py)
+       tests/rollout/test_batch_invariant_engine.py tests/rl/test_exact_arm.py tests/rollout/test_step_record_sinks.py)
 FAST_K="gpu or kernel_path or mma or decodes or plain_variant or stable_sort or pads_per_expert or decoded_activation \
 or fake_tile or tma or fma or register_cap or dot_order or sampl or self_test or recording or sm90 or routing or gemv \
-or ptx"
+or ptx or record_rows"
 py=${PYTHON:-python3}
 if [ "${1:-}" = list ]; then
   printf '%s\n' "${FILES[@]}"
