@@ -99,6 +99,24 @@ def _scales_part(ax, R, ob, tb, bvalid, margin):
 
 
 @triton.jit
+def _chunk_codes(x_ptr, s_ptr, own_ptr, tgt_ptr, row, c, K, KB, bo, eo, s_enc, margin, NV: tl.constexpr,
+                 NB: tl.constexpr, B: tl.constexpr):
+    """Chunk c of a row, loaded and run through the codes part (the forward's and the backward's shared start):
+    (block ids [NB], their validity, the element offsets and validity [NB, B], x [NB, B] fp32, the block divisors, zero-scale mask, then `_codes_part`'s)."""
+    k0 = c * NB * B
+    blk = k0 // B + bo
+    bvalid = blk < KB
+    offs = k0 + bo[:, None] * B + eo[None, :]
+    valid = offs < K
+    x = tl.load(x_ptr + row * K + offs, mask=valid, other=0.0).to(tl.float32)
+    sdiv, zero = _block_div(tl.load(s_ptr + row * KB + blk, mask=bvalid, other=0), NV)
+    own = tl.load(own_ptr + row * K + offs, mask=valid, other=0)
+    tgt = tl.load(tgt_ptr + row * K + offs, mask=valid, other=0)
+    v, up, flipped, gap, d, r = _codes_part(x, sdiv, zero, s_enc, own, tgt, valid, margin, NV)
+    return blk, bvalid, offs, valid, x, sdiv, zero, v, up, flipped, gap, d, r
+
+
+@triton.jit
 def _hinge_grad(gout, up, act, gap, r):
     """d(hinge)/d(the unrounded value), in the order torch's autograd takes it: pow, relu, rsub, clamp, div,
     where(up)."""
@@ -142,16 +160,8 @@ def _fwd_kernel(x_ptr, s_ptr, o_ptr, own_ptr, tgt_ptr, os_ptr, ts_ptr,
         R_raw = _row_amax(x_ptr, row, K, NB, B, NCH)
         R = tl.maximum(R_raw, 1e-30)
     for c in range(NCH):
-        k0 = c * NB * B
-        blk = k0 // B + bo
-        bvalid = blk < KB
-        offs = k0 + bo[:, None] * B + eo[None, :]
-        valid = offs < K
-        x = tl.load(x_ptr + row * K + offs, mask=valid, other=0.0).to(tl.float32)
-        sdiv, zero = _block_div(tl.load(s_ptr + row * KB + blk, mask=bvalid, other=0), NV)
-        own = tl.load(own_ptr + row * K + offs, mask=valid, other=0)
-        tgt = tl.load(tgt_ptr + row * K + offs, mask=valid, other=0)
-        v, up, flipped, gap, d, r = _codes_part(x, sdiv, zero, s_enc, own, tgt, valid, margin, NV)
+        blk, bvalid, offs, valid, x, sdiv, zero, v, up, flipped, gap, d, r = _chunk_codes(
+            x_ptr, s_ptr, own_ptr, tgt_ptr, row, c, K, KB, bo, eo, s_enc, margin, NV, NB, B)
         hc += tl.sum(tl.where(flipped, r * r, 0.0), axis=1)
         fc += tl.sum(flipped.to(tl.int32), axis=1)
         if SCALES:
@@ -194,16 +204,8 @@ def _bwd_kernel(x_ptr, s_ptr, o_ptr, own_ptr, tgt_ptr, os_ptr, ts_ptr, rr_ptr, p
         R = tl.maximum(R_raw, 1e-30)
         g_row = tl.where(R_raw >= 1e-30, (gout_s * tl.load(p_ptr + row)) / tl.load(cr_ptr + row).to(tl.float32), 0.0)
     for c in range(NCH):
-        k0 = c * NB * B
-        blk = k0 // B + bo
-        bvalid = blk < KB
-        offs = k0 + bo[:, None] * B + eo[None, :]
-        valid = offs < K
-        x = tl.load(x_ptr + row * K + offs, mask=valid, other=0.0).to(tl.float32)
-        sdiv, zero = _block_div(tl.load(s_ptr + row * KB + blk, mask=bvalid, other=0), NV)
-        own = tl.load(own_ptr + row * K + offs, mask=valid, other=0)
-        tgt = tl.load(tgt_ptr + row * K + offs, mask=valid, other=0)
-        v, up, flipped, gap, d, r = _codes_part(x, sdiv, zero, s_enc, own, tgt, valid, margin, NV)
+        blk, bvalid, offs, valid, x, sdiv, zero, v, up, flipped, gap, d, r = _chunk_codes(
+            x_ptr, s_ptr, own_ptr, tgt_ptr, row, c, K, KB, bo, eo, s_enc, margin, NV, NB, B)
         ga = _hinge_grad(gout_c, up, flipped & (r > 0.0) & (d >= -1.0), gap, r)
         gv = ga * tl.where(v > 0.0, 1.0, tl.where(v < 0.0, -1.0, 0.0))  # abs backward: grad * sgn(v)
         if NV:
