@@ -149,8 +149,8 @@ class PhaseClock:
 
     def generate_again(self) -> float | None:
         """Seconds of the step's generate call made again right after the step: same prompts, seed and weights, the
-        engine's decode graphs already captured for them (the step's own call captures them after every weight
-        sync), so generate_s minus this is what the step's call spent outside steady-state decoding. Only for calls
+        engine's decode graphs already captured for them (a weight sync keeps them: it copies into the captured
+        tensors), so generate_s minus this is what the step's call spent outside steady-state decoding. Only for calls
         without a recorder (a second call would record again); None otherwise."""
         if self.last_call is None or self.last_call[1].get("recorder") is not None:
             return None

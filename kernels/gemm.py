@@ -92,6 +92,14 @@ class PreparedFP4Weight:
     def nbytes(self) -> int:
         return self.words.numel() * 4 + self.scales.numel() + self.factor.numel() * 4
 
+    def match_layouts(self, other: "PreparedFP4Weight") -> None:
+        """Build the lazily made layouts (`paired`, `dotted`) that `other` has built, so that the two weights have
+        the same tensors (an in-place weight refresh copies one into the other)."""
+        if other.pair_words is not None:
+            self.paired()
+        if other.dot_words is not None:
+            self.dotted()
+
     def paired(self) -> torch.Tensor:
         """words in `pair_layout` (built once, kept: the same bytes again)."""
         if self.pair_words is None:

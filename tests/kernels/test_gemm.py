@@ -349,3 +349,16 @@ def test_fused_act_quant_compiles_for_sm90():
     n = compile_sm90("kernels.gemm", "_fp4_gemm_kernel", sig, cst, ("fma.rn.sat", "div.rn"), 4,
                      wide=("KW", "stride_xm", "kw_per_split"))
     assert n["fma.rn.sat"] >= 7 and n["div.rn"] >= 2, n
+
+
+def test_match_layouts_builds_what_the_other_weight_built():
+    """An in-place weight refresh (trace.rollout.weights.copy_into) copies tensor for tensor: the new weight must
+    first build the lazy layouts the held one has, from its own words."""
+    held, new = (prepare_weight(*_w(32, 128, seed)) for seed in (1, 2))
+    held.paired()
+    new.match_layouts(held)
+    assert new.pair_words is not None and new.dot_words is None
+    assert torch.equal(new.pair_words, kg.pair_layout(new.words))
+    held.dotted()
+    new.match_layouts(held)
+    assert new.dot_words is not None and not torch.equal(new.dot_words[0], held.dot_words[0])

@@ -177,3 +177,50 @@ def test_the_engine_reads_the_quirks_from_the_descriptor():
         finally:
             unregister_family(SYNTH)
         assert (d < 1e-4) == close, (renorm, d)
+
+
+def _perturbed(m, seed: int):
+    """A copy of m's state_dict with every floating tensor moved by a small random step (an optimizer update)."""
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + 0.02 * torch.randn(v.shape, generator=g, dtype=v.dtype) if v.is_floating_point() else v
+            for k, v in m.state_dict().items()}
+
+
+@pytest.mark.parametrize("mode,kv", [("bf16", False), ("w4a4", True)])
+def test_resync_copies_into_the_held_tensors(mode, kv):
+    """A second sync_weights writes the new values into the tensors the engine already holds (what decode graphs
+    read by address), and the engine then generates what a fresh engine synced to the new weights generates."""
+    m = tiny("qwen3_moe")
+    eng = RolloutEngine(m.config, mode=mode, kv_fp4=kv)
+    eng.sync_weights(m)
+    eng.generate(SEQS[:1], max_new_tokens=3, seed=0)
+    held = eng.weights
+    ptrs = [held.embed.data_ptr(), held.lm_head.data_ptr()] + [t.data_ptr() for t in held.layers[0].values()]
+    fp4_ptrs = {n: t.codes.data_ptr() for n, t in held.fp4.items()}
+    new = _perturbed(m, seed=5)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    eng.sync_weights(new)
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())  # the first source is left as it was
+    assert eng.weights is held
+    assert ptrs == [held.embed.data_ptr(), held.lm_head.data_ptr()] + [t.data_ptr() for t in held.layers[0].values()]
+    assert fp4_ptrs == {n: t.codes.data_ptr() for n, t in held.fp4.items()}
+    fresh = RolloutEngine(m.config, mode=mode, kv_fp4=kv)
+    fresh.sync_weights(new)
+    for name, t in fresh.weights.fp4.items():
+        assert torch.equal(held.fp4[name].codes, t.codes) and torch.equal(held.fp4[name].outer, t.outer)
+    assert torch.equal(held.lm_head, fresh.weights.lm_head)
+    a = eng.generate(SEQS, max_new_tokens=6, seed=3)
+    b = fresh.generate(SEQS, max_new_tokens=6, seed=3)
+    assert a.tokens == b.tokens and a.logprobs == b.logprobs
+
+
+def test_copy_into_copies_nothing_where_structures_differ():
+    from trace.rollout.weights import copy_into
+
+    dst = {"a": torch.zeros(3), "b": [torch.zeros(2, 2)]}
+    assert not copy_into(dst, {"a": torch.ones(3), "b": [torch.ones(2, 3)]})  # a shape differs
+    assert not copy_into(dst, {"a": torch.ones(3), "b": [torch.ones(2, 2, dtype=torch.float64)]})  # a dtype
+    assert not copy_into(dst, {"a": torch.ones(3)})  # a key is missing
+    assert float(dst["a"].sum()) == 0 and float(dst["b"][0].sum()) == 0
+    assert copy_into(dst, {"a": torch.ones(3), "b": [torch.ones(2, 2)]})
+    assert float(dst["a"].sum()) == 3 and float(dst["b"][0].sum()) == 4

@@ -42,6 +42,36 @@ def test_triton_path_matches_torch_path(monkeypatch):
     assert max(abs(x - y) for la, lb in zip(a.logprobs, b.logprobs, strict=False) for x, y in zip(la, lb, strict=False)) < 1e-4
 
 
+@pytest.mark.slow
+def test_resync_copies_into_the_kernels_prepared_weights(monkeypatch):
+    """A second sync on the Triton path writes the re-quantized weights into the kernels' prepared tensors the
+    engine holds (decode graphs read them by address) and then generates what a fresh engine generates."""
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("needs TRITON_INTERPRET=1 (tests/conftest.py sets it without a GPU)")
+    monkeypatch.setenv("TRACE_ROLLOUT_BACKEND", "triton")
+    dev, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
+    m = tiny("qwen3_moe", dtype=dtype).to(dev)
+    eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, device=dev, dtype=dtype)
+    eng.sync_weights(m)
+    path = eng.fwd.fast
+    words = [(w.words, w.words.data_ptr()) for d in path.dense for w in d.values()]
+    words += [(x.w13.words, x.w13.words.data_ptr()) for x in path.moe if x is not None]
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(-1.0)
+    eng.sync_weights(m)
+    assert eng.fwd.fast is path and all(w.data_ptr() == ptr for w, ptr in words)
+    fresh = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, device=dev, dtype=dtype)
+    fresh.sync_weights(m)
+    held = [w for d in path.dense for w in d.values()] + [x.w13 for x in path.moe if x is not None]
+    new = [w for d in fresh.fwd.fast.dense for w in d.values()] + [x.w13 for x in fresh.fwd.fast.moe if x is not None]
+    assert all(torch.equal(a.words, b.words) and torch.equal(a.scales, b.scales) for a, b in zip(held, new, strict=True))
+    prompts = random_seqs([4, 6], seed=2)
+    a = eng.generate(prompts, max_new_tokens=2, temperature=0.0)
+    b = fresh.generate(prompts, max_new_tokens=2, temperature=0.0)
+    assert a.tokens == b.tokens and a.logprobs == b.logprobs
+
+
 def _scored(eng, prompts, seqs):
     """eng's teacher-forced log-probs of the tokens after each prompt, one flat tensor."""
     return torch.cat([torch.tensor(lp[len(p) - 1:]) for p, lp in zip(prompts, eng.score(seqs), strict=True)])

@@ -28,8 +28,8 @@ from the device's sampled tokens before the host has seen them); multi-turn call
 `single_turn_path` off).
 
 GPU: decode steps replay CUDA graphs (trace/rollout/graphs.py: all B rows, one graph per 256-slot attention
-bucket, kept across calls until the next sync_weights; `prepare(batch, prompt_len, new_tokens)` captures
-them up front); prefill and multi-token chunks run eagerly. Experts are grouped GEMMs (torch._grouped_mm)
+bucket, kept across calls and weight syncs: a sync copies the new weights into the captured tensors;
+`prepare(batch, prompt_len, new_tokens)` captures them up front); prefill and multi-token chunks run eagerly. Experts are grouped GEMMs (torch._grouped_mm)
 and BF16 decode attention is one SDPA call over each KV head's query rows with the length mask. In w4a4 mode `fp4_backend`
 picks how the FP4 numbers are computed: "torch" = FP4 weights dequantized at sync + per-row FP4
 activation quant + BF16 GEMMs (the same codes on BF16 tensor cores), FP4 KV decoded once per token;
@@ -86,7 +86,7 @@ from trace.rollout.decode import (  # noqa: F401
 )
 from trace.rollout.forward import EngineForward
 from trace.rollout.graphs import DecodeGraphs, StepRecording, record_spec
-from trace.rollout.weights import Arch, EngineWeights
+from trace.rollout.weights import Arch, EngineWeights, copy_into
 
 MODES = ("bf16", "w4a4")
 NONFINITE = "the engine produced non-finite logits (NaN/inf); the weights or inputs are broken"
@@ -137,10 +137,18 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------------------ weights
     def sync_weights(self, model_or_state_dict) -> None:
-        """(Re)load the policy's weights; in w4a4 mode re-quantize them from the master weights."""
+        """(Re)load the policy's weights; in w4a4 mode re-quantize them from the master weights. A later sync
+        copies the new values into the tensors the engine already holds (`weights.copy_into`), so the kept KV
+        cache and decode graphs, which read the weights by address, stay valid and the next generate call
+        replays them instead of capturing new ones; a sync whose tensors differ in shape or kind starts over."""
+        weights = EngineWeights.load(self.arch, model_or_state_dict, self.mode, self.fmt, self.dtype, self.device)
+        if self.fwd is not None:
+            path = None if self.fwd.fast is None else fast.TritonPath.build(weights, self.batch_invariant)
+            old_path = None if self.fwd.fast is None else (self.fwd.fast.dense, self.fwd.fast.moe)
+            if copy_into((self.weights, old_path), (weights, None if path is None else (path.dense, path.moe))):
+                return
         self._kept = None  # captured graphs point at the old weight tensors
-        self.weights = EngineWeights.load(self.arch, model_or_state_dict, self.mode, self.fmt, self.dtype,
-                                          self.device)
+        self.weights = weights
         self.fwd = EngineForward(self.weights, mode=self.mode, fmt=self.fmt, dtype=self.dtype)
         self.fwd.fused = fast.fused_ops(self.device, self.dtype, self.fp4_backend)
         if self.batch_invariant:

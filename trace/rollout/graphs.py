@@ -10,8 +10,8 @@ the way an eager step's does, not with the cache capacity. Graphs are captured l
 bucket is reached, after one eager warm-up call of the same step (which writes the same K/V the replay
 writes again, so it changes nothing), or all at once by `capture_all()` (RolloutEngine.prepare); all
 graphs share one memory pool. The graphs read the weights and the cache by address: the engine keeps
-one (cache, graphs) pair per (batch, capacity) across generate calls and drops it at every
-sync_weights, which allocates new weight tensors.
+one (cache, graphs) pair per (batch, capacity) across generate calls and weight syncs (`sync_weights`
+copies the new weights into the tensors the graphs read, `trace.rollout.weights.copy_into`).
 
 Why this is allowed: the forward has no host synchronisation on CUDA (grouped GEMM offsets by
 scatter_add, FP4 quantization without finiteness checks, the Triton kernels with check_finite=False),

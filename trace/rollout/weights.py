@@ -14,6 +14,7 @@ Compared against: `trace.fp4.quantize_weight` (tests/rollout/test_engine.py chec
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -110,8 +111,11 @@ class EngineWeights:
                 raise KeyError(f"weight {name!r} missing from the given model/state_dict")
             return t
 
-        def dense(t):
-            return None if t is None else t.detach().to(device=device, dtype=dtype).contiguous()
+        def dense(t):  # the engine owns its tensors (a later sync copies into them): never the source's own
+            if t is None:
+                return None
+            out = t.detach().to(device=device, dtype=dtype).contiguous()
+            return out.clone() if out.data_ptr() == t.data_ptr() else out
 
         fp4w: dict[str, fp4.FP4Tensor] = {}
         layers = []
@@ -141,6 +145,44 @@ class EngineWeights:
         if inv_freq is None:
             d = arch.head_dim
             inv_freq = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float) / d))
-        inv_freq = inv_freq.detach().to(device=device, dtype=torch.float32)
+        inv_freq = inv_freq.detach().to(device=device, dtype=torch.float32).clone()
         return EngineWeights(arch, dense(get("model.embed_tokens.weight")), dense(get("model.norm.weight")),
                              dense(get("lm_head.weight")), layers, inv_freq, fp4w)
+
+
+def copy_into(dst, src) -> bool:
+    """Copy every tensor of `src` into the tensor at the same place in `dst`, in place, where the two have one
+    structure (dataclasses, dicts, lists and tuples of tensors with equal shapes, dtypes and devices, equal
+    non-tensor fields); returns False, and copies nothing, where they differ. The engine's weight sync uses it
+    so that captured decode graphs, which read the weights by address, stay valid (vLLM's weight reload keeps
+    its CUDA graphs the same way: new values into the parameters it captured). An object with a
+    `match_layouts(other)` method (kernels.gemm.PreparedFP4Weight) is first asked, on the src side, to build the
+    lazily made layouts that dst has built, so that both sides have them."""
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    if not _pair_up(dst, src, pairs):
+        return False
+    with torch.no_grad():
+        for d, s in pairs:
+            if d.data_ptr() != s.data_ptr():
+                d.copy_(s)
+    return True
+
+
+def _pair_up(dst, src, pairs: list) -> bool:
+    if isinstance(dst, torch.Tensor) or isinstance(src, torch.Tensor):
+        ok = (isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) and dst.shape == src.shape
+              and dst.dtype == src.dtype and dst.device == src.device and dst.stride() == src.stride())
+        if ok:
+            pairs.append((dst, src))
+        return ok
+    if type(dst) is not type(src):
+        return False
+    if isinstance(dst, dict):
+        return dst.keys() == src.keys() and all(_pair_up(dst[k], src[k], pairs) for k in dst)
+    if isinstance(dst, (list, tuple)):
+        return len(dst) == len(src) and all(_pair_up(d, s, pairs) for d, s in zip(dst, src, strict=False))
+    if dataclasses.is_dataclass(dst):
+        if hasattr(src, "match_layouts"):
+            src.match_layouts(dst)
+        return all(_pair_up(getattr(dst, f.name), getattr(src, f.name), pairs) for f in dataclasses.fields(dst))
+    return dst == src
