@@ -28,19 +28,16 @@ import torch
 
 deepspeed = pytest.importorskip("deepspeed")
 
+from zero3_steps import B, T, ds_config, rollout_records, train_step  # noqa: E402
+
 from trace import config as C  # noqa: E402
 from trace.arms import ARMS  # noqa: E402
-from trace.guidance import arm_recorders  # noqa: E402
 from trace.integrations.openrlhf.actor import TraceReplay, prepare_for_qat  # noqa: E402
-from trace.integrations.openrlhf.records import split_record  # noqa: E402
-from trace.integrations.openrlhf.rollout import DIAG_KEY, RECORD_KEY  # noqa: E402
 from trace.models import build_model  # noqa: E402
-from trace.qat import patch_model, recording  # noqa: E402
+from trace.qat import patch_model  # noqa: E402
 
 LP_TOL = 1e-3
 GRAD_REL_TOL = 2e-2
-B, T = 2, 12
-THRESHOLD = 0  # partition every parameter (DeepSpeed's default, 1e5 elements, partitions none here)
 # (model, arm): the three arms on qwen3_moe; trace also on qwen2_moe, whose shared expert's gate/up
 # share one input (a second kind of ZeRO-3 leaf)
 CASES = [("qwen3_moe-tiny", a) for a in ("bf16", "qat-independent", "trace")] + [("qwen2_moe-tiny", "trace")]
@@ -64,70 +61,24 @@ def gloo():
     torch.nn.functional.linear = linear
 
 
-def _rollout_records(name, cfg, ids):
-    """What the rollout actor ships per sample: {RECORD_KEY, DIAG_KEY: record} as the arm takes them,
-    recorded from a float32 forward (the stand-in for the engine's rollout)."""
-    arm, rl = ARMS[cfg["rl"]["method"]], cfg["rl"]
-    roll = build_model(name, seed=0)
-    patch_model(roll, arm.trainer_mode, rl["fmt"])
-    seq, pos = torch.arange(B), torch.arange(T).expand(B, T)
-    out = [{} for _ in range(B)]
-    recs = arm_recorders(arm, roll.config.num_hidden_layers, rl["rho"], rl["diag_flips"])
-    for key, r in zip((RECORD_KEY, DIAG_KEY), recs, strict=True):
-        if r is None:
-            continue
-        with torch.no_grad(), recording(roll, r, seq, pos):
-            roll(input_ids=ids)
-        for m, one in zip(out, split_record(r.finish(), B), strict=True):
-            m[key] = one
-    return out if any(out) else None
-
-
-def _lp(model, ids, att):
-    lp = torch.log_softmax(model(input_ids=ids, attention_mask=att).logits.float(), -1)
-    return lp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
-
-
-def _step(tr, model, ids, mm, backward):
-    """The actor on one micro-batch: the old log-probs (no grad), then the training step: log-probs
-    [B, T-1] under the arm's replay, backward of -mean(lp) (+ alignment) with the replay still open;
-    (old lp, lp, alignment, flip rates)."""
-    att = torch.ones(B, T, dtype=torch.long)
-    with torch.no_grad(), tr.context(model, mm, att):
-        old = _lp(model, ids, att)
-    with tr.context(model, mm, att) as st:
-        lp = _lp(model, ids, att)
-        loss = -lp.mean()
-        al = tr.method.alignment(st)
-        al = None if al is None else al.term
-        if al is not None:
-            loss = loss + al
-        backward(loss)
-    flips = None if st is None else st.summary().get("code_flip_rate")
-    return old, lp.detach(), None if al is None else float(al), flips
-
-
 @pytest.mark.parametrize("name,arm", CASES)
 def test_zero3_partitioned_step_matches_unwrapped(gloo, name, arm):
     cfg = C.load_config(None, [f"model={name}", f"rl.method={arm}"])
     mode, fmt = ARMS[arm].trainer_mode, cfg["rl"]["fmt"]
     ids = torch.randint(5, 100, (B, T), generator=torch.Generator().manual_seed(1))
-    mm = _rollout_records(name, cfg, ids)
+    mm = rollout_records(name, cfg, ids)
     tr = TraceReplay(cfg)
 
     ref = build_model(name, seed=0, dtype=torch.bfloat16)
     patch_model(ref, mode, fmt)
-    old_ref, lp_ref, al_ref, flips_ref = _step(tr, ref, ids, mm, lambda loss: loss.backward())
+    old_ref, lp_ref, al_ref, flips_ref = train_step(tr, ref, ids, mm, lambda loss: loss.backward())
 
     model = build_model(name, seed=0, dtype=torch.bfloat16)
     prepare_for_qat(model, mode, fmt, zero_stage=3)
-    conf = {"train_micro_batch_size_per_gpu": B, "bf16": {"enabled": True},
-            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": THRESHOLD},
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
-    eng, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=conf)
+    eng, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config())
     names = [n for n, _ in model.named_parameters()]
     assert all(p.numel() == 0 for p in model.parameters())  # every parameter partitioned and released
-    old, lp, al, flips = _step(tr, model, ids, mm, eng.backward)
+    old, lp, al, flips = train_step(tr, model, ids, mm, eng.backward)
 
     print(f"{name} {arm}: max|dlp| {float((lp - lp_ref).abs().max()):.3e}; align {al} vs {al_ref}; "
           f"code flips {flips} vs {flips_ref}")
