@@ -162,6 +162,15 @@ def to_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines + notes) + "\n"
 
 
+def write_outputs(df: pd.DataFrame, out: str, stem: str, md: str) -> None:
+    """df as OUT/STEM.csv, md as OUT/STEM.md, and md on stdout."""
+    os.makedirs(out, exist_ok=True)
+    df.to_csv(os.path.join(out, f"{stem}.csv"), index=False)
+    with open(os.path.join(out, f"{stem}.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--openrlhf", required=True, help="run tree made through OpenRLHF (kind rl-openrlhf)")
@@ -171,11 +180,7 @@ def main(argv=None) -> int:
     df = compare(a.openrlhf, a.embedded)
     if df.empty:
         raise SystemExit("no model/task/arm has runs on both sides")
-    os.makedirs(a.out, exist_ok=True)
-    df.to_csv(os.path.join(a.out, "openrlhf_vs_embedded.csv"), index=False)
-    with open(os.path.join(a.out, "openrlhf_vs_embedded.md"), "w") as f:
-        f.write(to_markdown(df))
-    print(to_markdown(df))
+    write_outputs(df, a.out, "openrlhf_vs_embedded", to_markdown(df))
     return 0
 
 

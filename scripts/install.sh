@@ -20,7 +20,7 @@ if [ ! -f "$stamp" ]; then
   # OpenRLHF stack (trace/integrations/openrlhf; why --no-deps / --no-build-isolation: requirements-openrlhf.txt)
   # (openrlhf last: a later pip run would list its unmet pins as resolver errors)
   .venv/bin/python -m pip install -q -r requirements-openrlhf.txt
-  .venv/bin/python -m pip install -q --no-build-isolation deepspeed==0.19.6
+  .venv/bin/python -m pip install -q --no-build-isolation deepspeed==0.19.8
   .venv/bin/python -m pip install -q --no-deps openrlhf==0.11.2
   touch "$stamp"
 fi

@@ -14,7 +14,7 @@
 # repository's own results had grown past what a 64 MiB carry leaves for the untrimmed 28 MB.
 # What travels: Ray 2.55.0 without its Java jars, rllib/tune/train/serve/data/llm and the dashboard's web
 # build (73.8 MB -> 35 MB; OpenRLHF and the plugin use ray core, ray.util.collective, placement groups and
-# queues only), DeepSpeed 0.19.6 as its sdist (built there without isolation against the local torch),
+# queues only), DeepSpeed 0.19.8 as its sdist (built there without isolation against the local torch),
 # OpenRLHF 0.11.2 without dependencies, and the packages OpenRLHF and DeepSpeed import that such an image
 # lacks (pydantic, hjson, datasets and its pins, torchdata, jsonlines, pylatexenc, jsonschema for our
 # configs). Versions are those of requirements-openrlhf.txt. 41 MB in all; on an H200 node (Python 3.12,
@@ -55,7 +55,7 @@ PY
     typing-inspection==0.4.5 hjson==3.1.0 jsonlines==4.0.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
     torchdata==0.11.0 pylatexenc==2.11 fsspec==2026.9.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
     referencing==0.37.0 rpds-py==2026.9.1 attrs==26.1.0
-  python3 -m pip download -q --no-deps --no-binary=:all: -d "$dir" deepspeed==0.19.6
+  python3 -m pip download -q --no-deps --no-binary=:all: -d "$dir" deepspeed==0.19.8
   ray_whl=$(ls "$dir"/ray-2.55.0-*.whl)
   python3 - "$ray_whl" <<'PY'
 import os, sys, zipfile

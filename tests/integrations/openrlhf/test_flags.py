@@ -95,6 +95,27 @@ def test_colocation_is_a_launch_option(tmp_path):
     assert args["train.colocate_all"] is False and args["vllm.num_engines"] == 2
 
 
+def test_actor_ranks_on_a_cpu_are_a_launch_option(tmp_path, capsys):
+    """--ranks N: N actor ranks on a CPU machine (data parallel, the per-rank micro-batch split N ways); on GPUs
+    the ranks are the GPUs, and a --ranks that differs is refused in one line."""
+    _, args, _ = _launch(tmp_path / "a", "--gpus", 0, "--ranks", 2, "--", "--vllm.num_engines", 1)
+    assert args["actor.num_gpus_per_node"] == 2 and args["ref.num_gpus_per_node"] == 2
+    assert args["train.micro_batch_size"] == 2 and args["train.batch_size"] == 4  # 4 samples over 2 ranks
+    assert args["vllm.num_engines"] == 1 and args["train.colocate_all"] is False
+    rc, _, _ = _launch(tmp_path / "b", "--gpus", 2, "--ranks", 1)
+    assert rc == 2 and "on GPUs the actor ranks are the GPUs" in capsys.readouterr().err
+
+
+def test_cpu_ranks_refused_with_a_deepspeed_whose_gathers_race(tmp_path, capsys, monkeypatch):
+    from trace.integrations.openrlhf import guards
+
+    assert guards.deepspeed_gathers_wait_all()  # the pinned DeepSpeed (requirements-openrlhf.txt)
+    assert not guards.deepspeed_gathers_wait_all("0.19.6") and guards.deepspeed_gathers_wait_all("0.20.0")
+    monkeypatch.setattr(guards, "deepspeed_gathers_wait_all", lambda installed=None: False)
+    rc, _, _ = _launch(tmp_path, "--gpus", 0, "--ranks", 2)
+    assert rc == 2 and "DeepSpeed >= 0.19.8" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flags,needle", [
     (["--actor.adam.lr", "1e-3"], "--actor.adam.lr is set by TRACE (from rl.lr)"),
     (["--train.see", "3"], "--train.see is set by TRACE (from seed)"),  # an abbreviation argparse would accept

@@ -67,3 +67,25 @@ def test_two_ranks_zero3_step_and_broadcast_sync(tmp_path, arm="trace"):
     assert zero["codes_changed"]  # the step moved FP4 codes: the engine holds the updated weights, not its initial ones
     print(f"weight sync over 2 ranks: {zero['sync_s']:.2f} s; max relative gradient difference "
           f"{max(max(r['grad_rel'].values()) for r in res):.2e}")
+
+
+@pytest.mark.slow
+def test_launch_with_two_actor_ranks(tmp_path, tiny_rl_config):
+    """`launch --ranks 2` on the CPU: OpenRLHF's actor group of two policy actors (ZeRO-3 over gloo), one engine;
+    every step's line says 2 ranks and times the weight sync that fed its rollout. About 30-40 s on 2 cores."""
+    from trace import rundir
+
+    cfg = tiny_rl_config(2, n_test=4, method="trace")
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-m", "trace.integrations.openrlhf.launch", "--config", str(cfg), "--out",
+                        str(out), "--gpus", "0", "--ranks", "2", "--zero-persistence-threshold", "0", "--",
+                        "--vllm.num_engines", "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["kind"] == "rl-openrlhf" and meta["openrlhf_launch"]["ranks"] == 2
+    lines = [r for r in rundir.read_metrics(out / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in lines] == [1, 2], lines
+    assert all(r["actor_ranks"] == 2 and r["k3"] is not None and r["k3"] >= 0 for r in lines), lines
+    assert lines[1]["time_sync_s"] > 0, lines  # step 2's rollout ran on the weights synced after step 1
+    assert (out / "done").exists()

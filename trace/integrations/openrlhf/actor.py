@@ -30,7 +30,7 @@
   the arm's deployment, its parameters gathered under ZeRO-3 (every rank enters, rank 0 evaluates).
 DeepSpeed's optimizer is torch's AdamW (`torch_adam`, the same update): DeepSpeed's own Adam is an
 extension built on first use on every fresh machine (g++ on a CPU; nvcc on a GPU, where DeepSpeed 0.19.6
-fails to parse a TORCH_CUDA_ARCH_LIST entry such as "9.0a", ops/op_builder/builder.py:708).
+failed to parse a TORCH_CUDA_ARCH_LIST entry such as "9.0a", ops/op_builder/builder.py:708).
 Compared against: the embedded trainer `trace.rl.trainer.RLTrainer` (same `Method`, same metrics;
 tests/integrations/openrlhf/test_equivalence.py).
 """
@@ -257,6 +257,7 @@ HOOKS = (
     guards.Hook(_ORIG, "init_model_from_pretrained", f"{_PA}.{_INIT}", own=True),
     guards.Hook(_ORIG, "forward", f"{_PA}.PolicyModelActor.forward", own=True),
     guards.Hook(_ORIG, "fit", f"{_PA}.PolicyModelActor.fit", own=True),
+    guards.Hook(_ORIG, "broadcast_to_vllm", f"{_PA}.PolicyModelActor.broadcast_to_vllm", own=True),
 )
 USES = (
     guards.Use(_BASE, "init_model_from_pretrained", "Actor", f"{_PA}.Actor", _INIT),
@@ -346,6 +347,7 @@ class TracePolicyActor(_BASE):
             if self._trace_log is not None:
                 self._trace_log.log({"step": 0, "method": cfg["rl"]["method"], "eval_accuracy": ev["accuracy"]})
         self._trace_t = time.perf_counter()
+        self._trace_sync_s = 0.0  # weight syncs since the last step's metrics line
 
     def _trace_evaluate(self) -> dict | None:
         """`evaluate_policy` on the current policy in the arm's deployment (rank 0's result; None elsewhere).
@@ -376,6 +378,14 @@ class TracePolicyActor(_BASE):
         with ctx:
             return super().forward(sequences, action_mask, attention_mask, packed_seq_lens, None)
 
+    def broadcast_to_vllm(self):
+        """OpenRLHF's weight sync to the rollout engines, timed for the next step's metrics line (time_sync_s)."""
+        t = time.perf_counter()
+        try:
+            return super().broadcast_to_vllm()
+        finally:
+            self._trace_sync_s += time.perf_counter() - t
+
     def fit(self, kl_ctl: float = 0):
         t0 = time.perf_counter()
         status = super().fit(kl_ctl)
@@ -390,13 +400,16 @@ class TracePolicyActor(_BASE):
         if self._trace_log is not None:
             rec = metrics_line(self._trace_step, rl["method"], status, rl["kl_coef"] > 0)
             rec["time_train_s"] = t1 - t0
-            rec["time_rollout_s"] = max(0.0, t0 - self._trace_t)
+            # the weight sync after the previous step (the weights this step's rollout used), then the rollout
+            rec["time_sync_s"] = self._trace_sync_s
+            rec["time_rollout_s"] = max(0.0, t0 - self._trace_t - self._trace_sync_s)
+            rec["actor_ranks"] = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
             if ev is not None:
                 rec["eval_accuracy"], rec["eval_reward"] = ev["accuracy"], ev["reward"]
                 rec["time_eval_s"] = t2 - t1
             rec["time_step_s"] = t2 - self._trace_t  # with the evaluation, as the embedded trainer's
             self._trace_log.log(rec)
-        self._trace_t = t2
+        self._trace_t, self._trace_sync_s = t2, 0.0
         return status
 
 

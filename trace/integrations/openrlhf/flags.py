@@ -62,7 +62,7 @@ SOURCE = {
     "algo.advantage.is_correction_mode": "rl.tis_cap / rl.icepop",
     "algo.advantage.is_correction_threshold": "rl.tis_cap / rl.icepop",
     "ds.zero_stage": "launch --zero-stage", "train.colocate_all": "launch --colocate",
-    "actor.num_gpus_per_node": "launch --gpus", "ref.num_gpus_per_node": "launch --gpus",
+    "actor.num_gpus_per_node": "launch --gpus / --ranks", "ref.num_gpus_per_node": "launch --gpus / --ranks",
     "ckpt.path": "launch --out", "ckpt.output_dir": "launch --out", "data.prompt_dataset": "task.train_jsonl",
     "vllm.tensor_parallel_size": "the TRACE engine: one engine per GPU, tensor parallel size 1",
     "actor.num_nodes": "launch: one node, the Ray cluster launch starts", "ref.num_nodes": "launch: one node",
@@ -128,11 +128,12 @@ def is_correction_flags(rl: dict) -> list[str]:
 def ppo_flags(cfg: dict, *, model_path: str, prompts: str, out: str, reward_file: str | None = None,
               agent_file: str | None = None, gpus: int = 0, colocate: bool | None = None,
               zero_stage: int = 3, sync: str | None = None, label_key: str = "label",
-              input_key: str = "input", max_prompt_len: int | None = None) -> list[str]:
+              input_key: str = "input", max_prompt_len: int | None = None, ranks: int | None = None) -> list[str]:
     """The argv (after `python -m openrlhf.cli.train_ppo_ray`) for one RL run.
 
-    gpus: GPUs per node for the actor (0 on a CPU machine: Ray is given that many logical GPUs by
-    the launcher). sync: weight-sync backend, "nccl" (GPU; CUDA IPC when colocated) or "gloo"
+    gpus: GPUs per node for the actor (0 on a CPU machine: Ray is given logical GPUs by the launcher).
+    ranks: actor ranks (DeepSpeed's data-parallel world size) on a CPU machine, one logical GPU each (default 1); on
+    GPUs the ranks are the GPUs. sync: weight-sync backend, "nccl" (GPU; CUDA IPC when colocated) or "gloo"
     (CPU; a torch gloo group between trainer rank 0 and the engines)."""
     rl = cfg["rl"]
     if ARMS[rl["method"]].exact:
@@ -145,7 +146,12 @@ def ppo_flags(cfg: dict, *, model_path: str, prompts: str, out: str, reward_file
         raise UnsupportedConfig("rl.autocast: OpenRLHF trains in BF16 (--ds.param_dtype bf16); 'none' cannot be expressed")
     if (reward_file is None) == (agent_file is None):
         raise ValueError("pass exactly one of reward_file (single turn) and agent_file (multi-turn)")
-    n_actor = max(int(gpus), 1)
+    if ranks is not None and gpus > 0 and ranks != gpus:
+        raise UnsupportedConfig(f"on GPUs the actor ranks are the GPUs (--gpus {gpus}); --ranks {ranks} is for a CPU "
+                                "machine")
+    n_actor = int(gpus) if gpus > 0 else int(ranks or 1)
+    if n_actor < 1:
+        raise UnsupportedConfig(f"need at least one actor rank, got {n_actor}")
     if colocate is None:
         colocate = gpus > 0
     sync = sync or ("nccl" if gpus > 0 else "gloo")

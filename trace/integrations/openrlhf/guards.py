@@ -63,6 +63,20 @@ def check_openrlhf_version(installed: str | None = None) -> str | None:
     raise UntestedOpenRLHF(msg)
 
 
+def deepspeed_gathers_wait_all(installed: str | None = None) -> bool:
+    """Whether DeepSpeed's ZeRO-3 parameter gather waits on every one of its async all-gathers (0.19.8 and later,
+    DeepSpeed PR #8539); before, it waited on the last one only, which on gloo (CPU ranks, each gather on a
+    thread of its own) let a world of 2+ ranks read parameters before they arrived. installed: a version string
+    (default: the installed distribution's)."""
+    from packaging.version import Version
+
+    try:
+        v = installed or importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return Version(v) >= Version("0.19.8")
+
+
 def require_attr(obj, attr: str, symbol: str):
     """obj.attr, or PatchNotInForce naming the OpenRLHF `symbol` (renamed or removed upstream)."""
     try:

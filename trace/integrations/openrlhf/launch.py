@@ -126,7 +126,7 @@ def prepare_prompts(cfg: dict, out: Path, data: dict) -> tuple[str, str, str, in
 
 
 def build_argv(cfg: dict, out: Path, model_path: str, data: dict, gpus: int, zero_stage: int = 3,
-               colocate: bool | None = None, prompts: tuple | None = None) -> list[str]:
+               colocate: bool | None = None, prompts: tuple | None = None, ranks: int | None = None) -> list[str]:
     """TRACE's train_ppo_ray argv; `prompts` (prepare_prompts' answer) given: nothing is written."""
     prompts, input_key, label_key, longest = prompts or prepare_prompts(cfg, out, data)
     multi = cfg["task"]["name"] in MULTI_TURN_TASKS
@@ -135,7 +135,7 @@ def build_argv(cfg: dict, out: Path, model_path: str, data: dict, gpus: int, zer
                        reward_file=None if multi else str(REWARD_FILE),
                        agent_file=str(AGENT_FILE) if multi else None, gpus=gpus, input_key=input_key,
                        label_key=label_key, max_prompt_len=(longest + 2) if longest else 1024,
-                       zero_stage=zero_stage, colocate=colocate)
+                       zero_stage=zero_stage, colocate=colocate, ranks=ranks)
 
 
 def _run_openrlhf_main(argv: list[str], capture) -> None:
@@ -260,11 +260,12 @@ def check_patches(engines, policy) -> None:
 
 
 def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int, engine: str = "trace",
-                 zero_persistence: int | None = None, colocate: bool = True) -> None:
+                 zero_persistence: int | None = None, colocate: bool = True, ranks: int = 1) -> None:
     """Start Ray with the plugin in every process and run OpenRLHF's train_ppo_ray main here.
     engine "vllm" keeps OpenRLHF's vLLM engines (only our policy actor replaces OpenRLHF's).
     zero_persistence: DeepSpeed's stage3_param_persistence_threshold for the policy actor (None: OpenRLHF's).
-    colocate: the engines share the actors' GPUs (a fifth of one each); else each takes a GPU of its own."""
+    colocate: the engines share the actors' GPUs (a fifth of one each); else each takes a GPU of its own.
+    ranks: actor ranks on a CPU machine (Ray gets logical GPUs for them and the reference model's as many)."""
     os.environ[plugin.RUN_DIR_ENV] = str(out.resolve())
     plugin.setup()
     pypath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
@@ -274,7 +275,7 @@ def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int, engine: str =
     if gpus == 0:
         # threads per process: several OpenRLHF processes share the CPU cores
         env_vars["OMP_NUM_THREADS"] = str(cfg.get("threads") or 1)
-    logical = {} if gpus > 0 else {"num_gpus": 4, "num_cpus": max(8, os.cpu_count() or 1)}
+    logical = {} if gpus > 0 else {"num_gpus": max(4, 2 * ranks), "num_cpus": max(8, os.cpu_count() or 1)}
     ray.init(runtime_env={"env_vars": env_vars, "worker_process_setup_hook": f"{plugin.__name__}.setup"},
              include_dashboard=False, **logical)
     old = (orl_ray.create_vllm_engines, orl_actor.PolicyModelActor, sys.argv)
@@ -328,6 +329,9 @@ def main(argv=None) -> int:
     p.add_argument("--stage", choices=["rl", "sft", "eval"], default="rl")
     p.add_argument("--ckpt", help="checkpoint to evaluate (stage eval)")
     p.add_argument("--gpus", type=int, default=None, help="GPUs for the actor (default: all visible; 0 = CPU)")
+    p.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="on a CPU machine: N actor ranks (ZeRO data parallel over gloo, one of Ray's logical GPUs "
+                        "each; default 1), a small rehearsal of a multi-GPU run; on GPUs the ranks are --gpus")
     p.add_argument("--colocate", choices=["all", "none"], default=None,
                    help="all: engines, policy and reference share the actor GPUs (OpenRLHF's --train.colocate_all, "
                         "CUDA-IPC weight sync; the default on GPUs); none: every engine takes a GPU of its own "
@@ -360,6 +364,10 @@ def main(argv=None) -> int:
         return 2
     gpus = torch.cuda.device_count() if a.gpus is None else a.gpus
     colocate = (gpus > 0) if a.colocate is None else a.colocate == "all"
+    if gpus == 0 and (a.ranks or 1) > 1 and not guards.deepspeed_gathers_wait_all():
+        print("error: --ranks > 1 on a CPU needs DeepSpeed >= 0.19.8: earlier ZeRO-3 gathers over gloo wait on their "
+              "last all-gather only and read uninitialized parameters (DeepSpeed PR #8539)", file=sys.stderr)
+        return 2
     if a.engine == "vllm" and (cfg["rl"]["method"] != "bf16" or stand_ins.is_stand_in("vllm") or gpus == 0):
         # vLLM serves BF16 weights and records nothing: the FP4 arms' rollouts and TRACE's records
         # need our engine (docs/openrlhf.md, "vLLM instead of our engine")
@@ -371,7 +379,7 @@ def main(argv=None) -> int:
         # the user's flags against TRACE's before anything is written (paths are placeholders here)
         dest_of = openrlhf_dest_of()
         F.merge_user_flags(build_argv(cfg, out, "MODEL", data, gpus, a.zero_stage, colocate,
-                                      prompts=("P.jsonl", "input", "label", None)), user_flags, dest_of)
+                                      prompts=("P.jsonl", "input", "label", None), ranks=a.ranks), user_flags, dest_of)
     except (guards.HookError, F.FlagConflict, F.UnsupportedConfig) as e:
         print(f"error: {guards.one_line(e) or ' '.join(str(e).split())}", file=sys.stderr)
         return 2
@@ -381,13 +389,13 @@ def main(argv=None) -> int:
     rundir.prepare_run_dir(out, cfg, kind="rl-openrlhf")
     try:  # a resumed run must pass the same flags as it started with
         rundir.note_meta(out, "openrlhf_user_flags", user_flags)
-        rundir.note_meta(out, "openrlhf_launch", {"gpus": gpus, "colocate": colocate, "zero_stage": a.zero_stage,
-                                                  "engine": a.engine})
+        rundir.note_meta(out, "openrlhf_launch", {"gpus": gpus, "ranks": a.ranks or max(gpus, 1), "colocate": colocate,
+                                                  "zero_stage": a.zero_stage, "engine": a.engine})
     except C.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    argv_orl = F.merge_user_flags(build_argv(cfg, out, prepare_model(cfg, out), data, gpus, a.zero_stage, colocate),
-                                  user_flags, dest_of)
+    argv_orl = F.merge_user_flags(build_argv(cfg, out, prepare_model(cfg, out), data, gpus, a.zero_stage, colocate,
+                                             ranks=a.ranks), user_flags, dest_of)
     (out / "openrlhf_argv.json").write_text(json.dumps([F.MODULE, *argv_orl], indent=1) + "\n")
     print("[openrlhf] python -m " + " ".join([F.MODULE, *argv_orl]), flush=True)
     if a.dry_run:
@@ -395,7 +403,7 @@ def main(argv=None) -> int:
         (out / "openrlhf_args.json").write_text(json.dumps(flat_args(args), indent=1, sort_keys=True) + "\n")
         return 0
     try:
-        run_openrlhf(cfg, argv_orl, out, gpus, a.engine, a.zero_persistence_threshold, colocate)
+        run_openrlhf(cfg, argv_orl, out, gpus, a.engine, a.zero_persistence_threshold, colocate, a.ranks or 1)
     except KeyboardInterrupt:
         return rundir.report_interrupt(f"interrupted; rerun the same command to resume from the last DeepSpeed "
                                        f"checkpoint under {out / 'ckpt' / 'deepspeed'}")
