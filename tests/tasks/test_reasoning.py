@@ -104,3 +104,14 @@ def test_gold_from_a_loaded_example_without_steps():
     ex = t.make_split("train", 1, seed=2)[0]
     bare = Example(ex.prompt, ex.label, ex.datasource, {"expr": ex.meta["expr"]})
     assert t.sft_target(bare) == t.sft_target(ex)
+
+
+def test_knobs_override_the_difficulty_preset_one_by_one():
+    from trace.tasks.reasoning import PRESETS
+
+    t = get_task("reasoning", difficulty="hard", max_value=7)
+    assert t.max_value == 7 and (t.min_operands, t.max_operands) == (PRESETS["hard"]["min_operands"],
+                                                                      PRESETS["hard"]["max_operands"])
+    assert (get_task("reasoning", n_operands=3).min_operands, get_task("reasoning", n_operands=3).max_operands) == (3, 3)
+    with pytest.raises(ValueError, match="difficulty must be one of"):
+        get_task("reasoning", difficulty="impossible")

@@ -178,6 +178,14 @@ class Task:
         return [self.score(e, r) for e, r in zip(examples, responses, strict=True)]
 
 
+def preset(presets: dict[str, dict], difficulty: str, **given) -> dict:
+    """The knobs of `presets[difficulty]` with each of `given` that is not None in its place (a task's constructor
+    arguments override its difficulty preset one by one)."""
+    if difficulty not in presets:
+        raise ValueError(f"difficulty must be one of {sorted(presets)}, got {difficulty!r}")
+    return {**presets[difficulty], **{k: v for k, v in given.items() if v is not None}}
+
+
 def first_line(response: str) -> str:
     return response.split("\n", 1)[0]
 

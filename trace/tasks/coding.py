@@ -34,7 +34,7 @@ import functools
 import json
 import random
 
-from trace.tasks.base import Example, Task, first_line, register
+from trace.tasks.base import Example, Task, first_line, preset, register
 from trace.tasks.sandbox import run_many
 
 PROMPT_SUFFIX = "def f(x): return"
@@ -188,17 +188,13 @@ class CodingTask(Task):
         val_fraction: float = 0.1,
     ):
         super().__init__(test_fraction, val_fraction)
-        if difficulty not in PRESETS:
-            raise ValueError(f"difficulty must be one of {sorted(PRESETS)}, got {difficulty!r}")
-        p = PRESETS[difficulty]
-        fams = families if families is not None else p["families"]
+        p = preset(PRESETS, difficulty, families=families, coef_max=coef_max, n_shown=n_shown, x_max=x_max)
+        fams = p["families"]
         self.families = (fams,) if isinstance(fams, str) else tuple(fams)
         for fam in self.families:
             if fam not in FAMILIES:
                 raise ValueError(f"unknown family {fam!r}; known: {FAMILIES}")
-        self.coef_max = int(coef_max if coef_max is not None else p["coef_max"])
-        self.n_shown = int(n_shown if n_shown is not None else p["n_shown"])
-        self.x_max = int(x_max if x_max is not None else p["x_max"])
+        self.coef_max, self.n_shown, self.x_max = int(p["coef_max"]), int(p["n_shown"]), int(p["x_max"])
         self.n_hidden = int(n_hidden)
         self.hidden_max = int(hidden_max)
         self.partial_credit = bool(partial_credit)

@@ -33,7 +33,7 @@ import math
 import random
 from typing import Callable
 
-from trace.tasks.base import Example, Task, first_line, register
+from trace.tasks.base import Example, Task, first_line, preset, register
 
 PRESETS = {
     "easy": dict(width=7, max_turns=4, offset_max=40),
@@ -168,12 +168,8 @@ class LongHorizonTask(Task):
         val_fraction: float = 0.1,
     ):
         super().__init__(test_fraction, val_fraction)
-        if difficulty not in PRESETS:
-            raise ValueError(f"difficulty must be one of {sorted(PRESETS)}, got {difficulty!r}")
-        p = PRESETS[difficulty]
-        self.width = int(width if width is not None else p["width"])
-        self.max_turns = int(max_turns if max_turns is not None else p["max_turns"])
-        self.offset_max = int(offset_max if offset_max is not None else p["offset_max"])
+        p = preset(PRESETS, difficulty, width=width, max_turns=max_turns, offset_max=offset_max)
+        self.width, self.max_turns, self.offset_max = int(p["width"]), int(p["max_turns"]), int(p["offset_max"])
         self.shaping = float(shaping)
         if self.width < 2:
             raise ValueError("width must be >= 2")

@@ -37,7 +37,7 @@ from __future__ import annotations
 import random
 import re
 
-from trace.tasks.base import Example, Task, first_line, register
+from trace.tasks.base import Example, Task, first_line, preset, register
 
 SHORT_PRESETS = {
     "easy": dict(n_operands=2, max_value=9, ops="+-"),
@@ -145,15 +145,12 @@ class ReasoningTask(Task):
         val_fraction: float = 0.1,
     ):
         super().__init__(test_fraction, val_fraction)
-        if difficulty not in PRESETS:
-            raise ValueError(f"difficulty must be one of {sorted(PRESETS)}, got {difficulty!r}")
-        p = PRESETS[difficulty]
         if n_operands is not None:
             min_operands = max_operands = n_operands
-        self.min_operands = int(min_operands if min_operands is not None else p["min_operands"])
-        self.max_operands = int(max_operands if max_operands is not None else p["max_operands"])
-        self.max_value = int(max_value if max_value is not None else p["max_value"])
-        self.ops = ops if ops is not None else p["ops"]
+        p = preset(PRESETS, difficulty, min_operands=min_operands, max_operands=max_operands, max_value=max_value,
+                   ops=ops)
+        self.min_operands, self.max_operands = int(p["min_operands"]), int(p["max_operands"])
+        self.max_value, self.ops = int(p["max_value"]), p["ops"]
         if not 2 <= self.min_operands <= self.max_operands:
             raise ValueError(f"need 2 <= min_operands <= max_operands, got {self.min_operands}, {self.max_operands}")
         _check_ops(self.ops, self.max_value)
@@ -196,12 +193,8 @@ class ShortReasoningTask(Task):
         val_fraction: float = 0.1,
     ):
         super().__init__(test_fraction, val_fraction)
-        if difficulty not in SHORT_PRESETS:
-            raise ValueError(f"difficulty must be one of {sorted(SHORT_PRESETS)}, got {difficulty!r}")
-        p = SHORT_PRESETS[difficulty]
-        self.n_operands = int(n_operands if n_operands is not None else p["n_operands"])
-        self.max_value = int(max_value if max_value is not None else p["max_value"])
-        self.ops = ops if ops is not None else p["ops"]
+        p = preset(SHORT_PRESETS, difficulty, n_operands=n_operands, max_value=max_value, ops=ops)
+        self.n_operands, self.max_value, self.ops = int(p["n_operands"]), int(p["max_value"]), p["ops"]
         if self.n_operands < 2:
             raise ValueError("n_operands must be >= 2")
         _check_ops(self.ops, self.max_value)
