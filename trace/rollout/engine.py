@@ -136,12 +136,15 @@ class RolloutEngine:
         self.single_turn_path = True  # calls without env run `SingleTurnLoop`; off: the general loop (tests compare)
 
     # ------------------------------------------------------------------------------ weights
-    def sync_weights(self, model_or_state_dict) -> None:
+    def sync_weights(self, model_or_state_dict, inv_freq: torch.Tensor | None = None) -> None:
         """(Re)load the policy's weights; in w4a4 mode re-quantize them from the master weights. A later sync
         copies the new values into the tensors the engine already holds (`weights.copy_into`), so the kept KV
         cache and decode graphs, which read the weights by address, stay valid and the next generate call
-        replays them instead of capturing new ones; a sync whose tensors differ in shape or kind starts over."""
-        weights = EngineWeights.load(self.arch, model_or_state_dict, self.mode, self.fmt, self.dtype, self.device)
+        replays them instead of capturing new ones; a sync whose tensors differ in shape or kind starts over.
+        inv_freq: the RoPE frequencies for a state dict (which carries parameters only; default: computed from
+        the config), e.g. the first synced model's own buffer, which a BF16 model holds BF16-rounded."""
+        weights = EngineWeights.load(self.arch, model_or_state_dict, self.mode, self.fmt, self.dtype, self.device,
+                                     inv_freq)
         if self.fwd is not None:
             path = None if self.fwd.fast is None else fast.TritonPath.build(weights, self.batch_invariant)
             old_path = None if self.fwd.fast is None else (self.fwd.fast.dense, self.fwd.fast.moe)

@@ -95,13 +95,16 @@ class EngineWeights:
     fp4: dict[str, fp4.FP4Tensor] = field(default_factory=dict)  # HF name -> FP4 weight (w4a4)
 
     @staticmethod
-    def load(arch: Arch, source, mode: str, fmt: str, dtype: torch.dtype, device) -> "EngineWeights":
+    def load(arch: Arch, source, mode: str, fmt: str, dtype: torch.dtype, device,
+             inv_freq: torch.Tensor | None = None) -> "EngineWeights":
+        """inv_freq: the RoPE frequencies (default: the model's own buffer, or for a state dict, which carries
+        parameters only, computed from the config as transformers does)."""
         if isinstance(source, torch.nn.Module):
             sd = dict(source.state_dict())
             rot = getattr(getattr(source, "model", None), "rotary_emb", None)
-            inv_freq = getattr(rot, "inv_freq", None)
+            inv_freq = getattr(rot, "inv_freq", None) if inv_freq is None else inv_freq
         elif isinstance(source, dict):
-            sd, inv_freq = source, None
+            sd = source
         else:
             raise TypeError(f"sync_weights takes a transformers model or a state_dict, got {type(source).__name__}")
 

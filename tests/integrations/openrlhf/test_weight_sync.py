@@ -34,20 +34,26 @@ def test_broadcast_sync_requantizes_once(tmp_path):
     save_checkpoint(build_model("qwen3_moe-tiny", seed=0), build_tokenizer(), tmp_path)
     eng = TraceRolloutEngine(str(tmp_path), C.load_config(None, ["model=qwen3_moe-tiny", "rl.method=trace"]),
                              remote_rm_url=None)
-    # the trainer's next weights: another init, in BF16 as DeepSpeed holds them
-    trainer = build_model("qwen3_moe-tiny", seed=1).to(torch.bfloat16)
-    params = list(trainer.named_parameters())
+    # the RoPE buffer of the model the engine loaded, here as a model cast to BF16 holds it (BF16-rounded), so that it
+    # differs from what a state dict's sync would compute from the config
+    rope = eng.engine.weights.inv_freq.to(torch.bfloat16).float()
+    assert not torch.equal(rope, eng.engine.weights.inv_freq)
+    eng._inv_freq = rope.clone()
     port = _free_port()
     t = _in_thread(eng.init_process_group, "127.0.0.1", port, 1, 2, "openrlhf", backend="gloo", use_ray=False)
     comm = PyNcclCommunicator(StatelessProcessGroup.create("127.0.0.1", port, 0, 2), torch.device("cpu"))
     t.join()
-    for i, (name, p) in enumerate(params):
-        t = _in_thread(eng.update_weight, name, p.dtype, p.shape, empty_cache=i == len(params) - 1)
-        comm.broadcast(p.data, src=0)
-        t.join()
-        assert eng.syncs == (1 if i == len(params) - 1 else 0)  # re-quantized once, at the last one
-    codes = eng.fp4_weights()
-    assert len(codes) > 0
-    sd = dict(params)
-    for name, c in codes.items():
-        assert torch.equal(c, fp4.quantize_weight(sd[name].detach(), "nvfp4").codes), name
+    # the trainer's next weights, twice: other inits, in BF16 as DeepSpeed holds them
+    for sync, seed in enumerate((1, 2), start=1):
+        params = list(build_model("qwen3_moe-tiny", seed=seed).to(torch.bfloat16).named_parameters())
+        for i, (name, p) in enumerate(params):
+            t = _in_thread(eng.update_weight, name, p.dtype, p.shape, empty_cache=i == len(params) - 1)
+            comm.broadcast(p.data, src=0)
+            t.join()
+            assert eng.syncs == sync - 1 + (i == len(params) - 1)  # re-quantized once per sync, at the last one
+        codes = eng.fp4_weights()
+        assert len(codes) > 0
+        sd = dict(params)
+        for name, c in codes.items():
+            assert torch.equal(c, fp4.quantize_weight(sd[name].detach(), "nvfp4").codes), name
+        assert torch.equal(eng.engine.weights.inv_freq, rope)  # a sync carries parameters only: RoPE stays the model's

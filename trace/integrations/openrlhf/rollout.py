@@ -138,7 +138,7 @@ class TraceRolloutEngine:
         self.engine = RolloutEngine(model.config, mode=self.arm.engine_mode, fmt=self.rl["fmt"],
                                     kv_fp4=self.arm.kv_fp4, dtype=torch.bfloat16, device=self.device)
         self.engine.sync_weights(model)
-        self._inv_freq = self.engine.weights.inv_freq  # the HF RoPE buffer: a sync carries parameters only
+        self._inv_freq = self.engine.weights.inv_freq.clone()  # the HF RoPE buffer: a sync carries parameters only
         self.num_layers = model.config.num_hidden_layers
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
         del model
@@ -360,8 +360,7 @@ class TraceRolloutEngine:
         sd = dict(self._pending)
         if "lm_head.weight" not in sd and self._tied:
             sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
-        self.engine.sync_weights(sd)
-        self.engine.weights.inv_freq = self._inv_freq
+        self.engine.sync_weights(sd, inv_freq=self._inv_freq)
         self._pending = {}
         self.syncs += 1
         self.last_sync = {"params": len(sd), "seconds": time.perf_counter() - t0}
