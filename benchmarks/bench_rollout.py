@@ -10,6 +10,8 @@ projections up to their crossover sizes, the same codes on BF16 GEMMs above, tra
 `engine-w4a4-kv4-kernels` (the Triton path with the FP4 kernels at every size: TRACE_FP4_CROSSOVER=inf,inf);
 `engine-w4a4-kv4-tritonattn` (the Triton path with the Triton decode attention, kernels/attention.py, in place of the
 default register-operand one, kernels/attention_mma.py: TRACE_FP4_ATTN=triton);
+`engine-w4a4-kv4-bi` (the batch-invariant mode of the exact on-policy arm: every op of every chunk on
+`kernels.batch_invariant`, `RolloutEngine(batch_invariant=True)`; on a CPU only under TRITON_INTERPRET=1);
 `engine-bf16-eager` (no CUDA graphs, to show what they are worth); `engine-w4a4-kv4-record` (what a TRACE
 rollout costs: the engine the RL trainer builds (on a GPU the Triton kernels of the FP4 arms, recording
 the codes they quantize; on a CPU the torch path), every call recording trace's guidance record, the
@@ -60,7 +62,8 @@ from trace.models import build_config, get_spec  # noqa: E402
 from trace.rollout import RolloutEngine  # noqa: E402
 
 PROVIDERS = ("engine-bf16", "engine-w4a4", "engine-w4a4-kv4", "engine-w4a4-triton", "engine-w4a4-kv4-triton",
-             "engine-w4a4-kv4-kernels", "engine-w4a4-kv4-tritonattn", "engine-w4a4-kv4-record", "engine-bf16-eager", "hf-bf16")
+             "engine-w4a4-kv4-kernels", "engine-w4a4-kv4-tritonattn", "engine-w4a4-kv4-record", "engine-w4a4-kv4-bi",
+             "engine-bf16-eager", "hf-bf16")
 def build(name: str, layers: int, device, dtype, hf_experts: str, max_len: int):
     if name == "qwen3_30b_a3b":
         cfg = build_config("qwen3_moe-paper", num_hidden_layers=layers, max_position_embeddings=max(max_len, 4096),
@@ -89,14 +92,15 @@ def engine_kwargs(prov: str) -> dict:
     """engine-<bf16|w4a4>[-kv4][-triton|-eager|-record]: mode, FP4 KV cache, FP4 compute backend (torch =
     FP4 weights dequantized to BF16 at sync + per-row FP4 activation quant + BF16 GEMMs, i.e. the same
     codes on BF16 tensor cores; triton = the FP4 kernels of kernels/; -record = the engine's default, the
-    kernels on a GPU and the torch path on a CPU, as the RL trainer builds it), CUDA graphs (off for -eager).
+    kernels on a GPU and the torch path on a CPU, as the RL trainer builds it), CUDA graphs (off for -eager), the
+    batch-invariant mode (-bi, on the Triton kernels).
     engine-bf16 is the BF16 engine as the trainer builds it ("auto"): on a GPU with the fused norms, routing and
     sampling that the FP4 modes use too, so the ratio is FP4's alone."""
     bf16 = prov.startswith("engine-bf16")
     return dict(mode="bf16" if bf16 else "w4a4", kv_fp4="-kv4" in prov,
-                fp4_backend="triton" if prov.endswith(("-triton", "-kernels", "-tritonattn"))
+                fp4_backend="triton" if prov.endswith(("-triton", "-kernels", "-tritonattn", "-bi"))
                 else "auto" if bf16 or prov.endswith("-record") else "torch",
-                cuda_graphs=not prov.endswith("-eager"))
+                cuda_graphs=not prov.endswith("-eager"), batch_invariant=prov.endswith("-bi"))
 
 
 def recorder_for(prov: str, model):

@@ -111,3 +111,22 @@ def test_breakdown_prompts_reach_the_mean_context():
     ext = bench.extend_prompts([[1, 2, 3], [4]], 5)
     assert ext == [[1, 2, 3, 1, 2, 3, 1, 2], [4, 4, 4, 4, 4, 4]]
     assert bench.extend_prompts([[7, 8]], 0) == [[7, 8]]
+
+
+@pytest.mark.slow
+def test_batch_invariant_provider_runs_the_exact_arms_engine(tmp_path):
+    """engine-w4a4-kv4-bi: the engine of the exact on-policy arm (batch-invariant kernels for every op), timed beside
+    the default FP4 engine; here in Triton's interpreter, so only that it runs in that mode and writes its row."""
+    import csv
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1 (tests/conftest.py sets it without a GPU)")
+    assert bench.engine_kwargs("engine-w4a4-kv4-bi") == dict(mode="w4a4", kv_fp4=True, fp4_backend="triton",
+                                                             cuda_graphs=True, batch_invariant=True)
+    assert not bench.engine_kwargs("engine-w4a4-kv4-triton")["batch_invariant"]
+    out = tmp_path / "r.csv"
+    bench.main(["--models", "qwen3_moe-tiny", "--batch", "2", "--prompt", "4", "--gen", "3", "--device", "cpu",
+                "--providers", "engine-bf16", "engine-w4a4-kv4-bi", "--out", str(out)])
+    rows = {r["provider"]: r for r in csv.DictReader(out.open())}
+    assert set(rows) == {"engine-bf16", "engine-w4a4-kv4-bi"} and float(rows["engine-w4a4-kv4-bi"]["tokens_per_s"]) > 0
