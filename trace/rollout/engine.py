@@ -145,20 +145,23 @@ class RolloutEngine:
         the config), e.g. the first synced model's own buffer, which a BF16 model holds BF16-rounded."""
         weights = EngineWeights.load(self.arch, model_or_state_dict, self.mode, self.fmt, self.dtype, self.device,
                                      inv_freq)
-        if self.fwd is not None:
-            path = None if self.fwd.fast is None else fast.TritonPath.build(weights, self.batch_invariant)
-            old_path = None if self.fwd.fast is None else (self.fwd.fast.dense, self.fwd.fast.moe)
-            if copy_into((self.weights, old_path), (weights, None if path is None else (path.dense, path.moe))):
-                return
+        path = None
+        if self.batch_invariant or (self.mode == "w4a4" and self.fmt == "nvfp4"
+                                    and fast.available(self.device, self.dtype, self.fp4_backend)):
+            path = fast.TritonPath.build(weights, self.batch_invariant)
+
+        def held(p):  # the kernels' prepared weights of a Triton path
+            return None if p is None else (p.dense, p.moe)
+
+        if self.fwd is not None and copy_into((self.weights, held(self.fwd.fast)), (weights, held(path))):
+            return
         self._kept = None  # captured graphs point at the old weight tensors
         self.weights = weights
         self.fwd = EngineForward(self.weights, mode=self.mode, fmt=self.fmt, dtype=self.dtype)
         self.fwd.fused = fast.fused_ops(self.device, self.dtype, self.fp4_backend)
         if self.batch_invariant:
             self.fwd.batch_invariant()
-        if self.batch_invariant or (self.mode == "w4a4" and self.fmt == "nvfp4"
-                                    and fast.available(self.device, self.dtype, self.fp4_backend)):
-            path = fast.TritonPath.build(self.weights, self.batch_invariant)
+        if path is not None:
             if self.device.type == "cuda" and not self._fast_checked:  # once per engine: shapes do not change
                 path.self_test(self.weights, self.dtype, self.device)
                 self._fast_checked = True

@@ -114,11 +114,12 @@ class EngineWeights:
                 raise KeyError(f"weight {name!r} missing from the given model/state_dict")
             return t
 
-        def dense(t):  # the engine owns its tensors (a later sync copies into them): never the source's own
-            if t is None:
-                return None
-            out = t.detach().to(device=device, dtype=dtype).contiguous()
+        def own(t, dt):  # the engine owns its tensors (a later sync copies into them): never the source's own
+            out = t.detach().to(device=device, dtype=dt).contiguous()
             return out.clone() if out.data_ptr() == t.data_ptr() else out
+
+        def dense(t):
+            return None if t is None else own(t, dtype)
 
         fp4w: dict[str, fp4.FP4Tensor] = {}
         layers = []
@@ -148,7 +149,7 @@ class EngineWeights:
         if inv_freq is None:
             d = arch.head_dim
             inv_freq = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float) / d))
-        inv_freq = inv_freq.detach().to(device=device, dtype=torch.float32).clone()
+        inv_freq = own(inv_freq, torch.float32)
         return EngineWeights(arch, dense(get("model.embed_tokens.weight")), dense(get("model.norm.weight")),
                              dense(get("lm_head.weight")), layers, inv_freq, fp4w)
 

@@ -364,7 +364,8 @@ def main(argv=None) -> int:
         return 2
     gpus = torch.cuda.device_count() if a.gpus is None else a.gpus
     colocate = (gpus > 0) if a.colocate is None else a.colocate == "all"
-    if gpus == 0 and (a.ranks or 1) > 1 and not guards.deepspeed_gathers_wait_all():
+    ranks = a.ranks or max(gpus, 1)  # actor ranks (build_argv refuses a --ranks other than the GPUs)
+    if gpus == 0 and ranks > 1 and not guards.deepspeed_gathers_wait_all():
         print("error: --ranks > 1 on a CPU needs DeepSpeed >= 0.19.8: earlier ZeRO-3 gathers over gloo wait on their "
               "last all-gather only and read uninitialized parameters (DeepSpeed PR #8539)", file=sys.stderr)
         return 2
@@ -389,7 +390,7 @@ def main(argv=None) -> int:
     rundir.prepare_run_dir(out, cfg, kind="rl-openrlhf")
     try:  # a resumed run must pass the same flags as it started with
         rundir.note_meta(out, "openrlhf_user_flags", user_flags)
-        rundir.note_meta(out, "openrlhf_launch", {"gpus": gpus, "ranks": a.ranks or max(gpus, 1), "colocate": colocate,
+        rundir.note_meta(out, "openrlhf_launch", {"gpus": gpus, "ranks": ranks, "colocate": colocate,
                                                   "zero_stage": a.zero_stage, "engine": a.engine})
     except C.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -403,7 +404,7 @@ def main(argv=None) -> int:
         (out / "openrlhf_args.json").write_text(json.dumps(flat_args(args), indent=1, sort_keys=True) + "\n")
         return 0
     try:
-        run_openrlhf(cfg, argv_orl, out, gpus, a.engine, a.zero_persistence_threshold, colocate, a.ranks or 1)
+        run_openrlhf(cfg, argv_orl, out, gpus, a.engine, a.zero_persistence_threshold, colocate, ranks)
     except KeyboardInterrupt:
         return rundir.report_interrupt(f"interrupted; rerun the same command to resume from the last DeepSpeed "
                                        f"checkpoint under {out / 'ckpt' / 'deepspeed'}")
