@@ -37,6 +37,15 @@ NVFP4_BLOCK = 16
 MXFP4_BLOCK = 32
 CAP = 1.0  # trace/guidance/align.py's CAP (asserted equal by tests/kernels/test_align_kernel.py)
 _R_MIN = 1e-30  # scale_terms' clamp of the row amax
+# torch's fp32 division is correctly rounded and its products and sums are never contracted into FMAs; Triton's
+# `/` on a GPU is an approximate division (div.full.f32) and its compiler fuses a*b + c into one FMA by default.
+# So every division here is div_rn and every launch turns FP fusion off: the oracle's operations, bit for bit.
+LAUNCH = dict(enable_fp_fusion=False)
+
+
+@triton.jit
+def _div(a, b):
+    return tl.math.div_rn(a, b)
 
 
 @triton.jit
@@ -57,10 +66,10 @@ def _block_div(sb, NV: tl.constexpr):
 def _codes_part(x, sdiv, zero, s_enc, own, tgt, valid, margin, NV: tl.constexpr):
     """The codes part of a tile x [NB, B] (fp32): (v, up, flipped, gap, d, r); the hinge is r^2 where flipped."""
     if NV:
-        v = x * s_enc / sdiv
+        v = _div(x * s_enc, sdiv)
         v = tl.where(zero, 0.0, v)
     else:
-        v = x / sdiv
+        v = _div(x, sdiv)
     a = tl.abs(v)
     om = own.to(tl.int32) & 7
     tm = tgt.to(tl.int32) & 7
@@ -70,9 +79,9 @@ def _codes_part(x, sdiv, zero, s_enc, own, tgt, valid, margin, NV: tl.constexpr)
     nb = tl.where(flipped, nb, tl.where(tm == 7, tm - 1, tm + 1))
     gt = e2m1_grid(tm)
     gn = e2m1_grid(nb)
-    edge = (gt + gn) / 2.0
+    edge = _div(gt + gn, 2.0)
     gap = tl.abs(gt - gn)
-    d = tl.where(up, a - edge, edge - a) / gap
+    d = _div(tl.where(up, a - edge, edge - a), gap)
     r = tl.maximum(margin - tl.maximum(d, -1.0), 0.0)
     return v, up, flipped, gap, d, r
 
@@ -82,7 +91,7 @@ def _scales_part(ax, R, ob, tb, bvalid, margin):
     """The scale part of a tile's |x| [NB, 16] under the row amax R (clamped): (amax per block, u, up,
     flipped, gap, d, r) per block [NB]."""
     A = tl.max(ax, axis=1)
-    u = (448.0 * A) / R
+    u = _div(448.0 * A, R)
     ob = ob.to(tl.int32)
     tb = tb.to(tl.int32)
     fl = (ob != tb) & bvalid
@@ -91,9 +100,9 @@ def _scales_part(ax, R, ob, tb, bvalid, margin):
     nb = tl.where(fl, nb, tl.where(tb > 0, tb - 1, tb + 1))
     vt = e4m3_value(tb.to(tl.uint8))
     vn = e4m3_value(nb.to(tl.uint8))
-    edge = (vt + vn) / 2.0
+    edge = _div(vt + vn, 2.0)
     gap = tl.where(fl, tl.abs(vt - vn), 1.0)
-    d = tl.where(up, u - edge, edge - u) / gap
+    d = _div(tl.where(up, u - edge, edge - u), gap)
     r = tl.maximum(margin - tl.maximum(d, -1.0), 0.0)
     return A, u, up, fl, gap, d, r
 
@@ -120,7 +129,7 @@ def _chunk_codes(x_ptr, s_ptr, own_ptr, tgt_ptr, row, c, K, KB, bo, eo, s_enc, m
 def _hinge_grad(gout, up, act, gap, r):
     """d(hinge)/d(the unrounded value), in the order torch's autograd takes it: pow, relu, rsub, clamp, div,
     where(up)."""
-    g5 = -(gout * (2.0 * r)) / gap
+    g5 = _div(-(gout * (2.0 * r)), gap)
     return tl.where(act, tl.where(up, g5, -g5), 0.0)
 
 
@@ -171,7 +180,7 @@ def _fwd_kernel(x_ptr, s_ptr, o_ptr, own_ptr, tgt_ptr, os_ptr, ts_ptr,
             hs += tl.where(sfl, sr * sr, 0.0)
             fs += sfl.to(tl.int32)
             gu = _hinge_grad(1.0, sup, sfl & (sr > 0.0) & (sd >= -1.0), sgap, sr)
-            pp += -gu * (u / R)  # the row amax's share per unit upstream gradient (torch's div backward)
+            pp += -gu * _div(u, R)  # the row amax's share per unit upstream gradient (torch's div backward)
             cr += ((A == R_raw) & bvalid).to(tl.int32)
     tl.store(hc_ptr + row, tl.sum(hc, axis=0))
     tl.store(fc_ptr + row, tl.sum(fc, axis=0))
@@ -202,26 +211,26 @@ def _bwd_kernel(x_ptr, s_ptr, o_ptr, own_ptr, tgt_ptr, os_ptr, ts_ptr, rr_ptr, p
         gout_s = tl.load(gs_ptr)
         R_raw = tl.load(rr_ptr + row)
         R = tl.maximum(R_raw, 1e-30)
-        g_row = tl.where(R_raw >= 1e-30, (gout_s * tl.load(p_ptr + row)) / tl.load(cr_ptr + row).to(tl.float32), 0.0)
+        g_row = tl.where(R_raw >= 1e-30, _div(gout_s * tl.load(p_ptr + row), tl.load(cr_ptr + row).to(tl.float32)), 0.0)
     for c in range(NCH):
         blk, bvalid, offs, valid, x, sdiv, zero, v, up, flipped, gap, d, r = _chunk_codes(
             x_ptr, s_ptr, own_ptr, tgt_ptr, row, c, K, KB, bo, eo, s_enc, margin, NV, NB, B)
         ga = _hinge_grad(gout_c, up, flipped & (r > 0.0) & (d >= -1.0), gap, r)
         gv = ga * tl.where(v > 0.0, 1.0, tl.where(v < 0.0, -1.0, 0.0))  # abs backward: grad * sgn(v)
         if NV:
-            g = (tl.where(zero, 0.0, gv) / sdiv) * s_enc
+            g = _div(tl.where(zero, 0.0, gv), sdiv) * s_enc
         else:
-            g = gv / sdiv
+            g = _div(gv, sdiv)
         if SCALES:
             ax = tl.abs(x)
             ob = tl.load(os_ptr + row * KB + blk, mask=bvalid, other=0)
             tb = tl.load(ts_ptr + row * KB + blk, mask=bvalid, other=0)
             A, u, sup, sfl, sgap, sd, sr = _scales_part(ax, R, ob, tb, bvalid, margin)
             gu = _hinge_grad(gout_s, sup, sfl & (sr > 0.0) & (sd >= -1.0), sgap, sr)
-            gA = (gu / R) * 448.0 + tl.where(A == R_raw, g_row, 0.0)
+            gA = _div(gu, R) * 448.0 + tl.where(A == R_raw, g_row, 0.0)
             at = (ax == A[:, None]) & valid  # amax backward: shared evenly by the elements reaching it
             cnt = tl.sum(at.to(tl.int32), axis=1).to(tl.float32)
-            gs = tl.where(at, (gA / tl.maximum(cnt, 1.0))[:, None], 0.0)
+            gs = tl.where(at, _div(gA, tl.maximum(cnt, 1.0))[:, None], 0.0)
             gs = gs * tl.where(x > 0.0, 1.0, tl.where(x < 0.0, -1.0, 0.0))
             g = round_as(round_as(g, gx_ptr, INTERP) + round_as(gs, gx_ptr, INTERP), gx_ptr, INTERP)
         else:
@@ -266,7 +275,7 @@ class _AlignmentSite(torch.autograd.Function):
         nv, nb = fmt == "nvfp4", _nb(K, B)
         if M:
             _fwd_kernel[(M,)](*args, hc, fc, hs, fs, rr, p, cr, K, float(margin),
-                              NV=nv, SCALES=with_scales, NB=nb, B=B, NCH=triton.cdiv(K, nb * B), num_warps=4)
+                              NV=nv, SCALES=with_scales, NB=nb, B=B, NCH=triton.cdiv(K, nb * B), num_warps=4, **LAUNCH)
         # per-row numbers of the scale part, O(rows): the backward's row amax and its gradient share
         ctx.save_for_backward(*args, rr, p, cr)
         ctx.meta = (x.shape, x.dtype, nv, with_scales, float(margin), M, K, B, nb)
@@ -288,7 +297,7 @@ class _AlignmentSite(torch.autograd.Function):
         if M:
             _bwd_kernel[(M,)](x, scales, outer, own, target, own_scales, target_scales, rr, p, cr, gc, gs, gx, K,
                               margin, NV=nv, SCALES=with_scales, NB=nb, B=B,
-                              NCH=triton.cdiv(K, nb * B), INTERP=INTERPRET, num_warps=4)
+                              NCH=triton.cdiv(K, nb * B), INTERP=INTERPRET, num_warps=4, **LAUNCH)
         return gx.reshape(shape), None, None, None, None, None, None, None, None, None
 
 

@@ -214,3 +214,24 @@ def test_kernels_compile_for_sm90():
     for name, sig, extra in (("_fwd_kernel", fwd, {}), ("_bwd_kernel", bwd, {"INTERP": False})):
         n = compile_sm90("kernels.align", name, sig, {**cst, **extra}, ("ld.global",), 4, wide=("K",))
         assert n["ld.global"] > 0, (name, n)
+
+
+def test_kernels_divide_correctly_rounded_and_never_fuse():
+    """What the interpreter cannot show: on a GPU, Triton's fp32 `/` is an approximate division and its compiler
+    contracts a*b + c into one FMA, where torch rounds each operation. The bit-equal gradients above hold on a GPU
+    only if every division in the kernels is div_rn and every launch passes enable_fp_fusion=False."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(kalign))
+    jitted = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+              and any("jit" in ast.unparse(d) for d in f.decorator_list)]
+    assert len(jitted) >= 6
+    for f in jitted:
+        divs = [ast.unparse(n) for n in ast.walk(f) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)]
+        assert not divs, (f.name, divs)
+    launches = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)]
+    assert len(launches) == 2
+    for call in launches:
+        assert any(k.arg is None and ast.unparse(k.value) == "LAUNCH" for k in call.keywords), ast.unparse(call)
+    assert kalign.LAUNCH == {"enable_fp_fusion": False}
