@@ -16,9 +16,11 @@
 # OUT), the pytest log in $OUT/gpu_tests.log; the callers put that line in their output (and
 # profile_chunk.sh in every run's meta.json, env TRACE_GPU_TESTS).
 set -uo pipefail
-FILES=(tests/kernels tests/rollout/test_gpu.py tests/rollout/test_fast.py tests/rl/test_steps.py
-       tests/qat/test_patch.py tests/test_sft.py tests/fp4/test_kernel_path.py
-       tests/rollout/test_batch_invariant_engine.py tests/rl/test_exact_arm.py tests/rollout/test_step_record_sinks.py)
+# Each directory's files stand together: the GPU image's pytest left tests/rl/conftest.py out of force for
+# tests/rl/test_exact_arm.py when tests/rl/ came back after other directories ("fixture 'sft_ckpt' not found").
+FILES=(tests/kernels tests/fp4/test_kernel_path.py tests/qat/test_patch.py tests/rl/test_steps.py
+       tests/rl/test_exact_arm.py tests/rollout/test_gpu.py tests/rollout/test_fast.py
+       tests/rollout/test_batch_invariant_engine.py tests/rollout/test_step_record_sinks.py tests/test_sft.py)
 FAST_K="gpu or kernel_path or mma or decodes or plain_variant or stable_sort or pads_per_expert or decoded_activation \
 or fake_tile or tma or fma or register_cap or dot_order or sampl or self_test or recording or sm90 or routing or gemv \
 or ptx or record_rows"

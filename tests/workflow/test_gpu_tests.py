@@ -35,6 +35,13 @@ def test_the_suite_holds_every_test_file_with_a_cuda_only_path():
     assert not gpu_only - suite, f"GPU-only test files missing from gpu_tests.sh: {sorted(gpu_only - suite)}"
 
 
+def test_each_directory_of_the_suite_is_listed_in_one_stretch():
+    """A directory whose files come back after another directory's lost its conftest.py on the GPU image's pytest."""
+    dirs = [str(Path(e).parent) if e.endswith(".py") else e for e in _list()]
+    stretches = [d for i, d in enumerate(dirs) if i == 0 or d != dirs[i - 1]]
+    assert len(stretches) == len(set(stretches)), dirs
+
+
 def test_the_fast_subset_selects_tests_of_every_file():
     listed = _list("fast")
     files, k = listed[:-1], listed[-1]
