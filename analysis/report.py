@@ -178,16 +178,16 @@ def engine_speed(rollout_csv: str = "results/rollout/rollout.csv") -> str:
         return ""
     last = df.iloc[-1]
     run = df[df["version"] == last["version"]]  # the newest benchmark version; per row its newest commit with both
-    lines = ["| layer shape | batch | generated tokens | BF16 tok/s | FP4 tok/s | FP4 / BF16 | commit |",
-             "|---|---|---|---|---|---|---|"]
-    for (shape, batch, gen), g in run.groupby(["shape", "batch", "gen"], sort=True):
+    lines = ["| layer shape | batch | prompt tokens | generated tokens | BF16 tok/s | FP4 tok/s | FP4 / BF16 | commit |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (shape, batch, prompt, gen), g in run.groupby(["shape", "batch", "prompt", "gen"], sort=True):
         both = [c for c in dict.fromkeys(reversed(g["commit"].tolist()))
                 if {"engine-bf16", ENGINE_FP4} <= set(g[g["commit"] == c]["provider"])]
         if not both:
             continue
         tps = g[g["commit"] == both[0]].drop_duplicates("provider", keep="last").set_index("provider")["tokens_per_s"]
         tps = tps.astype(float)
-        lines.append(f"| {shape} | {batch} | {gen} | {tps['engine-bf16']:,.0f} | {tps[ENGINE_FP4]:,.0f} | "
+        lines.append(f"| {shape} | {batch} | {prompt} | {gen} | {tps['engine-bf16']:,.0f} | {tps[ENGINE_FP4]:,.0f} | "
                      f"{tps[ENGINE_FP4] / tps['engine-bf16']:.2f}x | {str(both[0])[:7]} |")
     return "\n".join(lines + ["", f"Rollout engine on one {last['gpu']} (benchmark version {last['version']}): tokens "
                                  "per second of the engine's FP4 mode (W4A4 + FP4 KV cache) against its own BF16 mode "
