@@ -17,7 +17,8 @@
 # ablation runs failed again and again where 6 ran clean) bounds SLOTS; a failed attempt's log is kept in LOG.failed;
 # a run that fails (e.g. out of memory next to others) is tried twice more and resumes from its checkpoint.
 # ARMS (space-separated arm names, e.g. "trace-rho0 trace-alignelements") narrows the chunk to those arms' runs,
-# so a machine held for a short time spends it on them first (snakemake's --prioritize did not). Within a chunk the rules'
+# so a machine held for a short time spends it on them first (snakemake's --prioritize did not); SEEDS (e.g. "0")
+# narrows it to those seeds' runs and bases (experiments/gpu_plan.yaml's units: two arms of one seed). Within a chunk the rules'
 # priorities order the jobs: evaluations before new runs, the longest arms first (workflow/rules/train.smk).
 # SNAKEMAKE_EXTRA adds snakemake options (`-n`: a dry run, as tests/workflow/test_profile_chunk.py does). Snakemake runs with the greedy scheduler, so
 # PuLP's solver binaries are not needed (scripts/gpu/offline_wheels.sh SET all leaves them out).
@@ -43,6 +44,14 @@ print(c['profile'], c.get('gpu_slots_per_device', 1))" "$profile")
       keep=""
       for x in $t; do
         for a in $ARMS sft; do case $x in */"$a"/*) keep="$keep $x";; esac; done
+      done
+      t=$keep
+    fi
+    if [ -n "${SEEDS:-}" ]; then  # only these seeds' runs and SFT bases (per-seed bases: sft/seed<k>/)
+      keep=""
+      for x in $t; do
+        case $x in */sft/eval.json) keep="$keep $x"; continue;; esac  # one base for every seed
+        for k in $SEEDS; do case $x in */seed"$k"/*) keep="$keep $x";; esac; done
       done
       t=$keep
     fi

@@ -74,6 +74,13 @@ def test_arms_narrows_the_chunk_to_those_arms(tmp_path):
     assert "qwen3_moe-small/coding/bf16/seed0" not in log and "fp4-naive" not in log
 
 
+def test_seeds_narrow_the_chunk_to_those_seeds(tmp_path):
+    started, log, _ = _dry_chunk(tmp_path, ARMS="trace bf16", SEEDS="1")
+    assert "started 3 targets" in started, started  # trace and bf16 of seed 1 + the (one) SFT base's evaluation
+    assert "qwen3_moe-small/coding/trace/seed1/eval.json" in log and "qwen3_moe-small/coding/bf16/seed1/eval.json" in log
+    assert "/seed0/" not in log and "/seed2/" not in log
+
+
 def test_a_task_list_runs_both_tasks(tmp_path):
     started, log, _ = _dry_chunk(tmp_path, task="coding,long_horizon", ARMS="trace")
     assert "started 8 targets" in started, started  # per task: trace x 3 seeds + the SFT base's evaluation
