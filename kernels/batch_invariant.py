@@ -123,7 +123,7 @@ def attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tensor, seq_
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, sxm, swn, HAS_B: tl.constexpr, IEEE: tl.constexpr,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                   INTERP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -139,7 +139,11 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, sxm, swn, HAS_B: tl.co
                     other=0.0)
         b = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * swn + offs_k[:, None], mask=nm[None, :] & km[:, None],
                     other=0.0)
-        if IEEE:
+        if INTERP:
+            # the interpreter's tl.dot is numpy's matmul, whose BLAS kernel (OPENBLAS_CORETYPE, the row's place in
+            # the tile) sets the order of the sum; products summed over the tile's K axis have one order for every row
+            acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        elif IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
@@ -168,7 +172,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
         ieee = INTERPRET or x.dtype == torch.float32
         _linear_kernel[(triton.cdiv(M, b), triton.cdiv(N, b))](
             x2, w, bias if bias is not None else w, out, M, N, K, x2.stride(0), w.stride(0), HAS_B=bias is not None,
-            IEEE=ieee, BM=b, BN=b, BK=b, num_warps=1 if INTERPRET else 4)
+            IEEE=ieee, INTERP=INTERPRET, BM=b, BN=b, BK=b, num_warps=1 if INTERPRET else 4)
     return out.view(*x.shape[:-1], N)
 
 

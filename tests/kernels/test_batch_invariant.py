@@ -40,6 +40,10 @@ def _assert_rows_invariant(fn, *xs):
         y = host(fn(*dev(*part)) if len(xs) > 1 else fn(dev(*part)))
         for a, b in zip(y if isinstance(y, tuple) else (y,), full if isinstance(full, tuple) else (full,), strict=True):
             assert torch.equal(a, b[s:s + n]), f"rows {s}..{s + n} differ from the full call's"
+    perm = torch.randperm(ROWS, generator=_gen(99))  # every row at another place of the same call size
+    y = host(fn(*dev(*[x[perm] for x in xs])) if len(xs) > 1 else fn(dev(xs[0][perm])))
+    for a, b in zip(y if isinstance(y, tuple) else (y,), full if isinstance(full, tuple) else (full,), strict=True):
+        assert torch.equal(a, b[perm]), "a permutation of the rows changed their results"
     return full
 
 
