@@ -172,10 +172,13 @@ def test_bad_profile_names_the_key(tmp_path, key):
     assert ("fp8-magic" if key == "methods" else "['gpu']") in r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("profile", ["smoke", "small"])
-def test_generated_configs_pass_the_trainer_schema(profile):
+@pytest.mark.parametrize("profile", ["smoke", "small", "small-v2"])
+def test_generated_configs_pass_the_trainer_schema(profile, tmp_path):
     C = pytest.importorskip("trace.config")
-    plan = Plan(_load(profile))
+    cfg = _load(profile)
+    if "align_calibration" in cfg:
+        cfg["align_calibration"]["dir"] = _calibration_files(cfg, tmp_path)
+    plan = Plan(cfg)
     for run in plan.runs:
         C.validate(C.deep_merge(C.DEFAULTS, plan.run_config(run.model, run.task, run.arm, run.seed)))
     for model, task in plan.model_tasks():
