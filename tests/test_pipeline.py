@@ -8,6 +8,7 @@ after which a second invocation has nothing to do.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import re
@@ -56,6 +57,8 @@ def test_dry_run_builds_full_dag(profile, tmp_path):
     cfg = _load(profile.removesuffix("-per-seed-sft"))
     if profile.endswith("-per-seed-sft"):  # one SFT base per seed (sft.per_seed)
         cfg["sft"] = {"per_seed": True}
+    if "align_calibration" in cfg:  # the calibration files the runs read, in a scratch folder
+        cfg["align_calibration"]["dir"] = str(_calibration_files(cfg, tmp_path / "cal"))
     path = tmp_path / "profile.yaml"
     path.write_text(yaml.safe_dump(cfg))
     r = _snakemake("-n", "all", "--configfile", str(path), "--directory", str(tmp_path), "--quiet", "rules")
@@ -66,12 +69,52 @@ def test_dry_run_builds_full_dag(profile, tmp_path):
     assert counts["rl"] == n_runs and counts["eval"] == n_runs
     n_sft = len(plan.model_tasks()) * (len(cfg["seeds"]) if plan.sft_per_seed else 1) if plan.sft_enabled else 0
     assert counts.get("eval_base", 0) == (n_sft if plan.learning else 0)
+    n_gated = sum(plan.gated(t) for _, t in plan.model_tasks()) * (len(cfg["seeds"]) if plan.sft_per_seed else 1)
+    assert counts.get("eval_base_validation", 0) == n_gated and (profile != "small-v2" or n_gated == 12)
     assert counts.get("sft", 0) == n_sft
     assert counts["tables"] == 1 and counts["plot"] == 1 and counts["bench"] == 2
     cfg = plan.config
     assert n_runs == (len(plan.model_tasks()) * len(cfg["methods"]) * len(cfg["seeds"])
                       + len(cfg["ablation"]["models"]) * len(cfg["ablation"]["tasks"])
                       * len(cfg["ablation"]["arms"]) * len(cfg["ablation"].get("seeds", cfg["seeds"])))
+
+
+def _calibration_files(cfg: dict, folder) -> str:
+    """Calibration files (coefficient 1 at every guided depth the profile's arms read) in `folder`; returns it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cal = dict(cfg["align_calibration"], dir=str(folder))
+    for rho in Plan(dict(cfg, align_calibration=cal)).calibration_rhos():
+        (folder / f"align_calibration_{cal['model']}_rho{rho:g}.json").write_text(
+            json.dumps({"model": cal["model"], "rho": rho, "align_coef": 1.0}))
+    return str(folder)
+
+
+def test_small_v2_without_its_calibration_files_stops_naming_them(tmp_path):
+    """No trace arm runs at a coefficient typed into the profile: without the calibration files the dry run stops
+    with one line naming each missing file; with them every arm with the term reads its depth's coefficient."""
+    cfg = _load("small-v2")
+    assert "align_coef" not in cfg["defaults"]["rl"]
+    cfg["align_calibration"]["dir"] = str(tmp_path / "none")
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    r = _snakemake("-n", "all", "--configfile", str(path), "--directory", str(tmp_path), "--quiet", "rules")
+    assert r.returncode != 0
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: no alignment calibration"), lines
+    model = cfg["align_calibration"]["model"]
+    assert f"align_calibration_{model}_rho1.json" in lines[0] and f"align_calibration_{model}_rho0.5.json" in lines[0]
+    folder = tmp_path / "cal"
+    _calibration_files(cfg, folder)
+    (folder / f"align_calibration_{model}_rho0.5.json").write_text(
+        json.dumps({"model": model, "rho": 0.5, "align_coef": 3.0}))
+    plan = Plan(dict(cfg, align_calibration={"model": model, "dir": str(folder)}))
+    coefs = {r.arm: plan.run_config(r.model, r.task, r.arm, r.seed)["rl"].get("align_coef") for r in plan.runs}
+    assert coefs["trace"] == 1.0 and coefs["trace-deep"] == 3.0
+    assert coefs["trace-noalign"] is None and coefs["bf16"] is None and coefs["exact"] is None
+    typed = copy.deepcopy(cfg)
+    typed["ablation"]["arms"]["trace-deep"]["set"]["rl.align_coef"] = 0.1
+    with pytest.raises(ValueError, match="ablation.arms.trace-deep.set"):
+        Plan(typed)
 
 
 def test_committed_tables_of_a_partly_run_profile_do_not_hide_its_missing_runs(tmp_path):
@@ -129,10 +172,13 @@ def test_bad_profile_names_the_key(tmp_path, key):
     assert ("fp8-magic" if key == "methods" else "['gpu']") in r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("profile", ["smoke", "small"])
-def test_generated_configs_pass_the_trainer_schema(profile):
+@pytest.mark.parametrize("profile", ["smoke", "small", "small-v2"])
+def test_generated_configs_pass_the_trainer_schema(profile, tmp_path):
     C = pytest.importorskip("trace.config")
-    plan = Plan(_load(profile))
+    cfg = _load(profile)
+    if "align_calibration" in cfg:
+        cfg["align_calibration"]["dir"] = _calibration_files(cfg, tmp_path)
+    plan = Plan(cfg)
     for run in plan.runs:
         C.validate(C.deep_merge(C.DEFAULTS, plan.run_config(run.model, run.task, run.arm, run.seed)))
     for model, task in plan.model_tasks():

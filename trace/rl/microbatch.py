@@ -16,7 +16,7 @@ What is split and what is normalized over the whole batch:
   times the guided items per token row (every guided site quantizes every valid row), so the step's total
   is predicted from the first chunk and each chunk adds sum_of_hinges / total; after the last chunk the
   summed item counts must equal the prediction (else RuntimeError, nothing applied). On split steps
-  (step 1, evaluation steps) the term's gradient is accumulated apart for grad_norm_align / grad_norm_rest.
+  (every step of an arm with the term) its gradient is accumulated apart for grad_norm_align / grad_norm_rest.
 - replay statistics (flips, alignment parts): counts summed over the chunks (`ReplayStats.merge`), so
   rates are whole-batch rates; mismatch metrics are computed by the caller from the assembled log-probs.
 - the exact arm: the code path scores each chunk's sequences with the engine, but the config refuses
@@ -26,6 +26,7 @@ one chunk's. Compared against: tests/rl/test_micro_batch.py (gradients and metri
 """
 from __future__ import annotations
 
+import time
 from dataclasses import fields
 
 import torch
@@ -56,6 +57,20 @@ def _merge_parts(acc: dict, parts: dict, w: float) -> None:
             acc.setdefault(k, None)
 
 
+def split_grad(part: torch.Tensor, params: list) -> tuple[tuple, float]:
+    """The gradient of `part` (a term of the step's loss) alone, the graph kept for the loss's backward, and the
+    seconds it took (the device drained before and after, so the time is this backward's): what
+    grad_norm_align / grad_norm_rest cost, a diagnostic that the step's logged times leave out."""
+    cuda = part.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(part.device)
+    t0 = time.perf_counter()
+    g = torch.autograd.grad(part, params, retain_graph=True, allow_unused=True)
+    if cuda:
+        torch.cuda.synchronize(part.device)
+    return g, time.perf_counter() - t0
+
+
 def micro_step(tr, tokens, tb, adv: torch.Tensor, record, diag, size: int, split: bool):
     """One RL step's forwards and backwards in chunks of `size` sequences, gradients accumulated into the
     model's .grad (zeroed first), then clipped and applied (`RLTrainer._apply`). tokens: the rollout's token
@@ -68,7 +83,7 @@ def micro_step(tr, tokens, tb, adv: torch.Tensor, record, diag, size: int, split
     lp_all = torch.zeros(tb.ids.shape, dtype=torch.float32, device=tb.ids.device)
     params = [p for p in tr.model.parameters() if p.requires_grad]
     g_align = None  # the alignment term's accumulated gradient (split steps)
-    merged, per_row, items, loss_sum, t_ex = None, None, 0, 0.0, 0.0
+    merged, per_row, items, loss_sum, t_ex, t_split = None, None, 0, 0.0, 0.0, 0.0
     parts: dict = {"align_loss": None}
     tr.opt.zero_grad(set_to_none=True)
     try:
@@ -99,7 +114,8 @@ def micro_step(tr, tokens, tb, adv: torch.Tensor, record, diag, size: int, split
                 items += int(stats.align_count)
                 merged = stats.merge(merged)
             if part is not None and split:
-                g = torch.autograd.grad(part, params, retain_graph=True, allow_unused=True)
+                g, t = split_grad(part, params)
+                t_split += t
                 if g_align is None:
                     g_align = [torch.zeros_like(q) for q in params]
                 for acc, gi in zip(g_align, g, strict=True):
@@ -126,9 +142,9 @@ def micro_step(tr, tokens, tb, adv: torch.Tensor, record, diag, size: int, split
         sq = lambda ts: float(sum((t.float() ** 2).sum() for t in ts) ** 0.5)  # noqa: E731
         norms = {"grad_norm_align": sq(g_align),
                  "grad_norm_rest": sq([q.grad - g for q, g in zip(params, g_align, strict=True)
-                                       if q.grad is not None])}
+                                       if q.grad is not None]), "time_split_s": t_split}
     gn = tr._apply()
     return lp_all, merged, torch.tensor(loss_sum), parts, gn, norms, t_ex
 
 
-__all__ = ["chunks", "micro_step", "sub_batch"]
+__all__ = ["chunks", "micro_step", "split_grad", "sub_batch"]

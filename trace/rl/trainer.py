@@ -82,7 +82,7 @@ from trace.rl.losses import (
     mismatch_metrics,
     policy_loss,
 )
-from trace.rl.microbatch import micro_step
+from trace.rl.microbatch import micro_step, split_grad
 from trace.rollout import RolloutEngine
 
 
@@ -275,10 +275,9 @@ class RLTrainer:
         tb = build_train_batch(ep.batch, self.tok.pad_token_id, self.device)
         rewards = torch.tensor(ep.scores, dtype=torch.float32, device=tb.ids.device)
         adv = compute_advantages(rewards, tb.mask, rl["group_size"], rl["advantage"])
-        # where the alignment term is in the loss, its share of the gradient at step 1 and at evaluation steps
-        # (one more backward of that term alone): the clipped update is the sum of both parts
-        every = rl["eval_every"]
-        want_split = step == 1 or bool(every and step % every == 0)
+        # where the alignment term is in the loss, its gradient norm beside the rest's at every step (one more
+        # backward of that term alone, left out of the logged times): the clipped update is the sum of both parts
+        want_split = self.arm.align
         mb = rl.get("micro_batch") or 0  # absent / null / 0: the whole batch in one forward
         if 0 < mb < tb.ids.shape[0]:  # micro-batches: the whole-batch loss and gradient (trace/rl/microbatch.py)
             lp_det, stats, loss, parts, gn, gparts, t_ex = micro_step(self, ep.batch.tokens, tb, adv, record, diag,
@@ -293,7 +292,8 @@ class RLTrainer:
             loss, parts, align = self._loss(lp_train, tb, adv, stats)
             gn, gparts = self._optimize(loss, align if want_split else None)
         self.engine.sync_weights(self.model)
-        t2 = time.perf_counter()
+        t_split = gparts.pop("time_split_s", 0.0)
+        t2 = time.perf_counter() - t_split  # the split's extra backward is a diagnostic: out of the step's times
 
         summ = stats.summary() if stats is not None else {}
         batch = ep.batch
@@ -326,6 +326,10 @@ class RLTrainer:
             **parts,
             "grad_norm": float(gn),
             **gparts,
+            # the alignment term's gradient norm over the rest's (before clipping): its strength, every step
+            "align_grad_ratio": (gparts["grad_norm_align"] / gparts["grad_norm_rest"]
+                                 if gparts and gparts["grad_norm_rest"] > 0 else None),
+            "time_split_s": t_split,
             "n_tokens": int(tb.mask.sum()),
             # what sizes the runs that share a GPU (gpu_slots_per_device): the step's peak of allocated memory
             # (rollout, trainer forward and backward) and of what the allocator held; None off a GPU
@@ -371,13 +375,14 @@ class RLTrainer:
         norms = {}
         if part is not None:
             params = [p for p in self.model.parameters() if p.requires_grad]
-            g_part = torch.autograd.grad(part, params, retain_graph=True, allow_unused=True)
+            g_part, t_split = split_grad(part, params)
         loss.backward()
         if part is not None:
             sq = lambda ts: float(sum((t.float() ** 2).sum() for t in ts if t is not None) ** 0.5)  # noqa: E731
             norms = {"grad_norm_align": sq(g_part),
                      "grad_norm_rest": sq([p.grad - g if g is not None else p.grad
-                                           for p, g in zip(params, g_part, strict=True) if p.grad is not None])}
+                                           for p, g in zip(params, g_part, strict=True) if p.grad is not None]),
+                     "time_split_s": t_split}
         return self._apply(), norms
 
     def _backward(self, loss: torch.Tensor) -> None:
@@ -427,7 +432,7 @@ class RLTrainer:
                 if rl["eval_every"] and (step % rl["eval_every"] == 0 or step == rl["steps"]):
                     ev = self.evaluate()
                     rec["eval_accuracy"], rec["eval_reward"] = ev["accuracy"], ev["reward"]
-                rec["time_step_s"] = time.perf_counter() - ts
+                rec["time_step_s"] = time.perf_counter() - ts - rec["time_split_s"]
                 log.log(rec)
                 recs.append(rec)
                 bar.set_postfix(acc=f"{rec['accuracy']:.2f}", k3=f"{rec['k3']:.1e}")

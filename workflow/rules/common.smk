@@ -4,9 +4,15 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(workflow.basedir, "workflow", "scripts"))
-from runplan import EVAL_PRIORITY, Plan  # noqa: E402
+from runplan import EVAL_PRIORITY, CalibrationMissing, Plan  # noqa: E402
 
 PLAN = Plan(config)
+# a profile whose arms read their alignment coefficient from calibration files (align_calibration) stops here, with
+# one line naming the first missing file, before any job exists
+try:
+    PLAN.check_calibration()
+except CalibrationMissing as e:
+    sys.exit(f"error: {e}")
 PROFILE = PLAN.profile
 RUNS = PLAN.runs_dir
 TABLES = PLAN.tables_dir

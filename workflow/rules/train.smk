@@ -71,6 +71,8 @@ def _rl_inputs(wc):
     d = {"cfg": ancient(PLAN.run_config_path(wc.model, wc.task, wc.arm, wc.seed))}
     if PLAN.sft_enabled:
         d["sft"] = ancient(f"{PLAN.sft_dir(wc.model, wc.task, int(wc.seed))}/done")
+        if PLAN.gated(wc.task):  # the SFT base gate (checks.base_gate) reads the base's validation evaluation
+            d["gate"] = ancient(PLAN.base_validation(wc.model, wc.task, int(wc.seed)))
     return d
 
 
@@ -87,6 +89,7 @@ rule rl:
     params:
         cmd=config["launcher"]["rl"],
         out=lambda wc, output: os.path.dirname(output[0]),
+        gate=lambda wc, input: f"--gate {input.gate}" if "gate" in input.keys() else "",
     threads: RES["rl"].get("threads", 1)
     resources:
         gpu=RES["rl"].get("gpu", 0),
@@ -94,7 +97,7 @@ rule rl:
         runtime=RES["rl"].get("runtime", 60),
     shell:
         ENV + " python -m workflow.scripts.launch --stage rl --cmd '{params.cmd}' --gpu-slots " + str(gpu_slots("rl")) +
-        " --config {input.cfg} --out {params.out} > {log} 2>&1" + KEEP_FAILED
+        " --config {input.cfg} --out {params.out} {params.gate} > {log} 2>&1" + KEEP_FAILED
 
 
 rule eval:
@@ -142,3 +145,27 @@ rule eval_base:
     shell:
         ENV + " python -m workflow.scripts.launch --stage eval --cmd '{params.cmd}' --gpu-slots " + str(gpu_slots("eval")) +
         " --config {input.cfg} --ckpt {params.ckpt} --out {output} > {log} 2>&1" + KEEP_FAILED
+
+
+rule eval_base_validation:
+    """The SFT base evaluated on the validation split with the gate arm's run config (Plan.gate_arm): what the SFT
+    base gate (checks.base_gate, trace/gate.py) reads before an RL run of a gated task starts from the base."""
+    input:
+        unpack(lambda wc: {"cfg": ancient(PLAN.run_config_path(wc.model, wc.task, PLAN.gate_arm(), PLAN.sft_seed(wc.sftdir))),
+                           "done": ancient(f"{RUNS}/{wc.model}/{wc.task}/{wc.sftdir}/done")}),
+    output:
+        f"{RUNS}/{{model}}/{{task}}/{{sftdir}}/validation.json",
+    log:
+        f"{LOGS}/eval_validation/{{model}}/{{task}}/{{sftdir}}.log",
+    priority: EVAL_PRIORITY
+    params:
+        cmd=config["launcher"]["eval"],
+        ckpt=lambda wc, input: os.path.join(os.path.dirname(input.done), "ckpt"),
+    threads: RES["eval"].get("threads", 1)
+    resources:
+        gpu=RES["eval"].get("gpu", 0),
+        mem_mb=RES["eval"].get("mem_mb", 4000),
+        runtime=RES["eval"].get("runtime", 30),
+    shell:
+        ENV + " python -m workflow.scripts.launch --stage eval --cmd '{params.cmd}' --gpu-slots " + str(gpu_slots("eval")) +
+        " --config {input.cfg} --ckpt {params.ckpt} --out {output} --set eval.split=validation > {log} 2>&1" + KEEP_FAILED

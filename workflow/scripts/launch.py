@@ -9,6 +9,8 @@ The command gets the entry-point contract's arguments (``--config CFG --out DIR`
 For sft/rl the run dir carries a stamp of the config it was started with: an interrupted run with the
 same config is resumed by the trainer (from its last checkpoint), a run dir left by a different config
 (or with no checkpoint to resume from) is wiped first so stale metrics never mix with new ones.
+With ``--gate VALIDATION.json`` (stage rl) the run starts only if its SFT base's validation evaluation passes the
+SFT base gate (trace/gate.py): otherwise one error line and exit 1, before the run dir is touched.
 Afterwards the `done` marker (sft/rl) or a well-formed eval JSON (eval) must exist, else exit 1.
 
 GPU slots (``--gpu-slots K``, from the profile's ``gpu_slots_per_device`` for rules whose resources ask
@@ -116,10 +118,20 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--ckpt")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--gate", metavar="VALIDATION.json",
+                    help="rl: the SFT base's validation evaluation, which must pass the SFT base gate (trace/gate.py) "
+                         "before the run's directory is made")
     ap.add_argument("--gpu-slots", type=int, default=0, metavar="K",
                     help="take one of K slots per visible GPU and run on that GPU alone (0: no GPU pinning)")
     a = ap.parse_args(argv)
 
+    if a.gate:
+        from trace.gate import GateError, check
+        try:
+            check(a.gate)
+        except GateError as e:  # one line, nothing written
+            print(f"[launch] error: {e}", file=sys.stderr)
+            return 1
     cmd = shlex.split(a.cmd) + ["--config", a.config]
     if a.stage == "eval":
         if not a.ckpt:

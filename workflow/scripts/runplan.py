@@ -33,6 +33,10 @@ from trace.arms import ARMS, METHODS  # noqa: E402
 DATA_SEED = 0  # the task data (train/test splits) is shared by every arm and seed
 
 
+class CalibrationMissing(ValueError):
+    """A run of an arm with the alignment term whose calibration file (DESIGN.md §3 rule) does not exist."""
+
+
 @dataclass(frozen=True)
 class Run:
     model: str
@@ -113,6 +117,22 @@ class Plan:
                 raise ValueError(f"ablation arm {name!r} clashes with a method of the main table")
             self.ablation_arms[name] = {"method": spec["method"], "set": dict(spec.get("set") or {})}
         check_models([*config["models"], *abl.get("models", [])])
+        # the alignment coefficient of every arm with the term, read from the rule's calibration files (one per
+        # guided depth rho) of this flavor, never typed into the profile (DESIGN.md §3)
+        self.calibration = config.get("align_calibration")
+        if self.calibration:
+            typed = ["defaults.rl"] if "align_coef" in (config.get("defaults", {}).get("rl") or {}) else []
+            typed += [f"tasks.{t}.set" for t, sp in config["tasks"].items() if "rl.align_coef" in ((sp or {}).get("set") or {})]
+            typed += [f"ablation.arms.{a}.set" for a, sp in (abl.get("arms") or {}).items()
+                      if "rl.align_coef" in (sp.get("set") or {})]
+            if typed:
+                raise ValueError(f"rl.align_coef is set in {typed}, but profile key 'align_calibration' reads it "
+                                 f"from the calibration files: remove it there")
+        # the SFT base gate (trace/gate.py): RL runs of these tasks need their base's validation evaluation to pass
+        self.gated_tasks = set(((config.get("checks") or {}).get("base_gate") or {}).get("tasks", []))
+        unknown_gated = sorted(self.gated_tasks - set(config["tasks"]))
+        if unknown_gated:
+            raise ValueError(f"checks.base_gate.tasks: {unknown_gated} not in tasks")
         for task, spec in config["tasks"].items():
             extra = sorted(set((spec or {}).get("models", [])) - set(config["models"]))
             if extra:
@@ -207,7 +227,10 @@ class Plan:
             d.setdefault("sft", {})["init_seed"] = seed
         return d
 
-    def run_config(self, model: str, task: str, arm: str, seed: int) -> dict:
+    def run_config(self, model: str, task: str, arm: str, seed: int, calibrated: bool = True) -> dict:
+        """The run's config. With `align_calibration`, an arm with the alignment term gets `rl.align_coef` from
+        its depth's calibration file (CalibrationMissing if there is none); `calibrated=False` leaves it out
+        (the trainer's default), for the calibration itself, which sets its own probe coefficient."""
         spec = self.arm_spec(arm)
         d = self._base(model, task, seed)
         d.pop("sft", None)
@@ -216,7 +239,74 @@ class Plan:
             d["rl"]["init_ckpt"] = f"{self.sft_dir(model, task, seed)}/ckpt"
         for k, v in sorted(spec["set"].items()):
             set_dotted(d, k, v)
+        if calibrated and self.calibration and ARMS[spec["method"]].align:
+            d["rl"]["align_coef"] = self.align_coef(self.rho(d))
         return d
+
+    # ---- the alignment coefficient's calibration (DESIGN.md §3) -------------------------------
+    @staticmethod
+    def rho(run_cfg: dict) -> float:
+        """The guided depth of a run config (the trainer's default where the profile sets none)."""
+        rho = (run_cfg.get("rl") or {}).get("rho")
+        if rho is None:
+            from trace.config import DEFAULTS
+            rho = DEFAULTS["rl"]["rho"]
+        return float(rho)
+
+    def calibration_path(self, rho: float) -> str:
+        """The calibration file of guided depth `rho`: <dir>/align_calibration_<flavor>_rho<rho>.json, dir relative
+        to the repository root (default results/guidance)."""
+        c = self.calibration
+        d = c.get("dir", "results/guidance")
+        return os.path.join(_ROOT, d, f"align_calibration_{c['model']}_rho{float(rho):g}.json")
+
+    def align_coef(self, rho: float) -> float:
+        """`align_coef` of the calibration file of depth `rho`, checked against its flavor and depth."""
+        path = self.calibration_path(rho)
+        if not os.path.isfile(path):
+            raise CalibrationMissing(f"no alignment calibration {os.path.relpath(path, _ROOT)}: run "
+                                     f"scripts/gpu/calibrate_unit.sh first (DESIGN.md §3)")
+        with open(path) as f:
+            rep = json.load(f)
+        if rep.get("model") != self.calibration["model"] or float(rep.get("rho", -1)) != float(rho):
+            raise ValueError(f"{path}: calibrated for {rep.get('model')} at rho {rep.get('rho')}, not "
+                             f"{self.calibration['model']} at rho {float(rho):g}")
+        coef = rep.get("align_coef")
+        if not isinstance(coef, (int, float)) or isinstance(coef, bool) or not coef > 0:
+            raise ValueError(f"{path}: align_coef {coef!r} is not a positive number")
+        return float(coef)
+
+    def calibration_rhos(self) -> list[float]:
+        """The guided depths whose calibration the profile's runs read (of the arms with the term)."""
+        if not self.calibration:
+            return []
+        return sorted({self.rho(self.run_config(r.model, r.task, r.arm, r.seed, calibrated=False))
+                       for r in self.runs if ARMS[r.method].align})
+
+    def check_calibration(self) -> None:
+        """Every calibration file the runs read exists and fits (else CalibrationMissing naming every missing file,
+        or ValueError; one line)."""
+        rhos = self.calibration_rhos()
+        missing = [os.path.relpath(self.calibration_path(r), _ROOT) for r in rhos
+                   if not os.path.isfile(self.calibration_path(r))]
+        if missing:
+            raise CalibrationMissing(f"no alignment calibration {', '.join(missing)}: run scripts/gpu/calibrate_unit.sh "
+                                     f"first (DESIGN.md §3)")
+        for rho in rhos:
+            self.align_coef(rho)
+
+    # ---- the SFT base gate (trace/gate.py) -------------------------------------------------------
+    def gated(self, task: str) -> bool:
+        return task in self.gated_tasks
+
+    def base_validation(self, model: str, task: str, seed: int | None = None) -> str:
+        """The SFT base's evaluation on the validation split, which the gate reads."""
+        return f"{self.sft_dir(model, task, seed)}/validation.json"
+
+    def gate_arm(self) -> str:
+        """The arm whose run config evaluates a base for the gate (its eval settings; eval.split validation):
+        the learning check's arm, else the first method."""
+        return (self.learning or {}).get("arm") or self.config["methods"][0]
 
     def manifest(self) -> dict:
         """What the tables must contain: one entry per run (analysis/tables.py --manifest)."""
