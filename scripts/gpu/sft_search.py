@@ -115,7 +115,10 @@ def main(argv=None) -> int:
         return 0
     if cmd == "prepare":
         profile, model, task, work = a
+        most = int(os.environ.get("SFT_SEARCH_MAX_STEPS") or 0)  # a unit of the candidates up to that many steps
         for name, c in configs(profile, model, task).items():
+            if most and c["set"]["sft.steps"] > most:
+                continue
             os.makedirs(f"{work}/{name}", exist_ok=True)
             for what in ("sft", "eval"):
                 with open(f"{work}/{name}/{what}.yaml", "w") as f:

@@ -9,7 +9,9 @@
 #   bash scripts/gpu/sft_search_unit.sh --dry-run [PROFILE MODEL TASK]   # CPU: the candidates and their configs
 # WHEELS (default .whl-pipe, scripts/gpu/offline_wheels.sh download .whl-pipe pipeline) are installed first: the
 # configs need jsonschema. GPU_SUITE / SKIP_GPU_TESTS as in scripts/gpu/gpu_tests.sh (default: fast). THREADS: torch
-# threads per candidate (default 2: six candidates on a 16-core machine).
+# threads per candidate (default 2: six candidates on a 16-core machine). SFT_SEARCH_MAX_STEPS=N runs only the candidates of
+# at most N SFT steps (one machine's unit; by the rule a passing medium candidate of fewer steps is the pick whatever
+# the longer ones give, so those run only when none passes).
 set -uo pipefail
 if [ "${1:-}" = --dry-run ]; then shift; exec python3 scripts/gpu/sft_search.py dry-run "$@"; fi
 profile=${1:-small-v2}; model=${2:-qwen3_moe-small}; task=${3:-reasoning}
