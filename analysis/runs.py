@@ -213,7 +213,7 @@ def summarize(r: RunData) -> dict:
     row["commit"] = _run_commit(r.dir)
     row["reward_final"] = _tail_mean(reward)
     row["train_acc_final"] = _tail_mean(acc)
-    for name in ("k3", "k1", "dlp_abs_mean", "ratio_out_frac", "chi2"):
+    for name in ("k3", "k1", "dlp_abs_mean", "ratio_out_frac", "chi2", "k3_grad"):  # k3_grad: the exact arm
         _, y = r.series(name)
         row[f"{name}_mean"] = _mean(y)
         row[f"{name}_final"] = _tail_mean(y)

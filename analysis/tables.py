@@ -37,7 +37,8 @@ import pandas as pd
 from analysis.runs import MAIN_METHODS, POSTHOC, load_runs, summarize
 from trace.arms import ARMS
 
-ARM_ORDER = list(MAIN_METHODS) + [POSTHOC]
+EXACT = "exact"  # an ablation arm that is a row of the main table: its k3 is the main table's claim too
+ARM_ORDER = list(MAIN_METHODS) + [EXACT, POSTHOC]
 
 MAIN_COLUMNS = [
     ("acc_bf16", "Acc BF16 deploy"),
@@ -46,6 +47,7 @@ MAIN_COLUMNS = [
     ("response_len", "Response tokens"),
     ("k3_mean", "k3 mean"),
     ("k3_final", "k3 final (last third)"),
+    ("k3_grad_mean", "k3 of the gradient's forward"),
     ("guidance_bytes_per_gen_token", "Guidance B / generated token"),
     ("rollout_gen_tokens_per_s", "Generation tok/s"),
     ("rollout_speedup", "Speedup vs bf16"),
@@ -70,13 +72,15 @@ ABLATION_COLUMNS = [
 FACTOR_COLUMNS = ["rho", "guidance", "align_coef", "align_parts", "routing_replay"]
 ACC_COLUMNS = ("acc_bf16", "acc_fp4")
 # columns shown with the range over seeds beside the mean
-RANGE_COLUMNS = ("reward_final", "k3_mean", "k3_final", "dlp_abs_max", "align_grad_ratio", "align_scale_share", "code_flip_rate",
+RANGE_COLUMNS = ("reward_final", "k3_mean", "k3_final", "k3_grad_mean", "dlp_abs_max", "align_grad_ratio", "align_scale_share", "code_flip_rate",
                  "step_s", "step_overhead_vs_qat")
 # logged by the trainer only since a later commit: n/a in older runs, so never required
 DIAGNOSTIC_COLUMNS = ("align_grad_ratio", "align_scale_share")
 # relative to another run of the profile that may not exist (a profile without qat-independent, seeds
 # that do not overlap): n/a then, so never required; its inputs (`step_s` of both rows) are
 REFERENCE_COLUMNS = ("step_overhead_vs_qat",)
+# shown only where a row has a value (the exact arm's; a profile without that arm has no such column)
+OPTIONAL_COLUMNS = ("k3_grad_mean",)
 # posthoc-fp4 is an evaluation of the bf16 policy, not a training run: only its FP4 accuracy applies
 POSTHOC_COLUMNS = ("acc_fp4",)
 
@@ -88,6 +92,8 @@ def applies(arm: str, method: str, col: str) -> bool:
     a = ARMS.get(method)
     if col == "guidance_bits_per_element":
         return a is not None and a.record == "guide"
+    if col == "k3_grad_mean":
+        return a is not None and a.exact
     if col == "unrecoverable_rate":  # one mantissa bit cannot tell a wrong pick from a right one
         return a is not None and a.record == "guide" and a.full_codes
     if col in ("align_grad_ratio", "align_scale_share"):
@@ -162,7 +168,7 @@ def _order(df: pd.DataFrame, arm_order: list[str]) -> pd.DataFrame:
 
 def main_table(df: pd.DataFrame) -> pd.DataFrame:
     cols = [c for c, _ in MAIN_COLUMNS]
-    main = df[~df["ablation"].astype(bool)]
+    main = df[~df["ablation"].astype(bool) | (df["arm"] == EXACT)]
     post = main[main["arm"] == "bf16"].copy()
     post["arm"] = POSTHOC
     post["method"] = POSTHOC
@@ -202,7 +208,7 @@ def _isnan(v) -> bool:
 def _num(v, col: str) -> str:
     if col.startswith("acc") or col == "reward_final":
         return f"{v:.3f}"
-    if col in ("k3_mean", "k3_final", "code_flip_rate", "unrecoverable_rate", "dlp_abs_max"):
+    if col in ("k3_mean", "k3_final", "k3_grad_mean", "code_flip_rate", "unrecoverable_rate", "dlp_abs_max"):
         return f"{v:.2e}" if abs(v) < 1e-2 and v != 0 else f"{v:.3f}"
     if col == "rollout_speedup":
         return f"{v:.2f}x"
@@ -250,6 +256,7 @@ def cell(row, col: str) -> str:
 
 
 def to_markdown(t: pd.DataFrame, columns: list[tuple[str, str]], lead: list[str], title: str, notes: str) -> str:
+    columns = [(c, h) for c, h in columns if c not in OPTIONAL_COLUMNS or (c in t and t[c].notna().any())]
     commits = "commits" in t.columns
     heads = [h.replace("_", " ") for h in lead] + [h for _, h in columns] + ["seeds"] + (["commits"] if commits else [])
     lines = [f"### {title}", "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
@@ -294,6 +301,14 @@ MAIN_NOTES = COMMON_NOTES + (
     "guidance and where no seed has it. Both ratios (speedup, step overhead) compare runs that may have run "
     "in different stretches of the profile, next to different jobs (meta.json's start_time says when each "
     "ran), so they carry that difference in load too."
+)
+EXACT_NOTES = (
+    " exact (an ablation arm shown here beside the main arms): the trainer's log-prob values are the batch-invariant "
+    "engine's, equal to the rollout's bit for bit, so its k3 is 0 and its TIS weights are exactly 1; what \"exact\" "
+    "covers is those values and weights. The gradient is that of the trainer's straight-through QAT forward with "
+    "each layer's input pinned to the engine's (DESIGN.md §4), a function whose own log-probs differ from the "
+    "rollout's: k3 of the gradient's forward is their k3 against the rollout's (mean over the RL steps; n/a for "
+    "the other arms, whose k3 is already that of the forward they differentiate)."
 )
 ABLATION_NOTES = COMMON_NOTES + (
     " TRACE variants: rho = fraction of the deepest layers guided; guidance = compact (mantissa bit + "
@@ -348,7 +363,8 @@ def build(runs_dir: str, out: str, manifest: str | None = None, strict: bool = F
     profile = os.path.basename(os.path.normpath(runs_dir))
     with open(os.path.join(out, "main.md"), "w") as f:
         f.write(to_markdown(main, MAIN_COLUMNS, ["model", "task", "arm"],
-                            f"Main table ({profile} profile)", MAIN_NOTES))
+                            f"Main table ({profile} profile)",
+                            MAIN_NOTES + (EXACT_NOTES if (main["arm"] == EXACT).any() else "")))
     with open(os.path.join(out, "ablation.md"), "w") as f:
         f.write(to_markdown(abl, ABLATION_COLUMNS, ["model", "task", "arm", *FACTOR_COLUMNS],
                             f"Ablations ({profile} profile)", ABLATION_NOTES))

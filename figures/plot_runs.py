@@ -406,12 +406,12 @@ def plot_final_accuracy(main_df: pd.DataFrame, out: str, n_eval: dict | None = N
 
 def paired_figure(cmp: pd.DataFrame):
     """cmp: compare.csv rows (model, task, a, b, diff, se, n_seeds). One row per comparison, grouped by
-    model/task (top to bottom in the table's order), A - B with its Holm interval (2 SE either side for a
-    table without one)."""
+    model/task (top to bottom in the table's order), A - B with its simultaneous 95% interval (2 SE either side
+    for a table without one)."""
     keys = list(dict.fromkeys(zip(cmp["model"], cmp["task"], strict=True)))
     fig, ax = plt.subplots(figsize=(8.4, 0.26 * (len(cmp) + 1.2 * len(keys)) + 1.4))
     seeds = sorted({int(n) for n in cmp["n_seeds"]})
-    holm_bars = "lo_holm" in cmp and np.isfinite(cmp["lo_holm"].to_numpy(dtype=float)).all()
+    sim_bars = "lo_sim" in cmp and np.isfinite(cmp["lo_sim"].to_numpy(dtype=float)).all()
     one_n = len(seeds) == 1
     y, ticks, labels = 0.0, [], []
     for model, task in keys:
@@ -422,8 +422,8 @@ def paired_figure(cmp: pd.DataFrame):
         for _, r in g.iterrows():
             arm = r["a"].split(" (")[0]
             d = float(r["diff"])
-            if holm_bars:  # the Holm interval of compare.csv (family-wise 0.05 over the table)
-                err = [[d - float(r["lo_holm"])], [float(r["hi_holm"]) - d]]
+            if sim_bars:  # compare.csv's simultaneous interval (Bonferroni, family-wise 0.05 over the table)
+                err = [[d - float(r["lo_sim"])], [float(r["hi_sim"]) - d]]
             else:
                 err = 2 * float(r["se"])
             ax.errorbar(d, y, xerr=err, fmt="o", ms=4, color=style.arm_color(arm), capsize=2, elinewidth=1.0)
@@ -435,8 +435,8 @@ def paired_figure(cmp: pd.DataFrame):
     ax.set_yticks(ticks)
     ax.set_yticklabels(labels, fontsize=7)
     ax.set_ylim(y + 0.4, 0.8)
-    ax.set_xlabel("held-out accuracy, A - B; bars: " + ("Holm intervals (family-wise 0.05 over every comparison "
-                  "shown)" if holm_bars else "2 standard errors"))
+    ax.set_xlabel("held-out accuracy, A - B; bars: " + ("simultaneous 95% intervals (Bonferroni over every "
+                  "comparison shown)" if sim_bars else "2 standard errors"))
     over = f"{seeds[0]} seed{'s' if seeds[0] > 1 else ''}" if one_n else "the seeds both arms have"
     arms_a = list(dict.fromkeys(a.split(" (")[0] for a in cmp["a"]))
     keys = ([plt.Line2D([], [], color=style.arm_color(a), marker="o", ms=4) for a in arms_a],

@@ -34,12 +34,13 @@ LEVEL = {
     "trace-fullcodes": (1.5e-4, 900, 0.01, 1.6),
     "trace-noalign": (3e-4, 300, 0.02, 1.7),
     "trace-noroutingreplay": (6e-4, 280, 0.02, 1.7),
+    "exact": (0.0, 0, 0.01, 1.5),
 }
 
 # median seconds per RL step; each seed's runs are slower by the same factor (1 + 0.5 * seed), as if that
 # seed's runs had shared a busier device, so only a same-seed comparison gives trace's +60% back
 STEP_S = {"bf16": 0.5, "fp4-naive": 0.9, "qat-independent": 1.0, "qat-weight-only": 0.9, "trace": 1.6,
-          "trace-fullcodes": 1.8, "trace-noalign": 1.5, "trace-noroutingreplay": 1.55}
+          "trace-fullcodes": 1.8, "trace-noalign": 1.5, "trace-noroutingreplay": 1.55, "exact": 1.4}
 
 
 def step_times(method: str, seed: int, steps: int) -> list[float]:
@@ -83,6 +84,8 @@ def write_run(run_dir: str, model: str, task: str, arm: str, method: str, seed: 
                 "record_overhead": 0.2 if method.startswith("trace") else 0.0,
                 "time_rollout_s": 1.0, "time_train_s": 0.5, "time_step_s": times[s], "loss": 0.1, "grad_norm": 1.0,
             }
+            if method == "exact":  # the differentiated QAT forward's k3 against the rollout (its k3 is 0)
+                rec["k3_grad"] = 1e-4 * (1 + s)
             coef = (rl_extra or {}).get("align_coef", 0.1)
             if method in ("trace", "trace-fullcodes", "trace-noroutingreplay") and coef > 0:
                 # the alignment term's parts, logged every step it is computed

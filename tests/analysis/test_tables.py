@@ -259,3 +259,26 @@ def test_cli(profile, tmp_path):
                        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert r.returncode == 0, r.stderr
     assert (out / "ablation.md").exists()
+
+
+def test_main_table_shows_the_exact_arms_gradient_k3(tmp_path):
+    """The exact arm (an ablation arm) is a row of the main table with its k3 (0) and k3_grad, the k3 of the forward
+    whose gradient it takes (mean over steps: 1e-4 * mean(1..8) = 4.5e-4); the column and its note are there only
+    where the profile has that arm."""
+    from tests.analysis.synthetic import write_run
+
+    runs = tmp_path / "runs" / "smoke"
+    write_profile(runs, models=["qwen3_moe-tiny"], seeds=[0], ablations=())
+    build(str(runs), str(tmp_path / "without"))
+    assert "gradient's forward" not in (tmp_path / "without" / "main.md").read_text()
+    write_run(str(runs / "qwen3_moe-tiny" / "reasoning" / "exact" / "seed0"), "qwen3_moe-tiny", "reasoning", "exact",
+              "exact", 0)
+    man = json.loads((runs / "manifest.json").read_text())
+    man["runs"].append({"model": "qwen3_moe-tiny", "task": "reasoning", "arm": "exact", "seed": 0, "method": "exact",
+                        "ablation": True})
+    (runs / "manifest.json").write_text(json.dumps(man))
+    t = build(str(runs), str(tmp_path / "with"))["main"].set_index("arm")
+    assert t.loc["exact", "k3_mean"] == 0.0 and t.loc["exact", "k3_grad_mean"] == pytest.approx(4.5e-4)
+    assert t["k3_grad_mean"].drop("exact").isna().all()
+    md = (tmp_path / "with" / "main.md").read_text()
+    assert "| k3 of the gradient's forward |" in md and "| 4.50e-04 |" in md and 'what "exact" covers' in md

@@ -3,7 +3,7 @@
 What is compared: the trainer's per-token log-probs (what the loss, TIS and the mismatch metrics read; values from the
 engine's batch-invariant forward over the rollout's tokens, gradient from the QAT forward) against the rollout's
 log-probs of the same tokens, with torch.equal; and the logged metrics (k3 and max |dlp| exactly 0, no record, zero
-guidance bytes). On a CPU both sides run the kernels in the Triton interpreter (float32), on a GPU compiled (bf16,
+guidance bytes; k3_grad, the k3 of the QAT forward whose gradient the step takes, above 0). On a CPU both sides run the kernels in the Triton interpreter (float32), on a GPU compiled (bf16,
 CUDA-graph decode) on the small flavors of all four families.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 
 from tests.rl.conftest import small_cfg
 from trace.config import ConfigError
+from trace.rl.losses import mismatch_metrics
 from trace.rl.trainer import RLTrainer
 
 
@@ -24,10 +25,10 @@ def _spy(tr):
     seen, orig = [], tr._exact_logprobs
 
     def spy(batch, tb):
-        lp, t = orig(batch, tb)
+        lp, t, g = orig(batch, tb)
         assert lp.requires_grad and lp.grad_fn is not None  # the QAT forward's gradient flows through
-        seen.append((lp.detach().clone(), tb.lp_roll.clone(), tb.mask.clone()))
-        return lp, t
+        seen.append((lp.detach().clone(), tb.lp_roll.clone(), tb.mask.clone(), g.clone()))
+        return lp, t, g
 
     tr._exact_logprobs = spy
     return seen
@@ -35,13 +36,15 @@ def _spy(tr):
 
 def _check_run(out, seen, steps):
     assert len(seen) == steps
-    for lp, roll, mask in seen:
+    for lp, roll, mask, _ in seen:
         assert mask.any() and torch.equal(lp[mask], roll[mask])
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     recs = [r for r in recs if r["step"] >= 1 and "k3" in r]
     assert len(recs) == steps
-    for r in recs:
+    for r, (_, roll, mask, g) in zip(recs, seen, strict=True):
         assert r["method"] == "exact" and r["k3"] == 0.0 and r["k1"] == 0.0 and r["dlp_abs_max"] == 0.0
+        # k3_grad: the differentiated QAT forward's own log-probs against the rollout's, which k3 does not see
+        assert r["k3_grad"] == pytest.approx(mismatch_metrics(g, roll, mask)["k3"]) and r["k3_grad"] > 0
         assert r["ratio_out_frac"] == 0.0 and r["guidance_bytes_per_gen_token"] == 0.0
         assert r["guidance_bits_per_element"] is None and r["code_flip_rate"] == {} and r["record_overhead"] == 0.0
         assert r["time_exact_score_s"] > 0 and r["loss"] == r["loss"] and r["grad_norm"] == r["grad_norm"]

@@ -2,7 +2,7 @@
 forward and backward each, gradients accumulated, one optimizer step, with the loss and gradient of the
 whole-batch step (DESIGN.md §4 "Micro-batches").
 
-    out = micro_step(trainer, tokens, tb, adv, record, diag, size, split)
+    out = micro_step(trainer, tb, adv, record, diag, size, split)
 
 What is split and what is normalized over the whole batch:
 - advantages: computed over the whole batch before splitting (group_norm / rloo groups and
@@ -19,8 +19,7 @@ What is split and what is normalized over the whole batch:
   (every step of an arm with the term) its gradient is accumulated apart for grad_norm_align / grad_norm_rest.
 - replay statistics (flips, alignment parts): counts summed over the chunks (`ReplayStats.merge`), so
   rates are whole-batch rates; mismatch metrics are computed by the caller from the assembled log-probs.
-- the exact arm: the code path scores each chunk's sequences with the engine, but the config refuses
-  micro_batch for it (its CPU check did not finish: unverified).
+- the exact arm: not split (the config refuses micro_batch for it; its chunked engine scoring is unverified).
 Each chunk's graph is freed by its backward before the next chunk's forward: the step's activation peak is
 one chunk's. Compared against: tests/rl/test_micro_batch.py (gradients and metrics of the whole-batch step).
 """
@@ -71,30 +70,27 @@ def split_grad(part: torch.Tensor, params: list) -> tuple[tuple, float]:
     return g, time.perf_counter() - t0
 
 
-def micro_step(tr, tokens, tb, adv: torch.Tensor, record, diag, size: int, split: bool):
+def micro_step(tr, tb, adv: torch.Tensor, record, diag, size: int, split: bool):
     """One RL step's forwards and backwards in chunks of `size` sequences, gradients accumulated into the
-    model's .grad (zeroed first), then clipped and applied (`RLTrainer._apply`). tokens: the rollout's token
-    lists (the exact arm's engine forward); tb, adv: the whole batch and its advantages. Returns (log-probs
-    [B, T] detached, merged ReplayStats or None, the loss (0-d, detached), its logged parts, gradient norm,
-    split norms, seconds of the exact arm's engine forwards)."""
+    model's .grad (zeroed first), then clipped and applied (`RLTrainer._apply`). tb, adv: the whole batch and
+    its advantages. Returns (log-probs [B, T] detached, merged ReplayStats or None, the loss (0-d, detached),
+    its logged parts, gradient norm, split norms)."""
     method = tr.method
+    if method.exact:
+        raise ValueError("the exact arm takes no micro-batches (config key 'rl.micro_batch')")
     n_tok = int(tb.mask.sum())
     n_valid = int(tb.att.sum())
     lp_all = torch.zeros(tb.ids.shape, dtype=torch.float32, device=tb.ids.device)
     params = [p for p in tr.model.parameters() if p.requires_grad]
     g_align = None  # the alignment term's accumulated gradient (split steps)
-    merged, per_row, items, loss_sum, t_ex, t_split = None, None, 0, 0.0, 0.0, 0.0
+    merged, per_row, items, loss_sum, t_split = None, None, 0, 0.0, 0.0
     parts: dict = {"align_loss": None}
     tr.opt.zero_grad(set_to_none=True)
     try:
         for rows in chunks(tb.ids.shape[0], size):
             sub = sub_batch(tb, rows)
             a = adv[rows.start: rows.stop, : sub.ids.shape[1]]
-            if method.exact:
-                (lp, t), stats = tr._exact_logprobs([tokens[b] for b in rows], sub), None
-                t_ex += t
-            else:
-                lp, stats = tr._replayed_logprobs(sub, record, diag)
+            lp, stats = tr._replayed_logprobs(sub, record, diag)
             lp_all[rows.start: rows.stop, : lp.shape[1]] = lp.detach()
             w = int(sub.mask.sum()) / n_tok
             loss, p, _ = tr._loss(lp, sub, a, None)  # token means over the chunk: policy loss (+ KL)
@@ -144,7 +140,7 @@ def micro_step(tr, tokens, tb, adv: torch.Tensor, record, diag, size: int, split
                  "grad_norm_rest": sq([q.grad - g for q, g in zip(params, g_align, strict=True)
                                        if q.grad is not None]), "time_split_s": t_split}
     gn = tr._apply()
-    return lp_all, merged, torch.tensor(loss_sum), parts, gn, norms, t_ex
+    return lp_all, merged, torch.tensor(loss_sum), parts, gn, norms
 
 
 __all__ = ["chunks", "micro_step", "split_grad", "sub_batch"]

@@ -36,7 +36,9 @@ Log-probs on both sides are those of the sampling distribution, at `rl.temperatu
 log_softmax(logits / T), the trainer's likewise), so TIS and the mismatch metrics compare the behaviour
 policy with the trainer's policy at the same temperature.
 Mismatch metrics (k1, k3, |dlp| mean/max, ratio-outside fraction, chi2) compare the trainer forward's
-log-probs, in its own quantized mode, with the rollout's, over trainable tokens. Per-layer flip rates
+log-probs, in its own quantized mode, with the rollout's, over trainable tokens. For the exact arm those are the
+engine's values (k3 = 0 by construction); `k3_grad` is the k3 of the pinned QAT forward's own log-probs against
+the rollout's, the function whose gradient the step takes. Per-layer flip rates
 (DESIGN.md §3 diagnostics: the trainer's code before guidance vs the rollout's, with the rollout's
 routing) cover all layers for every arm whose trainer quantizes activations (qat-independent, trace*);
 they are empty dicts for bf16 / fp4-naive / qat-weight-only. Guidance bytes are those of the arm's own
@@ -216,8 +218,9 @@ class RLTrainer:
             lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16", self.rl["temperature"])
         return lp, stats
 
-    def _exact_logprobs(self, tokens, tb: TrainBatch) -> tuple[torch.Tensor, float]:
-        """The exact arm's log-probs [B, T] and the seconds of the engine's forward. Values: the engine's
+    def _exact_logprobs(self, tokens, tb: TrainBatch) -> tuple[torch.Tensor, float, torch.Tensor]:
+        """The exact arm's log-probs [B, T], the seconds of the engine's forward and the pinned QAT forward's own
+        log-probs g [B, T] (detached: the function whose gradient the step takes, for `k3_grad`). Values: the engine's
         batch-invariant forward over each sample's input tokens and target (`RolloutEngine.score`: one
         full-sequence forward on the kernels and configs the rollout sampled with, log-probs from the same per-row
         kernel), equal to the rollout's log-probs bit for bit. Gradient: the QAT forward's (the trainer mode's
@@ -239,7 +242,7 @@ class RLTrainer:
         with pinned_inputs(self.model, [s[:, :T] for s in streams]):
             lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16", self.rl["temperature"])
         g = torch.where(tb.att.bool(), lp - lp.detach(), torch.zeros_like(lp))
-        return v.to(lp.device) + g, t_engine
+        return v.to(lp.device) + g, t_engine, lp.detach()
 
     # ------------------------------------------------------------------------------ one step
     def step(self, step: int) -> dict:
@@ -280,15 +283,16 @@ class RLTrainer:
         want_split = self.arm.align
         mb = rl.get("micro_batch") or 0  # absent / null / 0: the whole batch in one forward
         if 0 < mb < tb.ids.shape[0]:  # micro-batches: the whole-batch loss and gradient (trace/rl/microbatch.py)
-            lp_det, stats, loss, parts, gn, gparts, t_ex = micro_step(self, ep.batch.tokens, tb, adv, record, diag,
-                                                                      mb, want_split)
+            lp_det, stats, loss, parts, gn, gparts = micro_step(self, tb, adv, record, diag, mb, want_split)
             mm = mismatch_metrics(lp_det, tb.lp_roll, tb.mask)
         else:
             if method.exact:  # no record: values from the engine, gradient from the pinned QAT forward
-                (lp_train, t_ex), stats = self._exact_logprobs(ep.batch.tokens, tb), None
+                (lp_train, t_ex, lp_grad), stats = self._exact_logprobs(ep.batch.tokens, tb), None
             else:
                 lp_train, stats = self._replayed_logprobs(tb, record, diag)
             mm = mismatch_metrics(lp_train.detach(), tb.lp_roll, tb.mask)
+            if method.exact:  # the mismatch of the function the gradient is taken of (its values are not used)
+                mm["k3_grad"] = mismatch_metrics(lp_grad, tb.lp_roll, tb.mask)["k3"]
             loss, parts, align = self._loss(lp_train, tb, adv, stats)
             gn, gparts = self._optimize(loss, align if want_split else None)
         self.engine.sync_weights(self.model)
