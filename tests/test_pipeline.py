@@ -33,6 +33,7 @@ def _env():
     env["CUDA_VISIBLE_DEVICES"] = ""  # the DAG must build with no GPU
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = ROOT
+    env["TRACE_ALLOW_DIRTY"] = "1"  # pipeline plumbing, whatever the tree's state (launch.py refuses dirty runs)
     return env
 
 

@@ -78,6 +78,22 @@ def _git_tree() -> str | None:
         return None
 
 
+def _git_diff_sha256() -> str | None:
+    """sha256 of `git diff HEAD` of the tracked files when they differ from HEAD (the patch that
+    workflow/scripts/launch.py keeps beside a run made from a dirty tree), else None."""
+    if os.environ.get("TRACE_GIT_COMMIT"):
+        return None
+    try:
+        out = subprocess.run(["git", "-C", _ROOT, "diff", "HEAD", "--binary"], capture_output=True, text=True,
+                             timeout=60)
+    except Exception:  # noqa: BLE001 - meta data is best effort, never fatal
+        return None
+    if out.returncode or not out.stdout:
+        return None
+    import hashlib
+    return hashlib.sha256(out.stdout.encode()).hexdigest()
+
+
 def _version(mod: str) -> str | None:
     try:
         from importlib.metadata import version
@@ -130,6 +146,7 @@ def collect_meta() -> dict:
     return {
         "git_commit": _git_commit(),
         "git_tree": _git_tree(),
+        "git_diff_sha256": _git_diff_sha256(),
         "torch": torch.__version__,
         "transformers": _version("transformers"),
         "triton": _version("triton"),

@@ -46,7 +46,7 @@ def test_job_runs_pinned_to_its_slot_gpu(tmp_path):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("seed: 0\n")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="4,5", TRACE_GPU_LOCK_DIR=str(tmp_path / "locks"),
-               PYTHONPATH=ROOT)
+               PYTHONPATH=ROOT, TRACE_ALLOW_DIRTY="1")  # the slots, whatever the tree's state
     # one slot per GPU, GPU 4's slot held by this test: the job must land on GPU 5
     _, fd = acquire_gpu_slot(["4"], 1, str(tmp_path / "locks"))
     r = subprocess.run([sys.executable, "-m", "workflow.scripts.launch", "--stage", "rl", "--cmd",

@@ -1,7 +1,7 @@
 """The GPU plan (experiments/gpu_plan.yaml): which unit of GPU work runs next, on a lent machine, and what came back.
 
     python -m workflow.scripts.gpu_plan status [--machine h100|h200] [--budget MIN]   # dry run, CPU
-    python -m workflow.scripts.gpu_plan start [--budget MIN]                            # on the GPU machine
+    TRACE_GIT_COMMIT=SHA python -m workflow.scripts.gpu_plan start [--budget MIN]       # on the GPU machine
     python -m workflow.scripts.gpu_plan unpack QUEUE.tgz [...] [--no-redraw]            # here, after a call
     python -m workflow.scripts.gpu_plan lease --held-s S --gpu NAME [--note TEXT]        # a machine's held time
     python -m workflow.scripts.gpu_plan table                                           # results/gpu/plan.md
@@ -225,20 +225,17 @@ def _gpu_name() -> str:
         return ""
 
 
-def _commit() -> str:
-    c = os.environ.get("TRACE_GIT_COMMIT") or os.environ.get("GIT_COMMIT")
-    if c:
-        return c
-    r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return r.stdout.strip() or "unknown"
-
-
 def cmd_start(args) -> int:
     gpu = _gpu_name()
     if not gpu:
         print("no GPU visible: nothing started (the dry run is `status`)", file=sys.stderr)
         return 1
     machine = "h200" if "H200" in gpu else "h100"
+    commit = os.environ.get("TRACE_GIT_COMMIT") or os.environ.get("GIT_COMMIT")
+    if not commit:  # a copy's .git may be older than its files: the caller names the commit it sent
+        print("error: set TRACE_GIT_COMMIT to the commit whose files this copy holds (git rev-parse HEAD where it "
+              "was sent from, with a clean tree)", file=sys.stderr)
+        return 2
     cfg, units = load()
     ledger = read_csv(ROOT / LEDGER)
     tree = tree_hash()
@@ -249,7 +246,7 @@ def cmd_start(args) -> int:
     qdir = os.environ.get("QDIR", "/tmp/trace-queue")
     jobs = Path(tempfile.mkstemp(suffix=".jobs")[1])
     jobs.write_text("\n".join(queue_lines(picked, qdir)) + "\n")
-    env = dict(os.environ, QDIR=qdir)
+    env = dict(os.environ, QDIR=qdir, TRACE_GIT_COMMIT=commit, GIT_COMMIT=commit)
     passed = [r for r in ledger if r["unit"] == "gpu-suite" and r["tree"] == tree and r["rc"] == "0"]
     if passed:  # the suite passed for this source tree on a machine of the ledger: chunks record that, not run it
         p = passed[-1]
@@ -258,7 +255,7 @@ def cmd_start(args) -> int:
     r = subprocess.run(["bash", str(ROOT / "scripts/gpu/queue.sh"), "start", str(jobs)], cwd=ROOT, env=env)
     if r.returncode:
         return r.returncode
-    meta = {"attempt": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": _commit(),
+    meta = {"attempt": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": commit,
             "tree": tree, "gpu": gpu, "units": [u.name for u in picked]}
     (Path(qdir) / "plan_meta.json").write_text(json.dumps(meta, indent=1))
     for u in picked:

@@ -9,6 +9,11 @@ The command gets the entry-point contract's arguments (``--config CFG --out DIR`
 For sft/rl the run dir carries a stamp of the config it was started with: an interrupted run with the
 same config is resumed by the trainer (from its last checkpoint), a run dir left by a different config
 (or with no checkpoint to resume from) is wiped first so stale metrics never mix with new ones.
+Only committed code makes committed runs: with tracked files changed since HEAD the launch stops with one line, unless
+TRACE_ALLOW_DIRTY=1, in which case the diff is saved beside the run (``dirty.patch`` in a run dir, ``<eval>.patch``
+beside an evaluation) and meta.json records its hash (trace/rundir.py). A copy of the repository whose launching
+commit is given in TRACE_GIT_COMMIT (a GPU machine's, whose .git may be older than its files) is not checked here:
+its meta.json records the files' git tree, which names the commit.
 With ``--gate VALIDATION.json`` (stage rl) the run starts only if its SFT base's validation evaluation passes the
 SFT base gate (trace/gate.py): otherwise one error line and exit 1, before the run dir is touched.
 Afterwards the `done` marker (sft/rl) or a well-formed eval JSON (eval) must exist, else exit 1.
@@ -110,6 +115,17 @@ def check_eval(path: str) -> None:
             raise SystemExit(f"[launch] {path}: {dep}.accuracy is not a finite number ({acc!r})")
 
 
+def tracked_diff() -> str:
+    """`git diff HEAD` of the tracked files ('' when clean, or when this is not a git checkout)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        r = subprocess.run(["git", "-C", root, "diff", "HEAD", "--binary"], capture_output=True, text=True,
+                           timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return r.stdout if r.returncode == 0 else ""
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stage", choices=["sft", "rl", "eval"], required=True)
@@ -125,6 +141,11 @@ def main(argv=None) -> int:
                     help="take one of K slots per visible GPU and run on that GPU alone (0: no GPU pinning)")
     a = ap.parse_args(argv)
 
+    diff = "" if os.environ.get("TRACE_GIT_COMMIT") else tracked_diff()
+    if diff and os.environ.get("TRACE_ALLOW_DIRTY") != "1":
+        print(f"[launch] error: tracked files differ from HEAD ({diff.count(chr(10) + 'diff --git') + 1} file(s)): commit "
+              f"them first, or set TRACE_ALLOW_DIRTY=1 to keep the diff beside the run", file=sys.stderr)
+        return 1
     if a.gate:
         from trace.gate import GateError, check
         try:
@@ -143,6 +164,10 @@ def main(argv=None) -> int:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     else:
         prepare_run_dir(a.out, a.config)
+    if diff:
+        patch = os.path.join(a.out, "dirty.patch") if a.stage != "eval" else os.path.splitext(a.out)[0] + ".patch"
+        with open(patch, "w") as f:
+            f.write(diff)
     cmd += ["--out", a.out]
     for kv in a.set:
         cmd += ["--set", kv]
