@@ -20,7 +20,7 @@ so the gradients below a layer agree within float tolerance. torch 2.13's CPU `_
 its backward fails on an expert that got no rows, so the CPU takes the segment loop.
 
 "auto" picks grouped on every device: on a GPU it removes the per-expert launches; on the CPU it measured
-faster than the loop too (DESIGN.md §6, "The experts' forward").
+faster than the loop too (DESIGN.md §4, "The experts' forward").
 Compared against: tests/qat/test_experts.py (every family and arm, loop vs grouped: values, gradients, codes,
 replay statistics; the GPU test there at a small flavor).
 """
