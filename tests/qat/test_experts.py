@@ -12,11 +12,12 @@ import contextlib
 import pytest
 import torch
 
+from trace import config as C
 from trace.arms import ARMS
 from trace.guidance import Method, Recorder, Tee
 from trace.models import build_model, list_models
 from trace.qat import patch_model, recording
-from trace.qat.experts import grouped_linear, resolve
+from trace.qat.experts import PATHS, grouped_linear, resolve
 
 FAMILIES = list_models(flavor="tiny")  # every registered family
 # every arm's trainer forward: (arm, rho); trace-deep is trace guiding the deepest half; exact's trainer forward is
@@ -194,9 +195,12 @@ def test_the_grouped_gemm_op_computes_the_segment_loop():
 
 
 def test_the_setting_names_a_path():
+    """QATRuntime.experts and the run config's rl.experts (the trainer's setting; absent or null: auto) name the
+    same paths."""
     assert resolve("auto", torch.device("cpu")) == "grouped" and resolve("loop", torch.device("cuda")) == "loop"
     with pytest.raises(ValueError, match="experts path"):
         resolve("fast", torch.device("cpu"))
+    assert C.SCHEMA["properties"]["rl"]["properties"]["experts"]["enum"] == [None, *PATHS]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
