@@ -203,18 +203,28 @@ def test_the_setting_names_a_path():
     assert C.SCHEMA["properties"]["rl"]["properties"]["experts"]["enum"] == [None, *PATHS]
 
 
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30)).item()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["qwen3_moe-small", "mixtral-small"])
-def test_grouped_experts_equal_the_loop_on_gpu(name):
-    """On a GPU the grouped path runs `torch._grouped_mm` (CUTLASS) where the loop runs cuBLAS per expert: values
-    and gradients within BF16 tolerance, the routing and the first layer's codes (inputs not yet through a GEMM
-    that differs) the same; the flip statistics of both within a few per mille of each other."""
-    out = _compare_paths(name, "trace", 0.5, "cuda")
-    _assert_same(out, bitwise_operands=False)
-    st0, st1 = out["loop"][3], out["grouped"][3]
-    own0, own1 = out["loop"][5], out["grouped"][5]
+@pytest.mark.parametrize(("arm", "tol"), [("bf16", 2e-2), ("trace", 1e-1)])
+def test_grouped_experts_equal_the_loop_on_gpu(name, arm, tol):
+    """On a GPU the grouped path runs `torch._grouped_mm` where the loop runs one cuBLAS GEMM per expert: the same
+    products up to BF16 rounding, which FP4 sites can turn into a code flip now and then. So: logits, loss and every
+    gradient within `tol` in relative norm (a misplaced row is off by ~1), the first layer's expert input codes (not
+    yet through a GEMM that differs) the same, and per layer the code-flip and unrecoverable rates within 1e-2."""
+    out = _compare_paths(name, arm, 0.5, "cuda")
+    (l0, s0, g0, st0, _, own0), (l1, s1, g1, st1, _, own1) = out["loop"], out["grouped"]
+    assert _rel(l1, l0) < tol and _rel(s1, s0) < tol
+    assert g0.keys() == g1.keys() and len(g0) > 0
+    worst = max(g0, key=lambda k: _rel(g1[k], g0[k]))
+    assert _rel(g1[worst], g0[worst]) < tol, worst
+    if own0 is None:
+        return
     assert torch.equal(own0.sites[(0, "moe_in")].codes, own1.sites[(0, "moe_in")].codes)
     for i in (k for k in st0 if isinstance(k, int)):
-        for f in ("code_flips", "unrecoverable"):
-            n = max(st0[i]["elements"], 1)
-            assert abs(st0[i][f] - st1[i][f]) / n < 5e-3, (i, f)
+        for f, n in (("code_flips", "elements"), ("unrecoverable", "unrec_checked")):
+            if st0[i][n]:
+                assert abs(st0[i][f] - st1[i][f]) / st0[i][n] < 1e-2, (i, f)
