@@ -276,6 +276,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--procs", type=int, default=1, help="processes at once per (arm, kernels), as runs share a GPU")
     ap.add_argument("--recompute-experts", action="store_true",
                     help="rl.recompute_experts on: less trainer memory, one more expert forward per step")
+    ap.add_argument("--experts", choices=("auto", "loop", "grouped"), default=None,
+                    help="rl.experts: the QAT experts' implementation (default auto; loop vs grouped in one run: two calls)")
     ap.add_argument("--micro-batch", type=int, default=None,
                     help="rl.micro_batch: sequences per trainer forward/backward (default: the whole batch)")
     ap.add_argument("--note", default="", help="appended to every row's note")
@@ -295,6 +297,8 @@ def main(argv=None) -> list[dict]:
             rl = {"recompute_experts": a.recompute_experts, "eval_every": 0}
             if a.micro_batch:
                 rl["micro_batch"] = a.micro_batch
+            if a.experts:
+                rl["experts"] = a.experts
             rl.update({k: v for k, v in (("group_size", a.group_size), ("max_new_tokens", a.gen)) if v})
             cfg, full = step_config(a.profile, a.model, a.task, arm, a.prompts or 1, init_ckpt=a.init_ckpt, **rl)
             if not a.prompts:
@@ -310,6 +314,7 @@ def main(argv=None) -> list[dict]:
                 note = "; ".join(x for x in (
                     "forced: stop token and stop string ignored" if not a.natural else "natural stops",
                     "random init" if not a.init_ckpt else "", f"{time.perf_counter() - t0:.0f} s with setup",
+                    f"experts {a.experts}" if a.experts else "",
                     a.note) if x)
                 rows.append({"version": a.version, "commit": git_commit(), "gpu": gpu, "date": today(),
                              "model": a.model, "task": a.task, "arm": arm, "method": method,

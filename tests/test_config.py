@@ -39,6 +39,7 @@ def test_defaults_validate_and_yaml_floats(tmp_path):
     ({"rl": {"tis_cap": -1}}, "config key 'rl.tis_cap'"),
     ({"rl": {"icepop": [0.5, 2.0]}}, "config key 'rl.icepop': ICEPOP replaces TIS"),
     ({"rl": {"rho": 1.5}}, "config key 'rl.rho'"),
+    ({"rl": {"experts": "fast"}}, "config key 'rl.experts'"),
     ({"task": {"name": "poetry"}}, "config key 'task.name'"),
     ({"task": {"n_train": 2.5}}, "config key 'task.n_train': expected integer"),
     ({"wandb": {"mode": "loud"}}, "config key 'wandb.mode'"),
@@ -58,6 +59,7 @@ def test_overrides(tmp_path):
     assert cfg["rl"]["method"] == "trace" and cfg["rl"]["icepop"] == [0.5, 2.0]
     assert cfg["rl"]["tis_cap"] is None and cfg["rl"]["lr"] == pytest.approx(5e-5)
     assert cfg["task"]["knobs"] == {"max_value": 5}
+    assert C.load_config(p, ["rl.experts=loop"])["rl"]["experts"] == "loop" and "experts" not in cfg["rl"]
     with pytest.raises(C.ConfigError, match="config key 'rl.lr'"):
         C.load_config(p, ["rl.lr=abc"])
     with pytest.raises(C.ConfigError, match="key=value"):

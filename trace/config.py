@@ -52,7 +52,8 @@ DEFAULTS: dict[str, Any] = {
     },
     # rl.micro_batch (sequences per trainer forward/backward, gradients accumulated; trace/rl/microbatch.py) has
     # no default either: absent, null or 0 = the whole batch in one forward, so resolved configs of existing runs
-    # stay as they were
+    # stay as they were. Nor has rl.experts (the QAT experts' implementation, trace/qat/experts.py PATHS: absent or
+    # null = "auto"): a setting of speed, the loop and the grouped path compute the same
     # eval.split ("test" | "validation") has no default: absent = "test" (trace/episode.py), so resolved configs
     # of existing runs stay as they were; "validation" is for choices of configuration, so that choosing never
     # reads the test split (trace/tasks/base.py)
@@ -110,6 +111,7 @@ SCHEMA: dict = _obj({
         "init_ckpt": {"type": ["string", "null"]}, "ckpt_every": _pos_int, "eval_every": _nonneg_int,
         "max_turns": _pos_int, "diag_flips": {"type": "boolean"}, "recompute_experts": {"type": "boolean"},
         "micro_batch": {"oneOf": [{"type": "null"}, _nonneg_int]},
+        "experts": {"enum": [None, "auto", "loop", "grouped"]},
     }),
     "eval": _obj({
         "n_test": {"oneOf": [{"type": "null"}, _pos_int]}, "samples_per_prompt": _pos_int,

@@ -18,7 +18,7 @@
 set -uo pipefail
 # Each directory's files stand together: the GPU image's pytest left tests/rl/conftest.py out of force for
 # tests/rl/test_exact_arm.py when tests/rl/ came back after other directories ("fixture 'sft_ckpt' not found").
-FILES=(tests/kernels tests/fp4/test_kernel_path.py tests/qat/test_patch.py tests/rl/test_steps.py
+FILES=(tests/kernels tests/fp4/test_kernel_path.py tests/qat/test_patch.py tests/qat/test_experts.py tests/rl/test_steps.py
        tests/rl/test_exact_arm.py tests/rollout/test_gpu.py tests/rollout/test_fast.py
        tests/rollout/test_batch_invariant_engine.py tests/rollout/test_step_record_sinks.py tests/test_sft.py)
 FAST_K="gpu or kernel_path or mma or decodes or plain_variant or stable_sort or pads_per_expert or decoded_activation \

@@ -5,7 +5,8 @@ model, patched in place.
 the classes of the attention / MLP linears and the routers for subclasses with the same state,
 registers an attention function (K/V fake-quant after norm and RoPE) and an experts function
 (per-expert weight quant, per-token gate/up input, per-(token, slot) down input), and points the
-model config at them. Modes: bf16 (bit-identical to the unpatched model), w4a16, w4a4, w4a4kv4.
+model config at them. Modes: bf16 (bit-identical to the unpatched model on the experts' loop; on the grouped path,
+trace/qat/experts.py, up to float summation order in the backward), w4a16, w4a4, w4a4kv4.
 
 This file only decides WHICH tensors are quantized at which site (SITES in trace/guidance/record.py).
 What happens there is the guidance runtime's (trace/guidance/replay.py): plain RTN fake quant with a
@@ -27,7 +28,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from transformers import AttentionInterface
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -36,6 +36,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from trace import fp4, guidance
 from trace.guidance import GuidanceRecord, Recorder, Runtime
 from trace.models.registry import FAMILIES, family_of
+from trace.qat.experts import experts_forward
 
 MODES = ("bf16", "w4a16", "w4a4", "w4a4kv4")
 ATTN_IMPL = "trace_qat_sdpa"
@@ -50,6 +51,9 @@ class QATRuntime(Runtime):
     # recompute each expert's gate/up GEMM and SiLU product in the backward instead of keeping them (the
     # trainer's largest saved activations on the small MoE flavors; values and gradients unchanged)
     recompute_experts: bool = False
+    # the experts' implementation (trace/qat/experts.py): "loop" (the reference), "grouped" (tokens sorted by
+    # expert, grouped GEMMs) or "auto" (grouped on every device, measured faster on the CPU too)
+    experts: str = "auto"
 
     @property
     def weights(self) -> bool:
@@ -129,55 +133,13 @@ def _router_forward_factory(orig_cls):
 _ROUTER_CLASSES: dict[type, type] = {}
 
 
-def _expert_mlp(act_fn, x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
-    """x [n_e, H], w_gu [2I, H] (gate rows, then up rows) -> act_fn(gate) * up [n_e, I]."""
-    gate, up = F.linear(x, w_gu).chunk(2, dim=-1)
-    return act_fn(gate) * up
-
-
 def trace_experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    """Eager expert loop with FP4 sites. hidden_states [N, H], top_k_index/weights [N, k]. In bf16 mode the
-    same loop without FP4 (bit-identical to transformers' loop, forward and gradients; faster backward)."""
+    """The experts with FP4 sites (trace/qat/experts.py: the loop or the grouped path, per `QATRuntime.experts`).
+    hidden_states [N, H], top_k_index/weights [N, k]."""
     rt = _rt(self)
     if rt is None:
         return type(self).__mro__[0].forward.__wrapped__(self, hidden_states, top_k_index, top_k_weights)
-    layer = self._trace_layer
-    n, k = top_k_index.shape
-    x = rt.act(layer, "moe_in", hidden_states) if rt.acts else hidden_states  # [N, H] per token
-    # per-expert views through one unbind: its backward stacks the experts' gradients once, where indexing
-    # w[e] would build a zero gradient of the whole [E, ...] weight for every expert the batch hit
-    w_gu = rt.weight(self.gate_up_proj).unbind(0)  # E x [2I, H]
-    w_d = rt.weight(self.down_proj).unbind(0)  # E x [H, I]
-    inter = w_d[0].shape[-1]
-    mask = F.one_hot(top_k_index, self.num_experts).permute(2, 1, 0)  # [E, k, N]
-    hit = (mask.sum(dim=(1, 2)) > 0).nonzero().flatten().tolist()
-    pairs, h_all = {}, None
-    recompute = rt.recompute_experts and torch.is_grad_enabled()
-    for e in hit:
-        slot, tok = torch.where(mask[e])
-        if recompute:
-            # autograd keeps the GEMM's two inputs as it reads them: cast here as autocast would cast them inside
-            # (same values), so neither the fp32 rows nor the fake-quantized fp32 weight is kept for the recompute
-            xe, w = x[tok], w_gu[e]
-            dev = w.device.type
-            if torch.is_autocast_enabled(dev):
-                xe, w = xe.to(torch.get_autocast_dtype(dev)), w.to(torch.get_autocast_dtype(dev))
-            h = checkpoint(_expert_mlp, self.act_fn, xe, w, use_reentrant=False)
-        else:
-            h = _expert_mlp(self.act_fn, x[tok], w_gu[e])  # [n_e, I] (bf16 under autocast)
-        if h_all is None:
-            h_all = h.new_zeros(n, k, inter)  # [N, k, I]: the down input per (token, slot)
-        h_all = h_all.index_put((tok, slot), h)
-        pairs[e] = (slot, tok)
-    if h_all is None:
-        return torch.zeros_like(hidden_states)
-    if rt.acts:
-        h_all = rt.act(layer, "moe_down_in", h_all)
-    out = torch.zeros_like(hidden_states)
-    for e, (slot, tok) in pairs.items():
-        y = F.linear(h_all[tok, slot], w_d[e]) * top_k_weights[tok, slot, None]
-        out.index_add_(0, tok, y.to(out.dtype))
-    return out
+    return experts_forward(self, rt, hidden_states, top_k_index, top_k_weights)
 
 
 def trace_attention(module, query, key, value, attention_mask, **kwargs):

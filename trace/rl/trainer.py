@@ -187,6 +187,7 @@ class RLTrainer:
         self.model.train()
         self.rt = patch_model(self.model, self.arm.trainer_mode, self.rl["fmt"])
         self.rt.recompute_experts = self.rl["recompute_experts"]
+        self.rt.experts = self.rl.get("experts") or "auto"  # the experts' loop or grouped path (trace/qat/experts.py)
         self.ref = None
         if self.rl["kl_coef"] > 0:
             # the reference is the initial policy (SFT checkpoint), unquantized and frozen
