@@ -64,6 +64,9 @@ def test_vllm_engine_only_for_bf16(tmp_path):
 
 # ------------------------------------------------------------------------------------------ launch -- FLAGS
 def _launch(tmp_path, *args):
+    """A dry run: (exit status, OpenRLHF's parsed args, the train_ppo_ray argv), both from its stdout JSON."""
+    import contextlib
+    import io
     import json
 
     from trace.integrations.openrlhf.launch import main
@@ -71,11 +74,14 @@ def _launch(tmp_path, *args):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("model: qwen3_moe-tiny\ntask: {name: reasoning, n_train: 32}\n"
                    "rl: {method: trace, steps: 2, prompts_per_step: 2, group_size: 2}\n")
-    out = tmp_path / "o"
-    rc = main(["--config", str(cfg), "--out", str(out), "--dry-run", *map(str, args)])
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        rc = main(["--config", str(cfg), "--out", str(tmp_path / "o"), "--dry-run", *map(str, args)])
+    assert not (tmp_path / "o").exists()  # a dry run writes nothing
     if rc:
         return rc, None, None
-    return rc, json.loads((out / "openrlhf_args.json").read_text()), json.loads((out / "openrlhf_argv.json").read_text())
+    printed = json.loads(stdout.getvalue())
+    return rc, printed["args"], printed["command"]
 
 
 def test_user_flags_reach_openrlhfs_parsed_args(tmp_path):
