@@ -133,3 +133,68 @@ def test_conflicting_or_unknown_user_flag_refused(tmp_path, capsys, flags, needl
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and needle in err[0], err
     assert not (tmp_path / "o").exists()  # refused before the run dir is made
+
+
+# ------------------------------------------------------------------------------------------ honest flags
+@pytest.mark.parametrize("flags,needle", [
+    (["--vllm.enable_sleep"], "no sleep / wake_up"),
+    (["--train.async_enable"], "no pause / resume"),
+    (["--train.partial_rollout_enable"], "partial rollouts need"),
+    (["--vllm.gpu_memory_utilization", "0.5"], "no memory pool"),
+    (["--vllm.enforce_eager"], "no vLLM CUDA graphs"),
+    (["--vllm.enable_prefix_caching"], "no prefix cache"),
+    (["--eval.dataset", "e.jsonl"], "rl.eval_every"),
+    (["--ds.packing_samples"], "packing needs flash attention"),
+])
+def test_flags_the_engine_cannot_honour_are_refused(tmp_path, capsys, flags, needle):
+    rc, _, _ = _launch(tmp_path, "--gpus", 0, "--", *flags)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and f"{flags[0]} is not supported: " in err[0] and needle in err[0], err
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--ds.attn_implementation", "flash_attention_2"], "fixed by TRACE: the QAT patch runs attention"),
+    (["--reward.remote_url", "my_reward.py"], "fixed by TRACE: the reward is the task's verifier"),
+    (["--ckpt.load_enable"], "fixed by TRACE: it is always on"),
+])
+def test_fixed_flags_say_why(tmp_path, capsys, flags, needle):
+    rc, _, _ = _launch(tmp_path, "--gpus", 0, "--", *flags)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and needle in err[0] and "change it there" not in err[0], err
+
+
+def test_defaults_the_user_may_replace_reach_openrlhf(tmp_path):
+    rc, args, argv = _launch(tmp_path, "--gpus", 0, "--", "--rollout.top_p", 0.9, "--actor.adam.betas", 0.9, 0.95,
+                             "--actor.lr_scheduler", "cosine_with_min_lr", "--actor.lr_warmup_ratio", 0.1)
+    assert rc == 0
+    assert args["rollout.top_p"] == 0.9 and list(args["actor.adam.betas"]) == [0.9, 0.95]
+    assert args["actor.lr_scheduler"] == "cosine_with_min_lr" and args["actor.lr_warmup_ratio"] == 0.1
+    for opt in ("--rollout.top_p", "--actor.adam.betas", "--actor.lr_scheduler", "--actor.lr_warmup_ratio"):
+        assert argv.count(opt) == 1, opt  # the user's value replaced TRACE's
+
+
+def test_every_trace_flag_has_one_honest_rule():
+    """Each flag TRACE sets is user-settable, derived from a real config key or launch option, or fixed with a
+    reason; none is also in UNSUPPORTED."""
+    import re
+
+    from trace.integrations.openrlhf.flags import FIXED, SOURCE, UNSUPPORTED, USER_SETTABLE, flag_groups
+    from trace.integrations.openrlhf.launch import openrlhf_dest_of
+    dest_of = openrlhf_dest_of()
+    argvs = [ppo_flags(_cfg("rl.kl_coef=0.01"), model_path="m", prompts="p", out="o", reward_file="r.py", gpus=2),
+             ppo_flags(_cfg(), model_path="m", prompts="p", out="o", agent_file="a.py")]
+    dests = {dest_of(o) for argv in argvs for o, _ in flag_groups(argv)}
+    for d in dests:
+        assert sum(d in t for t in (USER_SETTABLE, SOURCE, FIXED)) == 1, d
+    assert not dests & set(UNSUPPORTED)
+    from trace.integrations.openrlhf.launch import JSONL_KEYS
+    for where in SOURCE.values():  # every config key named exists in the run config (or launch's task data keys)
+        if where.startswith("launch "):
+            continue
+        for key in re.findall(r"[a-z_]+(?:\.[a-z_]+)*", where.replace(" x ", " ")):
+            if key.startswith("task.") and key[5:] in JSONL_KEYS:
+                continue
+            node = C.DEFAULTS
+            for part in key.split("."):
+                assert isinstance(node, dict) and part in node, (where, key)
+                node = node[part]

@@ -422,13 +422,14 @@ def _main(argv: list[str]) -> int:
     # the user's flags against TRACE's before anything is written (paths are placeholders here)
     dest_of = openrlhf_dest_of()
     F.merge_user_flags(build_argv(cfg, out, "MODEL", data, gpus, a.zero_stage, colocate,
-                                  prompts=("P.jsonl", "input", "label", None), ranks=a.ranks), user_flags, dest_of)
+                                  prompts=("P.jsonl", "input", "label", None), ranks=a.ranks),
+                       user_flags, dest_of, a.engine)
     check_init_ckpt(cfg)
     if a.dry_run:
         argv_orl = F.merge_user_flags(build_argv(cfg, out, prepare_model(cfg, out, write=False), data, gpus,
                                                  a.zero_stage, colocate, ranks=a.ranks,
                                                  prompts=prepare_prompts(cfg, out, data, write=False)),
-                                      user_flags, dest_of)
+                                      user_flags, dest_of, a.engine)
         args = flat_args(parse_with_openrlhf(argv_orl))
         print(json.dumps({"command": [F.MODULE, *argv_orl], "args": args}, indent=1, sort_keys=True))
         return 0
@@ -441,7 +442,7 @@ def _main(argv: list[str]) -> int:
     rundir.note_meta(out, "openrlhf_launch", {"gpus": gpus, "ranks": ranks, "colocate": colocate,
                                               "zero_stage": a.zero_stage, "engine": a.engine})
     argv_orl = F.merge_user_flags(build_argv(cfg, out, prepare_model(cfg, out), data, gpus, a.zero_stage, colocate,
-                                             ranks=a.ranks), user_flags, dest_of)
+                                             ranks=a.ranks), user_flags, dest_of, a.engine)
     (out / "openrlhf_argv.json").write_text(json.dumps([F.MODULE, *argv_orl], indent=1) + "\n")
     print("[openrlhf] python -m " + " ".join([F.MODULE, *argv_orl]), flush=True)
     try:
