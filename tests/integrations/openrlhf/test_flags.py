@@ -198,3 +198,14 @@ def test_every_trace_flag_has_one_honest_rule():
             for part in key.split("."):
                 assert isinstance(node, dict) and part in node, (where, key)
                 node = node[part]
+
+
+def test_prompt_length_follows_data_max_len(tmp_path, capsys):
+    """--data.max_len replaces TRACE's budget; one that would cut a prompt's <bos> is refused in one line."""
+    _, args, _ = _launch(tmp_path / "a", "--gpus", 0)
+    default = args["data.max_len"]
+    rc, args, argv = _launch(tmp_path / "b", "--gpus", 0, "--", "--data.max_len", 4096)
+    assert rc == 0 and args["data.max_len"] == 4096 and argv.count("--data.max_len") == 1
+    rc, _, _ = _launch(tmp_path / "c", "--gpus", 0, "--", "--data.max_len", default - 2)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "<bos>" in err[0] and f"--data.max_len {default - 1} or more" in err[0], err

@@ -54,6 +54,8 @@ USER_SETTABLE = {
     "actor.adam.betas": "AdamW betas (TRACE: 0.9 0.99, the embedded trainer's)",
     "actor.lr_scheduler": "learning-rate schedule (TRACE: constant, the embedded trainer's)",
     "actor.lr_warmup_ratio": "warm-up fraction of the schedule (TRACE: 0.0)",
+    "data.max_len": "prompt + response tokens (TRACE: the longest synthetic prompt, else 1024, + rl.max_new_tokens "
+    "per turn); launch refuses one too short for the longest prompt it knows",
 }
 # where a flag TRACE derives comes from (a run config key or a launch option): FlagConflict says to change it there
 SOURCE = {
@@ -70,7 +72,7 @@ SOURCE = {
     "actor.num_gpus_per_node": "launch --gpus / --ranks", "ref.num_gpus_per_node": "launch --gpus / --ranks",
     "ckpt.path": "launch --out", "ckpt.output_dir": "launch --out", "data.prompt_dataset": "task.train_jsonl",
     "data.input_key": "task.prompt_key", "data.label_key": "task.label_key",
-    "algo.kl.use_loss": "rl.kl_coef", "algo.kl.estimator": "rl.kl_coef", "data.max_len": "rl.max_new_tokens",
+    "algo.kl.use_loss": "rl.kl_coef", "algo.kl.estimator": "rl.kl_coef",
     "vllm.sync_backend": "launch --colocate / --gpus", "train.agent_func_path": "task.name",
 }
 # flags TRACE fixes: FlagConflict says why they cannot change
@@ -143,6 +145,15 @@ def merge_user_flags(trace_argv: list[str], user_argv: list[str], dest_of, engin
     replaced = {d for d, _, _ in theirs}
     out = [t for d, toks in mine if d not in replaced for t in toks]
     return out + [t for _, _, toks in theirs for t in toks]
+
+
+def flag_value(argv: list[str], dest: str, dest_of) -> str | None:
+    """The value of the last flag in argv whose argparse destination is `dest` (None: not there)."""
+    value = None
+    for opt, toks in flag_groups(argv):
+        if dest_of(opt) == dest:
+            value = toks[0].split("=", 1)[1] if "=" in toks[0] else (toks[1] if len(toks) > 1 else None)
+    return value
 
 
 def _num(x) -> str:
@@ -240,5 +251,5 @@ def ppo_flags(cfg: dict, *, model_path: str, prompts: str, out: str, reward_file
     return argv
 
 
-__all__ = ["FIXED", "MODULE", "SOURCE", "UNSUPPORTED", "USER_SETTABLE", "FlagConflict", "UnsupportedConfig", "flag_groups",
+__all__ = ["FIXED", "MODULE", "SOURCE", "UNSUPPORTED", "USER_SETTABLE", "FlagConflict", "UnsupportedConfig", "flag_groups", "flag_value",
            "is_correction_flags", "merge_user_flags", "ppo_flags"]

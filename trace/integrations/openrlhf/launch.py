@@ -173,6 +173,17 @@ def exec_train_ppo_ray() -> None:
     runpy.run_path(orl_main.__file__, run_name="__main__")
 
 
+def check_prompt_room(cfg: dict, argv: list[str], longest: int | None, dest_of) -> None:
+    """LaunchError when the longest prompt (`longest` characters, + <bos>; None: unknown) and rl.max_new_tokens
+    do not fit --data.max_len: OpenRLHF's executors would left-truncate the prompt and drop its <bos>."""
+    max_len = int(F.flag_value(argv, "data.max_len", dest_of))
+    need = longest + 1 + cfg["rl"]["max_new_tokens"] if longest else 0
+    if need > max_len:
+        raise LaunchError(f"--data.max_len {max_len} leaves no room for the longest prompt ({longest + 1} tokens with "
+                          f"<bos>) and rl.max_new_tokens {cfg['rl']['max_new_tokens']}: OpenRLHF would cut the "
+                          f"prompt's start, <bos> included; pass --data.max_len {need} or more")
+
+
 def _run_openrlhf_main(argv: list[str], capture) -> None:
     """Run OpenRLHF's train_ppo_ray main with `capture(parser_or_args)` intercepting it (no training):
     `capture` gets the ArgumentParser at parse_args and then OpenRLHF's hierarchical args."""
@@ -419,17 +430,14 @@ def _main(argv: list[str]) -> int:
         raise LaunchError("--engine vllm runs the bf16 arm on GPUs with vLLM installed")
     out = Path(a.out)
     check_hooks()
-    # the user's flags against TRACE's before anything is written (paths are placeholders here)
-    dest_of = openrlhf_dest_of()
-    F.merge_user_flags(build_argv(cfg, out, "MODEL", data, gpus, a.zero_stage, colocate,
-                                  prompts=("P.jsonl", "input", "label", None), ranks=a.ranks),
-                       user_flags, dest_of, a.engine)
     check_init_ckpt(cfg)
+    # the whole train_ppo_ray argv and its checks before anything is written (the files it names come later)
+    dest_of = openrlhf_dest_of()
+    prompts = prepare_prompts(cfg, out, data, write=False)
+    argv_orl = F.merge_user_flags(build_argv(cfg, out, prepare_model(cfg, out, write=False), data, gpus, a.zero_stage,
+                                             colocate, prompts=prompts, ranks=a.ranks), user_flags, dest_of, a.engine)
+    check_prompt_room(cfg, argv_orl, prompts[3], dest_of)
     if a.dry_run:
-        argv_orl = F.merge_user_flags(build_argv(cfg, out, prepare_model(cfg, out, write=False), data, gpus,
-                                                 a.zero_stage, colocate, ranks=a.ranks,
-                                                 prompts=prepare_prompts(cfg, out, data, write=False)),
-                                      user_flags, dest_of, a.engine)
         args = flat_args(parse_with_openrlhf(argv_orl))
         print(json.dumps({"command": [F.MODULE, *argv_orl], "args": args}, indent=1, sort_keys=True))
         return 0
@@ -441,8 +449,8 @@ def _main(argv: list[str]) -> int:
     rundir.note_meta(out, "openrlhf_user_flags", user_flags)
     rundir.note_meta(out, "openrlhf_launch", {"gpus": gpus, "ranks": ranks, "colocate": colocate,
                                               "zero_stage": a.zero_stage, "engine": a.engine})
-    argv_orl = F.merge_user_flags(build_argv(cfg, out, prepare_model(cfg, out), data, gpus, a.zero_stage, colocate,
-                                             ranks=a.ranks), user_flags, dest_of, a.engine)
+    prepare_model(cfg, out)
+    prepare_prompts(cfg, out, data)
     (out / "openrlhf_argv.json").write_text(json.dumps([F.MODULE, *argv_orl], indent=1) + "\n")
     print("[openrlhf] python -m " + " ".join([F.MODULE, *argv_orl]), flush=True)
     try:
