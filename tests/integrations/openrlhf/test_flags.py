@@ -64,6 +64,9 @@ def test_vllm_engine_only_for_bf16(tmp_path):
 
 # ------------------------------------------------------------------------------------------ launch -- FLAGS
 def _launch(tmp_path, *args):
+    """A dry run: (exit status, OpenRLHF's parsed args, the train_ppo_ray argv), both from its stdout JSON."""
+    import contextlib
+    import io
     import json
 
     from trace.integrations.openrlhf.launch import main
@@ -71,11 +74,14 @@ def _launch(tmp_path, *args):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("model: qwen3_moe-tiny\ntask: {name: reasoning, n_train: 32}\n"
                    "rl: {method: trace, steps: 2, prompts_per_step: 2, group_size: 2}\n")
-    out = tmp_path / "o"
-    rc = main(["--config", str(cfg), "--out", str(out), "--dry-run", *map(str, args)])
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        rc = main(["--config", str(cfg), "--out", str(tmp_path / "o"), "--dry-run", *map(str, args)])
+    assert not (tmp_path / "o").exists()  # a dry run writes nothing
     if rc:
         return rc, None, None
-    return rc, json.loads((out / "openrlhf_args.json").read_text()), json.loads((out / "openrlhf_argv.json").read_text())
+    printed = json.loads(stdout.getvalue())
+    return rc, printed["args"], printed["command"]
 
 
 def test_user_flags_reach_openrlhfs_parsed_args(tmp_path):
@@ -127,3 +133,79 @@ def test_conflicting_or_unknown_user_flag_refused(tmp_path, capsys, flags, needl
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and needle in err[0], err
     assert not (tmp_path / "o").exists()  # refused before the run dir is made
+
+
+# ------------------------------------------------------------------------------------------ honest flags
+@pytest.mark.parametrize("flags,needle", [
+    (["--vllm.enable_sleep"], "no sleep / wake_up"),
+    (["--train.async_enable"], "no pause / resume"),
+    (["--train.partial_rollout_enable"], "partial rollouts need"),
+    (["--vllm.gpu_memory_utilization", "0.5"], "no memory pool"),
+    (["--vllm.enforce_eager"], "no vLLM CUDA graphs"),
+    (["--vllm.enable_prefix_caching"], "no prefix cache"),
+    (["--eval.dataset", "e.jsonl"], "rl.eval_every"),
+    (["--ds.packing_samples"], "packing needs flash attention"),
+])
+def test_flags_the_engine_cannot_honour_are_refused(tmp_path, capsys, flags, needle):
+    rc, _, _ = _launch(tmp_path, "--gpus", 0, "--", *flags)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and f"{flags[0]} is not supported: " in err[0] and needle in err[0], err
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--ds.attn_implementation", "flash_attention_2"], "fixed by TRACE: the QAT patch runs attention"),
+    (["--reward.remote_url", "my_reward.py"], "fixed by TRACE: the reward is the task's verifier"),
+    (["--ckpt.load_enable"], "fixed by TRACE: it is always on"),
+])
+def test_fixed_flags_say_why(tmp_path, capsys, flags, needle):
+    rc, _, _ = _launch(tmp_path, "--gpus", 0, "--", *flags)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and needle in err[0] and "change it there" not in err[0], err
+
+
+def test_defaults_the_user_may_replace_reach_openrlhf(tmp_path):
+    rc, args, argv = _launch(tmp_path, "--gpus", 0, "--", "--rollout.top_p", 0.9, "--actor.adam.betas", 0.9, 0.95,
+                             "--actor.lr_scheduler", "cosine_with_min_lr", "--actor.lr_warmup_ratio", 0.1)
+    assert rc == 0
+    assert args["rollout.top_p"] == 0.9 and list(args["actor.adam.betas"]) == [0.9, 0.95]
+    assert args["actor.lr_scheduler"] == "cosine_with_min_lr" and args["actor.lr_warmup_ratio"] == 0.1
+    for opt in ("--rollout.top_p", "--actor.adam.betas", "--actor.lr_scheduler", "--actor.lr_warmup_ratio"):
+        assert argv.count(opt) == 1, opt  # the user's value replaced TRACE's
+
+
+def test_every_trace_flag_has_one_honest_rule():
+    """Each flag TRACE sets is user-settable, derived from a real config key or launch option, or fixed with a
+    reason; none is also in UNSUPPORTED."""
+    import re
+
+    from trace.integrations.openrlhf.flags import FIXED, SOURCE, UNSUPPORTED, USER_SETTABLE, flag_groups
+    from trace.integrations.openrlhf.launch import openrlhf_dest_of
+    dest_of = openrlhf_dest_of()
+    argvs = [ppo_flags(_cfg("rl.kl_coef=0.01"), model_path="m", prompts="p", out="o", reward_file="r.py", gpus=2),
+             ppo_flags(_cfg(), model_path="m", prompts="p", out="o", agent_file="a.py")]
+    dests = {dest_of(o) for argv in argvs for o, _ in flag_groups(argv)}
+    for d in dests:
+        assert sum(d in t for t in (USER_SETTABLE, SOURCE, FIXED)) == 1, d
+    assert not dests & set(UNSUPPORTED)
+    from trace.integrations.openrlhf.launch import JSONL_KEYS
+    for where in SOURCE.values():  # every config key named exists in the run config (or launch's task data keys)
+        if where.startswith("launch "):
+            continue
+        for key in re.findall(r"[a-z_]+(?:\.[a-z_]+)*", where.replace(" x ", " ")):
+            if key.startswith("task.") and key[5:] in JSONL_KEYS:
+                continue
+            node = C.DEFAULTS
+            for part in key.split("."):
+                assert isinstance(node, dict) and part in node, (where, key)
+                node = node[part]
+
+
+def test_prompt_length_follows_data_max_len(tmp_path, capsys):
+    """--data.max_len replaces TRACE's budget; one that would cut a prompt's <bos> is refused in one line."""
+    _, args, _ = _launch(tmp_path / "a", "--gpus", 0)
+    default = args["data.max_len"]
+    rc, args, argv = _launch(tmp_path / "b", "--gpus", 0, "--", "--data.max_len", 4096)
+    assert rc == 0 and args["data.max_len"] == 4096 and argv.count("--data.max_len") == 1
+    rc, _, _ = _launch(tmp_path / "c", "--gpus", 0, "--", "--data.max_len", default - 2)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "<bos>" in err[0] and f"--data.max_len {default - 1} or more" in err[0], err

@@ -17,12 +17,13 @@ OpenRLHF's decoupled PPO ratio (old policy = the trainer's own log-prob) is rl.p
 "rollout" has no OpenRLHF equivalent and is refused. TRACE's own settings (method, rho, align_coef,
 fmt) are not OpenRLHF flags: the plugin reads them from the run dir's config.yaml.
 
-The user's own flags (`launch ... -- FLAGS`) join TRACE's through `merge_user_flags`: any
-`train_ppo_ray` flag TRACE does not set is appended as given; a flag TRACE derives from the run config
-or a launch option is refused with one line naming it and where to change it (`FlagConflict`), except
-the few TRACE only defaults (`USER_SETTABLE`: micro-batch sizes, engine count), which the user's value
-replaces. Flags are compared by OpenRLHF's own argparse destinations, so aliases and abbreviations
-are caught too. `--ckpt.load_enable` is always on: a rerun of the same command loads OpenRLHF's
+The user's own flags (`launch ... -- FLAGS`) join TRACE's through `merge_user_flags`, compared by
+OpenRLHF's own argparse destinations (aliases and abbreviations included). Each TRACE flag is in one table:
+- `USER_SETTABLE`: TRACE only defaults it; the user's value replaces TRACE's;
+- `SOURCE`: derived from a run config key or a launch option; refused, naming where to change it;
+- `FIXED`: what TRACE's trainer or engine needs; refused, saying why.
+A flag TRACE does not set is appended as given, unless it is in `UNSUPPORTED` (an OpenRLHF feature the
+TRACE engine or the QAT patch cannot honour: refused, saying why). Every refusal is one line (`FlagConflict`). `--ckpt.load_enable` is always on: a rerun of the same command loads OpenRLHF's
 DeepSpeed checkpoint (`--ckpt.path`), and the policy actor continues the metrics log from its step.
 Compared against: OpenRLHF's own argument parser (tests/integrations/openrlhf/test_flags.py parses
 every arm's flags with `openrlhf.cli.train_ppo_ray`'s parser and its validation).
@@ -49,8 +50,14 @@ USER_SETTABLE = {
     "train.micro_batch_size": "training micro-batch per GPU (TRACE: the whole per-rank batch)",
     "rollout.micro_batch_size": "old-log-prob forward micro-batch per GPU (TRACE: the whole per-rank batch)",
     "vllm.num_engines": "rollout engine actors (TRACE: one per actor GPU)",
+    "rollout.top_p": "nucleus sampling of the rollouts (TRACE: 1.0, the full distribution, as the embedded trainer)",
+    "actor.adam.betas": "AdamW betas (TRACE: 0.9 0.99, the embedded trainer's)",
+    "actor.lr_scheduler": "learning-rate schedule (TRACE: constant, the embedded trainer's)",
+    "actor.lr_warmup_ratio": "warm-up fraction of the schedule (TRACE: 0.0)",
+    "data.max_len": "prompt + response tokens (TRACE: the longest synthetic prompt, else 1024, + rl.max_new_tokens "
+    "per turn); launch refuses one too short for the longest prompt it knows",
 }
-# where a flag TRACE owns comes from: the message of FlagConflict says where to change it
+# where a flag TRACE derives comes from (a run config key or a launch option): FlagConflict says to change it there
 SOURCE = {
     "actor.model_name_or_path": "rl.init_ckpt", "train.seed": "seed", "actor.adam.lr": "rl.lr",
     "actor.adam.weight_decay": "rl.weight_decay", "actor.max_norm": "rl.grad_clip", "actor.eps_clip": "rl.clip_eps",
@@ -64,10 +71,38 @@ SOURCE = {
     "ds.zero_stage": "launch --zero-stage", "train.colocate_all": "launch --colocate",
     "actor.num_gpus_per_node": "launch --gpus / --ranks", "ref.num_gpus_per_node": "launch --gpus / --ranks",
     "ckpt.path": "launch --out", "ckpt.output_dir": "launch --out", "data.prompt_dataset": "task.train_jsonl",
-    "vllm.tensor_parallel_size": "the TRACE engine: one engine per GPU, tensor parallel size 1",
-    "actor.num_nodes": "launch: one node, the Ray cluster launch starts", "ref.num_nodes": "launch: one node",
-    "ckpt.load_enable": "launch: always on, a rerun resumes", "data.max_len": "task prompts + rl.max_new_tokens",
-    "vllm.sync_backend": "launch --colocate / --gpus",
+    "data.input_key": "task.prompt_key", "data.label_key": "task.label_key",
+    "algo.kl.use_loss": "rl.kl_coef", "algo.kl.estimator": "rl.kl_coef",
+    "vllm.sync_backend": "launch --colocate / --gpus", "train.agent_func_path": "task.name",
+}
+# flags TRACE fixes: FlagConflict says why they cannot change
+FIXED = {
+    "vllm.tensor_parallel_size": "the TRACE engine runs one engine per GPU (tensor parallel size 1)",
+    "actor.num_nodes": "launch runs on one node, in the Ray instance it starts", "ref.num_nodes": "launch runs on one "
+    "node, in the Ray instance it starts",
+    "ckpt.load_enable": "it is always on, so that a rerun of the command resumes",
+    "ckpt.save_hf": "the HF checkpoint is what stage eval and the pipeline read",
+    "ds.attn_implementation": "the QAT patch runs attention (FP4 KV included) through sdpa (trace.qat.patch_model)",
+    "ds.param_dtype": "OpenRLHF trains in BF16 as TRACE's QAT does (rl.autocast: bf16)",
+    "train.max_epochs": "one optimizer step per rollout step, as the embedded trainer",
+    "train.num_episodes": "the prompt file holds every step's prompts (rl.steps x rl.prompts_per_step)",
+    "logger.logging_steps": "metrics.jsonl has one line per step",
+    "reward.remote_url": "the reward is the task's verifier (trace/integrations/openrlhf/reward.py); a reward file "
+    "of your own is not supported yet",
+}
+# OpenRLHF features the TRACE engine or the QAT patch cannot honour: refused when the user passes them
+UNSUPPORTED = {
+    "vllm.enable_sleep": "the TRACE engine has no sleep / wake_up (it frees no memory between rollouts)",
+    "train.async_enable": "the TRACE engine has no pause / resume of generation, and each step's records must come "
+    "from the weights the trainer replays them on",
+    "train.partial_rollout_enable": "partial rollouts need the engine's pause / resume (async), which the TRACE "
+    "engine has not",
+    "vllm.gpu_memory_utilization": "the TRACE engine allocates its KV cache per call; it has no memory pool to size",
+    "vllm.enforce_eager": "the TRACE engine has no vLLM CUDA graphs to disable",
+    "vllm.enable_prefix_caching": "the TRACE engine has no prefix cache",
+    "eval.dataset": "OpenRLHF's evaluation is not used; TRACE evaluates the held-out split every rl.eval_every steps "
+    "(run config keys rl.eval_every, eval.split)",
+    "ds.packing_samples": "packing needs flash attention, and the QAT patch runs attention through sdpa",
 }
 
 
@@ -85,10 +120,11 @@ def flag_groups(argv: list[str]) -> list[tuple[str, list[str]]]:
     return groups
 
 
-def merge_user_flags(trace_argv: list[str], user_argv: list[str], dest_of) -> list[str]:
+def merge_user_flags(trace_argv: list[str], user_argv: list[str], dest_of, engine: str = "trace") -> list[str]:
     """TRACE's argv with the user's flags: a flag TRACE sets raises FlagConflict unless it is in
-    USER_SETTABLE (then the user's replaces TRACE's); any other is appended. dest_of(option) -> the
-    argparse destination in OpenRLHF's parser (KeyError: no such flag)."""
+    USER_SETTABLE (then the user's replaces TRACE's); one in UNSUPPORTED raises FlagConflict with the TRACE
+    engine (engine "vllm": OpenRLHF's engines honour the vllm.* ones); any other is appended.
+    dest_of(option) -> the argparse destination in OpenRLHF's parser (KeyError: no such flag)."""
     def dest(opt):
         try:
             return dest_of(opt)
@@ -99,13 +135,25 @@ def merge_user_flags(trace_argv: list[str], user_argv: list[str], dest_of) -> li
     theirs = [(dest(o), o, toks) for o, toks in flag_groups(user_argv)]
     owned = {d for d, _ in mine}
     for d, opt, _ in theirs:
-        if d in owned and d not in USER_SETTABLE:
-            where = SOURCE.get(d, "the run config or a launch option")
-            raise FlagConflict(f"train_ppo_ray flag {opt} is set by TRACE (from {where}); change it there, "
+        if d in owned and d in SOURCE:
+            raise FlagConflict(f"train_ppo_ray flag {opt} is set by TRACE (from {SOURCE[d]}); change it there, "
                                "not after `--`")
+        if d in owned and d not in USER_SETTABLE:
+            raise FlagConflict(f"train_ppo_ray flag {opt} is fixed by TRACE: {FIXED.get(d, 'TRACE sets it')}")
+        if d in UNSUPPORTED and not (engine == "vllm" and d.startswith("vllm.")):
+            raise FlagConflict(f"train_ppo_ray flag {opt} is not supported: {UNSUPPORTED[d]}")
     replaced = {d for d, _, _ in theirs}
     out = [t for d, toks in mine if d not in replaced for t in toks]
     return out + [t for _, _, toks in theirs for t in toks]
+
+
+def flag_value(argv: list[str], dest: str, dest_of) -> str | None:
+    """The value of the last flag in argv whose argparse destination is `dest` (None: not there)."""
+    value = None
+    for opt, toks in flag_groups(argv):
+        if dest_of(opt) == dest:
+            value = toks[0].split("=", 1)[1] if "=" in toks[0] else (toks[1] if len(toks) > 1 else None)
+    return value
 
 
 def _num(x) -> str:
@@ -203,5 +251,5 @@ def ppo_flags(cfg: dict, *, model_path: str, prompts: str, out: str, reward_file
     return argv
 
 
-__all__ = ["MODULE", "SOURCE", "USER_SETTABLE", "FlagConflict", "UnsupportedConfig", "flag_groups",
+__all__ = ["FIXED", "MODULE", "SOURCE", "UNSUPPORTED", "USER_SETTABLE", "FlagConflict", "UnsupportedConfig", "flag_groups", "flag_value",
            "is_correction_flags", "merge_user_flags", "ppo_flags"]

@@ -23,14 +23,17 @@ their own. A rerun of the same command resumes (`--ckpt.load_enable`; the policy
 metrics log from the DeepSpeed checkpoint's step); a run with `done` is left alone.
 On a machine without GPUs Ray is given logical GPUs for OpenRLHF's placement and the CPU shim of
 plugin.py handles OpenRLHF's CUDA calls; DeepSpeed runs on its CPU accelerator (gloo).
-`--dry-run` writes the run dir's config and the argv and checks it with OpenRLHF's parser, without
-running (OpenRLHF's parsed arguments in RUN_DIR/openrlhf_args.json). Stages sft and eval run our own entry points (`trace.sft`, `trace.eval`), which read the
-HF checkpoints this stage leaves.
+`--dry-run` checks the same and prints the `train_ppo_ray` command and OpenRLHF's parsed arguments as one
+JSON object on stdout ({"command": [...], "args": {dotted name: value}}), writing nothing. Every refusal is
+one line, `error: ...` on stderr, exit status 2 (`LaunchError` and the config / flag / hook errors).
+Stages sft and eval run our own entry points (`trace.sft`, `trace.eval`), which read the HF checkpoints
+this stage leaves.
 Compared against: `python -m trace.rl` on the same config (tests/integrations/openrlhf/).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import runpy
@@ -79,15 +82,33 @@ MULTI_TURN_TASKS = ("long_horizon",)
 JSONL_KEYS = ("train_jsonl", "test_jsonl", "prompt_key", "label_key")
 
 
-def prepare_model(cfg: dict, out: Path) -> str:
-    """Path (or hub id) of the initial policy, loadable by AutoModelForCausalLM / AutoTokenizer."""
+class LaunchError(Exception):
+    """A launch refused before OpenRLHF runs; main prints its one-line message and exits 2."""
+
+
+def check_init_ckpt(cfg: dict) -> None:
+    """ConfigError unless the model and `rl.init_ckpt` (when set) are usable (rundir.check_inputs, reads
+    only); a path that does not exist names the SFT run that makes it."""
+    init = cfg["rl"]["init_ckpt"]
+    try:
+        rundir.check_inputs(cfg, {"rl.init_ckpt": init})
+    except C.ConfigError as e:
+        if init and not Path(init).exists():
+            raise C.ConfigError(f"{e}; train the SFT base first (`python -m trace.sft --config SFT.yaml --out {init}`, "
+                                "README 'OpenRLHF') or --set rl.init_ckpt=null for a random initial policy") from None
+        raise
+
+
+def prepare_model(cfg: dict, out: Path, write: bool = True) -> str:
+    """Path (or hub id) of the initial policy, loadable by AutoModelForCausalLM / AutoTokenizer; a registry
+    model is saved to out/init_model (write=False: only its path)."""
     if cfg["rl"]["init_ckpt"]:
         return str(rundir.resolve_checkpoint(cfg["rl"]["init_ckpt"]).resolve())
     spec = get_spec(cfg["model"])
     if spec.hub_id:
         return spec.hub_id
     d = out / "init_model"
-    if not (d / "config.json").exists():
+    if write and not (d / "config.json").exists():
         save_checkpoint(build_model(cfg["model"], seed=cfg["seed"]), build_tokenizer(), d)
     return str(d.resolve())
 
@@ -108,20 +129,27 @@ def synthetic_prompts(cfg: dict) -> list[dict]:
 def load_run_config(path: str, sets: list[str]) -> tuple[dict, dict]:
     """Our run config plus the JSONL data keys a profile may put under `task` (the paper profile:
     train_jsonl, test_jsonl, prompt_key, label_key), which the trainers' schema does not have."""
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise C.ConfigError(f"config file {path}: {' '.join(str(e).split())}") from None
+    if not isinstance(raw, dict):
+        raise C.ConfigError(f"config file {path}: top level must be a mapping")
     task = raw.get("task") or {}
     data = {k: task.pop(k) for k in JSONL_KEYS if k in task}
     return C.load_config(None, sets, base=raw), data
 
 
-def prepare_prompts(cfg: dict, out: Path, data: dict) -> tuple[str, str, str, int | None]:
-    """(jsonl path, input key, label key, longest prompt in characters or None when unknown)."""
+def prepare_prompts(cfg: dict, out: Path, data: dict, write: bool = True) -> tuple[str, str, str, int | None]:
+    """(jsonl path, input key, label key, longest prompt in characters or None when unknown); the synthetic
+    prompts go to out/data/train.jsonl (write=False: only its path)."""
     if data.get("train_jsonl"):
         return data["train_jsonl"], data.get("prompt_key", "prompt"), data.get("label_key", "label"), None
     rows = synthetic_prompts(cfg)
     path = out / "data" / "train.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if write:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path.resolve()), "input", "label", max(len(r["input"]) for r in rows)
 
 
@@ -136,6 +164,24 @@ def build_argv(cfg: dict, out: Path, model_path: str, data: dict, gpus: int, zer
                        agent_file=str(AGENT_FILE) if multi else None, gpus=gpus, input_key=input_key,
                        label_key=label_key, max_prompt_len=(longest + 2) if longest else 1024,
                        zero_stage=zero_stage, colocate=colocate, ranks=ranks)
+
+
+def exec_train_ppo_ray() -> None:
+    """Run train_ppo_ray's `__main__` block (its parser lives there) with sys.argv as set. run_path re-runs
+    the file launch already imported, in a fresh namespace, so its module-level imports pick up the names
+    launch replaced; run_module would warn that the module is in sys.modules already."""
+    runpy.run_path(orl_main.__file__, run_name="__main__")
+
+
+def check_prompt_room(cfg: dict, argv: list[str], longest: int | None, dest_of) -> None:
+    """LaunchError when the longest prompt (`longest` characters, + <bos>; None: unknown) and rl.max_new_tokens
+    do not fit --data.max_len: OpenRLHF's executors would left-truncate the prompt and drop its <bos>."""
+    max_len = int(F.flag_value(argv, "data.max_len", dest_of))
+    need = longest + 1 + cfg["rl"]["max_new_tokens"] if longest else 0
+    if need > max_len:
+        raise LaunchError(f"--data.max_len {max_len} leaves no room for the longest prompt ({longest + 1} tokens with "
+                          f"<bos>) and rl.max_new_tokens {cfg['rl']['max_new_tokens']}: OpenRLHF would cut the "
+                          f"prompt's start, <bos> included; pass --data.max_len {need} or more")
 
 
 def _run_openrlhf_main(argv: list[str], capture) -> None:
@@ -164,7 +210,7 @@ def _run_openrlhf_main(argv: list[str], capture) -> None:
     sys.argv, orl_config.hierarchize, ray.is_initialized = [F.MODULE, *argv], hier, stop
     argparse.ArgumentParser.parse_args = parse
     try:
-        runpy.run_module(F.MODULE, run_name="__main__")
+        exec_train_ppo_ray()
     except _Parsed:
         pass
     finally:
@@ -180,7 +226,8 @@ def parse_with_openrlhf(argv: list[str]):
         if not isinstance(x, argparse.ArgumentParser):
             seen["args"] = x
 
-    _run_openrlhf_main(argv, capture)
+    with contextlib.redirect_stdout(sys.stderr):  # OpenRLHF's validation notes; stdout is the dry run's JSON
+        _run_openrlhf_main(argv, capture)
     if "args" not in seen:
         raise RuntimeError("OpenRLHF's train_ppo_ray did not reach argument parsing")
     return seen["args"]
@@ -288,7 +335,7 @@ def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int, engine: str =
         orl_actor.PolicyModelActor = policy
         check_patches(engines, policy)
         sys.argv = [F.MODULE, *argv]
-        runpy.run_module(F.MODULE, run_name="__main__")
+        exec_train_ppo_ray()
     finally:
         orl_ray.create_vllm_engines, orl_actor.PolicyModelActor, sys.argv = old
         ray.shutdown()
@@ -299,7 +346,7 @@ def finish(cfg: dict, out: Path) -> None:
     if (step_dir / "config.json").exists():
         rundir.commit_checkpoint(out, step_dir)
     if not (out / "metrics.jsonl").exists():
-        raise SystemExit(f"{out}: OpenRLHF finished but no metrics.jsonl was written")
+        raise LaunchError(f"{out}: OpenRLHF finished but no metrics.jsonl was written")
     rundir.mark_done(out, {"steps": cfg["rl"]["steps"], "framework": "openrlhf"})
 
 
@@ -308,7 +355,7 @@ def _delegate(stage: str, a) -> int:
     cmd = [sys.executable, "-m", mod, "--config", a.config, "--out", a.out]
     if stage == "eval":
         if not a.ckpt:
-            raise SystemExit("--ckpt is required for --stage eval")
+            raise LaunchError("--ckpt is required for --stage eval")
         cmd += ["--ckpt", a.ckpt]
     for kv in a.set:
         cmd += ["--set", kv]
@@ -323,7 +370,7 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = C.base_parser("python -m trace.integrations.openrlhf.launch", __doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="run directory (rl, sft) or eval JSON (eval)")
     p.add_argument("--stage", choices=["rl", "sft", "eval"], default="rl")
@@ -345,64 +392,67 @@ def main(argv=None) -> int:
                         "stage3_param_persistence_threshold; default OpenRLHF's, 1e5); 0 partitions all, "
                         "as a real model's are (the CI's tiny models)")
     p.add_argument("--dry-run", action="store_true",
-                   help="write config + argv, check them with OpenRLHF's parser (RUN_DIR/openrlhf_args.json)")
+                   help="check everything and print the train_ppo_ray command and OpenRLHF's parsed arguments "
+                        "(one JSON object on stdout); writes nothing")
     p.add_argument("--engine", choices=["trace", "vllm"], default="trace",
                    help="rollout engines: ours (every arm) or OpenRLHF's vLLM engines (bf16 arm only; needs vLLM)")
     p.epilog = ("Flags after `--` go to OpenRLHF's train_ppo_ray as given (e.g. -- --actor.gradient_checkpointing_enable "
                 "--train.micro_batch_size 4); one TRACE sets from the run config is refused (docs/openrlhf.md).")
-    mine, user_flags = split_passthrough(list(sys.argv[1:] if argv is None else argv))
-    a = p.parse_args(mine)
+    return p
+
+
+def main(argv=None) -> int:
+    """The launch; every refusal is one line on stderr (`error: ...`) and exit status 2."""
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except (LaunchError, C.ConfigError, F.FlagConflict, F.UnsupportedConfig, guards.HookError) as e:
+        print(f"error: {guards.one_line(e) or ' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
+    mine, user_flags = split_passthrough(argv)
+    a = _parser().parse_args(mine)
     if a.stage != "rl":
         if user_flags:
-            print("error: train_ppo_ray flags after `--` apply to --stage rl only", file=sys.stderr)
-            return 2
+            raise LaunchError("train_ppo_ray flags after `--` apply to --stage rl only")
         return _delegate(a.stage, a)
-    try:
-        cfg, data = load_run_config(a.config, a.set)
-    except C.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg, data = load_run_config(a.config, a.set)
     gpus = torch.cuda.device_count() if a.gpus is None else a.gpus
     colocate = (gpus > 0) if a.colocate is None else a.colocate == "all"
     ranks = a.ranks or max(gpus, 1)  # actor ranks (build_argv refuses a --ranks other than the GPUs)
     if gpus == 0 and ranks > 1 and not guards.deepspeed_gathers_wait_all():
-        print("error: --ranks > 1 on a CPU needs DeepSpeed >= 0.19.8: earlier ZeRO-3 gathers over gloo wait on their "
-              "last all-gather only and read uninitialized parameters (DeepSpeed PR #8539)", file=sys.stderr)
-        return 2
+        raise LaunchError("--ranks > 1 on a CPU needs DeepSpeed >= 0.19.8: earlier ZeRO-3 gathers over gloo wait on "
+                          "their last all-gather only and read uninitialized parameters (DeepSpeed PR #8539)")
     if a.engine == "vllm" and (cfg["rl"]["method"] != "bf16" or stand_ins.is_stand_in("vllm") or gpus == 0):
         # vLLM serves BF16 weights and records nothing: the FP4 arms' rollouts and TRACE's records
         # need our engine (docs/openrlhf.md, "vLLM instead of our engine")
-        print("error: --engine vllm runs the bf16 arm on GPUs with vLLM installed", file=sys.stderr)
-        return 2
+        raise LaunchError("--engine vllm runs the bf16 arm on GPUs with vLLM installed")
     out = Path(a.out)
-    try:
-        check_hooks()
-        # the user's flags against TRACE's before anything is written (paths are placeholders here)
-        dest_of = openrlhf_dest_of()
-        F.merge_user_flags(build_argv(cfg, out, "MODEL", data, gpus, a.zero_stage, colocate,
-                                      prompts=("P.jsonl", "input", "label", None), ranks=a.ranks), user_flags, dest_of)
-    except (guards.HookError, F.FlagConflict, F.UnsupportedConfig) as e:
-        print(f"error: {guards.one_line(e) or ' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+    check_hooks()
+    check_init_ckpt(cfg)
+    # the whole train_ppo_ray argv and its checks before anything is written (the files it names come later)
+    dest_of = openrlhf_dest_of()
+    prompts = prepare_prompts(cfg, out, data, write=False)
+    argv_orl = F.merge_user_flags(build_argv(cfg, out, prepare_model(cfg, out, write=False), data, gpus, a.zero_stage,
+                                             colocate, prompts=prompts, ranks=a.ranks), user_flags, dest_of, a.engine)
+    check_prompt_room(cfg, argv_orl, prompts[3], dest_of)
+    if a.dry_run:
+        args = flat_args(parse_with_openrlhf(argv_orl))
+        print(json.dumps({"command": [F.MODULE, *argv_orl], "args": args}, indent=1, sort_keys=True))
+        return 0
     if (out / "done").exists():
         print(f"[openrlhf] {out} is done; nothing to run", file=sys.stderr)
         return 0
     rundir.prepare_run_dir(out, cfg, kind="rl-openrlhf")
-    try:  # a resumed run must pass the same flags as it started with
-        rundir.note_meta(out, "openrlhf_user_flags", user_flags)
-        rundir.note_meta(out, "openrlhf_launch", {"gpus": gpus, "ranks": ranks, "colocate": colocate,
-                                                  "zero_stage": a.zero_stage, "engine": a.engine})
-    except C.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    argv_orl = F.merge_user_flags(build_argv(cfg, out, prepare_model(cfg, out), data, gpus, a.zero_stage, colocate,
-                                             ranks=a.ranks), user_flags, dest_of)
+    # a resumed run must pass the same flags as it started with (note_meta: ConfigError on a difference)
+    rundir.note_meta(out, "openrlhf_user_flags", user_flags)
+    rundir.note_meta(out, "openrlhf_launch", {"gpus": gpus, "ranks": ranks, "colocate": colocate,
+                                              "zero_stage": a.zero_stage, "engine": a.engine})
+    prepare_model(cfg, out)
+    prepare_prompts(cfg, out, data)
     (out / "openrlhf_argv.json").write_text(json.dumps([F.MODULE, *argv_orl], indent=1) + "\n")
     print("[openrlhf] python -m " + " ".join([F.MODULE, *argv_orl]), flush=True)
-    if a.dry_run:
-        args = parse_with_openrlhf(argv_orl)
-        (out / "openrlhf_args.json").write_text(json.dumps(flat_args(args), indent=1, sort_keys=True) + "\n")
-        return 0
     try:
         run_openrlhf(cfg, argv_orl, out, gpus, a.engine, a.zero_persistence_threshold, colocate, ranks)
     except KeyboardInterrupt:
@@ -412,8 +462,7 @@ def main(argv=None) -> int:
         line = guards.one_line(e)  # a hook that failed in a Ray actor surfaces wrapped in RayTaskError
         if line is None:
             raise
-        print(f"error: {line}", file=sys.stderr)
-        return 2
+        raise LaunchError(line) from None
     finish(cfg, out)
     return 0
 

@@ -181,8 +181,10 @@ class TraceRolloutEngine:
         slot = _SLOT.get()
         bos = self.tok.bos_token_id
         if slot is not None and bos is not None and not self._slots[slot]["records"] and ids[:1] != [bos]:
-            raise guards.PatchNotInForce("a prompt reached the TRACE engine without <bos>: OpenRLHF's executor no "
-                                         "longer tokenizes it with the hf_tokenizer it is given (PromptTokenizer)")
+            raise guards.PatchNotInForce("a prompt reached the TRACE engine without <bos>: either it is longer than "
+                                         "--data.max_len minus rl.max_new_tokens and OpenRLHF cut its start (pass a "
+                                         "larger --data.max_len), or OpenRLHF's executor no longer tokenizes it with "
+                                         "the hf_tokenizer it is given (PromptTokenizer)")
         fut = asyncio.get_running_loop().create_future()
         key = (max(1, max_new), float(sp.temperature), float(sp.top_p), tuple(sorted(stop_ids)))
         self._queue.append((key, ids, slot, fut))
