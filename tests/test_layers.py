@@ -5,7 +5,7 @@
     rank 1  guidance                           the method: record, replay, statistics, alignment term
     rank 2  qat, rollout, rundir               adapters (HF model, engine) and run-directory bookkeeping
     rank 3  episode, integrations              one episode step; integrations may use anything below trainers
-    rank 4  rl, sft, eval                      trainers and the evaluator
+    rank 4  rl, sft, eval, export              trainers, the evaluator and the FP4 export command
 
 No module imports a module of a higher rank, and there is no import cycle except inside the task
 registry (trace/tasks/base.py registers the task modules that import it). fp4 is the bottom (it imports no
@@ -25,7 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "trace"
 RANK = {"fp4": 0, "models": 0, "tasks": 0, "arms": 0, "config": 0, "stats": 0, "gate": 0, "guidance": 1, "qat": 2,
-        "rollout": 2, "rundir": 2, "episode": 3, "integrations": 3, "rl": 4, "sft": 4, "eval": 4}
+        "rollout": 2, "rundir": 2, "episode": 3, "integrations": 3, "rl": 4, "sft": 4, "eval": 4,
+        "export": 4}
 
 
 def _modules() -> dict[str, Path]:
