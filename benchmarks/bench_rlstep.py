@@ -142,6 +142,8 @@ class PhaseClock:
         """RL step i with its phase times; for a step that replayed a record, replay_s from the paired probe."""
         self.s, self.kept, self.replayed = {}, [], False
         m = self.tr.step(i)
+        if not (self.tr.rl.get("micro_batch") or 0):  # the whole-batch step's diagnostic split backward ran inside
+            self.s["fwd_bwd_s"] -= m.get("time_split_s", 0.0)  # _optimize: out of fwd_bwd_s, as out of time_train_s
         replay = self.fwd_bwd_without_record(self.kept) if self.replayed else None
         self.kept = []
         return {**m, **self.s, "replay_s": self.s["fwd_bwd_s"] - replay if replay is not None else 0.0,

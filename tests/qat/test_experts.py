@@ -197,7 +197,8 @@ def test_the_grouped_gemm_op_computes_the_segment_loop():
 def test_the_setting_names_a_path():
     """QATRuntime.experts and the run config's rl.experts (the trainer's setting; absent or null: auto) name the
     same paths."""
-    assert resolve("auto", torch.device("cpu")) == "grouped" and resolve("loop", torch.device("cuda")) == "loop"
+    assert resolve("auto", torch.device("cpu")) == "loop" and resolve("auto", torch.device("cuda")) == "grouped"
+    assert resolve("loop", torch.device("cuda")) == "loop" and resolve("grouped", torch.device("cpu")) == "grouped"
     with pytest.raises(ValueError, match="experts path"):
         resolve("fast", torch.device("cpu"))
     assert C.SCHEMA["properties"]["rl"]["properties"]["experts"]["enum"] == [None, *PATHS]

@@ -27,7 +27,7 @@ def _cmd(cfg_path, out):
 
 
 def _strip(recs):
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in recs]
+    return [{k: v for k, v in r.items() if k not in TIMING and not k.startswith("time_")} for r in recs]
 
 
 CFG = ["rl.method=trace", "rl.steps=6", "rl.ckpt_every=2", "rl.lr=1e-3", "rl.eval_every=3", "rl.prompts_per_step=8"]

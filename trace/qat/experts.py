@@ -19,8 +19,9 @@ gradient sums a token's slots (and autograd then adds the router's and a shared 
 so the gradients below a layer agree within float tolerance. torch 2.13's CPU `_grouped_mm` gives the per-segment GEMMs' values, but
 its backward fails on an expert that got no rows, so the CPU takes the segment loop.
 
-"auto" picks grouped on every device: on a GPU it removes the per-expert launches; on the CPU it measured
-faster than the loop too (DESIGN.md §4, "The experts' forward").
+"auto" picks grouped on a GPU, where it removes the per-expert launches, and the loop on the CPU: there the loop
+is the reference the committed CPU runs were made with (a token's input gradient summed in another order moves a
+CPU run's trajectory), and grouped gained 1.05-1.11x at most in FP4 (DESIGN.md §4, "The experts' forward").
 Compared against: tests/qat/test_experts.py (every family and arm, loop vs grouped: values, gradients, codes,
 replay statistics; the GPU test there at a small flavor).
 """
@@ -37,7 +38,9 @@ def resolve(path: str, device: torch.device) -> str:
     """The implementation `path` ("auto", "loop" or "grouped") stands for on `device`."""
     if path not in PATHS:
         raise ValueError(f"experts path must be one of {PATHS}, got {path!r}")
-    return "grouped" if path == "auto" else path
+    if path == "auto":
+        return "grouped" if torch.device(device).type == "cuda" else "loop"
+    return path
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from trace import config as C
 from trace import rundir
+from trace.guidance import Method
 
 TARGET = 0.2  # grad_norm_align / grad_norm_rest at step 1 (the rule's band: 0.1-0.3)
 SEEDS = (0, 1, 2)
@@ -85,7 +86,7 @@ def calibrate(cfg: dict, coef: float = 0.1, seeds=SEEDS, target: float = TARGET,
     chosen = round_1sig(exact)
     rep = {"rule": "DESIGN.md §3 (alignment coefficient)", "target_ratio": target, "probe_coef": coef,
            "model": cfg["model"], "task": cfg["task"]["name"], "method": cfg["rl"]["method"],
-           "rho": float(cfg["rl"]["rho"]), "init_ckpt": [r["init_ckpt"] for r in runs],
+           "rho": float(Method.from_config(cfg["rl"]).rho), "init_ckpt": [r["init_ckpt"] for r in runs],
            "commit": rundir._git_commit(), "runs": runs,
            "ratio_per_unit_coef_median": per_unit, "coef_exact": exact, "align_coef": chosen,
            "ratio_at_align_coef_predicted": per_unit * chosen}

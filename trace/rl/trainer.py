@@ -281,7 +281,7 @@ class RLTrainer:
         adv = compute_advantages(rewards, tb.mask, rl["group_size"], rl["advantage"])
         # where the alignment term is in the loss, its gradient norm beside the rest's at every step (one more
         # backward of that term alone, left out of the logged times): the clipped update is the sum of both parts
-        want_split = self.arm.align
+        want_split = method.aligns
         mb = rl.get("micro_batch") or 0  # absent / null / 0: the whole batch in one forward
         if 0 < mb < tb.ids.shape[0]:  # micro-batches: the whole-batch loss and gradient (trace/rl/microbatch.py)
             lp_det, stats, loss, parts, gn, gparts = micro_step(self, tb, adv, record, diag, mb, want_split)
