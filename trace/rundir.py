@@ -78,20 +78,26 @@ def _git_tree() -> str | None:
         return None
 
 
-def _git_diff_sha256() -> str | None:
-    """sha256 of `git diff HEAD` of the tracked files when they differ from HEAD (the patch that
-    workflow/scripts/launch.py keeps beside a run made from a dirty tree), else None."""
-    if os.environ.get("TRACE_GIT_COMMIT"):
-        return None
+def git_diff() -> str:
+    """`git diff HEAD` of the tracked files: '' when they are HEAD's, or outside a git checkout."""
     try:
         out = subprocess.run(["git", "-C", _ROOT, "diff", "HEAD", "--binary"], capture_output=True, text=True,
                              timeout=60)
-    except Exception:  # noqa: BLE001 - meta data is best effort, never fatal
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout if out.returncode == 0 else ""
+
+
+def _git_diff_sha256() -> str | None:
+    """sha256 of `git_diff()` where the tracked files differ from HEAD (the patch that workflow/scripts/launch.py
+    keeps beside a run made from a dirty tree), else None; None on a copy named by TRACE_GIT_COMMIT."""
+    if os.environ.get("TRACE_GIT_COMMIT"):
         return None
-    if out.returncode or not out.stdout:
+    diff = git_diff()
+    if not diff:
         return None
     import hashlib
-    return hashlib.sha256(out.stdout.encode()).hexdigest()
+    return hashlib.sha256(diff.encode()).hexdigest()
 
 
 def _version(mod: str) -> str | None:

@@ -40,6 +40,8 @@ import subprocess
 import sys
 import time
 
+from trace.rundir import git_diff as tracked_diff  # the tracked files' diff against HEAD ('' when clean)
+
 STAMP = ".pipeline_config.sha256"
 
 
@@ -113,17 +115,6 @@ def check_eval(path: str) -> None:
         acc = d[dep].get("accuracy")
         if not isinstance(acc, (int, float)) or not math.isfinite(acc):
             raise SystemExit(f"[launch] {path}: {dep}.accuracy is not a finite number ({acc!r})")
-
-
-def tracked_diff() -> str:
-    """`git diff HEAD` of the tracked files ('' when clean, or when this is not a git checkout)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        r = subprocess.run(["git", "-C", root, "diff", "HEAD", "--binary"], capture_output=True, text=True,
-                           timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return r.stdout if r.returncode == 0 else ""
 
 
 def main(argv=None) -> int:
