@@ -204,7 +204,7 @@ def test_ablation_arms_set_their_keys():
     assert {"bf16", "fp4-naive", "qat-independent", "qat-weight-only", "trace", "trace-noalign"} <= set(arms)
     c = plan.run_config("qwen3_moe-tiny", "reasoning-short", "trace-rho1", 0)
     assert c["rl"]["method"] == "trace" and c["rl"]["rho"] == 1.0
-    assert c["rl"]["init_ckpt"].endswith("qwen3_moe-tiny/reasoning-short/sft/ckpt")
+    assert c["rl"]["init_ckpt"].endswith("qwen3_moe-tiny/reasoning-short/sft/seed0/ckpt")
     assert plan.run_config("qwen3_moe-tiny", "reasoning-short", "trace-noalign", 0)["rl"]["method"] == "trace-noalign"
 
 
@@ -245,7 +245,7 @@ def test_smoke_profile_checks_that_rl_learns(tmp_path):
     assert r.returncode == 0, r.stderr
     out = r.stdout + r.stderr
     assert "rule eval_base" in out and "analysis.learning" in out and re.search(r"--min-se 3 --manifest \S+ --strict", out)
-    assert "bf16-seed0.yaml --ckpt results/runs/smoke/qwen3_moe-tiny/reasoning-short/sft/ckpt" in out
+    assert "bf16-seed0.yaml --ckpt results/runs/smoke/qwen3_moe-tiny/reasoning-short/sft/seed0/ckpt" in out
 
 
 # ------------------------------------------------------------------------------------------------

@@ -19,12 +19,12 @@ def test_failed_attempts_are_appended_to_log_failed(tmp_path):
     fail = f"{sys.executable} fail.py"  # the rule quotes the launcher command in single quotes
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text(yaml.safe_dump({"launcher": {"sft": fail, "rl": fail, "eval": fail}}))
-    target = "results/runs/smoke/qwen3_moe-tiny/reasoning-short/sft/done"
+    target = "results/runs/smoke/qwen3_moe-tiny/reasoning-short/sft/seed0/done"
     r = subprocess.run([sys.executable, "-m", "snakemake", target, "--cores", "1", "--retries", "1",
                         "--configfile", "experiments/profiles/smoke.yaml", str(overlay)],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0, "the launcher exits 3: the job must fail"
-    failed = tmp_path / "logs/smoke/sft/qwen3_moe-tiny/reasoning-short.log.failed"
+    failed = tmp_path / "logs/smoke/sft/seed0/qwen3_moe-tiny/reasoning-short.log.failed"
     assert failed.exists(), r.stderr[-3000:]
     text = failed.read_text()
     assert text.count("attempt failed on purpose") == 2, text  # both attempts, the first not overwritten
