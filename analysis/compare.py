@@ -10,7 +10,7 @@ starts from the same SFT base with the same data order, so arm A's run of seed k
 of seed k, prompt by prompt.
 
 Per comparison (``COMPARISONS``: arm and deployment on each side) and model/task, over the K seeds both arms
-have, with d[k, i] = acc_A - acc_B of seed k on prompt i (``paired_se``): the difference is the mean of d; its
+have, with d[k, i] = acc_A - acc_B of seed k on prompt i (``trace.stats.two_way_se``): the difference is the mean of d; its
 variance is that of a two-way layout whose prompts are shared by every seed (a prompt's difficulty for one
 arm against the other recurs in each seed, so it does not shrink with K):
   * the prompt component: the squared prompt-clustered SE of the seed-averaged per-prompt differences
@@ -49,7 +49,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.runs import load_runs, se_clustered
+from analysis.runs import load_runs
+from trace.stats import two_way_se
 from trace.episode import build_task, heldout_examples
 from trace.tasks.long_horizon import bisection_guesses
 
@@ -72,21 +73,6 @@ GROUPS = {"long_horizon": ("bisection guesses", bisection_guesses)}
 COLUMNS = ["model", "task", "a", "b", "acc_a", "acc_b", "diff", "se", "df", "t", "n_seeds", "a_better", "per_seed",
            "n_prompts", "p", "p_equiv", "p_holm", "verdict", "lo_sim", "hi_sim"]
 FAMILY = ["p_holm", "verdict", "lo_sim", "hi_sim"]  # the columns `holm` adds over the whole table
-
-
-def paired_se(d: np.ndarray, cluster: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(difference, SE) of paired per-prompt differences d [..., K seeds, N prompts] (the same prompts in every
-    seed; `cluster`: the prompts' clusters, None: each its own), by the two-way decomposition of the module
-    docstring; vectorized over the leading axes. K = 1: the prompt component alone."""
-    d = np.asarray(d, dtype=float)
-    k = d.shape[-2]
-    per_prompt, per_seed = d.mean(-2), d.mean(-1)  # [..., N], [..., K]
-    var = se_clustered(per_prompt, cluster) ** 2  # the prompt component
-    if k > 1:
-        resid = d - per_prompt[..., None, :] - per_seed[..., :, None] + per_seed.mean(-1)[..., None, None]
-        noise = k / (k - 1) * np.mean(se_clustered(resid, cluster) ** 2, axis=-1)  # a seed mean's evaluation noise
-        var = var + np.maximum(np.var(per_seed, axis=-1, ddof=1) - noise, 0.0) / k  # the seed component
-    return per_seed.mean(-1), np.sqrt(var)
 
 
 def holm(t: pd.DataFrame, alpha: float = FAMILY_ALPHA) -> pd.DataFrame:
@@ -118,11 +104,11 @@ def _per_prompt(eval_json: dict | None, deploy: str) -> np.ndarray | None:
 def paired(a: list[np.ndarray], b: list[np.ndarray], cluster: np.ndarray | None = None,
            margin: float = EQUIV_MARGIN) -> dict:
     """Seed-paired difference of two arms' per-prompt accuracies (a[k], b[k]: seed k, same prompts) with its SE
-    (`paired_se`), t statistic, df, two-sided p and TOST p against `margin` (the module docstring)."""
+    (`trace.stats.two_way_se`), t statistic, df, two-sided p and TOST p against `margin` (the module docstring)."""
     if any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
         raise ValueError("paired runs scored different prompt sets")
     d = np.stack([x - y for x, y in zip(a, b, strict=True)])  # [K, N]
-    diff, se = (float(v) for v in paired_se(d, cluster))
+    diff, se = (float(v) for v in two_way_se(d, cluster))
     df = d.shape[0] - 1
     tv = diff / se if se > 0 and df > 0 else math.nan
     per_seed = d.mean(1)

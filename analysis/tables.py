@@ -36,6 +36,7 @@ import pandas as pd
 
 from analysis.runs import MAIN_METHODS, POSTHOC, load_runs, summarize
 from trace.arms import ARMS
+from trace.stats import two_way_se
 
 EXACT = "exact"  # an ablation arm that is a row of the main table: its k3 is the main table's claim too
 ARM_ORDER = list(MAIN_METHODS) + [EXACT, POSTHOC]
@@ -103,8 +104,24 @@ def applies(arm: str, method: str, col: str) -> bool:
     return True
 
 
+PER_PROMPT, CLUSTER = "_per_prompt_", "_cluster_"  # + an accuracy column: a run's per-prompt arrays (not in runs.csv)
+
+
+def _prompt_arrays(r, row: dict) -> dict:
+    """The run's per-prompt accuracies and their clusters per deployment (eval.json; None where absent), as the
+    hidden columns PER_PROMPT + acc_<deploy> and CLUSTER + acc_<deploy> of its row."""
+    for dep in ("bf16", "fp4"):
+        blk = (r.eval or {}).get(dep) or {}
+        pp, cl = blk.get("per_prompt"), blk.get("cluster")
+        row[f"{PER_PROMPT}acc_{dep}"] = np.asarray(pp, dtype=float) if isinstance(pp, list) else None
+        row[f"{CLUSTER}acc_{dep}"] = list(cl) if isinstance(cl, list) else None
+    return row
+
+
 def runs_frame(runs) -> pd.DataFrame:
-    rows = [summarize(r) for r in runs]
+    """One row per run (analysis.runs.summarize), the speed ratios against the bf16 and qat-independent runs of
+    the same model/task/seed, and the hidden per-prompt columns `_aggregate` reads (dropped before runs.csv)."""
+    rows = [_prompt_arrays(r, summarize(r)) for r in runs]
     df = pd.DataFrame(rows)
     if df.empty:
         return df
@@ -127,11 +144,25 @@ def runs_frame(runs) -> pd.DataFrame:
     return df
 
 
+def _per_prompt_se(runs: pd.DataFrame, col: str) -> float:
+    """The two-way SE of the seed mean of accuracy column `col` (`trace.stats.two_way_se`: a prompt component
+    that does not shrink with the seeds, since every seed scores the same prompts, plus the seed component) from
+    the runs' per-prompt accuracies; NaN where a run has none or the runs scored different prompt sets."""
+    pp, cl = runs[PER_PROMPT + col], runs[CLUSTER + col]
+    if any(v is None for v in pp) or len({len(v) for v in pp}) != 1:
+        return math.nan
+    clusters = {None if c is None else tuple(c) for c in cl}
+    if len(clusters) != 1:
+        return math.nan
+    (cluster,) = clusters
+    return float(two_way_se(np.stack(list(pp)), None if cluster is None else np.asarray(cluster))[1])
+
+
 def _aggregate(df: pd.DataFrame, keys: list[str], value_cols: list[str]) -> pd.DataFrame:
-    """Mean over seeds per group, with min/max over seeds and, for accuracies, the standard error of
-    the seed mean: sqrt(max(variance over seeds, mean squared evaluation SE) / seeds). The evaluation
-    SE is a floor because a few seeds can agree by chance more closely than one evaluation resolves;
-    with one seed it is that run's prompt-clustered evaluation SE."""
+    """Mean over seeds per group, with min/max over seeds and, for accuracies, the standard error of the seed
+    mean: the two-way SE of the runs' per-prompt accuracies (`_per_prompt_se`), the same convention as the paired
+    comparisons of compare.md; where a run has no per-prompt accuracies, sqrt(max(variance over seeds, mean
+    squared evaluation SE) / seeds). With one seed either is that run's prompt-clustered evaluation SE."""
     g = df.groupby(keys, sort=False, dropna=False)
     out = g[value_cols].mean(numeric_only=True)
     out["n_seeds"] = g.size()
@@ -143,7 +174,9 @@ def _aggregate(df: pd.DataFrame, keys: list[str], value_cols: list[str]) -> pd.D
             continue
         var_seed = g[c].var(ddof=1).fillna(0.0)
         var_eval = g[f"{c}_se"].apply(lambda s: float(np.mean(np.square(s))) if s.notna().all() else math.nan)
-        out[f"{c}_se"] = np.sqrt(np.maximum(var_seed, var_eval) / out["n_seeds"])
+        fallback = np.sqrt(np.maximum(var_seed, var_eval) / out["n_seeds"])
+        two_way = g.apply(lambda r, c=c: _per_prompt_se(r, c), include_groups=False) if PER_PROMPT + c in df else None
+        out[f"{c}_se"] = fallback if two_way is None else two_way.where(two_way.notna(), fallback)
     return out.reset_index()
 
 
@@ -273,8 +306,9 @@ def to_markdown(t: pd.DataFrame, columns: list[tuple[str, str]], lead: list[str]
 COMMON_NOTES = (
     "Accuracy: fraction of correct samples on the unique held-out test prompts (samples and temperature "
     "as in the run config's eval block), policy deployed in the engine in BF16 or in FP4 (W4A4 + FP4 KV); "
-    "± = standard error of the mean over seeds, sqrt(max(seed variance, mean squared evaluation SE) / "
-    "seeds), the evaluation SE being clustered by prompt. k3 = mean(r - 1 - log r), r = exp(lp_train - "
+    "± = standard error of the mean over seeds, two-way (every seed scores the same prompts): the prompt-clustered "
+    "SE of the seed-averaged per-prompt accuracies, plus the variance over seeds beyond what evaluation noise "
+    "explains, / seeds (compare.md's convention). k3 = mean(r - 1 - log r), r = exp(lp_train - "
     "lp_rollout) over sampled tokens at the sampling temperature; *mean* over all RL steps, *final* over "
     "the last third of the steps; [min, max] over seeds. Guidance B / generated token: all bytes of a "
     "step's record (prompt rows once, routing ids included) over the tokens the rollout generated, i.e. "
@@ -357,7 +391,8 @@ def build(runs_dir: str, out: str, manifest: str | None = None, strict: bool = F
     main = main_table(df)
     abl = ablation_table(df)
     os.makedirs(out, exist_ok=True)
-    df.to_csv(os.path.join(out, "runs.csv"), index=False, float_format="%.6g")
+    df.drop(columns=[c for c in df if c.startswith((PER_PROMPT, CLUSTER))]).to_csv(
+        os.path.join(out, "runs.csv"), index=False, float_format="%.6g")
     main.to_csv(os.path.join(out, "main.csv"), index=False, float_format="%.6g")
     abl.to_csv(os.path.join(out, "ablation.csv"), index=False, float_format="%.6g")
     profile = os.path.basename(os.path.normpath(runs_dir))

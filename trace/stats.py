@@ -1,5 +1,9 @@
-"""The standard error of an accuracy measured over clustered examples, one implementation for the evaluation
-(trace/episode.py, eval.json's `se`) and the tables (analysis/): plain numpy, so the analysis imports no torch."""
+"""Standard errors of accuracies measured over clustered examples, one implementation for the evaluation
+(trace/episode.py, eval.json's `se`) and the tables (analysis/): plain numpy, so the analysis imports no torch.
+
+`clustered_se`: one evaluation's SE, clustered by prompt. `two_way_se`: the SE of a mean over K seeds whose
+evaluations score the same prompts (an arm's accuracy, or a seed-paired difference of two arms): a prompt's
+difficulty recurs in every seed, so its part of the variance does not shrink with K."""
 from __future__ import annotations
 
 import math
@@ -33,3 +37,24 @@ def clustered_se(per_prompt, cluster=None):
                                minlength=bins * len(rows)).reshape(len(rows), bins)  # each row's sum per cluster id
             se = (np.sqrt(c / (c - 1) * np.sum(sums**2, axis=1)) / n).reshape(p.shape[:-1])
     return float(se) if p.ndim == 1 else se
+
+
+def two_way_se(x, cluster=None):
+    """(mean, SE) of per-prompt values x [..., K seeds, N prompts] that score the same prompts in every seed
+    (`cluster`: the prompts' clusters, None: each its own); vectorized over the leading axes. The variance is that
+    of a two-way layout whose prompts are shared by every seed:
+      * the prompt component: the squared clustered SE of the seed-averaged per-prompt values mean_k x[k, i] (it
+        holds the prompts' own spread and the within-seed evaluation noise, / K);
+      * the seed component: the variance over seeds of the per-seed means mean_i x[k, i], less the part of it the
+        evaluation noise explains (the seeds' mean squared clustered SE of the prompt-by-seed residuals, times
+        K / (K - 1); an unbiased estimate, floored at 0), / K.
+    K = 1: the prompt component alone (that evaluation's clustered SE)."""
+    x = np.asarray(x, dtype=float)
+    k = x.shape[-2]
+    per_prompt, per_seed = x.mean(-2), x.mean(-1)  # [..., N], [..., K]
+    var = clustered_se(per_prompt, cluster) ** 2  # the prompt component
+    if k > 1:
+        resid = x - per_prompt[..., None, :] - per_seed[..., :, None] + per_seed.mean(-1)[..., None, None]
+        noise = k / (k - 1) * np.mean(clustered_se(resid, cluster) ** 2, axis=-1)  # a seed mean's evaluation noise
+        var = var + np.maximum(np.var(per_seed, axis=-1, ddof=1) - noise, 0.0) / k  # the seed component
+    return per_seed.mean(-1), np.sqrt(var)

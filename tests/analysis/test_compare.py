@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis.compare import build, holm, paired, paired_se
+from analysis.compare import build, holm, paired
 from analysis.runs import se_clustered
 from tests.analysis.synthetic import eval_block, write_profile
+from trace.stats import two_way_se
 
 
 def test_paired_difference_and_its_standard_error():
@@ -66,8 +67,8 @@ def _draw(rng, reps, seeds, prompts, seed_sd, arm_prompt_sd, samples):
 
 
 def _rejects(d):
-    """The comparison's two-sided test at 0.05 (`paired_se`, t at seeds - 1 df), per synthetic profile."""
-    diff, se = paired_se(d)
+    """The comparison's two-sided test at 0.05 (`two_way_se`, t at seeds - 1 df), per synthetic profile."""
+    diff, se = two_way_se(d)
     return np.abs(diff / se) > stats.t.isf(0.025, d.shape[1] - 1)
 
 

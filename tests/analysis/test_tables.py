@@ -7,13 +7,15 @@ import json
 import math
 import os
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from analysis.runs import se_clustered
 from analysis.tables import build
-from tests.analysis.synthetic import ABLATIONS, METHODS, STEP_S, write_profile
+from tests.analysis.synthetic import ABLATIONS, METHODS, STEP_S, eval_block, write_profile
 from trace.rundir import read_metrics
+from trace.stats import two_way_se
 
 MAIN_NUM = ["acc_bf16", "acc_fp4", "reward_final", "response_len", "k3_mean", "k3_final", "guidance_bytes_per_gen_token",
             "rollout_gen_tokens_per_s", "rollout_speedup", "record_overhead", "step_s"]
@@ -202,6 +204,27 @@ def test_step_overhead_is_na_without_the_same_seeds_qat_run(profile, capsys):
 def test_clustered_se_of_prompt_accuracies():
     """sd over prompts / sqrt(prompts): per-prompt accuracies (0, 0.5, 1, 1) -> sd 0.4787, SE 0.2394."""
     assert se_clustered([0.0, 0.5, 1.0, 1.0]) == pytest.approx(0.47871 / 2, rel=1e-4)
+
+
+def test_an_arms_se_does_not_shrink_with_seeds_that_share_prompts(tmp_path):
+    """Every seed scores the same test prompts, so a prompt's difficulty recurs in each: three seeds with the same
+    per-prompt accuracies have the SE of one evaluation (the old formula divided it by sqrt(3)), and seeds that
+    disagree add their spread; both equal `two_way_se` of the runs' per-prompt matrix."""
+    runs = tmp_path / "runs" / "smoke"
+    write_profile(runs, models=["qwen3_moe-tiny"], seeds=[0, 1, 2], ablation_models=(), steps=4)
+    shared = [0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 0.5, 0.0]
+    apart = [[min(1.0, p + 0.25 * k) for p in shared] for k in range(3)]
+    for arm, rows in (("bf16", [shared] * 3), ("trace", apart)):
+        for seed, pp in enumerate(rows):
+            path = runs / "qwen3_moe-tiny" / "reasoning" / arm / f"seed{seed}" / "eval.json"
+            ev = json.loads(path.read_text())
+            ev["bf16"] = eval_block(pp)
+            path.write_text(json.dumps(ev))
+    build(str(runs), str(tmp_path / "t"), strict=True)
+    main = pd.read_csv(tmp_path / "t" / "main.csv").set_index("arm")
+    assert main.loc["bf16", "acc_bf16_se"] == pytest.approx(se_clustered(shared), rel=1e-5)
+    assert main.loc["trace", "acc_bf16_se"] == pytest.approx(float(two_way_se(np.array(apart))[1]), rel=1e-5)
+    assert main.loc["trace", "acc_bf16_se"] > se_clustered(np.mean(apart, axis=0))
 
 
 def test_ablation_table_factors(profile):
