@@ -37,6 +37,8 @@ over / under steps, 1..threshold_max), ``n_hidden``, ``hidden_max``. Presets: ea
 minus, mod and if-even-halve, constants up to 9 (gold 32-52 characters); medium = 4-5 steps of every kind,
 constants up to 9, thresholds up to 50 (gold ~57 on average); hard = 5-6 steps, constants up to 19,
 thresholds up to 99.
+A tiny SFT base learns the translation almost exactly on functions it never saw (qwen3_moe-tiny, 400 steps: 0.89
+of 64 test functions greedy); at temperature 1 its accuracy is set mostly by SFT label smoothing (DESIGN.md §4).
 Run: ``t = get_task("program", difficulty="medium"); t.score_batch(exs, responses)``.
 Stands in for the paper's code-RL data with long generations (whole function bodies verified by tests).
 """
@@ -184,7 +186,10 @@ def pure_program(body: str):
     for stmt in fn.body:
         if not all(_pure_node(node) for node in ast.walk(stmt)):
             return None
-    return compile(tree, "<program>", "exec")
+    try:
+        return compile(tree, "<program>", "exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # what the compiler refuses the sandbox reports
+        return None
 
 
 def run_pure(code, inputs: list[int]) -> str:
