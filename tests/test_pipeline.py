@@ -71,7 +71,7 @@ def test_dry_run_builds_full_dag(profile, tmp_path):
     n_sft = len(plan.model_tasks()) * (len(cfg["seeds"]) if plan.sft_per_seed else 1) if plan.sft_enabled else 0
     assert counts.get("eval_base", 0) == (n_sft if plan.learning else 0)
     n_gated = sum(plan.gated(t) for _, t in plan.model_tasks()) * (len(cfg["seeds"]) if plan.sft_per_seed else 1)
-    assert counts.get("eval_base_validation", 0) == n_gated and (profile != "small-v2" or n_gated == 12)
+    assert counts.get("eval_base_validation", 0) == n_gated and (profile != "small-v2" or n_gated == 18)
     assert counts.get("sft", 0) == n_sft
     assert counts["tables"] == 1 and counts["plot"] == 1 and counts["bench"] == 2
     cfg = plan.config

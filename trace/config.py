@@ -24,7 +24,7 @@ from trace.arms import ARMS, METHODS
 
 ADVANTAGES = ("group_norm", "reinforce_baseline", "rloo")
 # the task registry's names (trace/tasks), listed here so that validating a config imports no task code
-TASK_NAMES = ("reasoning", "reasoning-short", "coding", "long_horizon")
+TASK_NAMES = ("reasoning", "reasoning-short", "coding", "program", "long_horizon")
 
 DEFAULTS: dict[str, Any] = {
     "model": "qwen3_moe-tiny",

@@ -14,7 +14,7 @@ from trace.tasks.reasoning import evaluate, parse_int_answer
 
 
 def test_registry_names_and_unknown():
-    assert task_names() == ["coding", "long_horizon", "reasoning", "reasoning-short"]
+    assert task_names() == ["coding", "long_horizon", "program", "reasoning", "reasoning-short"]
     with pytest.raises(KeyError, match="unknown task"):
         get_task("chess")
     assert get_task("reasoning-short/easy").name == "reasoning-short"

@@ -1,4 +1,4 @@
-"""OpenRLHF-style reward_func: output structure, routing to the four verifiers, prompt stripping."""
+"""OpenRLHF-style reward_func: output structure, routing to the five verifiers, prompt stripping."""
 import pytest
 import torch
 
@@ -8,7 +8,7 @@ from trace.tasks.reward_func import infer_task, reward_func
 
 def batch():
     qs, ps, ls, want, srcs = [], [], [], [], []
-    for name in ("reasoning", "reasoning-short", "coding", "long_horizon"):
+    for name in ("reasoning", "reasoning-short", "coding", "program", "long_horizon"):
         t = get_task(name, difficulty="easy")
         for ex in t.make_split("test", 3, seed=0):
             gold = t.sft_target(ex)
@@ -29,9 +29,9 @@ def test_structure_and_values():
     assert out["rewards"].tolist() == want and out["scores"].tolist() == want
     logs = out["extra_logs"]
     assert set(logs) == {"accuracy", "response_chars", "correct_reasoning", "correct_reasoning_short", "correct_coding",
-                         "correct_long_horizon"}
+                         "correct_program", "correct_long_horizon"}
     assert all(v.shape == (len(qs),) for v in logs.values())
-    assert logs["correct_coding"].sum().item() == 3
+    assert logs["correct_coding"].sum().item() == 3 and logs["correct_program"].sum().item() == 3
     assert logs["correct_reasoning"].sum().item() == 3 and logs["correct_reasoning_short"].sum().item() == 3
 
 

@@ -9,7 +9,7 @@ import pytest
 from trace.tasks import Example, get_task, task_names
 from trace.tasks.base import SPLITS
 
-KNOBS = {"reasoning": {}, "reasoning-short": {}, "coding": {}, "long_horizon": {"offset_max": 992}}
+KNOBS = {"reasoning": {}, "reasoning-short": {}, "coding": {}, "program": {}, "long_horizon": {"offset_max": 992}}
 
 
 def _draw(task, split, seeds, n):

@@ -9,7 +9,8 @@ older versions took a bare tensor, which is `result["rewards"]` here.
 The in-process RL trainer calls the same function, so both paths score identically.
 
 Routing: by ``datasources`` (kwarg, one per sample, e.g. "coding" or "coding/easy") when given,
-otherwise by the prompt's shape (``Q: ...=\nSteps:\n`` reasoning, ``Q: ...=\nA:`` reasoning-short).
+otherwise by the prompt's shape (``Q: ...=\nSteps:\n`` reasoning, ``Q: ...=\nA:`` reasoning-short, ``steps: ...``
+program).
 Extra logs: accuracy, response_chars and ``correct_<task>`` per task (``-`` written ``_``:
 ``correct_reasoning_short``), a fixed key set. Knobs that change scoring (coding partial_credit, long-horizon
 shaping) come from ``task_knobs={"coding": {...}}``.
@@ -31,6 +32,8 @@ def infer_task(prompt: str) -> str:
         return "reasoning-short"
     if prompt.endswith("def f(x): return"):
         return "coding"
+    if prompt.startswith("steps: ") and prompt.endswith("\ndef f(x):\n"):
+        return "program"
     if prompt.startswith("Guess n in "):
         return "long_horizon"
     raise ValueError(f"cannot tell which task prompt {prompt[:60]!r} belongs to; pass datasources=")

@@ -39,7 +39,7 @@ ENV = "export OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} TQDM_DISABLE=1
 
 wildcard_constraints:
     model=r"[a-z0-9_]+-(tiny|small|medium|paper)",
-    task=r"reasoning-short|reasoning|coding|long_horizon",
+    task=r"reasoning-short|reasoning|coding|program|long_horizon",
     arm=r"(?!sft/)[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*",  # never the SFT base's folder
     sftdir=r"sft(/seed\d+)?",
     seed=r"\d+",
