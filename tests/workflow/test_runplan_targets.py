@@ -58,7 +58,9 @@ def test_per_seed_sft_bases():
         assert plan.sft_seed(plan.sft_name(k)) == k
     bases = plan.base_evals(model, task)
     assert bases == [f"{plan.sft_dir(model, task, k)}/eval.json" for k in seeds]
-    shared = _plan("smoke")  # the default: one base, the first seed's, in sft/
+    off = yaml.safe_load(open(os.path.join(PROFILES, "smoke.yaml")))
+    off["sft"] = {"per_seed": False}
+    shared = Plan(off)  # without it: one base, the first seed's, in sft/
     assert shared.sft_dir(model, task, seeds[-1]) == f"{shared.runs_dir}/{model}/{task}/sft"
     assert "init_seed" not in shared.sft_config(model, task, seeds[-1]).get("sft", {}) or \
         shared.sft_config(model, task, seeds[-1]) == shared.sft_config(model, task)
