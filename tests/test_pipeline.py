@@ -159,6 +159,34 @@ def test_paper_training_rules_call_the_openrlhf_launcher(tmp_path):
     assert not any("CUDA_VISIBLE_DEVICES" in c for c in cmds)  # no device ids hard-coded
 
 
+def test_profile_openrlhf_flags_reach_train_ppo_ray(tmp_path):
+    """openrlhf-small's `openrlhf_flags` follow `--` in every rl job, after --config/--out, and only there;
+    workflow/scripts/launch.py hands them on to the OpenRLHF launch after `--` (tests/workflow/test_launch_passthrough.py)."""
+    assert _load("openrlhf-small")["openrlhf_flags"] == ["--ckpt.max_num 1"]
+    r = _snakemake("-n", "-p", "all", "--configfile", os.path.join(PROFILES, "openrlhf-small.yaml"),
+                   "--directory", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    cmds = [line for line in (r.stdout + r.stderr).splitlines() if "workflow.scripts.launch" in line]
+    rl = [c for c in cmds if "--stage rl" in c]
+    assert len(rl) == 4 and all(re.search(r"--out \S+ +-- --ckpt\.max_num 1 >", c) for c in rl), rl
+    assert not any(" -- " in c for c in cmds if c not in rl)
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"launcher": {"rl": "python -m trace.rl"}}, "needs launcher.rl to be the OpenRLHF launch"),
+    ({"openrlhf_flags": ["1 --ckpt.max_num"]}, "must start with a flag"),
+    ({"openrlhf_flags": ["--ckpt.max_num", 1]}, "openrlhf_flags"),  # the schema: strings only
+])
+def test_bad_openrlhf_flags_name_the_key(tmp_path, change, needle):
+    bad = _load("openrlhf-small")
+    for k, v in change.items():
+        bad[k] = {**bad[k], **v} if isinstance(v, dict) else v
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(bad))
+    r = _snakemake("-n", "all", "--configfile", str(p), "--directory", str(tmp_path))
+    assert r.returncode != 0 and needle in r.stdout + r.stderr, r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("key", ["methods", "gpu"])
 def test_bad_profile_names_the_key(tmp_path, key):
     bad = _load("smoke")

@@ -43,6 +43,7 @@ if steps:
 yaml.safe_dump(c, open(f"{work}/openrlhf.yaml", "w"), sort_keys=False)
 root = c["runs_dir"].rsplit("/", 1)[0]
 c["launcher"] = {"sft": "python -m trace.sft", "rl": "python -m trace.rl", "eval": "python -m trace.eval"}
+c.pop("openrlhf_flags", None)  # train_ppo_ray flags: the embedded trainer has none
 c.update(runs_dir=f"{root}/embedded", tables_dir=f"{root}/embedded-tables", figures_dir=f"{root}/embedded-figures")
 yaml.safe_dump(c, open(f"{work}/embedded.yaml", "w"), sort_keys=False)
 EOF

@@ -90,6 +90,8 @@ rule rl:
         cmd=config["launcher"]["rl"],
         out=lambda wc, output: os.path.dirname(output[0]),
         gate=lambda wc, input: f"--gate {input.gate}" if "gate" in input.keys() else "",
+        # the profile's openrlhf_flags, after `--`: workflow/scripts/launch.py hands them on after --config/--out
+        flags=PLAN.rl_passthrough(),
     threads: RES["rl"].get("threads", 1)
     resources:
         gpu=RES["rl"].get("gpu", 0),
@@ -97,7 +99,7 @@ rule rl:
         runtime=RES["rl"].get("runtime", 60),
     shell:
         ENV + " python -m workflow.scripts.launch --stage rl --cmd '{params.cmd}' --gpu-slots " + str(gpu_slots("rl")) +
-        " --config {input.cfg} --out {params.out} {params.gate} > {log} 2>&1" + KEEP_FAILED
+        " --config {input.cfg} --out {params.out} {params.gate} {params.flags} > {log} 2>&1" + KEEP_FAILED
 
 
 rule eval:

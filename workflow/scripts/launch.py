@@ -5,10 +5,12 @@
         --ckpt RUN_DIR/ckpt --out RUN_DIR/eval.json
 
 The command gets the entry-point contract's arguments (``--config CFG --out DIR`` for sft/rl,
-``--config CFG --ckpt DIR --out FILE.json`` for eval) plus any ``--set key=value`` given here.
+``--config CFG --ckpt DIR --out FILE.json`` for eval) plus any ``--set key=value`` given here; for stage rl,
+what follows ``--`` here (a profile's ``openrlhf_flags``: train_ppo_ray flags) follows ``--`` there, last.
 For sft/rl the run dir carries a stamp of the config it was started with: an interrupted run with the
 same config is resumed by the trainer (from its last checkpoint), a run dir left by a different config
-(or with no checkpoint to resume from) is wiped first so stale metrics never mix with new ones.
+(or with no checkpoint to resume from) is wiped first so stale metrics never mix with new ones; the flags after
+``--`` count as part of the config (the OpenRLHF launch refuses to resume a run with other flags).
 Only committed code makes committed runs: with tracked files changed since HEAD the launch stops with one line, unless
 TRACE_ALLOW_DIRTY=1, in which case the diff is saved beside the run (``dirty.patch`` in a run dir, ``<eval>.patch``
 beside an evaluation) and meta.json records its hash (trace/rundir.py). A copy of the repository whose launching
@@ -50,8 +52,16 @@ def sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def prepare_run_dir(out: str, config: str) -> None:
+def config_digest(config: str, passthrough: list[str] | None = None) -> str:
+    """The run dir's stamp: the config file's sha256, with the flags after `--` (if any) hashed in."""
     digest = sha256(config)
+    if passthrough:
+        digest = hashlib.sha256((digest + "\0" + json.dumps(passthrough)).encode()).hexdigest()
+    return digest
+
+
+def prepare_run_dir(out: str, config: str, passthrough: list[str] | None = None) -> None:
+    digest = config_digest(config, passthrough)
     stamp = os.path.join(out, STAMP)
     if os.path.isdir(out) and os.listdir(out):
         old = open(stamp).read().strip() if os.path.exists(stamp) else None
@@ -130,7 +140,11 @@ def main(argv=None) -> int:
                          "before the run's directory is made")
     ap.add_argument("--gpu-slots", type=int, default=0, metavar="K",
                     help="take one of K slots per visible GPU and run on that GPU alone (0: no GPU pinning)")
-    a = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough = argv[argv.index("--") + 1:] if "--" in argv else []
+    a = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if passthrough and a.stage != "rl":
+        ap.error("flags after `--` (train_ppo_ray's) apply to --stage rl only")
 
     diff = "" if os.environ.get("TRACE_GIT_COMMIT") else tracked_diff()
     if diff and os.environ.get("TRACE_ALLOW_DIRTY") != "1":
@@ -154,7 +168,7 @@ def main(argv=None) -> int:
         cmd += ["--ckpt", a.ckpt]
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     else:
-        prepare_run_dir(a.out, a.config)
+        prepare_run_dir(a.out, a.config, passthrough)
     if diff:
         patch = os.path.join(a.out, "dirty.patch") if a.stage != "eval" else os.path.splitext(a.out)[0] + ".patch"
         with open(patch, "w") as f:
@@ -162,6 +176,8 @@ def main(argv=None) -> int:
     cmd += ["--out", a.out]
     for kv in a.set:
         cmd += ["--set", kv]
+    if passthrough:
+        cmd += ["--", *passthrough]
     env = None
     if a.gpu_slots > 0:
         gpu, _held = acquire_gpu_slot(visible_gpus(), a.gpu_slots, lock_dir())  # held until this process exits

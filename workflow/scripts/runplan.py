@@ -10,6 +10,8 @@ Generated run configs use exactly the keys of the trainer's config contract (tra
 model, task{name, difficulty, n_train, n_test, seed, ...}, sft{...}, rl{method, init_ckpt, ...},
 seed, device, wandb{mode}. One such YAML file is a complete single experiment:
 ``python -m trace.rl --config results/runs/smoke/configs/<model>/<task>/<arm>-seed<k>.yaml --out DIR``.
+A profile whose RL launcher is the OpenRLHF launch may add `train_ppo_ray` flags (``openrlhf_flags``, a list of
+strings, each split like a shell command line): the rl rule passes them after ``--`` (``Plan.rl_passthrough``).
 
     python workflow/scripts/runplan.py experiments/profiles/smoke.yaml     # print the run list
     python workflow/scripts/runplan.py experiments/profiles/small.yaml --targets mixtral-small reasoning
@@ -21,6 +23,7 @@ import copy
 import itertools
 import json
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +34,7 @@ if _ROOT not in sys.path:  # the repo root: the arm table lives in the trainer's
 from trace.arms import ARMS, METHODS  # noqa: E402
 
 DATA_SEED = 0  # the task data (train/test splits) is shared by every arm and seed
+OPENRLHF_LAUNCH = "trace.integrations.openrlhf.launch"  # the RL launcher that takes train_ppo_ray flags after `--`
 
 
 class CalibrationMissing(ValueError):
@@ -128,6 +132,15 @@ class Plan:
             if typed:
                 raise ValueError(f"rl.align_coef is set in {typed}, but profile key 'align_calibration' reads it "
                                  f"from the calibration files: remove it there")
+        # train_ppo_ray flags for every RL run: only the OpenRLHF launch takes them (after `--`)
+        self.openrlhf_flags = [t for item in config.get("openrlhf_flags") or [] for t in shlex.split(item)]
+        if self.openrlhf_flags:
+            if OPENRLHF_LAUNCH not in config["launcher"]["rl"]:
+                raise ValueError(f"profile key 'openrlhf_flags' needs launcher.rl to be the OpenRLHF launch "
+                                 f"(python -m {OPENRLHF_LAUNCH} --stage rl), not {config['launcher']['rl']!r}")
+            if not self.openrlhf_flags[0].startswith("--"):
+                raise ValueError(f"profile key 'openrlhf_flags' must start with a flag (--name), "
+                                 f"got {self.openrlhf_flags[0]!r}")
         # the SFT base gate (trace/gate.py): RL runs of these tasks need their base's validation evaluation to pass
         self.gated_tasks = set(((config.get("checks") or {}).get("base_gate") or {}).get("tasks", []))
         unknown_gated = sorted(self.gated_tasks - set(config["tasks"]))
@@ -152,6 +165,10 @@ class Plan:
             runs.append(Run(model, task, arm, int(seed), self.ablation_arms[arm]["method"], True))
         seen = set()
         self.runs = [r for r in runs if not (r.key in seen or seen.add(r.key))]
+
+    def rl_passthrough(self) -> str:
+        """The rl rule's `-- FLAGS` (shell-quoted): the profile's openrlhf_flags for train_ppo_ray; '' without."""
+        return " ".join(["--", *map(shlex.quote, self.openrlhf_flags)]) if self.openrlhf_flags else ""
 
     def runs_task(self, model: str, task: str) -> bool:
         """Whether the main table has (model, task): a task's `models` key restricts it to a subset."""

@@ -154,7 +154,7 @@ def test_flags_the_engine_cannot_honour_are_refused(tmp_path, capsys, flags, nee
 
 @pytest.mark.parametrize("flags,needle", [
     (["--ds.attn_implementation", "flash_attention_2"], "fixed by TRACE: the QAT patch runs attention"),
-    (["--reward.remote_url", "my_reward.py"], "fixed by TRACE: the reward is the task's verifier"),
+    (["--ckpt.save_hf"], "fixed by TRACE: every checkpoint keeps an HF copy"),
     (["--ckpt.load_enable"], "fixed by TRACE: it is always on"),
 ])
 def test_fixed_flags_say_why(tmp_path, capsys, flags, needle):
@@ -182,7 +182,7 @@ def test_every_trace_flag_has_one_honest_rule():
     from trace.integrations.openrlhf.launch import openrlhf_dest_of
     dest_of = openrlhf_dest_of()
     argvs = [ppo_flags(_cfg("rl.kl_coef=0.01"), model_path="m", prompts="p", out="o", reward_file="r.py", gpus=2),
-             ppo_flags(_cfg(), model_path="m", prompts="p", out="o", agent_file="a.py")]
+             ppo_flags(_cfg("wandb.mode=offline"), model_path="m", prompts="p", out="o", agent_file="a.py")]
     dests = {dest_of(o) for argv in argvs for o, _ in flag_groups(argv)}
     for d in dests:
         assert sum(d in t for t in (USER_SETTABLE, SOURCE, FIXED)) == 1, d

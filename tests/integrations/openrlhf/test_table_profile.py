@@ -1,7 +1,7 @@
 """The OpenRLHF table's profile (experiments/profiles/openrlhf-small.yaml) and its embedded twin as
 scripts/gpu/openrlhf_table.sh writes it: 4 arms x >= 150 RL steps through the OpenRLHF launcher, every run's
-train_ppo_ray command accepted by OpenRLHF's parser on one GPU (colocated), the twin differing only in the
-RL launcher and where its runs go, and `snakemake -n` building both DAGs without a GPU."""
+train_ppo_ray command (with the profile's openrlhf_flags) accepted by OpenRLHF's parser on one GPU (colocated),
+the twin differing only in the RL launcher, its openrlhf_flags and where its runs go, and `snakemake -n` building both DAGs without a GPU."""
 import os
 import re
 import subprocess
@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trace.integrations.openrlhf.launch import build_argv, load_run_config, parse_with_openrlhf, prepare_model
+from trace.integrations.openrlhf.flags import merge_user_flags
+from trace.integrations.openrlhf.launch import (build_argv, load_run_config, openrlhf_dest_of, parse_with_openrlhf,
+                                                prepare_model)
 
 ROOT = Path(__file__).resolve().parents[3]
 PROFILE = ROOT / "experiments/profiles/openrlhf-small.yaml"
@@ -31,6 +33,7 @@ def test_profile_runs_parse_on_one_gpu(tmp_path):
     prof = yaml.safe_load(PROFILE.read_text())
     assert prof["launcher"]["rl"].startswith("python -m trace.integrations.openrlhf.launch --stage rl")
     plan = Plan(prof)
+    dest_of = openrlhf_dest_of()
     assert sorted(r.arm for r in plan.runs) == ["bf16", "fp4-naive", "qat-independent", "trace"]
     for i, r in enumerate(plan.runs):
         path = tmp_path / f"run{i}.yaml"
@@ -38,9 +41,10 @@ def test_profile_runs_parse_on_one_gpu(tmp_path):
         cfg, data = load_run_config(str(path), [])
         assert cfg["task"]["name"] == "reasoning" and cfg["rl"]["steps"] >= 150 and cfg["rl"]["eval_every"] > 0
         cfg["rl"]["init_ckpt"] = None  # the SFT base does not exist here: the registry model stands in
-        args = parse_with_openrlhf(build_argv(cfg, tmp_path / f"o{i}", prepare_model(cfg, tmp_path / f"o{i}"), data,
-                                              gpus=1))
+        argv = build_argv(cfg, tmp_path / f"o{i}", prepare_model(cfg, tmp_path / f"o{i}"), data, gpus=1)
+        args = parse_with_openrlhf(merge_user_flags(argv, plan.openrlhf_flags, dest_of))  # + the profile's flags
         assert args.train.colocate_all and args.actor.num_gpus_per_node == 1 and args.ckpt.load_enable
+        assert args.ckpt.max_num == 1
         assert args.rollout.max_new_tokens == 96 and args.train.batch_size == 128
 
 
@@ -49,6 +53,7 @@ def test_twin_and_dry_runs(tmp_path):
     orl, emb = _twin(tmp_path)
     assert emb["launcher"] == {"sft": "python -m trace.sft", "rl": "python -m trace.rl", "eval": "python -m trace.eval"}
     assert emb["runs_dir"].endswith("/embedded") and orl["runs_dir"].endswith("/openrlhf")
+    assert orl["openrlhf_flags"] and "openrlhf_flags" not in emb  # train_ppo_ray flags: the OpenRLHF side only
     same = {k: v for k, v in emb.items() if k not in ("launcher", "runs_dir", "tables_dir", "figures_dir")}
     assert same == {k: v for k, v in orl.items() if k in same}
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT),

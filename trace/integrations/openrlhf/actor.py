@@ -24,6 +24,8 @@
   the newest DeepSpeed checkpoint under `--ckpt.path` and keeps its client states; the actor counts
   steps on from their `global_step` and opens the metrics log as the embedded trainer does
   (`rundir.MetricsLog.open(upto_step=global_step)`: lines past the checkpoint, a torn last line, go);
+- checkpoints: after OpenRLHF's save, the HF copies (`global_stepN_hf`) are pruned to `--ckpt.max_num` as the
+  DeepSpeed checkpoints are (checkpoints.py);
 - periodic held-out evaluation (`rl.eval_every`), as `trace.rl.trainer.RLTrainer.run`: step 0 (a fresh
   run) gets its own line with `eval_accuracy`, and every eval_every-th step and the last add
   `eval_accuracy` and `eval_reward` to their line; `trace.episode.evaluate_policy` on the policy in
@@ -49,12 +51,14 @@ stand_ins.install()  # before OpenRLHF's modules import vLLM / flash-attn names 
 import openrlhf.trainer.ppo_utils.experience as _exp  # noqa: E402
 import openrlhf.trainer.ppo_utils.experience_maker as _em  # noqa: E402
 import openrlhf.trainer.ppo_utils.samples_generator as _sg  # noqa: E402
+import openrlhf.trainer.ppo_trainer as _pt  # noqa: E402
 import openrlhf.trainer.ray.ppo_actor as _pa  # noqa: E402
 
 from trace import rundir  # noqa: E402
 from trace.episode import build_task, evaluate_policy  # noqa: E402
 from trace.guidance import Method  # noqa: E402
 from trace.guidance.mismatch import mismatch_metrics  # noqa: E402
+from trace.integrations.openrlhf.checkpoints import prune_hf_checkpoints  # noqa: E402
 from trace.integrations.openrlhf.records import batch_records, coverages  # noqa: E402
 from trace.integrations.openrlhf.rollout import DIAG_KEY, RECORD_KEY  # noqa: E402
 from trace.qat import patch_model, runtime  # noqa: E402
@@ -258,6 +262,7 @@ HOOKS = (
     guards.Hook(_ORIG, "forward", f"{_PA}.PolicyModelActor.forward", own=True),
     guards.Hook(_ORIG, "fit", f"{_PA}.PolicyModelActor.fit", own=True),
     guards.Hook(_ORIG, "broadcast_to_vllm", f"{_PA}.PolicyModelActor.broadcast_to_vllm", own=True),
+    guards.Hook(_ORIG, "save_checkpoint", f"{_PA}.PolicyModelActor.save_checkpoint", own=True),
 )
 USES = (
     guards.Use(_BASE, "init_model_from_pretrained", "Actor", f"{_PA}.Actor", _INIT),
@@ -268,6 +273,9 @@ USES = (
     guards.Use(_BASE, "init_model_from_pretrained", "checkpoint_states",
                f"{_PA}.PolicyModelActor.checkpoint_states", _INIT),
     guards.Use(_pa.ActorPPOTrainer, "training_step", "actor_loss_fn", _LOSS, _STEP),
+    # the HF checkpoints are pruned where the trainer asks the actors to save (by method name)
+    guards.Use(_pt.BasePPOTrainer, "save_logs_and_checkpoints", "save_checkpoint",
+               f"{_PA}.PolicyModelActor.save_checkpoint", "BasePPOTrainer.save_logs_and_checkpoints"),
     # records ride in Experience.mm_train_inputs: the samples generator fills it from the engine's
     # response, the experience maker hands it to the actor's forward as mm_train_inputs_list
     guards.Use(_sg.SamplesGenerator, "_process_response_into_experience", "mm_train_inputs", _EXP,
@@ -385,6 +393,14 @@ class TracePolicyActor(_BASE):
             return super().broadcast_to_vllm()
         finally:
             self._trace_sync_s += time.perf_counter() - t
+
+    def save_checkpoint(self, tag, client_states=None, metric_value=None, metric_key=None):
+        """OpenRLHF's save, then rank 0 prunes the HF copies to --ckpt.max_num (checkpoints.py)."""
+        out = super().save_checkpoint(tag, client_states, metric_value, metric_key)
+        ckpt = self.strategy.args.ckpt
+        if ckpt.save_hf and torch.distributed.get_rank() == 0:
+            prune_hf_checkpoints(ckpt.path, ckpt.max_num)
+        return out
 
     def fit(self, kl_ctl: float = 0):
         t0 = time.perf_counter()

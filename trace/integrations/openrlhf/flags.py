@@ -12,7 +12,10 @@ shared RL hyper-parameters into OpenRLHF's names, so both trainers optimise the 
 - KL to the initial policy as a loss (k3) when rl.kl_coef > 0, else no reference model;
 - one optimizer step per rollout step (train batch = prompts_per_step * group_size), constant lr,
   AdamW betas (0.9, 0.99) and gradient clipping as our trainer;
-- sdpa attention, no sample packing (packing needs flash-attn), ZeRO stage 3 by default.
+- sdpa attention, no sample packing (packing needs flash-attn), ZeRO stage 3 by default;
+- the run config's `wandb:` section -> OpenRLHF's own wandb logger (`wandb_flags`, `wandb_env`);
+- the reward: the task's verifier (reward.py) by `--reward.remote_url`, OpenRLHF's reward-file flag, which the
+  user's own file or server URL replaces (single-turn tasks; multi-turn ones are rewarded by agent.py's env).
 OpenRLHF's decoupled PPO ratio (old policy = the trainer's own log-prob) is rl.ppo_ratio="trainer";
 "rollout" has no OpenRLHF equivalent and is refused. TRACE's own settings (method, rho, align_coef,
 fmt) are not OpenRLHF flags: the plugin reads them from the run dir's config.yaml.
@@ -21,7 +24,7 @@ The user's own flags (`launch ... -- FLAGS`) join TRACE's through `merge_user_fl
 OpenRLHF's own argparse destinations (aliases and abbreviations included). Each TRACE flag is in one table:
 - `USER_SETTABLE`: TRACE only defaults it; the user's value replaces TRACE's;
 - `SOURCE`: derived from a run config key or a launch option; refused, naming where to change it;
-- `FIXED`: what TRACE's trainer or engine needs; refused, saying why.
+- `FIXED`: what TRACE's trainer or engine needs; refused, saying why (also where TRACE leaves it out).
 A flag TRACE does not set is appended as given, unless it is in `UNSUPPORTED` (an OpenRLHF feature the
 TRACE engine or the QAT patch cannot honour: refused, saying why). Every refusal is one line (`FlagConflict`). `--ckpt.load_enable` is always on: a rerun of the same command loads OpenRLHF's
 DeepSpeed checkpoint (`--ckpt.path`), and the policy actor continues the metrics log from its step.
@@ -30,6 +33,7 @@ every arm's flags with `openrlhf.cli.train_ppo_ray`'s parser and its validation)
 """
 from __future__ import annotations
 
+import hashlib
 import os
 
 from trace.arms import ARMS
@@ -56,6 +60,9 @@ USER_SETTABLE = {
     "actor.lr_warmup_ratio": "warm-up fraction of the schedule (TRACE: 0.0)",
     "data.max_len": "prompt + response tokens (TRACE: the longest synthetic prompt, else 1024, + rl.max_new_tokens "
     "per turn); launch refuses one too short for the longest prompt it knows",
+    "reward.remote_url": "the reward of a single-turn task: a Python file defining reward_func(queries, prompts, "
+    "labels) or reward server URL(s), OpenRLHF's convention (TRACE: the task's verifier, "
+    "trace/integrations/openrlhf/reward.py); launch checks the file before the run",
 }
 # where a flag TRACE derives comes from (a run config key or a launch option): FlagConflict says to change it there
 SOURCE = {
@@ -74,6 +81,7 @@ SOURCE = {
     "data.input_key": "task.prompt_key", "data.label_key": "task.label_key",
     "algo.kl.use_loss": "rl.kl_coef", "algo.kl.estimator": "rl.kl_coef",
     "vllm.sync_backend": "launch --colocate / --gpus", "train.agent_func_path": "task.name",
+    "logger.wandb.project": "wandb.project", "logger.wandb.run_name": "wandb.name",
 }
 # flags TRACE fixes: FlagConflict says why they cannot change
 FIXED = {
@@ -81,14 +89,16 @@ FIXED = {
     "actor.num_nodes": "launch runs on one node, in the Ray instance it starts", "ref.num_nodes": "launch runs on one "
     "node, in the Ray instance it starts",
     "ckpt.load_enable": "it is always on, so that a rerun of the command resumes",
-    "ckpt.save_hf": "the HF checkpoint is what stage eval and the pipeline read",
+    "ckpt.save_hf": "every checkpoint keeps an HF copy (ckpt/deepspeed/global_stepN_hf), pruned to --ckpt.max_num "
+    "like the DeepSpeed checkpoints (trace/integrations/openrlhf/checkpoints.py)",
     "ds.attn_implementation": "the QAT patch runs attention (FP4 KV included) through sdpa (trace.qat.patch_model)",
     "ds.param_dtype": "OpenRLHF trains in BF16 as TRACE's QAT does (rl.autocast: bf16)",
     "train.max_epochs": "one optimizer step per rollout step, as the embedded trainer",
     "train.num_episodes": "the prompt file holds every step's prompts (rl.steps x rl.prompts_per_step)",
     "logger.logging_steps": "metrics.jsonl has one line per step",
-    "reward.remote_url": "the reward is the task's verifier (trace/integrations/openrlhf/reward.py); a reward file "
-    "of your own is not supported yet",
+    "logger.wandb.key": "TRACE turns OpenRLHF's wandb logger on from the run config (wandb.mode offline or online), "
+    "and wandb reads its API key from the environment (WANDB_API_KEY or `wandb login`), not from the command line "
+    "that the run dir records",
 }
 # OpenRLHF features the TRACE engine or the QAT patch cannot honour: refused when the user passes them
 UNSUPPORTED = {
@@ -104,6 +114,10 @@ UNSUPPORTED = {
     "(run config keys rl.eval_every, eval.split)",
     "ds.packing_samples": "packing needs flash attention, and the QAT patch runs attention through sdpa",
 }
+# a key that only switches OpenRLHF's wandb logger on: OpenRLHF creates its WandbLogger when --logger.wandb.key is
+# set and calls wandb.login(key=...) only without credentials in the environment, which offline mode skips
+# (openrlhf/utils/logging_utils.py WandbLogger, openrlhf/trainer/ppo_trainer.py; wandb/sdk/wandb_login.py)
+WANDB_KEY_SWITCH = "from-environment"
 
 
 def flag_groups(argv: list[str]) -> list[tuple[str, list[str]]]:
@@ -122,8 +136,9 @@ def flag_groups(argv: list[str]) -> list[tuple[str, list[str]]]:
 
 def merge_user_flags(trace_argv: list[str], user_argv: list[str], dest_of, engine: str = "trace") -> list[str]:
     """TRACE's argv with the user's flags: a flag TRACE sets raises FlagConflict unless it is in
-    USER_SETTABLE (then the user's replaces TRACE's); one in UNSUPPORTED raises FlagConflict with the TRACE
-    engine (engine "vllm": OpenRLHF's engines honour the vllm.* ones); any other is appended.
+    USER_SETTABLE (then the user's replaces TRACE's); one in FIXED raises it whether TRACE sets it or not; one
+    in UNSUPPORTED raises it with the TRACE engine (engine "vllm": OpenRLHF's engines honour the vllm.* ones);
+    --reward.remote_url raises it for a multi-turn task (agent file); any other is appended.
     dest_of(option) -> the argparse destination in OpenRLHF's parser (KeyError: no such flag)."""
     def dest(opt):
         try:
@@ -135,11 +150,18 @@ def merge_user_flags(trace_argv: list[str], user_argv: list[str], dest_of, engin
     theirs = [(dest(o), o, toks) for o, toks in flag_groups(user_argv)]
     owned = {d for d, _ in mine}
     for d, opt, _ in theirs:
+        if d == "reward.remote_url" and "train.agent_func_path" in owned:
+            # OpenRLHF replaces the reward URL by "agent" whenever an agent file is given (train_ppo_ray.py)
+            raise FlagConflict(f"train_ppo_ray flag {opt}: a multi-turn task is rewarded by its environment "
+                               "(trace/integrations/openrlhf/agent.py); a reward file or URL applies to single-turn "
+                               "tasks")
         if d in owned and d in SOURCE:
             raise FlagConflict(f"train_ppo_ray flag {opt} is set by TRACE (from {SOURCE[d]}); change it there, "
                                "not after `--`")
         if d in owned and d not in USER_SETTABLE:
             raise FlagConflict(f"train_ppo_ray flag {opt} is fixed by TRACE: {FIXED.get(d, 'TRACE sets it')}")
+        if d in FIXED:  # also where TRACE leaves it out (logger.wandb.key with wandb off)
+            raise FlagConflict(f"train_ppo_ray flag {opt} is fixed by TRACE: {FIXED[d]}")
         if d in UNSUPPORTED and not (engine == "vllm" and d.startswith("vllm.")):
             raise FlagConflict(f"train_ppo_ray flag {opt} is not supported: {UNSUPPORTED[d]}")
     replaced = {d for d, _, _ in theirs}
@@ -171,6 +193,34 @@ def is_correction_flags(rl: dict) -> list[str]:
         return ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "clip",
                 "--algo.advantage.is_correction_threshold", "0.0", _num(rl["tis_cap"])]
     return ["--algo.advantage.is_correction_level", "off"]
+
+
+def wandb_on(cfg: dict) -> bool:
+    """Whether the run config turns wandb on (wandb.mode offline or online)."""
+    return (cfg.get("wandb") or {}).get("mode", "disabled") != "disabled"
+
+
+def wandb_flags(cfg: dict, out: str) -> list[str]:
+    """The run config's `wandb:` section as OpenRLHF 0.11.2's --logger.wandb.* flags (openrlhf/cli/train_ppo_ray.py:
+    key, org, group, project, run_name); none when wandb.mode is disabled. The key only switches OpenRLHF's logger
+    on (WANDB_KEY_SWITCH); the mode and the directory go through the environment (`wandb_env`), as OpenRLHF's
+    `wandb.init` takes neither. run_name: wandb.name, else the run dir's name, as the embedded trainer's."""
+    if not wandb_on(cfg):
+        return []
+    w = cfg["wandb"]
+    return ["--logger.wandb.key", WANDB_KEY_SWITCH, "--logger.wandb.project", str(w.get("project") or "trace-fp4-rl"),
+            "--logger.wandb.run_name", str(w.get("name") or os.path.basename(os.path.normpath(out)))]
+
+
+def wandb_env(cfg: dict, out: str) -> dict[str, str]:
+    """The environment of OpenRLHF's wandb run (its PPOTrainer actor): the config's mode (offline unless the
+    config says online), the run dir as its directory (RUN_DIR/wandb/offline-run-*, as the embedded trainer's),
+    and a run id fixed by the run dir with resume allowed, so a resumed run continues its wandb run. {} when off."""
+    if not wandb_on(cfg):
+        return {}
+    run_id = hashlib.sha256(os.path.abspath(out).encode()).hexdigest()[:16]
+    return {"WANDB_MODE": cfg["wandb"]["mode"], "WANDB_DIR": os.path.abspath(out), "WANDB_RUN_ID": run_id,
+            "WANDB_RESUME": "allow"}
 
 
 def ppo_flags(cfg: dict, *, model_path: str, prompts: str, out: str, reward_file: str | None = None,
@@ -237,6 +287,7 @@ def ppo_flags(cfg: dict, *, model_path: str, prompts: str, out: str, reward_file
         "--ckpt.load_enable",  # a rerun of the command resumes from the DeepSpeed checkpoint under ckpt.path
         "--logger.logging_steps", "1",
     ]
+    argv += wandb_flags(cfg, out)
     argv += is_correction_flags(rl)
     if rl["kl_coef"] > 0:
         argv += ["--algo.kl.use_loss", "--algo.kl.estimator", "k3", "--algo.kl.init_coef", _num(rl["kl_coef"])]
@@ -251,5 +302,6 @@ def ppo_flags(cfg: dict, *, model_path: str, prompts: str, out: str, reward_file
     return argv
 
 
-__all__ = ["FIXED", "MODULE", "SOURCE", "UNSUPPORTED", "USER_SETTABLE", "FlagConflict", "UnsupportedConfig", "flag_groups", "flag_value",
-           "is_correction_flags", "merge_user_flags", "ppo_flags"]
+__all__ = ["FIXED", "MODULE", "SOURCE", "UNSUPPORTED", "USER_SETTABLE", "WANDB_KEY_SWITCH", "FlagConflict",
+           "UnsupportedConfig", "flag_groups", "flag_value", "is_correction_flags", "merge_user_flags", "ppo_flags",
+           "wandb_env", "wandb_flags", "wandb_on"]

@@ -26,6 +26,9 @@ plugin.py handles OpenRLHF's CUDA calls; DeepSpeed runs on its CPU accelerator (
 `--dry-run` checks the same and prints the `train_ppo_ray` command and OpenRLHF's parsed arguments as one
 JSON object on stdout ({"command": [...], "args": {dotted name: value}}), writing nothing. Every refusal is
 one line, `error: ...` on stderr, exit status 2 (`LaunchError` and the config / flag / hook errors).
+The run config's `wandb:` section turns on OpenRLHF's own wandb logger (flags.wandb_flags; offline unless it says
+online, the run under RUN_DIR/wandb); metrics.jsonl stays what the tables read. The reward of a single-turn task is
+its verifier (reward.py) unless the user's `-- --reward.remote_url FILE.py|URL` replaces it (`check_reward`).
 Stages sft and eval run our own entry points (`trace.sft`, `trace.eval`), which read the HF checkpoints
 this stage leaves.
 Compared against: `python -m trace.rl` on the same config (tests/integrations/openrlhf/).
@@ -33,8 +36,10 @@ Compared against: `python -m trace.rl` on the same config (tests/integrations/op
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
+import netrc
 import os
 import runpy
 import subprocess
@@ -42,6 +47,7 @@ import sys
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlparse
 
 import torch
 import yaml
@@ -184,6 +190,79 @@ def check_prompt_room(cfg: dict, argv: list[str], longest: int | None, dest_of) 
                           f"prompt's start, <bos> included; pass --data.max_len {need} or more")
 
 
+def _binds_reward_func(path: Path) -> bool:
+    """Whether the Python file binds `reward_func` at its top level (def, import or assignment), read without
+    running it."""
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "reward_func":
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                (a.asname or a.name) == "reward_func" for a in node.names):
+            return True
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "reward_func" for t in targets):
+                return True
+    return False
+
+
+def check_reward(argv: list[str], dest_of) -> list[str]:
+    """argv with --reward.remote_url checked, a file made absolute (the engines import it in Ray workers whose
+    working directory is not the caller's); LaunchError in one line otherwise. OpenRLHF 0.11.2 takes one Python
+    file defining `reward_func(queries, prompts, labels)` (loaded by path when the first entry ends in .py) or
+    comma-separated reward server URLs (openrlhf/utils/agent.py SingleTurnAgentExecutor)."""
+    value = F.flag_value(argv, "reward.remote_url", dest_of)
+    if value is None or value == str(REWARD_FILE):
+        return argv
+    entries = value.split(",")
+    if any(e.endswith(".py") for e in entries):
+        path = Path(value)
+        if len(entries) > 1:
+            raise LaunchError(f"--reward.remote_url {value}: OpenRLHF takes one reward file (*.py) or reward server "
+                              "URLs, not both")
+        if not path.is_file():
+            raise LaunchError(f"--reward.remote_url {value}: no such file")
+        try:
+            ok = _binds_reward_func(path)
+        except (SyntaxError, UnicodeDecodeError) as e:
+            raise LaunchError(f"--reward.remote_url {value}: not valid Python ({' '.join(str(e).split())})") from None
+        if not ok:
+            raise LaunchError(f"--reward.remote_url {value}: defines no reward_func(queries, prompts, labels), the "
+                              "function OpenRLHF calls")
+        resolved = str(path.resolve())
+    else:
+        bad = [e for e in entries if urlparse(e).scheme not in ("http", "https") or not urlparse(e).netloc]
+        if bad:
+            raise LaunchError(f"--reward.remote_url {bad[0]}: neither a Python reward file (*.py) nor an http(s) URL")
+        resolved = value
+    out = []
+    for opt, toks in F.flag_groups(argv):
+        if dest_of(opt) == "reward.remote_url":
+            toks = [f"{opt}={resolved}"] if "=" in toks[0] else [opt, resolved]
+        out += toks
+    return out
+
+
+def wandb_credentials() -> bool:
+    """Whether wandb finds an API key without asking: $WANDB_API_KEY, or the netrc entry `wandb login` writes for
+    $WANDB_BASE_URL's host (default api.wandb.ai)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def check_wandb(cfg: dict) -> None:
+    """LaunchError when wandb.mode is online without credentials: OpenRLHF's logger would fail inside its trainer
+    actor, after the run has started (offline mode needs none)."""
+    if cfg["wandb"]["mode"] == "online" and not wandb_credentials():
+        raise LaunchError("wandb.mode online needs W&B credentials in the environment (WANDB_API_KEY or `wandb login`); "
+                          "or set wandb.mode offline")
+
+
 def _run_openrlhf_main(argv: list[str], capture) -> None:
     """Run OpenRLHF's train_ppo_ray main with `capture(parser_or_args)` intercepting it (no training):
     `capture` gets the ArgumentParser at parse_args and then OpenRLHF's hierarchical args."""
@@ -319,6 +398,7 @@ def run_openrlhf(cfg: dict, argv: list[str], out: Path, gpus: int, engine: str =
     env_vars = {plugin.RUN_DIR_ENV: str(out.resolve()), "PYTHONPATH": pypath, "TOKENIZERS_PARALLELISM": "false"}
     if zero_persistence is not None:
         env_vars[plugin.ZERO_PERSISTENCE_ENV] = str(zero_persistence)
+    env_vars.update(F.wandb_env(cfg, str(out.resolve())))  # OpenRLHF's wandb logger runs in its PPOTrainer actor
     if gpus == 0:
         # threads per process: several OpenRLHF processes share the CPU cores
         env_vars["OMP_NUM_THREADS"] = str(cfg.get("threads") or 1)
@@ -431,11 +511,13 @@ def _main(argv: list[str]) -> int:
     out = Path(a.out)
     check_hooks()
     check_init_ckpt(cfg)
+    check_wandb(cfg)
     # the whole train_ppo_ray argv and its checks before anything is written (the files it names come later)
     dest_of = openrlhf_dest_of()
     prompts = prepare_prompts(cfg, out, data, write=False)
     argv_orl = F.merge_user_flags(build_argv(cfg, out, prepare_model(cfg, out, write=False), data, gpus, a.zero_stage,
                                              colocate, prompts=prompts, ranks=a.ranks), user_flags, dest_of, a.engine)
+    argv_orl = check_reward(argv_orl, dest_of)
     check_prompt_room(cfg, argv_orl, prompts[3], dest_of)
     if a.dry_run:
         args = flat_args(parse_with_openrlhf(argv_orl))
