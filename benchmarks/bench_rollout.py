@@ -267,7 +267,7 @@ def extend_prompts(prompts, context: int) -> list[list[int]]:
 
 def breakdown(eng, prompts, gen, device, top: int = 12) -> tuple[dict[str, float], dict[str, float]]:
     """Milliseconds per DECODED token in attention, MoE (or dense MLP), sampling (the passes over the logits,
-    `RolloutEngine._sample`) and everything else (embedding, norms, lm_head): one profiled generate of `gen`
+    `RolloutEngine.sample`) and everything else (embedding, norms, lm_head): one profiled generate of `gen`
     tokens minus one of a single token (the prefill), divided by the difference in tokens. On CUDA: kernel time
     by label (launch gaps excluded, see _device_parts); on a CPU: CPU time of the labels, 'other' = wall - the
     labelled parts. The profiled engine runs eagerly (labels are not visible inside CUDA-graph replays); the

@@ -62,7 +62,7 @@ def main(argv=None) -> dict:
     prompts = [[5 + i % 50, 7, 9, 11] for i in range(a.rows)]
     kw = dict(stop_strings=(a.stop_string,), tokenizer=build_tokenizer()) if a.stop_string is not None else {}
     fwd = eng.fwd = _Timed(eng.fwd)
-    sample = eng._sample = _Timed(RolloutEngine._sample)
+    sample = eng.sample = _Timed(RolloutEngine.sample)
     # warm-up at the timed call's shapes: the cache and the decode steps are kept for the next call of the
     # same shape (as the GPU engine keeps its graphs across an RL run's rollouts)
     eng.generate(prompts, max_new_tokens=a.new_tokens, seed=1, **kw)

@@ -68,7 +68,7 @@ def e2m1_rtn_idx_fma(a, s, ASM: tl.constexpr):
     (a - t) * 2^40 >= 64 saturates to 1; a <= t gives <= 0. NaN -> 0, inf -> 7, as the compares. s: the block
     scale (fp32 > 0, broadcast to a's blocks), +inf for a zero-scale block (index 0, as the kernel's mask).
     The quantize kernel's default (`quantize_rows(..., fma_rtn=True)`); its PTX path runs on a GPU only, where
-    tests/kernels/test_quantize.py's every_gpu_tile tests check it (kernels/NOTES.md v2l, v2n)."""
+    tests/kernels/test_quantize.py's every_gpu_tile tests check it (kernels/NOTES.md, "Quantize")."""
     idx = _sat_fma_b40(a, _neg_midpoint_b40(0.25, s, True), ASM) + _sat_fma_b40(a, _neg_midpoint_b40(0.75, s, False), ASM)
     idx += _sat_fma_b40(a, _neg_midpoint_b40(1.25, s, True), ASM) + _sat_fma_b40(a, _neg_midpoint_b40(1.75, s, False), ASM)
     idx += _sat_fma_b40(a, _neg_midpoint_b40(2.5, s, True), ASM) + _sat_fma_b40(a, _neg_midpoint_b40(3.5, s, False), ASM)
@@ -156,9 +156,9 @@ def dequant_tile_words(wp, sp, wmask, smask, R: tl.constexpr, BK: tl.constexpr, 
     whole words, its 8 values joined back in element order in registers (three levels of `tl.join`: the
     last join's pair is the fastest index), so nothing crosses threads before the tile meets the MMA and a
     thread loads 4 bytes per 8 values (a byte-wise decode had the MMA kernels read their pipelined tile
-    from shared memory one byte at a time; kernels/NOTES.md v3a). Used by the GEMM / MoE MMA tile and the
-    KV decode attention.
-    BF16 (GPU only: inline PTX, `_DECODE8_ASM`): decode and scale in bf16 -> [R, BK] bf16, the same values
+    from shared memory one byte at a time; kernels/NOTES.md, "Dense FP4 GEMM and GEMV"). Used by the GEMM / MoE
+    MMA tile and the KV decode attention.
+    BF16 (GPU only: inline PTX, `DECODE8_ASM`): decode and scale in bf16 -> [R, BK] bf16, the same values
     (a code's 2 significant bits times a scale's 4 fit bf16's 8, and s_b * 2^119 <= 448 * 2^119 is below
     bf16's largest finite value), a bf16x2 multiply scaling two weights. PAIRED (with BF16): the words are
     in `kernels.gemm.pair_layout`."""
@@ -191,15 +191,15 @@ def dequant_tile_loaded(w, sbytes, R: tl.constexpr, BK: tl.constexpr, BF16: tl.c
 # bf16x2 pairing elements p and p + 4 (nibbles 4p and 4p + 16: already 16 bits apart, as a bf16x2's halves are, so no
 # byte extract and spread). Per pair: a shift and a mask put both magnitudes' three bits under the halves' exponent
 # fields, one mul.rn.bf16x2 scales them, a shift, mask and xor set both signs (the scale is positive); 6 PTX
-# instructions, 5 for pair 3 whose signs sit at bits 15 and 31 already (the byte-spread decode it replaced took 8:
-# kernels/NOTES.md v5h). Outputs ($2p, $2p + 1) = elements (p, p + 4). E2M1's subnormal 0.5 becomes a bf16 subnormal
-# (2^-127), which bf16 arithmetic keeps (no .ftz for bf16).
-_DECODE8_ASM = tl.constexpr("{\n.reg .b32 ss, m, g;\nmov.b32 ss, {$9, $9};\n" + "".join(
+# instructions, 5 for pair 3 whose signs sit at bits 15 and 31 already (a byte-spread decode takes 8: kernels/NOTES.md,
+# "FP4-KV decode attention"). Outputs ($2p, $2p + 1) = elements (p, p + 4). E2M1's subnormal 0.5 becomes a bf16
+# subnormal (2^-127), which bf16 arithmetic keeps (no .ftz for bf16).
+DECODE8_ASM = tl.constexpr("{\n.reg .b32 ss, m, g;\nmov.b32 ss, {$9, $9};\n" + "".join(
     (f"shl.b32 m, $8, {6 - 4 * p};\n" if p < 2 else f"shr.u32 m, $8, {4 * p - 6};\n")
     + "and.b32 m, m, 0x01C001C0;\nmul.rn.bf16x2 m, m, ss;\n"
     + (f"shl.b32 g, $8, {12 - 4 * p};\nand.b32 g, g, 0x80008000;\n" if p < 3 else "and.b32 g, $8, 0x80008000;\n")
     + f"xor.b32 m, m, g;\nmov.b32 {{${2 * p}, ${2 * p + 1}}}, m;\n" for p in range(4)) + "}")
-DECODE8_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # the element each output of _DECODE8_ASM holds
+DECODE8_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # the element each output of DECODE8_ASM holds
 
 
 # Where the bf16 decode's layouts (`kernels.gemm.pair_layout`, `dot_layout`) put each bit of a word's
@@ -227,11 +227,11 @@ def dot_layout(codes: torch.Tensor, group: int) -> torch.Tensor:
     8 values are one thread's registers of the MMA's bf16 left operand (kWidth 2): per group u of K elements, word
     T q + t (q = 0..3, t = 0..T-1) holds element e = 4 s0 + 2 h + c of k = group u + 32 t + 16 s0 + 8 h + 2 q + c, its
     code bit i at bit PAIR_BITS[e // 2][i] + 16 (e % 2). Group 128 is the Triton tile's dot order
-    (`kernels.gemm.dot_decode`); group 64 is the wgmma operand's order (timed as rows v4a; slower than the Triton tile). As `triton_kernels`'
-    Hopper value layout (tensor_details/layout_details/hopper_value.py, v3.6.0), every bit that tells a word's 8 values apart is a
-    register bit of the operand layout, so the compiler builds the decode in that layout back to the load and the
-    decoded tile never passes through shared memory (kernels/NOTES.md, "The MoE / dense tile without the
-    shared-memory trip")."""
+    (`kernels.gemm.dot_decode`); group 64 is the wgmma operand's order (slower than the Triton tile: kernels/NOTES.md,
+    "Dense FP4 GEMM and GEMV"). As `triton_kernels`' Hopper value layout (tensor_details/layout_details/
+    hopper_value.py, v3.6.0), every bit that tells a word's 8 values apart is a register bit of the operand layout,
+    so the compiler builds the decode in that layout back to the load and the decoded tile never passes through
+    shared memory (kernels/NOTES.md, "Dense FP4 GEMM and GEMV")."""
     *lead, N, K = codes.shape
     T = group // 32
     if group not in (64, 128) or K % group:
@@ -268,7 +268,7 @@ def pair_decode_ptx(scales) -> str:
     exponent fields and both signs on its sign bits, then one mul.rn.bf16x2 (the sign goes through the multiply:
     round-to-nearest is symmetric, so (-m) * s = -(m * s) bit for bit, -0 included); pair 3's sign, exponent bits and
     mantissa bit each moved into place by a shift and a mask. 15 instructions per 8 values, against 20 with each
-    pair's sign 3 bits above its magnitude (kernels/NOTES.md v5d). Uses .b32 registers m and g."""
+    pair's sign 3 bits above its magnitude (kernels/NOTES.md, "Grouped MoE"). Uses .b32 registers m and g."""
     out = "".join(("" if p == 0 else f"shl.b32 m, $8, {3 * p};\n")
                   + f"and.b32 m, {'$8' if p == 0 else 'm'}, 0x81C081C0;\n"
                   f"mul.rn.bf16x2 m, m, {scales[p]};\nmov.b32 {{${2 * p}, ${2 * p + 1}}}, m;\n" for p in range(3))
@@ -278,20 +278,20 @@ def pair_decode_ptx(scales) -> str:
 
 
 # The same for a word in `kernels.gemm.pair_layout` (PAIR_BITS), one scale for all 8 values.
-_DECODE8_PAIRED_ASM = tl.constexpr("{\n.reg .b32 ss, m, g;\nmov.b32 ss, {$9, $9};\n"
+DECODE8_PAIRED_ASM = tl.constexpr("{\n.reg .b32 ss, m, g;\nmov.b32 ss, {$9, $9};\n"
                                    + pair_decode_ptx(("ss",) * 4) + "}")
 
 
 @triton.jit
 def _decode8_bf16(w, scale, PAIRED: tl.constexpr):
     """GPU only: w int32 [...] (8 nibbles; PAIRED: in `pair_layout`) and scale bf16 [...] -> 8 bf16 tensors,
-    element j = its E2M1 value * scale * 2^-126 (`_DECODE8_ASM` / `_DECODE8_PAIRED_ASM`)."""
+    element j = its E2M1 value * scale * 2^-126 (`DECODE8_ASM` / `DECODE8_PAIRED_ASM`)."""
     if PAIRED:
-        out = tl.inline_asm_elementwise(_DECODE8_PAIRED_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, scale],
+        out = tl.inline_asm_elementwise(DECODE8_PAIRED_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, scale],
                                         dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
     else:
         e0, e4, e1, e5, e2, e6, e3, e7 = tl.inline_asm_elementwise(
-            _DECODE8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, scale], dtype=(tl.bfloat16,) * 8, is_pure=True,
+            DECODE8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, scale], dtype=(tl.bfloat16,) * 8, is_pure=True,
             pack=1)
         out = e0, e1, e2, e3, e4, e5, e6, e7
     return out

@@ -4,8 +4,8 @@ What: `decode_attention_mma(q, cache, seq_starts, seq_lens, max_len)` computes w
 computes (same cache, same arguments, same numerics up to the order of fp32 sums) with one warp per (sequence, KV
 head, split) and no shared-memory trip for K or V. The Triton kernel decodes each 64-token tile into registers and
 moves it through shared memory into the MMA operand layout (ncu at B256 x 1k: 17% occupancy, stalls on that trip,
-~8.5 instructions per K/V element: kernels/NOTES.md v5h). Here each thread loads exactly the words whose decoded
-pairs are its own mma.sync fragment registers:
+~8.5 instructions per K/V element: kernels/NOTES.md, "FP4-KV decode attention"). Here each thread loads exactly the
+words whose decoded pairs are its own mma.sync fragment registers:
 - S^T = K q^T (m16n8k16: 16 keys x the G query rows of the KV head): the A fragment pairs two consecutive k; a
   dot product does not care which d each k stands for, so k is a permutation of d (`k_dim_order`) chosen so that
   thread (g, t) of the warp (g = lane / 4, t = lane % 4) holds keys g and g + 8 and, of each, the 32 elements of
@@ -30,7 +30,7 @@ import math
 import torch
 import triton
 
-from kernels._common import _DECODE8_ASM, DECODE8_ORDER, num_sms
+from kernels._common import DECODE8_ASM, DECODE8_ORDER, num_sms
 from kernels.attention import FP4KVCache, check_decode_args, merge_splits, split_buffers
 
 try:  # Gluon ships with Triton >= 3.5
@@ -96,11 +96,11 @@ if gluon is not None:
     @gluon.jit
     def _decode(w, sblock, wl: gl.constexpr):
         """words int32 [T, 16] (layout wl) and their blocks' E4M3 scale bytes [T, 8] -> the 8 outputs of
-        `_DECODE8_ASM` (slot j = 2 p + pair holds element p + 4 pair), each value * s_b * 2^-7 in bf16. A block's
+        `DECODE8_ASM` (slot j = 2 p + pair holds element p + 4 pair), each value * s_b * 2^-7 in bf16. A block's
         scale is converted once for its two words."""
         sc = (sblock.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 6.646139978924579e35).to(gl.bfloat16)  # 2^119
         sc = gl.convert_layout(gl.reshape(gl.join(sc, sc), [w.shape[0], 16]), wl, assert_trivial=True)
-        return gl.inline_asm_elementwise(_DECODE8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, sc],
+        return gl.inline_asm_elementwise(DECODE8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, sc],
                                          dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
 
     @gluon.jit
@@ -229,8 +229,8 @@ def applies(head_dim: int, groups: int) -> bool:
 
 def default_splits(B: int, Hkv: int, max_len: int, device) -> int:
     """Splits of the context toward ~8 one-warp programs per SM, never past that, each split >= 256 tokens: at B256 x
-    Hkv4 x 1k (1,024 programs) one split took 121.0 us, 2 145.6, 3 148.8; at B64 x 8k 4 splits (1,024 programs)
-    223.7, 8 242.8, 9 227.6, 2 357.0 (H200, v5j sweep rows)."""
+    Hkv4 x 1k (1,024 programs) one split takes 121.0 us, 2 145.6, 3 148.8; at B64 x 8k 4 splits (1,024 programs)
+    223.7, 8 242.8, 9 227.6, 2 357.0 (H200, 16 keys a step; kernels/NOTES.md, "FP4-KV decode attention")."""
     want = max(1, (8 * num_sms(device)) // max(1, B * Hkv))
     return max(1, min(want, triton.cdiv(max(max_len, 1), 256)))
 
@@ -243,8 +243,8 @@ def decode_attention_mma(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.T
     -> [B, Hq, D] in q's dtype. CUDA only. keys_per_step: keys a loop step loads and multiplies (16 or 32; 32: twice the
     loads in flight per warp, 242 registers offline against 164, still 8 one-warp programs per SM, as `default_splits`
     aims for; at the default splits 102.5 against 120.6 us at B256 x 1k and 185.2 against 224.4 at B64 x 8k on the
-    H200, kernels.csv v5k). prefetch: the next step's loads issued before this step's math. maxnreg: the compiler's
-    register cap per thread (None: its choice; 128 spills and was slower at both sizes, v5k)."""
+    H200: kernels/NOTES.md, "FP4-KV decode attention"). prefetch: the next step's loads issued before this step's math.
+    maxnreg: the compiler's register cap per thread (None: its choice; 128 spills and is slower at both sizes)."""
     if gluon is None:
         raise RuntimeError("decode_attention_mma needs Gluon (Triton >= 3.5)")
     B, Hq, Hkv, D = check_decode_args(q, cache, seq_starts, seq_lens, max_len, check_finite)

@@ -13,7 +13,7 @@ the tile, and on the H200 faster at every size where the tile runs (`quantize_ac
 GEMV path (M <= 2) the pass writes the dequantized activations instead (same codes and scales, one rounding
 to the activation dtype) and the W4A16 kernel reads them.
 
-MMA kernel ("swap AB", the v3a tile of kernels/NOTES.md): each program computes acc[BN, BM] =
+MMA kernel ("swap AB", kernels/NOTES.md, "Dense FP4 GEMM and GEMV"): each program computes acc[BN, BM] =
 W_tile[BN, K] @ x^T[K, BM], so the tiny decode batch is the MMA's N dimension. A K-tile of BK = 8 * BKW
 elements is BKW words per weight row; each thread decodes whole words into their 8 values in element
 order (`kernels._common.dequant_tile_words`, the bit trick E2M1 * 2^-126 times s_b * 2^119), so one MMA
@@ -28,8 +28,9 @@ Compared against: `kernels.reference.fp4_linear` (FP32 dequantize-then-matmul); 
 tests/kernels/test_gemm.py (interpreter), timing vs cuBLAS BF16 `F.linear` in benchmarks/bench_kernels.py.
 Run: `python -m pytest tests/kernels/test_gemm.py -q`.
 
-The decode GEMV's layout and kernel are in kernels/gemv.py (re-exported here); `prepare_weight` builds both
-layouts of one weight, so a change to the weight's layout is made in both modules at once.
+The decode GEMV's layout and kernel are in kernels/gemv.py (`fp4_linear` runs its `fp4_gemv2` for the "gemv2"
+kind); `prepare_weight` builds both layouts of one weight, so a change to the weight's layout is made in both
+modules at once.
 """
 from __future__ import annotations
 
@@ -56,21 +57,8 @@ from kernels._common import (
     pack_pair_bits,
     pair_decode_ptx,
 )
-from kernels.gemv import (  # noqa: F401  (re-exported: the GEMV's names are part of this module's interface)
-    GV_BITS,
-    GV_GK,
-    GV_TK,
-    _fp4_gemv2_kernel,
-    _gv_compute,
-    _gv_decode,
-    _gv_group,
-    _gv_load,
-    _gv_row,
-    _gv_scales,
-    _gv_store,
-    gemv_layout,
-)
-from kernels.quantize import _AMAX_MIN, nvfp4_row_senc, nvfp4_tile_values
+from kernels.gemv import GV_GK, fp4_gemv2, gemv_layout
+from kernels.quantize import nvfp4_row_senc, nvfp4_tile_values
 
 
 @dataclass
@@ -84,7 +72,7 @@ class PreparedFP4Weight:
     N: int
     K: int
     E: int | None = None
-    gv_words: torch.Tensor | None = None  # GEMV layout (v1), see gemv_layout
+    gv_words: torch.Tensor | None = None  # the decode GEMV's layout (kernels/gemv.py, `gemv_layout`)
     gv_scales: torch.Tensor | None = None
     pair_words: torch.Tensor | None = None  # `pair_layout(words)`, made by the first MMA call that decodes in bf16
     dot_words: tuple[torch.Tensor, torch.Tensor] | None = None  # `dotted()`, made by the first call in the dot order
@@ -117,7 +105,7 @@ class PreparedFP4Weight:
 
 
 def pair_layout(words: torch.Tensor) -> torch.Tensor:
-    """int32 words of 8 nibbles (element j at bits 4j) -> the bf16 decode's layout (`_DECODE8_PAIRED_ASM`):
+    """int32 words of 8 nibbles (element j at bits 4j) -> the bf16 decode's layout (`DECODE8_PAIRED_ASM`):
     element 2p + h's code bit i at bit PAIR_BITS[p][i] + 16 h (`kernels._common.PAIR_BITS`). Pairs 0, 1, 2 then
     decode with a shift by 0, 3, 6 and one mask (magnitudes under both halves' exponent fields, signs on both sign
     bits), pair 3 with three shifts and masks. int32 -> same shape."""
@@ -129,7 +117,7 @@ def prepare_weight(codes: torch.Tensor, scales: torch.Tensor, outer: torch.Tenso
     """Offline re-layout of an NVFP4 weight (unpacked codes uint8 [(E,) N, K], E4M3 scale bytes
     [(E,) N, K/16], S_enc fp32 scalar or [E, 1, 1]). Accepts `trace.fp4.FP4Tensor` fields directly:
     `prepare_weight(t.codes, t.scales, t.outer)`. 16x16 blocks / MXFP4 weights are not supported.
-    gemv: also build the v1 GEMV layout (`gemv_layout`, same bytes again) used for decode (M <= 16)."""
+    gemv: also build the decode GEMV's layout (`gemv_layout`, same bytes again) used for decode (M <= 16)."""
     check_tensor(codes, "codes", (torch.uint8,))
     check_tensor(scales, "scales", (torch.uint8,))
     check_tensor(outer, "outer", (torch.float32,), finite=True)
@@ -155,8 +143,8 @@ def prepare_weight(codes: torch.Tensor, scales: torch.Tensor, outer: torch.Tenso
 
 
 @triton.jit
-def _act_tile(x_ptr, rows, mmask, stride_xm, k0, K, BK: tl.constexpr):
-    """The activation's K-tile [BK, BM] of rows `rows` (bf16/fp32, row stride stride_xm) for `_fp4_tile_dot_v3`:
+def act_tile(x_ptr, rows, mmask, stride_xm, k0, K, BK: tl.constexpr):
+    """The activation's K-tile [BK, BM] of rows `rows` (bf16/fp32, row stride stride_xm) for `fp4_tile_dot`:
     x itself (W4A16) or the tile values its quantize pass wrote (W4A4, `quantize_act_for_gemm`). Loaded once per
     K-tile and shared by the dots that read it (the MoE kernel's gate and up weights)."""
     offs_k = k0 + tl.arange(0, BK)
@@ -172,31 +160,31 @@ def fused_act_senc(x_ptr, rows, mmask, stride_xm, K, amax_min, BM: tl.constexpr,
     `quantize_rows` computes it; 1 for masked rows)."""
     amax = tl.zeros([BM], tl.float32)
     for it in range(NITA):
-        xv = _act_tile(x_ptr, rows, mmask, stride_xm, it * BK, K, BK).to(tl.float32)  # [BK, BM]
+        xv = act_tile(x_ptr, rows, mmask, stride_xm, it * BK, K, BK).to(tl.float32)  # [BK, BM]
         amax = tl.maximum(amax, tl.max(tl.abs(xv), axis=0))
     return nvfp4_row_senc(amax, amax_min)
 
 
 @triton.jit
-def _act_tile_quant(x_ptr, rows, mmask, stride_xm, k0, K, s_enc, BM: tl.constexpr, BK: tl.constexpr,
-                    INTERP: tl.constexpr):
-    """`_act_tile` for `fuse_quant`: the activation's K-tile read from x itself and NVFP4-quantized in registers
+def act_tile_quant(x_ptr, rows, mmask, stride_xm, k0, K, s_enc, BM: tl.constexpr, BK: tl.constexpr,
+                   INTERP: tl.constexpr):
+    """`act_tile` for `fuse_quant`: the activation's K-tile read from x itself and NVFP4-quantized in registers
     (`kernels.quantize.nvfp4_tile_values`, per 16-element block: E4M3 scale, E2M1 RTN code) -> [BK, BM] fp32 tile
     values q * s_b * 2^-7, the values `quantize_act_for_gemm` writes for the unfused tile to read. K % 16 == 0, so
-    the blocks past K are whole and read 0 (scale 0, values 0). The tile is loaded as `_act_tile` loads it and
+    the blocks past K are whole and read 0 (scale 0, values 0). The tile is loaded as `act_tile` loads it and
     comes back in that shape (its blocks permuted to the rows for the quantize and back), the load's mask applied
     once more (a no-op on the values): in the interpreter that select makes a fresh array in row-major order, so the
     dot's operand has the unfused tile's memory order as well as its values, and numpy's matmul, whose summation
     order follows its operands' strides, adds the same products in the same order (a permuted view did not)."""
     offs_k = k0 + tl.arange(0, BK)
-    xv = _act_tile(x_ptr, rows, mmask, stride_xm, k0, K, BK).to(tl.float32)  # [BK, BM]
+    xv = act_tile(x_ptr, rows, mmask, stride_xm, k0, K, BK).to(tl.float32)  # [BK, BM]
     xb = tl.permute(tl.reshape(xv, [BK // 16, 16, BM]), (2, 0, 1))  # [BM, BK/16, 16]
     g = tl.reshape(tl.permute(nvfp4_tile_values(xb, s_enc, INTERP), (1, 2, 0)), [BK, BM])
     return tl.where((offs_k < K)[:, None] & mmask[None, :], g, 0.0)
 
 
 # ------------------------------------------------------------------------------------------------
-# The dot order (v5k): each word's 8 values are one thread's registers of the MMA's left operand
+# The dot order: each word's 8 values are one thread's registers of the MMA's left operand
 # ------------------------------------------------------------------------------------------------
 DOT_GROUP = 128  # K elements per group of the dot order (`kernels._common.dot_layout`); the tile's BK a multiple
 
@@ -247,17 +235,17 @@ def dot_decode(w, s, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def _fp4_tile_dot_v3(acc, wb, ws, offs_n, nmask, xv, k0, K, BN: tl.constexpr, BK: tl.constexpr,
-                     INTERP: tl.constexpr, BF16D: tl.constexpr = False, WDESC: tl.constexpr = False, n0=0,
-                     DOT: tl.constexpr = False, KMASK: tl.constexpr = True):
-    """acc[BN, BM] += dequant(W[offs_n, k0 : k0+BK]) @ xv, one MMA per K-tile (the v3a tile); xv [BK, BM] the
-    activation tile (`_act_tile`). wb / ws: the weight's words [N, K/8] and scale bytes [N, K/16] (rows
+def fp4_tile_dot(acc, wb, ws, offs_n, nmask, xv, k0, K, BN: tl.constexpr, BK: tl.constexpr,
+                 INTERP: tl.constexpr, BF16D: tl.constexpr = False, WDESC: tl.constexpr = False, n0=0,
+                 DOT: tl.constexpr = False, KMASK: tl.constexpr = True):
+    """acc[BN, BM] += dequant(W[offs_n, k0 : k0+BK]) @ xv, one MMA per K-tile; xv [BK, BM] the
+    activation tile (`act_tile`). wb / ws: the weight's words [N, K/8] and scale bytes [N, K/16] (rows
     offs_n). The tile is decoded in element order (`dequant_tile_words`), so one dot of K = BK covers it: no
-    dot per nibble position, each with its own operand conversion through shared memory (kernels/NOTES.md
-    v3a). BF16D: decode and scale in bf16 (GPU only; the weight words in `pair_layout`). WDESC: wb and ws are
-    tensor descriptors over the words [N, K/8] and the scale bytes [N, K/16] with blocks [BN, BK/8] and [BN,
-    BK/16], n0 the tile's first row: the tile comes by TMA (rows and columns past the ends read 0), not by
-    per-thread cp.async through L1 (kernels/NOTES.md, "Where the time goes", v5a).
+    dot per nibble position, each with its own operand conversion through shared memory (kernels/NOTES.md,
+    "Dense FP4 GEMM and GEMV"). BF16D: decode and scale in bf16 (GPU only; the weight words in `pair_layout`).
+    WDESC: wb and ws are tensor descriptors over the words [N, K/8] and the scale bytes [N, K/16] with blocks
+    [BN, BK/8] and [BN, BK/16], n0 the tile's first row: the tile comes by TMA (rows and columns past the ends read
+    0), not by per-thread cp.async through L1 (kernels/NOTES.md, "Where the time goes").
     DOT: wb holds the words in the dot order and ws the scales as int32 [N, K/64] (`PreparedFP4Weight.dotted`;
     `dot_decode`, BK a multiple of 128); KMASK False: the tile lies inside K (no mask along K)."""
     offs_w = k0 // 8 + tl.arange(0, BK // 8)
@@ -293,13 +281,13 @@ def _fp4_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
                      SPLIT: tl.constexpr, INTERP: tl.constexpr, NIT: tl.constexpr, BF16D: tl.constexpr,
                      XF: tl.constexpr, WDESC: tl.constexpr = False, DOT: tl.constexpr = False,
                      KMASK: tl.constexpr = True, FQ: tl.constexpr = False, NITA: tl.constexpr = 1):
-    """Grid (N / BN, M / BM, split-K): out[offs_m, offs_n] (+)= the tile's share of K (`_fp4_tile_dot_v3`),
+    """Grid (N / BN, M / BM, split-K): out[offs_m, offs_n] (+)= the tile's share of K (`fp4_tile_dot`),
     times the weight's 2^7 / S_enc and, with XF (W4A4: x holds the activation's tile values), the activation
     row's (xf_ptr). WDESC: w_ptr and ws_ptr are tensor descriptors over the words and scales (`GemmConfig.tma`).
-    DOT / KMASK: the weight in the dot order, the tiles masked along K (`_fp4_tile_dot_v3`).
+    DOT / KMASK: the weight in the dot order, the tiles masked along K (`fp4_tile_dot`).
     FQ (W4A4, `GemmConfig.fuse_quant`): x is the activation itself; a first loop over the whole row (NITA K-tiles)
     gives each row's S_enc, each K-tile is quantized in registers to the tile values XF would read
-    (`_act_tile_quant`), and the epilogue multiplies by the row's 2^7 / S_enc, so the operands and the output are
+    (`act_tile_quant`), and the epilogue multiplies by the row's 2^7 / S_enc, so the operands and the output are
     XF's, without the quantize launch and its tile values' round trip through memory."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -315,11 +303,11 @@ def _fp4_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr,
     for it in range(NIT):  # constexpr trip count (the interpreter cannot loop to a runtime bound)
         k0 = (kw_lo + it * BKW) * 8
         if FQ:
-            xv = _act_tile_quant(x_ptr, offs_m, mmask, stride_xm, k0, KW * 8, s_enc, BM, 8 * BKW, INTERP)
+            xv = act_tile_quant(x_ptr, offs_m, mmask, stride_xm, k0, KW * 8, s_enc, BM, 8 * BKW, INTERP)
         else:
-            xv = _act_tile(x_ptr, offs_m, mmask, stride_xm, k0, KW * 8, 8 * BKW)
-        acc = _fp4_tile_dot_v3(acc, w_ptr, ws_ptr, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D,
-                               WDESC, pid_n * BN, DOT, KMASK)
+            xv = act_tile(x_ptr, offs_m, mmask, stride_xm, k0, KW * 8, 8 * BKW)
+        acc = fp4_tile_dot(acc, w_ptr, ws_ptr, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D,
+                           WDESC, pid_n * BN, DOT, KMASK)
     acc = acc * tl.load(wf_ptr)
     if XF:
         acc = acc * tl.load(xf_ptr + offs_m, mask=mmask, other=0.0)[None, :]
@@ -374,10 +362,10 @@ KINDS = ("mma", "gemv", "gemv2")
 
 @dataclass(frozen=True)
 class GemmConfig:
-    kind: str = "mma"  # "mma" (tensor cores, any M: the v3a tile, one MMA per K-tile decoded in element order; W4A4
-    #                    on the activation's tile values, `quantize_act_for_gemm`), "gemv" (v0 FMA, one row per
-    #                    program, W4A16 only) or "gemv2" (v1 FMA over `gemv_layout`, BM <= 4 rows per program; W4A4
-    #                    through `fp4_linear(act_quant=True)` on dequantized activations)
+    kind: str = "mma"  # "mma" (tensor cores, any M: one MMA per K-tile decoded in element order; W4A4 on the
+    #                    activation's tile values, `quantize_act_for_gemm`), "gemv" (FMA over `words`, one
+    #                    row per program, W4A16 only) or "gemv2" (FMA over `gemv_layout`, BM <= 4 rows per program,
+    #                    kernels/gemv.py; W4A4 through `fp4_linear(act_quant=True)` on dequantized activations)
     BN: int = 64
     BM: int = 16
     BKW: int = 16  # words per K-tile (BK = 8 * BKW elements); unused by gemv2
@@ -388,13 +376,13 @@ class GemmConfig:
     prefetch: bool = False  # gemv2: register double buffer (U must be 1); NOT yet measured on a GPU
     tma: bool = False  # mma: the weight words and scales by TMA (tensor descriptors, blocks [BN, BKW] and [BN, BKW/2];
     #                    BKW >= 32 for TMA's 16-byte rows of scales) instead of per-thread loads; level with or
-    #                    slower than the pointer tile on the H200 (kernels/NOTES.md, v5a measured)
+    #                    slower than the pointer tile on the H200 (kernels/NOTES.md, "Dense FP4 GEMM and GEMV")
     bf16_decode: bool = True  # mma on a GPU: decode and scale the tile in bf16 (inline PTX, `dequant_tile_words`),
     #                           faster than the fp32 decode in every config timed on the H200; the interpreter, whose
     #                           bf16 arithmetic is not IEEE, always decodes in fp32
     maxnreg: int | None = None  # mma: registers per thread the compiler may use (PTX .maxnreg): fewer registers,
     #                             more resident warps, but not a higher issue rate: 2-12% slower on the H200
-    #                             (kernels/NOTES.md v5b); None: the compiler's choice
+    #                             (kernels/NOTES.md, "Dense FP4 GEMM and GEMV"); None: the compiler's choice
     dot_order: bool = False  # mma: the weight in the dot order (`PreparedFP4Weight.dotted`, `dot_decode`) where K and
     #                          the K-tile are multiples of 128 and without tma; else the pair / element order
     fuse_quant: bool = False  # mma with act_quant and no on_quant observer: the kernel quantizes the activation rows
@@ -405,10 +393,9 @@ class GemmConfig:
 
 
 def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
-    """v1 decode heuristic (best or within 1% of best in the H200 sweep; results/kernels/kernels.csv, version
-    v1): BN=32 rows
-    (4 per warp, 2 per thread), U=2, up to 4 activation rows per program, split-K while N alone gives
-    fewer than ~8 CTAs per SM (split 8 measured best for N=4096, K=14336)."""
+    """The decode GEMV's config (best or within 1% of best in the H200 sweep: kernels/NOTES.md, "Dense FP4 GEMM and
+    GEMV"): BN=32 rows (4 per warp, 2 per thread), U=2, up to 4 activation rows per program, split-K while N alone
+    gives fewer than ~8 CTAs per SM (split 8 best for N=4096, K=14336)."""
     if INTERPRET:
         return GemmConfig(kind="gemv2", BN=8, BM=min(4, max(1, M)), split=2 if K > 256 else 1, num_warps=1,
                           num_stages=1, U=1)
@@ -425,11 +412,11 @@ def gemv2_config(M: int, N: int, K: int, device) -> GemmConfig:
 
 def default_config(M: int, N: int, K: int, device) -> GemmConfig:
     """The MMA tile for M rows: BM covers the batch up to 64; 64 weight rows, 4 warps, 3 stages, the bf16 decode (the
-    best of the variants timed at 14336x4096, M=16, on the H200; kernels/NOTES.md v3b) of the weight in the dot order
-    (v5k: no shared-memory trip of the decoded tile, ~16% fewer loop instructions per weight); K-tiles of 256 elements
-    at BM 16 (v5k, the best of the tiles timed at M 1 and 2, which run the same BM 16 tile as M up to 16: 24.7 / 23.4
+    best of the variants timed at 14336x4096, M=16, on the H200) of the weight in the dot order (no shared-memory
+    trip of the decoded tile, ~16% fewer loop instructions per weight); K-tiles of 256 elements at BM 16 (the best of
+    the tiles timed at M 1 and 2, which run the same BM 16 tile as M up to 16: 24.7 / 23.4
     us at 14336x4096 / 4096x14336 against 28.0-28.5 / 26.2-26.5 for K-tiles of 128 at M 4-16), else 128; split-K until
-    ~4 waves of CTAs while each split keeps >= 1024 elements."""
+    ~4 waves of CTAs while each split keeps >= 1024 elements (kernels/NOTES.md, "Dense FP4 GEMM and GEMV")."""
     if INTERPRET:
         return GemmConfig(BN=16, BM=16, BKW=4, split=2 if K >= 128 else 1, num_warps=1, num_stages=1)
     bm = 16 if M <= 16 else (32 if M <= 32 else 64)
@@ -446,9 +433,9 @@ def default_config(M: int, N: int, K: int, device) -> GemmConfig:
 
 def auto_config(M: int, N: int, K: int, device, gemv: bool = True) -> GemmConfig:
     """The config `fp4_linear` runs when it is given none: on a GPU the MMA tile at every M (`default_config`): with
-    the weight in the dot order it beat the v1 decode GEMV at M 1 and 2 at both timed shapes (H200, kernels.csv
-    version v5k, 14336x4096 / 4096x14336: W4A16 24.7 / 23.4 us against 28.0 / 29.1 at M 1, 25.4 / 23.4 against
-    34.7 / 34.9 at M 2; W4A4 32.4 / 33.4 against 32.5 / 36.0 at M 1). In the
+    the weight in the dot order it beats the decode GEMV at M 1 and 2 at both timed shapes (H200, 14336x4096 /
+    4096x14336: W4A16 24.7 / 23.4 us against 28.0 / 29.1 at M 1, 25.4 / 23.4 against 34.7 / 34.9 at M 2; W4A4 32.4 /
+    33.4 against 32.5 / 36.0 at M 1; kernels/NOTES.md, "Dense FP4 GEMM and GEMV"). In the
     interpreter the GEMV up to 2 rows (`gemv2_config`; gemv: the weight has the GEMV layout), so that the CPU tests
     reach both kernels through the default. benchmarks/bench_kernels.py still times both (rows fp4-w4a16 /
     fp4-w4a16-mma, and the same for W4A4)."""
@@ -468,8 +455,8 @@ def quantize_act_for_gemm(x: torch.Tensor, check_finite: bool = True, on_quant=N
     2^7 / S_enc). The tile values q * s_b * 2^-7 (bf16, fp32 for an fp32 x; exact in both) are written by the
     pass that computes the codes, and the tile reads them as it reads a W4A16 activation: the same MMA operands
     as decoding the codes in the tile, without that decode in the GEMM's loop (W4A4 on the tile 11-26% faster at
-    every MoE size timed on the H200 and 4-21% dense; kernels/NOTES.md v3c measured). on_quant(QuantizedRows),
-    if given, sees the codes, scales and S_enc; a `kernels.quantize.RecordSink` there gets their record form
+    every MoE size timed on the H200 and 4-21% dense; kernels/NOTES.md, "Dense FP4 GEMM and GEMV").
+    on_quant(QuantizedRows), if given, sees the codes, scales and S_enc; a `kernels.quantize.RecordSink` there gets their record form
     written by the same launch."""
     from kernels.quantize import RecordSink, quantize_rows
 
@@ -531,24 +518,7 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
     if cfg.kind == "gemv2" and not act_quant:
         if w.gv_words is None:
             raise ValueError("this weight was prepared with gemv=False; the gemv2 kernel needs gemv_layout")
-        G = w.gv_words.shape[0]
-        split = max(1, min(cfg.split, G))
-        gps = triton.cdiv(G, split)
-        split = triton.cdiv(G, gps)
-        bm = max(1, min(cfg.BM, 4))
-        if cfg.prefetch and cfg.U != 1:
-            raise ValueError("gemv2 prefetch needs U=1")
-        if split > 1:
-            out = torch.zeros((M, N), dtype=torch.float32, device=x.device)
-        else:
-            out = torch.empty((M, N), dtype=out_dtype, device=x.device)
-        grid = (triton.cdiv(M, bm), triton.cdiv(N, cfg.BN), split)
-        _fp4_gemv2_kernel[grid](x, w.gv_words, w.gv_scales, w.factor, out, M, N, K, G, x.stride(0), gps,
-                                BN=cfg.BN, BM=bm, U=cfg.U, SPLIT=split, NIT=triton.cdiv(gps, cfg.U),
-                                EVEN=(N % cfg.BN == 0 and K % GV_GK == 0 and gps % cfg.U == 0 and G % gps == 0),
-                                PREFETCH=cfg.prefetch,
-                                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        return out if out.dtype == out_dtype else out.to(out_dtype)
+        return fp4_gemv2(x, w.gv_words, w.gv_scales, w.factor, N, K, cfg, out_dtype)
     if cfg.kind == "gemv" and not act_quant:
         grid = (triton.cdiv(N, cfg.BN), M, split)
         _fp4_gemv_kernel[grid](xa, w.words, w.scales, w.factor, out, M, N, KW, stride_xm, kw_per_split,
@@ -564,7 +534,7 @@ def fp4_linear(x: torch.Tensor, w: PreparedFP4Weight, *, act_quant: bool = False
             raise ValueError(f"tma needs K a multiple of 256 and BKW a multiple of 32, got K={K}, BKW={cfg.BKW}")
         words = TensorDescriptor.from_tensor(words, [cfg.BN, cfg.BKW])
         scales = TensorDescriptor.from_tensor(scales, [cfg.BN, cfg.BKW // 2])
-    _fp4_gemm_kernel[grid](xa, xf, words, scales, w.factor, out, M, N, KW, stride_xm, kw_per_split, _AMAX_MIN,
+    _fp4_gemm_kernel[grid](xa, xf, words, scales, w.factor, out, M, N, KW, stride_xm, kw_per_split, ref.AMAX_MIN,
                            BM=cfg.BM, BN=cfg.BN, BKW=cfg.BKW, SPLIT=split,
                            INTERP=INTERPRET, NIT=kw_per_split // cfg.BKW, BF16D=bf16d, XF=act_quant and not fuse, WDESC=cfg.tma,
                            DOT=dot, KMASK=split * kw_per_split != KW, FQ=fuse, NITA=triton.cdiv(KW, cfg.BKW),

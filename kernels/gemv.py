@@ -1,10 +1,10 @@
 """The decode GEMV of the dense FP4 GEMM (no tensor cores, up to a few rows): its weight layout and kernel.
 
 What: `gemv_layout` re-lays NVFP4 codes and scale bytes for the GEMV (groups of 256 K-elements, 16-byte chunks
-whose nibble slots (`GV_BITS`) decode in 2-4 integer ops); `_fp4_gemv2_kernel` (launched by
-`kernels.gemm.fp4_linear` with the "gemv2" config kind) reads it; `_gv_group` is its inner loop, shared with
-the grouped MoE GEMV of kernels/moe.py. `kernels.gemm.prepare_weight` builds the layout next to the MMA tile's
-words (the same weight), and `kernels.gemm` re-exports these names.
+whose nibble slots (`GV_BITS`) decode in 2-4 integer ops); `fp4_gemv2` launches the kernel that reads it
+(`kernels.gemm.fp4_linear` calls it for the "gemv2" config kind); `gv_group` is the kernel's inner loop, shared
+with the grouped MoE GEMV of kernels/moe.py. `kernels.gemm.prepare_weight` builds the layout next to the MMA
+tile's words (the same weight), and `kernels.gemm` re-exports the layout's public names.
 
 Compared against: `kernels.reference.fp4_linear` in tests/kernels/test_gemv_v1.py (interpreter).
 """
@@ -113,8 +113,11 @@ def _gv_row(acc, wv, x_ptrs, xmask):
 
 
 @triton.jit
-def _gv_group(acc0, acc1, acc2, acc3, w_ptrs, s_ptrs, wmask, xp0, xp1, xp2, xp3, xm0, xm1, xm2, xm3,
-              kk, K, BM: tl.constexpr):
+def gv_group(acc0, acc1, acc2, acc3, w_ptrs, s_ptrs, wmask, xp0, xp1, xp2, xp3, xm0, xm1, xm2, xm3,
+             kk, K, BM: tl.constexpr):
+    """One K-group of the `gemv_layout` weight (words and scales at w_ptrs / s_ptrs [8, BN, 4], masked by wmask)
+    against up to BM <= 4 activation rows (pointers xp*, masks xm*, element indices kk [8, 1, 4] of nibble 0):
+    acc_m [8, BN, 4] += their products. The inner loop of the dense decode GEMV and of kernels/moe.py's."""
     w, sb = _gv_load(w_ptrs, s_ptrs, wmask)
     return _gv_compute(acc0, acc1, acc2, acc3, w, sb, xp0, xp1, xp2, xp3, xm0, xm1, xm2, xm3, kk, K, BM)
 
@@ -159,7 +162,7 @@ def _gv_store(out_ptr, acc, f, o_ptrs, omask, SPLIT: tl.constexpr):
 def _fp4_gemv2_kernel(x_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, M, N, K, G, stride_xm, g_per_split,
                       BN: tl.constexpr, BM: tl.constexpr, U: tl.constexpr, SPLIT: tl.constexpr,
                       NIT: tl.constexpr, EVEN: tl.constexpr, PREFETCH: tl.constexpr = False):
-    """v1 decode GEMV over the `gemv_layout` weight: grid (row groups of BM <= 4, N / BN, split-K).
+    """Decode GEMV over the `gemv_layout` weight: grid (row groups of BM <= 4, N / BN, split-K).
     Program tile [8 chunks, BN rows, 4 words]: a thread owns one 16-byte chunk (32 weights) of a
     row per K-group; U groups per loop iteration are independent loads in flight. Rows of x stay in
     registers (BM accumulators), so each decoded weight is used BM times. One cross-thread reduction
@@ -209,7 +212,7 @@ def _fp4_gemv2_kernel(x_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, M, N, K, G, stride_x
                     wmask = (n3 < N) & gok
                     xok = (kk < K) & gok
                 xp = x_ptr + r0 + kk
-                acc0, acc1, acc2, acc3 = _gv_group(
+                acc0, acc1, acc2, acc3 = gv_group(
                     acc0, acc1, acc2, acc3, w_ptr + base, s_ptr + base, wmask,
                     xp, xp + stride_xm, xp + 2 * stride_xm, xp + 3 * stride_xm,
                     xok & (m0 < M), xok & (m0 + 1 < M), xok & (m0 + 2 < M), xok & (m0 + 3 < M), kk, K, BM)
@@ -222,3 +225,30 @@ def _fp4_gemv2_kernel(x_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, M, N, K, G, stride_x
         _gv_store(out_ptr, acc2, f, o_ptrs + 2 * N, nmask & (m0 + 2 < M), SPLIT)
     if BM > 3:
         _gv_store(out_ptr, acc3, f, o_ptrs + 3 * N, nmask & (m0 + 3 < M), SPLIT)
+
+
+def fp4_gemv2(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, factor: torch.Tensor, N: int, K: int,
+              cfg, out_dtype: torch.dtype) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ W^T for W in `gemv_layout` (words, scales) with epilogue factor `factor` (fp32 [1],
+    2^7 / S_enc): the "gemv2" kind of `kernels.gemm.fp4_linear`, which checks the operands. cfg: its
+    `kernels.gemm.GemmConfig` (BN, BM rows per program (at most 4), U groups per loop step, split-K, prefetch,
+    num_warps, num_stages)."""
+    M = x.shape[0]
+    G = words.shape[0]
+    split = max(1, min(cfg.split, G))
+    gps = triton.cdiv(G, split)
+    split = triton.cdiv(G, gps)
+    bm = max(1, min(cfg.BM, 4))
+    if cfg.prefetch and cfg.U != 1:
+        raise ValueError("gemv2 prefetch needs U=1")
+    if split > 1:
+        out = torch.zeros((M, N), dtype=torch.float32, device=x.device)
+    else:
+        out = torch.empty((M, N), dtype=out_dtype, device=x.device)
+    grid = (triton.cdiv(M, bm), triton.cdiv(N, cfg.BN), split)
+    _fp4_gemv2_kernel[grid](x, words, scales, factor, out, M, N, K, G, x.stride(0), gps,
+                            BN=cfg.BN, BM=bm, U=cfg.U, SPLIT=split, NIT=triton.cdiv(gps, cfg.U),
+                            EVEN=(N % cfg.BN == 0 and K % GV_GK == 0 and gps % cfg.U == 0 and G % gps == 0),
+                            PREFETCH=cfg.prefetch,
+                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -15,10 +15,10 @@ quantize kernel writing each activation's tile values q * s_b * 2^-7 (exact in B
 (`kernels.gemm.quantize_act_for_gemm`); on the decode GEMV path the quantize kernel writes the dequantized
 activations instead (same codes and scales, one rounding to the activation dtype) and the W4A16 kernels read
 them.
-Below 1 (token, slot) row per expert the GEMMs are the v1 decode GEMV kernels, from 1 on the MMA tile of
-`kernels.gemm._fp4_tile_dot_v3` (v3a in kernels/NOTES.md; on a GPU decoded in bf16 from the weights in the dot
-order, `kernels.gemm.dot_decode`, v5k) with BM slots per block chosen
-by the expected number of blocks per expert (`moe_block_rows`), `default_moe_config`.
+Below 1 (token, slot) row per expert the GEMMs are the decode GEMV kernels (the inner loop of kernels/gemv.py), from
+1 on the MMA tile of `kernels.gemm.fp4_tile_dot` (on a GPU decoded in bf16 from the weights in the dot order,
+`kernels.gemm.dot_decode`) with BM slots per block chosen by the expected number of blocks per expert
+(`moe_block_rows`), `default_moe_config`; kernels/NOTES.md, "Grouped MoE".
 Experts with no tokens launch programs that exit at once; their weights are never read.
 
 Compared against: `kernels.reference.moe_fp4_reference` (FP32 dequantize-then-matmul); timing vs
@@ -37,19 +37,18 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._common import INTERPRET, check_tensor
 from kernels.gemm import (
-    GV_GK,
     PreparedFP4Weight,
-    _act_tile,
-    _act_tile_quant,
-    _fp4_tile_dot_v3,
-    _gv_group,
+    act_tile,
+    act_tile_quant,
+    fp4_tile_dot,
     fused_act_senc,
     prepare_weight,
     quantize_act_for_gemm,
     uses_dot_order,
 )
+from kernels.gemv import GV_GK, gv_group
 from kernels.moe_align import moe_align  # noqa: F401  (the grouped GEMMs' slot order; re-exported)
-from kernels.quantize import _AMAX_MIN
+from kernels.reference import AMAX_MIN
 
 
 @dataclass
@@ -100,7 +99,7 @@ def _moe_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, b
                      XF: tl.constexpr, WDESC: tl.constexpr = False, DOT: tl.constexpr = False,
                      FQ: tl.constexpr = False):
     """One program = one block of BM slots of one expert x BN output rows, over the MMA tile of
-    `kernels.gemm._fp4_tile_dot_v3` (gate and up rows in one program, reading one activation tile, SiLU product
+    `kernels.gemm.fp4_tile_dot` (gate and up rows in one program, reading one activation tile, SiLU product
     fused; routing weight fused into down). BF16D: the tile's decode in bf16 (GPU only; weight words in
     `pair_layout`). XF (W4A4: x holds the activation's tile values): times the activation row's 2^7 / S_enc
     (xf_ptr). WDESC: w_ptr / ws_ptr are tensor descriptors over the experts' words and scales as 2-D [E * NW, K/8]
@@ -110,7 +109,7 @@ def _moe_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, b
     blocks (expert -1) exit at once.
     FQ (W4A4, `MoEConfig.fuse_quant`): x holds the activation itself (x per token for gate/up, h per slot for down);
     a first loop over each of the block's rows gives its S_enc (`kernels.gemm.fused_act_senc`), each K-tile is
-    quantized in registers to the tile values XF would read (`kernels.gemm._act_tile_quant`) and the epilogue
+    quantized in registers to the tile values XF would read (`kernels.gemm.act_tile_quant`) and the epilogue
     multiplies by 2^7 / S_enc: XF's operands and output without the quantize launch. Every N-tile program of a block
     quantizes the block's rows again (N / BN times per launch)."""
     pid_b = tl.program_id(0)
@@ -144,14 +143,14 @@ def _moe_gemm_kernel(x_ptr, xf_ptr, w_ptr, ws_ptr, wf_ptr, out_ptr, slots_ptr, b
     for it in range(NIT):
         k0 = it * BKW * 8
         if FQ:
-            xv = _act_tile_quant(x_ptr, rows, mmask, stride_xm, k0, KW * 8, s_enc, BM, 8 * BKW, INTERP)  # [BK, BM]
+            xv = act_tile_quant(x_ptr, rows, mmask, stride_xm, k0, KW * 8, s_enc, BM, 8 * BKW, INTERP)  # [BK, BM]
         else:
-            xv = _act_tile(x_ptr, rows, mmask, stride_xm, k0, KW * 8, 8 * BKW)  # [BK, BM]
-        acc = _fp4_tile_dot_v3(acc, wb, sb, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D, WDESC, n0,
-                               DOT, not DOT)
+            xv = act_tile(x_ptr, rows, mmask, stride_xm, k0, KW * 8, 8 * BKW)  # [BK, BM]
+        acc = fp4_tile_dot(acc, wb, sb, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D, WDESC, n0,
+                           DOT, not DOT)
         if GATED:  # the up rows read the same activation tile
-            acc_u = _fp4_tile_dot_v3(acc_u, wb_u, sb_u, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D,
-                                     WDESC, n0 + N, DOT, not DOT)
+            acc_u = fp4_tile_dot(acc_u, wb_u, sb_u, offs_n, nmask, xv, k0, KW * 8, BN, 8 * BKW, INTERP, BF16D,
+                                 WDESC, n0 + N, DOT, not DOT)
     if GATED:
         acc = acc * tl.load(wf_ptr + e * 2)
         acc_u = acc_u * tl.load(wf_ptr + e * 2 + 1)
@@ -178,9 +177,9 @@ def _moe_gemv_kernel(x_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, 
                      S, N, K, G, stride_xm, A_DIV,
                      BN: tl.constexpr, BM: tl.constexpr, U: tl.constexpr, GATED: tl.constexpr,
                      ROUTE_W: tl.constexpr, NIT: tl.constexpr, EVEN: tl.constexpr):
-    """v1 decode path: one program = one block of BM <= 4 slots of one expert x BN output rows, the
-    inner loop of kernels.gemm._fp4_gemv2_kernel over the expert's `gemv_layout` weight (gate and up
-    rows in one program, SiLU product fused; routing weight fused into down)."""
+    """Decode path: one program = one block of BM <= 4 slots of one expert x BN output rows, the dense decode
+    GEMV's inner loop (`kernels.gemv.gv_group`) over the expert's `gemv_layout` weight (gate and up rows in one
+    program, SiLU product fused; routing weight fused into down)."""
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(bexp_ptr + pid_b)
@@ -231,11 +230,11 @@ def _moe_gemv_kernel(x_ptr, w_ptr, s_ptr, wf_ptr, out_ptr, slots_ptr, bexp_ptr, 
             else:
                 wmask = (n3 < N) & (g < G)
                 xok = (kk < K) & (g < G)
-            acc0, acc1, acc2, acc3 = _gv_group(
+            acc0, acc1, acc2, acc3 = gv_group(
                 acc0, acc1, acc2, acc3, wb + base, sb + base, wmask, xr0 + kk, xr1 + kk, xr2 + kk, xr3 + kk,
                 xok & (sl0 < S), xok & (sl1 < S), xok & (sl2 < S), xok & (sl3 < S), kk, K, BM)
             if GATED:
-                u0, u1, u2, u3 = _gv_group(
+                u0, u1, u2, u3 = gv_group(
                     u0, u1, u2, u3, wb + base + N * 32, sb + base + N * 32, wmask, xr0 + kk, xr1 + kk, xr2 + kk,
                     xr3 + kk, xok & (sl0 < S), xok & (sl1 < S), xok & (sl2 < S), xok & (sl3 < S), kk, K, BM)
     if GATED:
@@ -268,7 +267,7 @@ def _moe_gv_store(out_ptr, acc, accu, fg, fu, slot, S, N, offs_n, nmask, rw_ptr,
 
 def moe_gemv(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_div: int, gated: bool,
              route_w=None, BM=4, BN=32, U=1, num_warps=4, out_dtype=None):
-    """v1 grouped launch over the GEMV layout (W4A16 only). a: activations [R, K]; row of slot s is
+    """Grouped decode GEMV launch over the GEMV layout (W4A16 only). a: activations [R, K]; row of slot s is
     s // a_div. sorted_slots/block_expert from moe_align(topk_ids, E, BM) with the same BM (<= 4)."""
     if w.gv_words is None:
         raise ValueError("expert weights were prepared without the GEMV layout")
@@ -299,14 +298,14 @@ class MoEConfig:
     num_warps: int = 4
     num_stages: int = 3
     BN_down: int = 64
-    kind: str = "mma"  # "mma" (tensor cores, any T: the v3a tile, one MMA per K-tile decoded in element order; W4A4
-    #                    on the activations' tile values) or "gemv" (v1 decode, BM <= 4; W4A4 on dequantized activations)
+    kind: str = "mma"  # "mma" (tensor cores, any T: one MMA per K-tile decoded in element order; W4A4 on the
+    #                    activations' tile values) or "gemv" (the decode GEMV, BM <= 4; W4A4 on dequantized activations)
     U: int = 1  # gemv: K-groups of 256 per loop iteration
     bf16_decode: bool = True  # mma on a GPU: decode and scale in bf16 (interpreter: fp32)
     tma: bool = False  # mma: the weight words and scales by TMA (BKW a multiple of 32); level with or slower than the
-    #                    pointer tile on the H200 (kernels/NOTES.md v5a measured)
+    #                    pointer tile on the H200 (kernels/NOTES.md, "Dense FP4 GEMM and GEMV")
     maxnreg: int | None = None  # mma: register cap per thread of the gate/up launch (PTX .maxnreg; level to 23% slower on
-    #                             the H200, kernels/NOTES.md v5b)
+    #                             the H200, kernels/NOTES.md, "Grouped MoE")
     maxnreg_down: int | None = None  # the same for the down launch; None: the compiler's choice
     dot_order: bool = False  # mma: the weights in the dot order (`kernels.gemm.PreparedFP4Weight.dotted`) where K and
     #                          the K-tile are multiples of 128 and without tma; else the pair / element order
@@ -317,9 +316,9 @@ class MoEConfig:
     #                           the unfused path runs (the fused kernels write no codes for the record)
 
 
-# Relative time of one (expert, BM) block, each used expert taking one block: H200 medians, kernels.csv version v5d,
-# BM 32 / BM 16 = 1.05-1.09 and BM 64 / BM 16 = 1.38-1.58 at Qwen3-30B-A3B T 16, T 64 and Mixtral-8x7B T 16 (1-4 rows
-# per expert, where the routing gives every used expert one block of any BM).
+# Relative time of one (expert, BM) block, each used expert taking one block: H200 medians, BM 32 / BM 16 = 1.05-1.09
+# and BM 64 / BM 16 = 1.38-1.58 at Qwen3-30B-A3B T 16, T 64 and Mixtral-8x7B T 16 (1-4 rows per expert, where the
+# routing gives every used expert one block of any BM; kernels/NOTES.md, "Grouped MoE").
 _BLOCK_COST = {16: 1.0, 32: 1.07, 64: 1.47}
 
 
@@ -329,7 +328,8 @@ def moe_block_rows(T: int, topk: int, E: int) -> int:
     number of blocks (sum over experts of ceil(rows / BM)) times a block's cost at that BM (`_BLOCK_COST`). The
     rows of an expert are taken as Poisson with mean T*k/E (uniform routing, as the benchmark's; a skewed router
     gives more rows to a few experts and favours the larger BM earlier). At 16 rows per expert BM 16 decodes each
-    used expert ~1.4 times, BM 32 once: v5d measured 294 -> 230 us (Qwen3 T 256), 663 -> 487 us (Mixtral T 64)."""
+    used expert ~1.4 times, BM 32 once: 294 -> 230 us (Qwen3 T 256), 663 -> 487 us (Mixtral T 64; kernels/NOTES.md,
+    "Grouped MoE")."""
     lam = T * topk / E
     if lam <= 0:
         return 16
@@ -344,11 +344,11 @@ def moe_block_rows(T: int, topk: int, E: int) -> int:
 
 def mma_moe_config(T: int, topk: int, E: int) -> MoEConfig:
     """The MMA tile for T tokens of top-k over E experts: BM by `moe_block_rows`; 3 stages, 64 weight rows, 4 warps,
-    the bf16 decode of the weights in the dot order (v5k: no shared-memory trip of the decoded tile, ~22% fewer loop
-    instructions per weight). K-tiles of 256 at BM 16, of 128 above: the H200 sweep in the dot order (kernels.csv
-    v5l-sweep, W4A16) had 256 faster at BM 16 (Qwen3 T16 / T64 117.8 -> 115.5 / 158.8 -> 153.2 us, Mixtral T16 378.6 ->
-    304.9) and slower at BM 32-64 (Qwen3 T256 184.4 -> 213.0, Mixtral T256 758.8 -> 1033.4; Mixtral T64 at BM 32 was
-    3% faster). The pair order, v5c, had 256 slower everywhere; the dot order cannot take 64 (its groups are 128)."""
+    the bf16 decode of the weights in the dot order (no shared-memory trip of the decoded tile, ~22% fewer loop
+    instructions per weight). K-tiles of 256 at BM 16, of 128 above: in the H200 sweep in the dot order (W4A16) 256 is
+    faster at BM 16 (Qwen3 T16 / T64 117.8 -> 115.5 / 158.8 -> 153.2 us, Mixtral T16 378.6 -> 304.9) and slower at BM
+    32-64 (Qwen3 T256 184.4 -> 213.0, Mixtral T256 758.8 -> 1033.4; Mixtral T64 at BM 32 3% faster); in the pair order
+    256 is slower everywhere; the dot order cannot take 64 (its groups are 128). kernels/NOTES.md, "Grouped MoE"."""
     if INTERPRET:
         return MoEConfig(BM=16, BN=16, BKW=4, num_warps=1, num_stages=1, BN_down=16)
     bm = moe_block_rows(T, topk, E)
@@ -357,10 +357,10 @@ def mma_moe_config(T: int, topk: int, E: int) -> MoEConfig:
 
 
 def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
-    """The config `fused_moe` runs when it is given none: the v1 decode GEMV below 1 (token, slot) row per expert
+    """The config `fused_moe` runs when it is given none: the decode GEMV below 1 (token, slot) row per expert
     (up to 4 in the interpreter, so that the tests reach the GEMV at their small sizes), else the MMA tile
-    (`mma_moe_config`). H200, W4A4, same-run medians (kernels.csv version v5d, results/kernels/crossover.md): the
-    GEMV 41.6 / 74.0 / 145.9 us against the MMA tile's 66.1 / 88.6 / 223.0 at 0.06-0.25 rows per expert (Qwen3 T1,
+    (`mma_moe_config`). H200, W4A4, same-run medians (kernels/NOTES.md, "Grouped MoE"; results/kernels/crossover.md):
+    the GEMV 41.6 / 74.0 / 145.9 us against the MMA tile's 66.1 / 88.6 / 223.0 at 0.06-0.25 rows per expert (Qwen3 T1,
     T4; Mixtral T1); at 1 row per expert the MMA tile 174.7 / 347.6 against the GEMV's 184.8 / 395.5 (Qwen3 T16,
     Mixtral T4). No timed size lies between
     0.25 and 1. benchmarks/bench_kernels.py times the MMA tile where the GEMV is the default (rows fp4-w4a16-mma /
@@ -370,9 +370,9 @@ def default_moe_config(T: int, topk: int, E: int) -> MoEConfig:
         if per_expert <= 4:
             return MoEConfig(BM=min(4, max(1, T * topk)), BN=8, num_warps=1, num_stages=1, BN_down=8, kind="gemv")
         return mma_moe_config(T, topk, E)
-    if per_expert < 1:  # decode: weight-streaming GEMV (v1)
+    if per_expert < 1:  # decode: weight-streaming GEMV
         bm = 1 if per_expert <= 0.5 else 2
-        bn = 16 if bm == 1 else 32  # BN=16 best at T=1 on the H200 (kernels.csv, version v1)
+        bn = 16 if bm == 1 else 32  # BN=16 best at T=1 on the H200 (kernels/NOTES.md, "Grouped MoE")
         return MoEConfig(BM=bm, BN=bn, num_warps=4, num_stages=1, BN_down=bn, kind="gemv", U=1)
     return mma_moe_config(T, topk, E)
 
@@ -404,7 +404,7 @@ def moe_gemm(a, w: PreparedFP4Weight, sorted_slots, block_expert, S: int, *, a_d
         scales = TensorDescriptor.from_tensor(scales.view(-1, KW // 2), [BN, BKW // 2])
     _moe_gemm_kernel[grid](a, a if a_factor is None else a_factor, words, scales,
                            w.factor, out, sorted_slots, block_expert, route_w if route_w is not None else out, S, N, KW,
-                           a.stride(0), a_div, _AMAX_MIN, BM=BM, BN=BN, BKW=BKW, GATED=gated,
+                           a.stride(0), a_div, AMAX_MIN, BM=BM, BN=BN, BKW=BKW, GATED=gated,
                            ROUTE_W=route_w is not None, INTERP=INTERPRET, NIT=triton.cdiv(KW, BKW), BF16D=bf16d,
                            XF=a_factor is not None, WDESC=tma, DOT=dot, FQ=fuse_quant, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
     return out

@@ -43,7 +43,6 @@ from kernels._common import (
     round_as,
 )
 
-_AMAX_MIN = ref._AMAX_MIN  # smallest amax that keeps S_enc finite
 # S_enc = 2688 / amax and s_b = amax_blk * S_enc / 6 are correctly rounded divisions (div_rn) in
 # the kernel and in the reference (which divides tensor by tensor for that reason).
 
@@ -335,9 +334,9 @@ def _config(M: int, K: int, block: int, interpret: bool = INTERPRET):
         ch = 2048
     nw = max(4, ch // 1024)
     if ch == 2048:
-        # 8 warps, not 4: at 2048-wide chunks and 4 warps (16 elements per thread) Triton 3.6 miscompiled the
+        # 8 warps, not 4: at 2048-wide chunks and 4 warps (16 elements per thread) Triton 3.6 miscompiles the
         # fp32-input kernel on an H200 (the first 1024 columns' codes 0 or saturated, scales exact; 2, 8 and 16
-        # warps were exact; kernels/NOTES.md, v2k)
+        # warps are exact; kernels/NOTES.md, "Correctness: what holds and what it took")
         nw = 8
     # one row per program on a GPU: with several rows per program and 32 elements per thread, Triton 3.6
     # miscompiled the bf16-input kernel on an H200 (every nonzero code saturated; fp32 input, one row, or
@@ -369,7 +368,7 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
     returned `outer` holds it.
     fma_rtn ('rtn'; the default): the E2M1 rounding as saturating FMAs (`kernels._common.e2m1_rtn_idx_fma`), the
     same codes as the seven threshold compares (`e2m1_rtn_idx_scaled`, fma_rtn=False) with the work on the FMA pipe
-    instead of the ALU pipe (NVFP4 8192x4096 on an H200: 59.0 -> 46.7 us; kernels/NOTES.md v2l, v2n).
+    instead of the ALU pipe (NVFP4 8192x4096 on an H200: 59.0 -> 46.7 us; kernels/NOTES.md, "Quantize").
     record: a RecordSink; the same launch also writes the record form of x's rows (mantissa bits packed, scale
     bytes, S_enc, packed codes if the sink has a buffer for them) at the sink's current step (RecordTargets),
     row r of x (not its dst_rows row) at record row step * M + r."""
@@ -443,7 +442,7 @@ def quantize_rows(x: torch.Tensor, fmt: str = "nvfp4", rounding: str = "rtn", *,
     grid = (triton.cdiv(M, bm),)
     _quant_rows_kernel[grid](
         x2, packed, scales, outer, mant if guidance else packed, dst_rows if dst_rows is not None else packed,
-        fq if fq is not None else x2, M, K, x2.stride(0), int(seed), _AMAX_MIN,
+        fq if fq is not None else x2, M, K, x2.stride(0), int(seed), ref.AMAX_MIN,
         BM=bm, NB=nb, BLOCK=block, IS_NV=fmt == "nvfp4", NOCLIP=mx_rule == "noclip",
         STOCH=rounding == "stochastic", GUIDE=guidance, FAKE=fq is not None, FAKE_EXACT=fake_exact, FAKE_TILE=fake_tile, HAS_DST=dst_rows is not None, SINGLE=single, CH=nb * block, NCH=triton.cdiv(K, nb * block), INTERP=INTERPRET,
         GIVEN=s_enc is not None, FMA_RTN=fma_rtn and rounding == "rtn",

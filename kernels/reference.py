@@ -34,7 +34,7 @@ MXFP4_BLOCK = 32
 _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 _FLT_MAX = torch.finfo(torch.float32).max
 # smallest amax for which S_enc = 2688/amax is still finite (1.0001x margin against rounding up)
-_AMAX_MIN = E2M1_MAX * E4M3_MAX / _FLT_MAX * 1.0001
+AMAX_MIN = E2M1_MAX * E4M3_MAX / _FLT_MAX * 1.0001
 
 
 _GRIDS: dict = {}
@@ -156,7 +156,7 @@ def nvfp4_outer_scale(amax: torch.Tensor) -> torch.Tensor:
     amax = amax.to(torch.float32)
     # tensor / tensor: one correctly rounded division on every device (torch evaluates
     # `scalar / tensor` as reciprocal(tensor) * scalar, two roundings)
-    s = torch.full_like(amax, E2M1_MAX * E4M3_MAX) / amax.clamp(min=_AMAX_MIN)
+    s = torch.full_like(amax, E2M1_MAX * E4M3_MAX) / amax.clamp(min=AMAX_MIN)
     return torch.where(amax == 0, torch.ones_like(s), s)
 
 

@@ -1,14 +1,15 @@
 """One pass over a decode step's logits: the sampled token, its log-probability and an all-finite flag.
 
-What: the rollout engine's sampling (`trace.rollout.engine.RolloutEngine._sample`) as one Triton program per row
+What: the rollout engine's sampling (`trace.rollout.engine.RolloutEngine.sample`) as one Triton program per row
 reading the logits once in their own dtype: a running max and rescaled sum of exponentials (the log-softmax
 normalizer) beside a running argmax of the selection key. Greedy (temperature 0): the key is the logit, so the token
 is torch.argmax's (the first index of the row's maximum) and the log-prob that of log_softmax at temperature 1.
 Sampling (temperature t > 0): the key is z + g with z = logit / t and g a Gumbel draw per element (-log(-log u),
 u uniform in (0, 1) from Philox, `tl.rand4x`, keyed by `seed`, one counter per 4 elements): the Gumbel-max trick draws exactly from
 softmax(z), the distribution torch's exponential race (argmax p / q, q ~ Exp(1)) draws from, with other random
-numbers; the log-prob is log_softmax(z) at the token. The torch path made ~5 (greedy) to ~10 passes over the
-[rows, vocabulary] fp32 copy of the logits (0.56 ms per step at 256 x 151,936 on the H200, kernels/NOTES.md v5e).
+numbers; the log-prob is log_softmax(z) at the token. The torch path makes ~5 (greedy) to ~10 passes over the
+[rows, vocabulary] fp32 copy of the logits (0.56 ms per step at 256 x 151,936 on the H200: kernels/NOTES.md,
+"Sampling").
 Nucleus sampling (top_p < 1) stays on the torch path.
 
 Numerics: the exponentials and logarithms are Triton's (`tl.exp`, `tl.log`: a few ulp), so log-probs agree with

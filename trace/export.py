@@ -47,7 +47,7 @@ import torch
 
 from trace import fp4
 from trace.models.registry import family_of
-from trace.rollout.weights import _LAYER_NAMES, QUANTIZED, Arch
+from trace.rollout.weights import LAYER_NAMES, QUANTIZED, Arch
 
 FORMAT = "compressed-tensors-nvfp4"
 CT_VERSION = "0.20.1"  # the compressed-tensors release whose format is written (and tested against)
@@ -55,7 +55,7 @@ _SKIP_FILES = {"config.json", "trainer_state.pt", "model.safetensors.index.json"
 # experts' on-disk module names (gate, up, down) and the MoE block's name, by family
 _EXPERT_NAMES = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2"))}
 _DEFAULT_EXPERTS = ("mlp", ("gate_proj", "up_proj", "down_proj"))
-# linears vLLM fuses into one layer (one global scale for all shards), by their keys in _LAYER_NAMES
+# linears vLLM fuses into one layer (one global scale for all shards), by their keys in LAYER_NAMES
 _FUSED = (("q", "k", "v"), ("sg", "su"), ("mg", "mu"))
 
 
@@ -99,7 +99,7 @@ def _check_fused(family: str, layer: int, q: dict[str, fp4.FP4Tensor]) -> str | 
         have = [k for k in group if k in q]
         vals = {float(q[k].outer) for k in have}
         if len(vals) > 1:
-            names = [_disk_name(family, f"model.layers.{layer}.{_LAYER_NAMES[k]}").removesuffix(".weight")
+            names = [_disk_name(family, f"model.layers.{layer}.{LAYER_NAMES[k]}").removesuffix(".weight")
                      for k in have]
             return f"{', '.join(names)} (S_enc {sorted(vals)})"
     return None
@@ -117,7 +117,7 @@ def export_state_dict(config, sd: dict[str, torch.Tensor], allow_fused_scale_mis
     for i in range(arch.num_layers):
         q: dict[str, fp4.FP4Tensor] = {}
         for key in QUANTIZED:
-            name = f"model.layers.{i}.{_LAYER_NAMES[key]}"
+            name = f"model.layers.{i}.{LAYER_NAMES[key]}"
             if name not in sd:
                 continue
             quantized_names.add(name)

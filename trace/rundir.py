@@ -40,7 +40,7 @@ from trace.config import ConfigError, diff_keys, dump_config
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     """HEAD (with -dirty when tracked files differ). TRACE_GIT_COMMIT overrides it where the copy's .git is not
     the repository's (a copy of the working tree sent to a GPU machine can hold the launching commit's files
     beside an older .git; git_tree below still checks that the files are that commit's)."""
@@ -150,7 +150,7 @@ def collect_meta() -> dict:
     except OSError:
         pass
     return {
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "git_tree": _git_tree(),
         "git_diff_sha256": _git_diff_sha256(),
         "torch": torch.__version__,

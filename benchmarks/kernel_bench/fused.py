@@ -9,7 +9,7 @@ from kernels import reference as ref
 
 def run_sampling(dev, quick):
     """The rollout engine's per-step sampling at the Qwen3 vocabulary (151,936) over 64 and 256 rows of bf16 logits:
-    its torch passes (`RolloutEngine._sample_torch`) against `kernels.sampling.fused_sample`, greedy and at
+    its torch passes (`RolloutEngine.sample_torch`) against `kernels.sampling.fused_sample`, greedy and at
     temperature 1, eager (as the engine launches them: outside its CUDA graphs). Checks first: greedy tokens equal
     torch.argmax's, log-probs (greedy and sampled) within 1e-4 of float64 log_softmax."""
     from kernels.sampling import fused_sample
@@ -30,7 +30,7 @@ def run_sampling(dev, quick):
         gen = torch.Generator(device=dev)
         gen.manual_seed(0)
         for t, name in ((0.0, "greedy"), (1.0, "t1")):
-            base = record("sampling", shape, f"torch-{name}", bench(lambda t=t, x=x: RolloutEngine._sample_torch(x, t, 1.0, gen),
+            base = record("sampling", shape, f"torch-{name}", bench(lambda t=t, x=x: RolloutEngine.sample_torch(x, t, 1.0, gen),
                                                                    graph=False), x.numel() * 2)
             record("sampling", shape, f"fused-{name}", bench(lambda t=t, x=x: fused_sample(x, t, 7), graph=False),
                    x.numel() * 2, base_ms=base, config="block=4096;num_warps=8")

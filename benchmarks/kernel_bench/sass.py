@@ -74,7 +74,8 @@ def _sass_row(rows, shape, provider, config, ops, **stats):
 
 
 def sass_counts():
-    from kernels.gemm import _fp4_gemm_kernel, _fp4_gemv2_kernel
+    from kernels.gemm import _fp4_gemm_kernel
+    from kernels.gemv import _fp4_gemv2_kernel
     from kernels.moe import _moe_gemm_kernel
 
     rows = []

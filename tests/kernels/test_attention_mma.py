@@ -18,7 +18,7 @@ SIG = {"q_ptr": "*bf16", "kp_ptr": "*i32", "ks_ptr": "*u8", "kf_ptr": "*fp32", "
 
 def test_dim_orders_pair_what_the_decode_pairs():
     """k_dim_order / v_dim_order are permutations of the head dim; consecutive k (an MMA register's two halves) are
-    elements p and p + 4 of one word, the pair `_DECODE8_ASM` writes into one register; a thread's 32 k of S^T are
+    elements p and p + 4 of one word, the pair `DECODE8_ASM` writes into one register; a thread's 32 k of S^T are
     its four words, and a thread's 16 rows of O^T are one NVFP4 block (one scale)."""
     ko, vo = am.k_dim_order(), am.v_dim_order()
     assert sorted(ko) == list(range(128)) and sorted(vo) == list(range(128))

@@ -1,4 +1,4 @@
-"""The inline-PTX bf16 decoders of the MMA tile (`kernels._common._DECODE8_ASM` and `_DECODE8_PAIRED_ASM`),
+"""The inline-PTX bf16 decoders of the MMA tile (`kernels._common.DECODE8_ASM` and `DECODE8_PAIRED_ASM`),
 run on the CPU by a small emulator of the PTX instructions they use, against the oracle's E2M1 values:
 every code in every position of a word, with and without `kernels.gemm.pair_layout`, times E4M3 scales.
 The GPU runs the same text (the MMA tests with bf16_decode=True there); this checks its bit logic
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernels import reference as ref
-from kernels._common import _DECODE8_ASM, _DECODE8_PAIRED_ASM, DECODE8_ORDER
+from kernels._common import DECODE8_ASM, DECODE8_ORDER, DECODE8_PAIRED_ASM
 from kernels.gemm import pair_layout
 
 M32 = 0xFFFFFFFF
@@ -86,7 +86,7 @@ def run_ptx(text: str, operands: list[int]) -> list[int]:
 
 @pytest.mark.parametrize("paired", [False, True])
 def test_ptx_decoders_give_the_oracle_values(paired):
-    text = (_DECODE8_PAIRED_ASM if paired else _DECODE8_ASM).value
+    text = (DECODE8_PAIRED_ASM if paired else DECODE8_ASM).value
     g = torch.Generator().manual_seed(7)
     codes = torch.cat([torch.arange(16, dtype=torch.uint8).repeat(8, 1).T.reshape(16, 8),  # each code everywhere
                        torch.randint(0, 16, (64, 8), generator=g, dtype=torch.uint8)])   # [80, 8]

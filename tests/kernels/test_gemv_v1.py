@@ -1,4 +1,4 @@
-"""v1 decode kernels over the GEMV layout (kernels.gemm.gemv_layout): dense `gemv2` and grouped MoE
+"""The decode GEMV kernels over the GEMV layout (kernels.gemv.gemv_layout): dense `gemv2` and grouped MoE
 `gemv` vs the FP32 oracles on fresh random inputs, odd sizes (padding of K to 256, N not a multiple of
 BN, row groups beyond 4, split-K) and the unmasked EVEN path. FP32 FMA kernels: tolerance 1e-5 on the GPU
 and in the interpreter alike (tests/kernels/conftest.py); the MMA fallback is held to TOL_MMA."""
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kernels import reference as ref
-from kernels.gemm import GV_BITS, GemmConfig, fp4_linear, gemv_layout, prepare_weight
+from kernels.gemm import GemmConfig, fp4_linear, prepare_weight
+from kernels.gemv import GV_BITS, gemv_layout
 from kernels.moe import MoEConfig, fused_moe, prepare_moe_weights
 from tests.kernels.conftest import DEV, TOL, TOL_MMA, bf16_exact, dev, host, rel
 

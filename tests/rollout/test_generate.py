@@ -52,7 +52,7 @@ def test_sampler_draws_what_torch_multinomial_draws():
         temp = (1.0, 0.7, 1.5)[trial % 3]
         g1, g2 = torch.Generator().manual_seed(trial), torch.Generator().manual_seed(trial)
         for _ in range(3):
-            tok, lp, finite = RolloutEngine._sample(logits, temp, 1.0, g1)
+            tok, lp, finite = RolloutEngine.sample(logits, temp, 1.0, g1)
             want = torch.multinomial(torch.softmax(logits / temp if temp != 1.0 else logits, -1), 1, generator=g2)
             assert torch.equal(tok, want.squeeze(-1)) and bool(finite)
             assert torch.equal(lp, torch.log_softmax(logits / temp if temp != 1.0 else logits, -1).gather(-1, tok[:, None])[:, 0])
@@ -66,7 +66,7 @@ def test_stop_text_finds_what_searching_the_whole_turn_finds():
     import numpy as np
 
     from trace.models.tokenizer import build_tokenizer
-    from trace.rollout.engine import _StopText
+    from trace.rollout.decode import _StopText
 
     tok = build_tokenizer()
     letters = [i for i in range(100) if tok.decode([i]) in set("abcd \n")]

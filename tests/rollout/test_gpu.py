@@ -152,7 +152,7 @@ def test_captured_recording_steps_store_what_eager_steps_store(family, crossover
 
 
 def test_fused_sampling_matches_the_torch_passes(monkeypatch):
-    """The engine's sampling by `kernels.sampling.fused_sample` against its torch passes (`_sample_torch`): greedy,
+    """The engine's sampling by `kernels.sampling.fused_sample` against its torch passes (`sample_torch`): greedy,
     the same tokens and log-probs within 1e-4; at temperature 1, reproducible per seed, other seeds other tokens, and
     log-probs of the sampled tokens that the engine's own rescoring (`score`, one BF16 prefill) gives back (median
     difference under 0.05; a wrong token's or temperature's log-prob is off by O(1))."""

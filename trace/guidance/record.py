@@ -44,7 +44,7 @@ from trace.fp4 import reference as ref
 # [top_k, I] for the expert down input (per token and expert slot).
 SITES = ("attn_in", "o_in", "k", "v", "moe_in", "moe_down_in", "shared_in", "shared_down_in",
          "mlp_in", "mlp_down_in")
-_POS_BITS = 24  # key = seq << 24 | pos: 16M positions per sequence
+POS_BITS = 24  # key = seq << 24 | pos: 16M positions per sequence
 
 
 class RecordMismatch(ValueError):
@@ -52,7 +52,7 @@ class RecordMismatch(ValueError):
 
 
 def _keys(seq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    return (seq.long() << _POS_BITS) | pos.long()
+    return (seq.long() << POS_BITS) | pos.long()
 
 
 def _check_rows(site: str, n: int, seq: torch.Tensor, pos: torch.Tensor) -> None:
@@ -170,7 +170,7 @@ class GuidanceRecord:
             keys.update(k.tolist())
         n = len(keys)
         for _, (src, upto) in self.aliases.items():
-            n += sum(1 for k in keys if (k >> _POS_BITS) == src and (k & ((1 << _POS_BITS) - 1)) < upto)
+            n += sum(1 for k in keys if (k >> POS_BITS) == src and (k & ((1 << POS_BITS) - 1)) < upto)
         return n
 
     def bytes_per_token(self, compact_only: bool = False) -> float:

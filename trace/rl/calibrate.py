@@ -87,7 +87,7 @@ def calibrate(cfg: dict, coef: float = 0.1, seeds=SEEDS, target: float = TARGET,
     rep = {"rule": "DESIGN.md §3 (alignment coefficient)", "target_ratio": target, "probe_coef": coef,
            "model": cfg["model"], "task": cfg["task"]["name"], "method": cfg["rl"]["method"],
            "rho": float(Method.from_config(cfg["rl"]).rho), "init_ckpt": [r["init_ckpt"] for r in runs],
-           "commit": rundir._git_commit(), "runs": runs,
+           "commit": rundir.git_commit(), "runs": runs,
            "ratio_per_unit_coef_median": per_unit, "coef_exact": exact, "align_coef": chosen,
            "ratio_at_align_coef_predicted": per_unit * chosen}
     if check:

@@ -2,7 +2,8 @@
 
 What: one loop object per generate call holds the call's state (tokens, log-probs, stop reasons, the rows fed
 by recording decode steps not yet handed to the recorder, the finished samples' last tokens) and runs
-decode steps through the engine (`RolloutEngine._chunk`, its `_sample` / `_to_host`, its decode graphs):
+decode steps through the engine's step API (`RolloutEngine.feed`, `sample`, `to_host`, `to_host_async`) and its
+decode graphs:
 
 * `GeneralLoop`: per-sample bookkeeping in Python; multi-turn generation (a stop string ends a turn, the
   environment's observation is appended with trainable False and log-prob 0.0 and fed as one chunk).
@@ -27,9 +28,10 @@ import torch
 from trace.rollout.graphs import DecodeGraphs
 
 
-class _TimedRecorder:
+class TimedRecorder:
     """A recorder whose calls (other than `wants`) add their wall time to `elapsed`; on CUDA the device
-    is synchronized on both sides of each call, so queued generation work is not charged to it."""
+    is synchronized on both sides of each call, so queued generation work is not charged to it. `generate`
+    wraps its recorder in one before the prefill; the decode loops charge their own recording work with `timed`."""
 
     def __init__(self, recorder, cuda: bool):
         self._recorder, self._cuda, self.elapsed, self._inside = recorder, cuda, 0.0, False
@@ -151,7 +153,7 @@ class _StopText:
 class DecodeLoop:
     """The state of one generate call's decode and the steps both loops share. tokens: each sample's prompt
     (extended in place); cache / graphs: the call's KV cache and decode graphs (None: eager chunks); cap: the
-    call's context; gen: its seeded generator; recorder: a `_TimedRecorder` or None; t0: the call's start."""
+    call's context; gen: its seeded generator; recorder: a `TimedRecorder` or None; t0: the call's start."""
 
     def __init__(self, engine, cache, graphs: DecodeGraphs | None, tokens: list[list[int]], n: int, cap: int,
                  max_new_tokens: int, temperature: float, top_p: float, gen: torch.Generator, recorder, t0: float):
@@ -164,8 +166,8 @@ class DecodeLoop:
         self.tail: dict[int, list[int]] = {}  # finished samples' last tokens, fed after generation for the record
 
     def sample(self, logits: torch.Tensor):
-        """(tokens, log-probs, finite flag) on the device (the engine's `_sample`, which benchmarks may time)."""
-        tok, lp, finite = self.eng._sample(logits, self.temperature, self.top_p, self.gen)
+        """(tokens, log-probs, finite flag) on the device (the engine's `sample`, which benchmarks may time)."""
+        tok, lp, finite = self.eng.sample(logits, self.temperature, self.top_p, self.gen)
         if self.eng.batch_invariant:  # the log-prob from the per-row kernel the trainer's forward also takes
             lp = self.eng.fwd.fast.logprobs(logits, tok, self.temperature or 1.0)
         return tok, lp, finite
@@ -214,7 +216,7 @@ class DecodeLoop:
         if tail:
             rows = sorted(tail)
             before, own = recorder.elapsed, getattr(recorder._recorder, "seconds", 0.0)
-            recorder.timed(self.eng._chunk, self.cache, [tail[b] for b in rows], [fed[b] for b in rows], rows,
+            recorder.timed(self.eng.feed, self.cache, [tail[b] for b in rows], [fed[b] for b in rows], rows,
                            recorder, rows)
             # the feed's forward alone: storing its rows is already in the recorders' own `seconds`
             feed_s = recorder.elapsed - before - (getattr(recorder._recorder, "seconds", 0.0) - own)
@@ -252,7 +254,7 @@ class GeneralLoop(DecodeLoop):
             lrows = [row_of[b] for b in active]
             # every row active in order (most decode steps): no gather copy of the [B, V] logits
             lg = logits if lrows == list(range(logits.shape[0])) else logits[torch.tensor(lrows, device=logits.device)]
-            tok, lp = self.eng._to_host(*self.sample(lg))
+            tok, lp = self.eng.to_host(*self.sample(lg))
             pending: dict[int, list[int]] = {}
             for b, t, p in zip(active, tok.tolist(), lp.tolist(), strict=True):
                 feed = self._take(b, t, p)
@@ -321,8 +323,8 @@ class GeneralLoop(DecodeLoop):
                 fed[b] += 1
             return logits, list(range(B))
         rows = sorted(pending)
-        logits = self.eng._chunk(self.cache, [pending[b] for b in rows], [fed[b] for b in rows], rows, self.recorder,
-                                 rows)
+        logits = self.eng.feed(self.cache, [pending[b] for b in rows], [fed[b] for b in rows], rows, self.recorder,
+                               rows)
         for r, b in enumerate(rows):
             fed[b] += len(pending[b])
             row_of[b] = r
@@ -339,18 +341,18 @@ class SingleTurnLoop(DecodeLoop):
     Python loop over the samples (benchmarks/engine_host_loop.py measures what remains).
 
     Through decode graphs the next step is launched before the host waits for the copy, from the device's
-    sampled tokens, so the GPU runs it while the host does its bookkeeping (the host's 0.6-1.5 ms per step had
-    the H200 idle ~20% of a step: kernels/NOTES.md v5h): the device feeds each sampled token whose row goes on
-    as far as it can tell (not a stop token, not a token whose own text holds a stop string, the context not
-    reached; `max_new_tokens` is the same step for every row). Its attention bucket is the longest row that may
-    go on. Two guesses can be wrong, and then the step runs again as the general loop runs it, writing the same
-    slots, so the result is the general loop's bit for bit: the rows that went on fit a smaller bucket (the
-    longest stopped), or a row went on whose stop string spans earlier tokens or whose token was not yet decoded
-    (once per token and call: RL's one-character stop strings are then decided on the device)."""
+    sampled tokens, so the GPU runs it while the host does its bookkeeping (which would otherwise leave the GPU
+    idle for part of every step: kernels/NOTES.md, "The engine's decode step"): the device feeds each sampled
+    token whose row goes on as far as it can tell (not a stop token, not a token whose own text holds a stop
+    string, the context not reached; `max_new_tokens` is the same step for every row). Its attention bucket is the
+    longest row that may go on. Two guesses can be wrong, and then the step runs again as the general loop runs it,
+    writing the same slots, so the result is the general loop's bit for bit: the rows that went on fit a smaller
+    bucket (the longest stopped), or a row went on whose stop string spans earlier tokens or whose token was not yet
+    decoded (once per token and call: RL's one-character stop strings are then decided on the device)."""
 
-    def run(self, logits: torch.Tensor, stop_ids: set[int], stops: _StopText | None) -> RolloutBatch:
+    def run(self, logits: torch.Tensor, stop_ids: set[int], stop_strings: tuple, tokenizer) -> RolloutBatch:
         B = self.B
-        self.stops = stops
+        self.stops = _StopText(stop_strings, tokenizer, self.eng.arch.vocab) if stop_strings else None
         self.plen = plen = np.array(self.plens, dtype=np.int64)  # [B]
         self.stop = np.array(sorted(stop_ids), dtype=np.int64)
         steps_max = int(min(self.max_new_tokens, self.cap - plen.min()))
@@ -372,7 +374,7 @@ class SingleTurnLoop(DecodeLoop):
             if self.ahead and t + 1 < self.max_new_tokens and may.any():
                 nxt, (tok_t, lp_t) = self._launch_ahead(t, sampled, may)
             else:
-                nxt, (tok_t, lp_t) = None, self.eng._to_host(*sampled)
+                nxt, (tok_t, lp_t) = None, self.eng.to_host(*sampled)
             tok, lp = tok_t.numpy(), lp_t.numpy()  # [A]
             fin, stopped = self._stopped(t, tok)
             go = self.active[~fin]  # [A'] samples fed now, ascending
@@ -413,7 +415,7 @@ class SingleTurnLoop(DecodeLoop):
             self.open_window()
         ix = self.step_ix[len(self.steps):len(self.steps) + 1] if rec is not None else None
         pred = int(self.fed[self.active[may]].max()) + 1
-        wait = self.eng._to_host_async(*sampled)  # the copy goes first in the stream, the step after it
+        wait = self.eng.to_host_async(*sampled)  # the copy goes first in the stream, the step after it
         nxt = (self.graphs(ids_d[:, None], start_d, lens_d, pred, ix), ids_d, start_d, lens_d, pred, ix)
         self.fed_d += lens_d
         return nxt, wait()
@@ -452,8 +454,8 @@ class SingleTurnLoop(DecodeLoop):
             self.lrow = self.rows_on_device(go)
         else:
             rows = go.tolist()
-            logits = self.eng._chunk(self.cache, [[x] for x in feed.tolist()], fed[go].tolist(), rows, self.recorder,
-                                     rows)
+            logits = self.eng.feed(self.cache, [[x] for x in feed.tolist()], fed[go].tolist(), rows, self.recorder,
+                                   rows)
             self.lrow = None  # the chunk's logits are the fed rows', in order
         fed[go] += 1
         return logits

@@ -21,6 +21,14 @@ behaviour policy, which the RL trainer compares its own log-probs at the same te
 greedy decoding (temperature 0) reports them at temperature 1, and top_p < 1 truncates sampling but
 not these log-probs (RL configs have no top_p).
 
+Step API (what the decode loops of trace/rollout/decode.py call; public so that they, benchmarks and tests use
+no private names):
+    logits = eng.feed(cache, seqs, starts, rows, recorder, seq_ids)   # forward of one chunk into cache rows
+    tok, lp, finite = eng.sample(logits, temperature, top_p, gen)      # next tokens, on the device, no sync
+    tok, lp = eng.to_host(tok, lp, finite)                             # one copy to the CPU; raises on NaN/inf
+    wait = eng.to_host_async(tok, lp, finite); ...; tok, lp = wait()  # the copy enqueued, waited for later
+`sample_torch` is `sample` in torch passes (the CPU, nucleus sampling, the fused sampler's reference).
+
 Decode loop (trace/rollout/decode.py): a call without env (every single-turn rollout: the RL reasoning and coding
 tasks, the benchmarks) runs `SingleTurnLoop` (bookkeeping in arrays; through decode graphs it launches step t + 1
 from the device's sampled tokens before the host has seen them); multi-turn calls run the per-sample
@@ -77,13 +85,7 @@ from trace import fp4
 from trace.guidance import Recording, Rows
 from trace.rollout import fast
 from trace.rollout.cache import KVCache
-from trace.rollout.decode import (  # noqa: F401
-    GeneralLoop,
-    RolloutBatch,
-    SingleTurnLoop,
-    _StopText,
-    _TimedRecorder,
-)
+from trace.rollout.decode import GeneralLoop, RolloutBatch, SingleTurnLoop, TimedRecorder
 from trace.rollout.forward import EngineForward
 from trace.rollout.graphs import DecodeGraphs, StepRecording, record_spec
 from trace.rollout.weights import Arch, EngineWeights, copy_into
@@ -232,9 +234,15 @@ class RolloutEngine:
             if bad:
                 raise ValueError(f"{what} {j} has token ids outside [0, {self.arch.vocab}): {bad[:5]}")
 
-    def _chunk(self, cache, seqs: list[list[int]], starts: list[int], rows: list[int], recorder, seq_ids,
-               all_logits=False, streams=None):
-        """Feed token lists seqs[r] at positions starts[r].. into cache rows rows[r]."""
+    # ------------------------------------------------------------------------------ the step API
+    # What a decode loop (trace/rollout/decode.py) calls: `feed` runs the forward of one chunk, `sample` draws
+    # the next tokens on the device, `to_host` / `to_host_async` bring them to the CPU. Decode graphs
+    # (graphs.DecodeGraphs) are the one-token `feed` of every cache row, replayed.
+    def feed(self, cache, seqs: list[list[int]], starts: list[int], rows: list[int], recorder, seq_ids,
+             all_logits=False, streams=None):
+        """Feed token lists seqs[r] at positions starts[r].. into cache rows rows[r] (a prefill, an observation
+        or an eager decode step) and return the logits: [R, V] of each list's last token, or [R, T, V] of every
+        token with `all_logits`. recorder: records the chunk at (seq_ids[r], position); streams: as `score`."""
         R, T = len(seqs), max(len(s) for s in seqs)
         ids = torch.zeros(R, T, dtype=torch.long)
         for r, s in enumerate(seqs):
@@ -265,8 +273,8 @@ class RolloutEngine:
         self._check_prompts(sequences, "sequence")
         cache = self._new_cache(len(sequences), max(len(s) for s in sequences))
         ids = list(range(len(sequences))) if seq_ids is None else list(seq_ids)
-        logits = self._chunk(cache, [list(s) for s in sequences], [0] * len(sequences), list(range(len(sequences))),
-                             recorder, ids, all_logits=True, streams=streams)  # [B, T, V]
+        logits = self.feed(cache, [list(s) for s in sequences], [0] * len(sequences), list(range(len(sequences))),
+                           recorder, ids, all_logits=True, streams=streams)  # [B, T, V]
         self._check_logits(logits)
         if self.batch_invariant:  # the per-row kernel the rollout's sampled tokens' log-probs come from
             B, T, V = logits.shape
@@ -288,27 +296,26 @@ class RolloutEngine:
         if not bool(torch.isfinite(logits).all()):
             raise ValueError(NONFINITE)
 
-    # ------------------------------------------------------------------------------ sampling
     @staticmethod
     @torch.profiler.record_function("rollout.sampling")  # a component of benchmarks/bench_rollout.py --breakdown
-    def _sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator):
+    def sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator):
         """logits [A, V] -> (tokens [A], log-probs [A] under the sampling distribution at `temperature`;
         at temperature 1 for greedy, a flag [] that every logit is finite), all on the device, no host
         synchronisation. On a GPU without nucleus sampling: one pass of `kernels.sampling.fused_sample` (greedy the
         same tokens; sampling the same distribution from other random numbers: Gumbel keys from Philox, keyed by
-        the generator's seed and offset, which it advances), where `_sample_torch`'s passes cost ~0.56 ms per step
-        at 256 x 151,936 (kernels/NOTES.md v5e)."""
+        the generator's seed and offset, which it advances), where `sample_torch`'s passes cost ~0.56 ms per step
+        at 256 x 151,936 (kernels/NOTES.md, "Sampling")."""
         if logits.is_cuda and top_p >= 1.0 and fast.fused_sampling():
             from kernels.sampling import fused_sample
 
             off = gen.get_offset()
             gen.set_offset(off + 4)  # Philox offsets advance by multiples of 4
             return fused_sample(logits, temperature, hash((gen.initial_seed(), off)))
-        return RolloutEngine._sample_torch(logits, temperature, top_p, gen)
+        return RolloutEngine.sample_torch(logits, temperature, top_p, gen)
 
     @staticmethod
-    def _sample_torch(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator):
-        """`_sample` in torch passes over an fp32 copy of the logits (CPU, nucleus sampling, the reference)."""
+    def sample_torch(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator):
+        """`sample` in torch passes over an fp32 copy of the logits (CPU, nucleus sampling, the reference)."""
         lf = logits.float()
         finite = torch.isfinite(lf).all()
         if temperature == 0:
@@ -334,14 +341,14 @@ class RolloutEngine:
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1), finite
 
     @staticmethod
-    def _to_host(tok: torch.Tensor, lp: torch.Tensor, finite: torch.Tensor):
+    def to_host(tok: torch.Tensor, lp: torch.Tensor, finite: torch.Tensor):
         """One device-to-host copy of a step's samples: (tokens [A] int64, log-probs [A] float32) on the
         CPU; raises on non-finite logits."""
-        return RolloutEngine._to_host_async(tok, lp, finite)()
+        return RolloutEngine.to_host_async(tok, lp, finite)()
 
     @staticmethod
-    def _to_host_async(tok: torch.Tensor, lp: torch.Tensor, finite: torch.Tensor):
-        """`_to_host` with the copy enqueued now (into pinned memory on a GPU) and waited for by the returned
+    def to_host_async(tok: torch.Tensor, lp: torch.Tensor, finite: torch.Tensor):
+        """`to_host` with the copy enqueued now (into pinned memory on a GPU) and waited for by the returned
         callable, so that work launched in between (the next decode step) does not delay it."""
         # float64 holds every token id and every float32 log-prob exactly
         d = torch.cat([tok.double(), lp.double(), finite.double()[None]])  # [2A + 1]
@@ -395,13 +402,13 @@ class RolloutEngine:
         cap = self.max_seq_len if env is not None else min(self.max_seq_len, max(plens) + max_new_tokens)
         cache, graphs = self._cache_and_graphs(B, cap, recorder)
         if recorder is not None:
-            recorder = _TimedRecorder(recorder, torch.device(self.device).type == "cuda")
+            recorder = TimedRecorder(recorder, torch.device(self.device).type == "cuda")
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int(seed))
 
         # Prefill each prompt once, into the row of its first sample; copy to the other samples.
         first = [p * n for p in range(P)]
-        logits_p = self._chunk(cache, [tokens[b] for b in first], [0] * P, first, recorder, first)  # [P, V]
+        logits_p = self.feed(cache, [tokens[b] for b in first], [0] * P, first, recorder, first)  # [P, V]
         if n > 1:
             src = torch.tensor(first, device=self.device).repeat_interleave(n - 1)
             dst = torch.tensor([b for b in range(B) if b % n], device=self.device)
@@ -413,6 +420,5 @@ class RolloutEngine:
         logits = logits_p.repeat_interleave(n, dim=0)  # [B, V]
         args = (self, cache, graphs, tokens, n, cap, max_new_tokens, temperature, top_p, gen, recorder, t0)
         if env is None and self.single_turn_path:
-            stops = _StopText(stop_strings, tokenizer, self.arch.vocab) if stop_strings else None
-            return SingleTurnLoop(*args).run(logits, stop_ids, stops)
+            return SingleTurnLoop(*args).run(logits, stop_ids, stop_strings, tokenizer)
         return GeneralLoop(*args).run(logits, stop_ids, stop_strings, tokenizer, env, max_turns)

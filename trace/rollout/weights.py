@@ -26,7 +26,7 @@ from trace.models.registry import FAMILIES, family_of, head_dim_of
 # Linear weights that are FP4-quantized in w4a4 mode, by their name inside a layer.
 QUANTIZED = ("q", "k", "v", "o", "gate_up", "down", "sg", "su", "sd", "mg", "mu", "md")
 SHARED = ("sg", "su", "sd", "shared_gate")  # the shared expert's weights (FamilyInfo.shared_expert)
-_LAYER_NAMES = {
+LAYER_NAMES = {
     "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight",
     "o": "self_attn.o_proj.weight", "q_b": "self_attn.q_proj.bias", "k_b": "self_attn.k_proj.bias",
     "v_b": "self_attn.v_proj.bias", "o_b": "self_attn.o_proj.bias",
@@ -79,7 +79,7 @@ class Arch:
                    shared_expert=info.shared_expert)
 
     def required(self, key: str) -> bool:
-        """Whether every layer must hold the weight `key` (of `_LAYER_NAMES`): attention and norms always,
+        """Whether every layer must hold the weight `key` (of `LAYER_NAMES`): attention and norms always,
         the q/k norms with `qk_norm` (the shared expert's are checked per MoE layer by `EngineWeights.load`)."""
         return key in ("q", "k", "v", "o", "ln1", "ln2") or (key in ("q_norm", "k_norm") and self.qk_norm != "none")
 
@@ -125,7 +125,7 @@ class EngineWeights:
         layers = []
         for i in range(arch.num_layers):
             lw: dict[str, torch.Tensor] = {}
-            for key, suffix in _LAYER_NAMES.items():
+            for key, suffix in LAYER_NAMES.items():
                 name = f"model.layers.{i}.{suffix}"
                 t = get(name, required=arch.required(key))
                 if t is None:
@@ -142,7 +142,7 @@ class EngineWeights:
                 raise KeyError(f"layer {i}: neither experts (mlp.experts.gate_up_proj) nor a dense MLP found")
             missing = [k for k in SHARED if "gate_up" in lw and arch.shared_expert and k not in lw]
             if missing:
-                raise KeyError(f"layer {i}: the family's shared expert lacks {[_LAYER_NAMES[k] for k in missing]}")
+                raise KeyError(f"layer {i}: the family's shared expert lacks {[LAYER_NAMES[k] for k in missing]}")
             layers.append(lw)
         # RoPE frequencies: the model's own buffer when given (a bf16 HF model keeps them bf16-rounded;
         # matching the trainer's forward wins), else computed in float32 like transformers.

@@ -199,3 +199,17 @@ def register(name: str):
         return cls
 
     return deco
+
+
+def task_names() -> list[str]:
+    """The registered tasks (trace/tasks/__init__.py imports the task modules, whose @register fills the registry)."""
+    return sorted(_REGISTRY)
+
+
+def get_task(name: str, **knobs) -> Task:
+    """Build a task by name ("reasoning", "reasoning-short", "coding", "program", "long_horizon"; a ":..." or "/..."
+    suffix is ignored) with difficulty knobs (and ``test_fraction`` / ``val_fraction``)."""
+    base = name.split(":", 1)[0].split("/", 1)[0]
+    if base not in _REGISTRY:
+        raise KeyError(f"unknown task {name!r}; known: {sorted(_REGISTRY)}")
+    return _REGISTRY[base](**knobs)

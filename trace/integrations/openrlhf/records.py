@@ -29,13 +29,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trace.guidance.record import _POS_BITS, GuidanceRecord, SiteRows
+from trace.guidance.record import POS_BITS, GuidanceRecord, SiteRows
 
-_POS_MASK = (1 << _POS_BITS) - 1
+_POS_MASK = (1 << POS_BITS) - 1
 
 
 def _rekey(keys: torch.Tensor, seq: int) -> torch.Tensor:
-    return (keys & _POS_MASK) | (int(seq) << _POS_BITS)
+    return (keys & _POS_MASK) | (int(seq) << POS_BITS)
 
 
 def _order(k: torch.Tensor, first_wins: bool) -> torch.Tensor:
@@ -99,9 +99,9 @@ def split_record(rec: GuidanceRecord, n: int) -> list[GuidanceRecord]:
     aliased prompt rows (samples sharing a prefilled prompt) copied into each sample's record.
     A finished record's keys are sorted, so each sample's rows are one contiguous block (found by
     one search per site for all samples) and an alias is a prefix of its source's block."""
-    bounds = torch.arange(n + 1, dtype=torch.long) << _POS_BITS
+    bounds = torch.arange(n + 1, dtype=torch.long) << POS_BITS
     alias = sorted(rec.aliases.items())
-    alias_at = torch.tensor([(src << _POS_BITS) | upto for _, (src, upto) in alias], dtype=torch.long)
+    alias_at = torch.tensor([(src << POS_BITS) | upto for _, (src, upto) in alias], dtype=torch.long)
 
     def blocks(keys: torch.Tensor):
         """Per sample, the (start, end) row slices that make up its rows, in position order."""
@@ -198,9 +198,9 @@ def pack_split(rec: GuidanceRecord, n: int) -> list[PackedRecord]:
     `pack(r)` for each `r` of `split_record(rec, n)`, with a few tensor operations per site rather
     than per site and sample: each sample's rows are a contiguous block of the site's row matrix
     (aliased prompt rows gathered in front of the sample's own)."""
-    bounds = torch.arange(n + 1, dtype=torch.long) << _POS_BITS
+    bounds = torch.arange(n + 1, dtype=torch.long) << POS_BITS
     alias = {i: a for i, a in rec.aliases.items() if i < n}
-    alias_at = torch.tensor([(src << _POS_BITS) | upto for src, upto in alias.values()], dtype=torch.long)
+    alias_at = torch.tensor([(src << POS_BITS) | upto for src, upto in alias.values()], dtype=torch.long)
     tables = []  # per entry: (kind, key, fmt, matrix in sample order, row_bytes, specs, rows per sample)
     for kind, key, fmt, keys, fields in (
             [("site", k, r.fmt, r.keys, [r.mantissa, r.scales, r.outer, r.codes]) for k, r in rec.sites.items()]
@@ -288,7 +288,7 @@ def _batch_packed(ps: list[PackedRecord]) -> GuidanceRecord | None:
         bufs = [torch.from_numpy(p.buf) for p in ps]
     full_codes, entries = first
     rec = GuidanceRecord(full_codes=full_codes)
-    seq = torch.arange(len(ps), dtype=torch.long) << _POS_BITS
+    seq = torch.arange(len(ps), dtype=torch.long) << POS_BITS
     for j, (kind, key, fmt, rb, specs) in enumerate(entries):
         counts, blocks = [], []
         for p, b in zip(ps, bufs, strict=True):
@@ -325,7 +325,7 @@ def coverages(rec: GuidanceRecord, n: int) -> torch.Tensor:
     dev = keys[0].device if keys else "cpu"
     cov = torch.zeros(n, dtype=torch.long, device=dev)
     for k in keys:
-        cov.scatter_reduce_(0, k >> _POS_BITS, (k & _POS_MASK) + 1, "amax")
+        cov.scatter_reduce_(0, k >> POS_BITS, (k & _POS_MASK) + 1, "amax")
     return cov
 
 
