@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "trace"
-RANK = {"fp4": 0, "models": 0, "tasks": 0, "arms": 0, "config": 0, "stats": 0, "gate": 0, "guidance": 1, "qat": 2,
+RANK = {"fp4": 0, "models": 0, "tasks": 0, "arms": 0, "config": 0, "stats": 0, "gate": 0, "quiet": 0, "guidance": 1, "qat": 2,
         "rollout": 2, "rundir": 2, "episode": 3, "integrations": 3, "rl": 4, "sft": 4, "eval": 4,
         "export": 4}
 
