@@ -11,7 +11,7 @@ program serves all Hq/Hkv query heads of its KV head over one chunk of the conte
 K and V tiles in registers (whole int32 words of codes per thread, `kernels._common.dequant_tile_words`,
 in bf16 by inline PTX on a GPU; per-token 2^7/S_enc folded into the scores for K and into the
 probabilities for V), online softmax in FP32, BF16 MMA; with more than one split a second small kernel merges them by their
-log-sum-exp. Tiles of at least 32 tokens on a GPU (16 computed wrong there; kernels/NOTES.md "v3b attention").
+log-sum-exp. Tiles of at least 32 tokens on a GPU (16 computed wrong there; kernels/NOTES.md, "FP4-KV decode attention").
 
 Compared against: `kernels.reference.decode_attention_reference` over `kv_dequantize`d caches
 (tests/kernels/test_attention.py); timing vs BF16 SDPA in benchmarks/bench_kernels.py.
@@ -210,8 +210,8 @@ def check_decode_args(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tens
 def split_buffers(q: torch.Tensor, max_len: int, num_splits: int, step: int):
     """The context cut into num_splits chunks of whole steps (tiles of `step` tokens) -> (per_split, num_splits (the
     chunks that hold a token), out [B, Hq, D] in q's dtype, o_part, lse). With one split the kernel writes `out`
-    itself (o_part and lse are out: no fp32 partials, no merge launch, 7.7 us a layer at B256 x 1k on the H200, ncu
-    v5g); with more, o_part [B, Hq, splits, D] and lse [B, Hq, splits] in fp32 for `merge_splits`."""
+    itself (o_part and lse are out: no fp32 partials, no merge launch, 7.7 us a layer at B256 x 1k on the H200,
+    Nsight Compute); with more, o_part [B, Hq, splits, D] and lse [B, Hq, splits] in fp32 for `merge_splits`."""
     B, Hq, D = q.shape
     per_split = triton.cdiv(triton.cdiv(max(max_len, 1), num_splits), step) * step
     num_splits = triton.cdiv(max(max_len, 1), per_split)
@@ -238,7 +238,7 @@ def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tenso
     >= max(seq_lens) (a host int, so the launch needs no sync). num_stages: the K/V loads' cp.async stages
     (Triton's software pipeline; default Triton's, 3 on sm_90). maxnreg: the compiler's register cap per thread
     (PTX .maxnreg; None: its choice, ~154 at the 64-token tile, which leaves room for 3 programs per SM:
-    kernels/NOTES.md v4b ncu)."""
+    kernels/NOTES.md, "FP4-KV decode attention")."""
     B, Hq, Hkv, D = check_decode_args(q, cache, seq_starts, seq_lens, max_len, check_finite)
     if D & (D - 1) or D < 16:
         raise ValueError(f"head dim must be a power of two >= 16, got {D}")
@@ -248,7 +248,7 @@ def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tenso
     if not INTERPRET and bn < 32:
         # Measured on an H200 (Triton 3.6): with 16-token tiles the compiled kernel returns wrong outputs
         # (relative error ~1 at every head dim, split count and num_warps tried; 32, 64 and 128 agree with
-        # the oracle to ~1.5e-3). kernels/NOTES.md "v3b attention".
+        # the oracle to ~1.5e-3). kernels/NOTES.md, "FP4-KV decode attention".
         raise ValueError(f"block_n must be >= 32 on a GPU, got {bn}")
     if num_splits is None:
         sms = num_sms(q.device)
@@ -257,11 +257,11 @@ def decode_attention(q: torch.Tensor, cache: FP4KVCache, seq_starts: torch.Tenso
             num_splits = max(1, min(want, triton.cdiv(max(max_len, 1), 4 * bn)))
         elif B * Hkv < 4 * sms:
             # ~1,024 programs where each split keeps >= 2,048 tokens: at B64 x Hkv4 x 8k 4 splits took 306.5 / 308.6 us,
-            # 1 split 332.3 / 327.1, 2 splits 329.7 (H200, v5h / v5g sweep rows); contexts up to 2,048 keep one (the
+            # 1 split 332.3 / 327.1, 2 splits 329.7 (H200, the split sweep of kernels/NOTES.md); contexts up to 2,048 keep one (the
             # engine's batch 64 at <= 1.5k was timed with one)
             want = 1 << max(0, (1024 // (B * Hkv)).bit_length() - 1)
             num_splits = max(1, min(want, triton.cdiv(max(max_len, 1), 2048)))
-        else:  # B256 x Hkv4 x 1k: 1 split 159.6 us, 2 splits 166.0 (v5h)
+        else:  # B256 x Hkv4 x 1k: 1 split 159.6 us, 2 splits 166.0 (H200)
             num_splits = 1
     q = q.contiguous()
     per_split, num_splits, out, o_part, lse = split_buffers(q, max_len, num_splits, bn)

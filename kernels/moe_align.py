@@ -122,8 +122,8 @@ def _align_scatter_kernel(ids_ptr, offs_ptr, slots_ptr, S, EB: tl.constexpr, CS:
 
 # Up to this many slots (T*k) `moe_align` sorts in one program (one launch: a few microseconds at decode
 # sizes); above, chunk-parallel in three launches. The one program walks the slots in 64-slot chunks
-# against all experts, which took 83 us for Qwen3-30B-A3B at T=256 (2,048 slots, 128 experts; H200, version
-# v3a's `routing-align` row in results/kernels/kernels.csv): 18% of the W4A4 MoE layer's time there.
+# against all experts, which took 83 us for Qwen3-30B-A3B at T=256 (2,048 slots, 128 experts; H200, the
+# `routing-align` row of results/kernels/kernels.csv): 18% of the W4A4 MoE layer's time there.
 ALIGN_ONE_PROGRAM_MAX_SLOTS = 256
 
 

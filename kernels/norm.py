@@ -6,8 +6,8 @@ normalized row cast back to x's dtype, then weight * it), with the residual add 
 sin [M, D], w [D] | None, eps)` applies Qwen3's per-head RMSNorm (w given) and then the rotary embedding in the
 rotate-half convention (transformers' `apply_rotary_pos_emb`) to one row's heads per program. In torch each norm
 is ~8 elementwise / reduction launches and each RoPE ~6 (a `cat` among them): at the engine's batch 256 the
-attention spent more time on them and the projections' small GEMMs than in its FP4-KV kernel (kernels/NOTES.md
-v5k breakdown). Both engine modes use them on a GPU (`trace/rollout/forward.py`), so the BF16 baseline gains what
+attention spent more time on them and the projections' small GEMMs than in its FP4-KV kernel (kernels/NOTES.md,
+"Fused norms, RoPE and routing"). Both engine modes use them on a GPU (`trace/rollout/forward.py`), so the BF16 baseline gains what
 the FP4 engine gains.
 
 Numerics: every rounding torch makes is made here in the same place (the residual sum, the normalized row cast to

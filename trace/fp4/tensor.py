@@ -159,7 +159,7 @@ def kernels_on(x: torch.Tensor) -> bool:
     (mixtral-small reasoning, results/trainer/trainer_step.csv: 0.77-0.91 s against 0.71-0.78 s). The first runs
     that took it (mixtral-small long-horizon) logged a rollout/trainer mismatch 10-100x their predecessors'; the
     cause was a Triton miscompile of the kernel's fp32 tile at 1024 < K <= 2048, since avoided (kernels/NOTES.md,
-    v2k)."""
+    "Correctness: what holds and what it took")."""
     mode = os.environ.get("TRACE_FP4_KERNELS", "off")
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"TRACE_FP4_KERNELS must be auto, on or off, got {mode!r}")

@@ -13,8 +13,8 @@ It is used only when the device is CUDA (or forced for interpreter tests), mode 
 one-token decode steps the kernels run the projections up to the sizes where they beat BF16 tensor cores
 (`crossover`, measured), and larger ones take the quantize kernel's codes (and dequantized copy) into BF16
 GEMMs on the dequantized weights; prefill and multi-token chunks always do the latter (`ChunkPath`: they
-are compute-bound, where the MMA kernels measured slower than BF16 GEMMs; timed with the tile before v3a,
-kernels/NOTES.md v3b), a fresh prefill storing its K/V through the same quantize kernel. A recorder gets the
+are compute-bound, where the MMA kernels measured slower than BF16 GEMMs; kernels/NOTES.md, "The engine's
+decode step"), a fresh prefill storing its K/V through the same quantize kernel. A recorder gets the
 activations' codes from the kernels' own quantize (`keep` callbacks: no second quantization) and the K/V
 codes read back from the cache kv_store wrote (KVCache.stored). `RolloutEngine(fp4_backend="torch")` or
 TRACE_ROLLOUT_BACKEND=torch disables it (=triton forces it on a CPU under TRITON_INTERPRET=1).
@@ -39,8 +39,8 @@ BACKENDS = ("auto", "torch", "triton")
 # the MMA tile above, kernels.gemm.auto_config / kernels.moe.default_moe_config) up to these sizes, above them
 # the step quantizes the activation with the same kernel (same codes, one launch, its dequantized copy) and
 # multiplies on BF16 tensor cores with the dequantized weights, as prefill does. The sizes are the largest at
-# which a kernel beat that path at every timed shape on the H200 (results/kernels/crossover.md, kernels.csv
-# version v5k, `python benchmarks/crossover.py --version v5k`): dense rows up to 16, the largest timed (the
+# which a kernel beat that path at every timed shape on the H200 (results/kernels/crossover.md, from
+# `python benchmarks/crossover.py`): dense rows up to 16, the largest timed (the
 # MMA tile 35.8-36.2 us against 47.3-50.5), and routed experts up to 64 (token, slot) rows per expert (T*k/E), the
 # largest timed (Mixtral-8x7B T256 811.3 against 1144.7 us; Qwen3-30B-A3B T256, 16 per expert, 218.7 against 561.4).
 # TRACE_FP4_CROSSOVER="ROWS,LOAD" overrides both (e.g. "inf,inf": kernels at every size; "0,0": never), for
@@ -112,7 +112,8 @@ def attention_wanted() -> str:
     """The FP4-KV decode attention kernel, read when the engine builds its Triton path (a CUDA graph captured later
     keeps what was read then): TRACE_FP4_ATTN=triton the Triton kernel (kernels/attention.py), else the register-operand
     Gluon kernel (kernels/attention_mma.py) where it applies (head dim 128, <= 16 query heads per KV head; Triton
-    with Gluon): 1.30x / 1.37x the Triton kernel at B256 x 1k / B64 x 8k on the H200 (kernels/NOTES.md v5j)."""
+    with Gluon): 1.30x / 1.37x the Triton kernel at B256 x 1k / B64 x 8k on the H200 (kernels/NOTES.md, "FP4-KV decode
+    attention")."""
     if os.environ.get("TRACE_FP4_ATTN", "mma") == "triton":
         return "triton"
     from kernels.attention_mma import gluon
@@ -162,8 +163,8 @@ class TritonPath:
         the MMA ones above); the quantize is checked at all of them, the GEMMs only at those this path runs
         on the kernels (`dense_kernels`, `moe_kernels`; with the default crossover 1, 2 and 5 dense rows, the
         MMA tile at 5). A Triton miscompile at one
-        quantize tile saturated every code on an H200 at a width no kernel test used (kernels/NOTES.md
-        v2d); this is what catches the next one. Costs a few seconds of compiles on a GPU."""
+        quantize tile saturated every code on an H200 at a width no kernel test used (kernels/NOTES.md,
+        "Correctness: what holds and what it took"); this is what catches the next one. Costs a few seconds of compiles on a GPU."""
         from kernels.attention import FP4KVCache, decode_attention, kv_store
         from kernels.gemm import fp4_linear
         from kernels.moe import default_moe_config, fused_moe
@@ -404,7 +405,7 @@ class ChunkPath:
     oracle's) and dequantized copy (`_act_fast`, as a decode step above the crossover does), and a fresh
     prefill stores its K/V in the FP4 cache through the same kernel (`prefill_kv`), rather than the torch
     oracle's quantization at every site and a decode of the whole cache for attention (kernels/NOTES.md,
-    "v3b engine prefill")."""
+    "The engine's decode step")."""
 
     @staticmethod
     def dense_kernels(rows: int) -> bool:

@@ -284,8 +284,9 @@ class EngineForward:
                 self._record_kv(rec, i, kv4)
             kc, vc = cache.read(i, rows, S)  # [R, nkv, S, D]
         if T == 1:  # decode: one SDPA call with GQA (no K/V copy), the mask the row's length. At B256 x 1k it took
-            # 147 us against 207 for the KV heads' query rows as one attention each and 139 unmasked (H200, bench rows
-            # v5j); grouped matmuls, mask and softmax took the engine's attention to 2.60 ms per step (NOTES.md v5h)
+            # 147 us against 207 for the KV heads' query rows as one attention each and 139 unmasked (H200); grouped
+            # matmuls, mask and softmax took the engine's attention to 2.60 ms per step (kernels/NOTES.md, "The engine's
+            # decode step")
             # [R, S]; an idle row's slot `start` may hold a token of a step that did not count for it (a
             # launched-ahead step run again without it: decode.SingleTurnLoop), never read
             keep = torch.arange(S, device=q.device)[None, :] < (start + lens)[:, None]
