@@ -155,11 +155,9 @@ def kernels_on(x: torch.Tensor) -> bool:
     ops), auto (CUDA tensors) or on (any device, e.g. the CPU interpreter in the tests). The kernel's codes,
     scales, outer scales and dequantized values are the reference's bit for bit in the tests
     (tests/fp4/test_kernel_path.py, tests/kernels/test_quantize.py); it is one pass over x where the reference
-    is ~60 tensor ops per call. It is not the default because on an H200 it made no train step faster
-    (mixtral-small reasoning, results/trainer/trainer_step.csv: 0.77-0.91 s against 0.71-0.78 s). The first runs
-    that took it (mixtral-small long-horizon) logged a rollout/trainer mismatch 10-100x their predecessors'; the
-    cause was a Triton miscompile of the kernel's fp32 tile at 1024 < K <= 2048, since avoided (kernels/NOTES.md,
-    "Correctness: what holds and what it took")."""
+    is ~60 tensor ops per call. It is not the default because it made no train step faster
+    (results/trainer/trainer_step.csv). The tile choice avoids a Triton miscompile of the kernel's fp32 tile at
+    1024 < K <= 2048 (kernels/NOTES.md, "Correctness: what holds and what it took")."""
     mode = os.environ.get("TRACE_FP4_KERNELS", "off")
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"TRACE_FP4_KERNELS must be auto, on or off, got {mode!r}")

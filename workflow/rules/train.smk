@@ -55,7 +55,7 @@ rule sft:
         cmd=config["launcher"]["sft"],
         out=lambda wc, output: os.path.dirname(output[0]),
     # first whenever a slot frees: an SFT base unblocks all of its model's runs, and the greedy scheduler
-    # otherwise prefers jobs with larger inputs (RL runs), which starved olmoe-small's SFT for 25 min
+    # otherwise prefers jobs with larger inputs (RL runs), which can hold an SFT base back while its model's runs wait
     priority: 100
     threads: RES["sft"].get("threads", 1)
     resources:

@@ -206,10 +206,8 @@ class Plan:
     def rl_priority(self, arm: str) -> int:
         """Snakemake priority of an arm's RL runs (rule rl): the longest runs start first, so that the runs of a
         chunk end close together and fewer are cut off when the machine's time ends (longest processing time first). The
-        cost order, 1 + FP4 rollout + guidance record, is the measured one: on one H200 at 4 runs per GPU,
-        mixtral-small long-horizon's trace runs took ~11 min and its fp4-naive and qat-independent runs 6.2-6.9
-        min; on reasoning the bf16 arm's steps took about half an FP4 arm's
-        (results/tables/small/main.md, s/step)."""
+        cost order, 1 + FP4 rollout + guidance record, is the order of the arms' seconds per step in the small
+        profile's main table (results/tables/small/main.md, s/step)."""
         a = ARMS[self.arm_spec(arm)["method"]]
         return 1 + int(a.engine_mode != "bf16") + int(a.record == "guide")
 
