@@ -3,7 +3,8 @@
 A run dir (``results/runs/<profile>/<model>/<task>/<arm>/seed<k>/``) holds ``config.yaml``,
 ``metrics.jsonl`` (one JSON object per RL step), ``eval.json`` ({"bf16": {"accuracy", ...}, "fp4": {...}})
 and a ``done`` marker (layout: trace/rundir.py, which also holds the metrics reader; arms:
-trace/arms.py); see DESIGN.md section 4 for the metric definitions. Runs are found through the
+trace/arms.py); a metrics line's fields are `trace.metrics.StepMetrics`'s (documented there, written by both
+trainers; `RunData.series` and `layer_profile` take only those names), DESIGN.md section 4 defines the metrics. Runs are found through the
 pipeline's ``manifest.json`` (which also says which runs *must* exist) or, without one, by walking
 the runs dir for ``metrics.jsonl``.
 
@@ -12,7 +13,7 @@ the runs dir for ``metrics.jsonl``.
 
 Summary conventions (documented once, used by every table and figure):
 * *final* value of a per-step metric = mean over the last third of logged steps (``FINAL_FRAC``; 20 of
-  the smoke profile's 60 steps: a window of 6 steps let single tokens with a large |dlp| decide the
+  the smoke profile's 60 steps: a window of 6 steps lets single tokens with a large |dlp| decide the
   number), with ``<name>_final_se`` = sd of the window / sqrt(window) beside it;
 * *mean* = mean over all logged steps;
 * per-layer rates (``code_flip_rate`` etc., dicts {layer: rate}) -> mean over steps per layer, and the
@@ -38,12 +39,20 @@ import numpy as np
 import yaml
 
 from trace.arms import ARMS, MAIN_METHODS, POSTHOC, Arm
+from trace.metrics import FIELDS, LAYER_FIELDS
 from trace.rundir import read_metrics
 from trace.stats import clustered_se as se_clustered  # the evaluation's own SE (one implementation)
 
 __all__ = ["LAYER_METRICS", "MAIN_METHODS", "POSTHOC", "RunData", "load_run", "load_runs", "summarize"]
 FINAL_FRAC = 1 / 3
-LAYER_METRICS = ("code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate")
+LAYER_METRICS = LAYER_FIELDS  # the per-layer rates ({layer: rate}) of a metrics line
+
+
+def _field(name: str) -> str:
+    """`name`, a field of the metrics record (trace.metrics.StepMetrics); KeyError for any other name."""
+    if name not in FIELDS:
+        raise KeyError(f"{name!r} is not a StepMetrics field (trace/metrics.py)")
+    return name
 
 
 @dataclass
@@ -66,20 +75,20 @@ class RunData:
         return f"{self.model}/{self.task}/{self.arm}/seed{self.seed}"
 
     def series(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, values) of a scalar per-step metric; steps without it are skipped."""
+        """(steps, values) of a scalar per-step metric (a StepMetrics field); steps without it are skipped."""
         xs, ys = [], []
         for m in self.metrics:
-            v = m.get(name)
+            v = m.get(_field(name))
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 xs.append(m.get("step", len(xs)))
                 ys.append(float(v))
         return np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
 
     def layer_profile(self, name: str) -> dict[str, float]:
-        """Mean over steps of a per-layer metric: {layer: rate}, layers sorted numerically."""
+        """Mean over steps of a per-layer metric (a StepMetrics field): {layer: rate}, layers sorted numerically."""
         acc: dict[str, list[float]] = {}
         for m in self.metrics:
-            d = m.get(name)
+            d = m.get(_field(name))
             if isinstance(d, dict):
                 for layer, v in d.items():
                     if isinstance(v, (int, float)):
@@ -228,14 +237,14 @@ def summarize(r: RunData) -> dict:
     _, bits = r.series("guidance_bits_per_element")
     row["guidance_bits_per_element"] = _mean(bits)  # NaN for arms that guide nothing
     # the alignment term's gradient norm over the rest of the loss's (before clipping), logged by the trainer
-    # at step 1 and at evaluation steps where the term is in the loss; NaN elsewhere
+    # at every step whose loss has the term; NaN elsewhere
     sa, ga = r.series("grad_norm_align")
     sr, gr = r.series("grad_norm_rest")
     ok = np.isin(sa, sr)
     ratio = ga[ok] / np.maximum(gr[np.isin(sr, sa)], 1e-30)
     row["align_grad_ratio"] = float(np.median(ratio)) if ratio.size else math.nan
     # the block-scale part's share of the alignment term's sum (the rest is the element part), logged every
-    # step the term is computed; NaN elsewhere and in runs made before it was logged
+    # step the term is computed; NaN elsewhere and in runs whose lines lack it
     _, share = r.series("align_scales_share")
     row["align_scale_share"] = float(np.median(share)) if share.size else math.nan
     for name, col in (("rollout_gen_tokens_per_s", "rollout_gen_tokens_per_s"), ("record_overhead", "record_overhead"),

@@ -77,22 +77,22 @@ def kv_bf16_bytes_per_token(config) -> int:
 
 
 class PhaseClock:
-    """Times the trainer's train-phase pieces by wrapping its methods on the instance (device synchronized at
-    each boundary, so asynchronous GPU work is charged to the piece that launched it), forces the rollout's
-    length, and keeps the last step's train batch for the replay probe."""
+    """Times the trainer's train-phase pieces by wrapping them on the instance (device synchronized at each boundary,
+    so asynchronous GPU work is charged to the piece that launched it): the log-probs (`RLTrainer.logprobs`), the
+    policy loss, each chunk's backward and the clipped optimizer step (`TrainStep.backward`, `TrainStep.apply`);
+    forces the rollout's length, and keeps the last step's train batches for the replay probe. The alignment term's
+    diagnostic split backward runs outside these pieces, as it is outside time_train_s."""
 
     def __init__(self, tr: RLTrainer, force: bool):
         self.tr, self.s = tr, {}
         self.cuda = torch.device(tr.device).type == "cuda"
         self.kept, self.replayed = [], False  # the last step's (train batch, advantages) per forward; a record?
-        self.inside = False  # within _optimize, whose _apply it already times
-        self._wrap(tr, "_replayed_logprobs", "fwd_bwd_s")
-        self._wrap(tr, "_loss", "fwd_bwd_s", keep=True)
-        self._wrap(tr, "_optimize", "fwd_bwd_s")
-        # rl.micro_batch: one backward per micro-batch (`_backward`) and one clipped step (`_apply`)
-        self._wrap(tr, "_backward", "fwd_bwd_s")
-        self._wrap(tr, "_apply", "fwd_bwd_s")
-        self._wrap(tr.opt, "step", "optimizer_s")  # inside _optimize: charged here, taken out of fwd_bwd_s
+        self._wrap(tr, "logprobs", "fwd_bwd_s")
+        self._wrap(tr, "policy_loss", "fwd_bwd_s", keep=True)
+        # one backward per chunk (the whole batch, or each micro-batch) and one clipped step
+        self._wrap(tr.train, "backward", "fwd_bwd_s")
+        self._wrap(tr.train, "apply", "fwd_bwd_s")
+        self._wrap(tr.opt, "step", "optimizer_s")  # inside apply: charged here, taken out of fwd_bwd_s
         self._wrap(tr.engine, "sync_weights", "sync_s")
         gen = tr.engine.generate
         self.last_call = None  # the step's generate call (args, kwargs), repeated by `generate_again`
@@ -116,24 +116,18 @@ class PhaseClock:
             return
 
         def timed(*a, **k):
-            if self.inside and name == "_apply":
-                return inner(*a, **k)
-            self.inside = name == "_optimize"
             self.sync()
             t0 = time.perf_counter()
-            try:
-                out = inner(*a, **k)
-            finally:
-                self.inside = False
+            out = inner(*a, **k)
             self.sync()
             dt = time.perf_counter() - t0
             self.s[phase] = self.s.get(phase, 0.0) + dt
-            if name == "step":  # the optimizer's step runs inside _optimize, which fwd_bwd_s already timed
+            if name == "step":  # the optimizer's step runs inside apply, which fwd_bwd_s already timed
                 self.s["fwd_bwd_s"] = self.s.get("fwd_bwd_s", 0.0) - dt
             if keep:
                 self.kept.append((a[1], a[2]))
-            if name == "_replayed_logprobs":
-                self.replayed = self.replayed or out[1] is not None
+            if name == "logprobs":
+                self.replayed = self.replayed or out.stats is not None
             return out
 
         setattr(obj, name, timed)
@@ -141,9 +135,7 @@ class PhaseClock:
     def step(self, i: int) -> dict:
         """RL step i with its phase times; for a step that replayed a record, replay_s from the paired probe."""
         self.s, self.kept, self.replayed = {}, [], False
-        m = self.tr.step(i)
-        if not (self.tr.rl.get("micro_batch") or 0):  # the whole-batch step's diagnostic split backward ran inside
-            self.s["fwd_bwd_s"] -= m.get("time_split_s", 0.0)  # _optimize: out of fwd_bwd_s, as out of time_train_s
+        m = self.tr.step(i).to_dict()
         replay = self.fwd_bwd_without_record(self.kept) if self.replayed else None
         self.kept = []
         return {**m, **self.s, "replay_s": self.s["fwd_bwd_s"] - replay if replay is not None else 0.0,
@@ -173,7 +165,7 @@ class PhaseClock:
         tr.opt.zero_grad(set_to_none=True)
         for tb, adv in kept:
             lp = token_logprobs(tr.model, tb, tr.rl["autocast"] == "bf16", tr.rl["temperature"])
-            loss, _, _ = type(tr)._loss(tr, lp, tb, adv, None)
+            loss, _ = type(tr).policy_loss(tr, lp, tb, adv)  # the class's: outside this clock's wrapper
             loss.backward()
             del lp, loss
         torch.nn.utils.clip_grad_norm_(tr.model.parameters(), tr.rl["grad_clip"])

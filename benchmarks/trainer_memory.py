@@ -70,14 +70,14 @@ def saved_bytes(cfg: dict) -> tuple[dict, int]:
     with tempfile.TemporaryDirectory() as out:
         tr = RLTrainer(cfg, out, progress=False)
         saved = SavedStorages(tr.model.parameters())
-        forward = tr._replayed_logprobs
+        forward = tr.logprobs
 
         def hooked(*a, **k):
             with saved():
                 return forward(*a, **k)
 
-        tr._replayed_logprobs = hooked
-        m = tr.step(1)
+        tr.logprobs = hooked
+        m = tr.step(1).to_dict()
     return dict(saved.by), int(m["n_tokens"])
 
 

@@ -1,7 +1,7 @@
 """The import graph of trace/ (every import statement, module level or inside functions, read with ast):
 
     rank 0  fp4, models, tasks, arms, config,  formats, model families, tasks, the arm table, config schema,
-            stats, gate                        the clustered standard error, the SFT base gate
+            stats, gate, metrics               the clustered standard error, the SFT base gate, the metrics record
     rank 1  guidance                           the method: record, replay, statistics, alignment term
     rank 2  qat, rollout, rundir               adapters (HF model, engine) and run-directory bookkeeping
     rank 3  episode, integrations              one episode step; integrations may use anything below trainers
@@ -24,7 +24,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "trace"
-RANK = {"fp4": 0, "models": 0, "tasks": 0, "arms": 0, "config": 0, "stats": 0, "gate": 0, "quiet": 0, "guidance": 1, "qat": 2,
+RANK = {"fp4": 0, "models": 0, "tasks": 0, "arms": 0, "config": 0, "stats": 0, "gate": 0, "quiet": 0, "metrics": 0,
+        "guidance": 1, "qat": 2,
         "rollout": 2, "rundir": 2, "episode": 3, "integrations": 3, "rl": 4, "sft": 4, "eval": 4,
         "export": 4}
 

@@ -38,6 +38,16 @@ class Arm:
         """The evaluation deployment matching the rollout: "bf16" or "fp4"."""
         return "bf16" if self.engine_mode == "bf16" else "fp4"
 
+    def setting_error(self, rl: dict) -> tuple[str, str] | None:
+        """(config key, why) for the first setting of a run's `rl` section this arm cannot run with, or None. The exact
+        arm runs the batch-invariant NVFP4 kernels and scores the whole batch in one engine call."""
+        if self.exact and rl.get("micro_batch"):
+            return "rl.micro_batch", ("not supported for the exact arm yet (its chunked engine scoring is unverified); "
+                                      "leave it unset")
+        if self.exact and rl.get("fmt", "nvfp4") != "nvfp4":
+            return "rl.fmt", f"the exact arm runs the batch-invariant NVFP4 kernels; got {rl['fmt']!r}"
+        return None
+
     @property
     def guidance(self) -> str:
         """What the rollout sends the trainer: "none", "mantissa+scale" or "full codes"."""

@@ -50,7 +50,7 @@ DEFAULTS: dict[str, Any] = {
         "rho": 0.5, "align_coef": 5.0, "align_scales": True, "fmt": "nvfp4", "autocast": "bf16", "init_ckpt": None,
         "ckpt_every": 5, "eval_every": 0, "max_turns": 8, "diag_flips": True, "recompute_experts": False,
     },
-    # rl.micro_batch (sequences per trainer forward/backward, gradients accumulated; trace/rl/microbatch.py) has
+    # rl.micro_batch (sequences per trainer forward/backward, gradients accumulated; trace/rl/trainstep.py) has
     # no default either: absent, null or 0 = the whole batch in one forward, so resolved configs of existing runs
     # stay as they were. Nor has rl.experts (the QAT experts' implementation, trace/qat/experts.py PATHS: absent or
     # null = "auto"): a setting of speed, the loop and the grouped path compute the same
@@ -182,13 +182,9 @@ def _semantic_checks(cfg: dict) -> None:
     if ice is not None and rl.get("tis_cap") is not None:
         raise ConfigError("config key 'rl.icepop': ICEPOP replaces TIS; set rl.tis_cap to null with it")
     arm = ARMS.get(rl.get("method"))
-    if arm is not None and arm.exact and rl.get("micro_batch"):
-        raise ConfigError(f"config key 'rl.micro_batch': not supported for the {rl['method']} arm yet (its chunked "
-                          "engine scoring is unverified); leave it unset")
-    if arm is not None and arm.exact:
-        if rl.get("fmt", "nvfp4") != "nvfp4":
-            raise ConfigError(f"config key 'rl.fmt': the {rl['method']} arm runs the batch-invariant NVFP4 kernels; "
-                              f"got {rl['fmt']!r}")
+    err = arm.setting_error(rl) if arm is not None else None
+    if err is not None:
+        raise ConfigError(f"config key '{err[0]}': {err[1]}")
     if rl.get("advantage") == "rloo" and rl.get("group_size", 2) < 2:
         raise ConfigError("config key 'rl.group_size': rloo needs group_size >= 2")
     # bool is a subclass of int in Python; jsonschema treats it separately, so nothing to do here.

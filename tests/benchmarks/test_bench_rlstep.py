@@ -71,7 +71,8 @@ def test_forcing_drops_the_stops_and_nothing_else():
     calls = []
     fake = types.SimpleNamespace(
         device="cpu", engine=types.SimpleNamespace(generate=lambda *a, **k: calls.append((a, k)), sync_weights=len),
-        opt=types.SimpleNamespace(step=len), _replayed_logprobs=len, _loss=len, _optimize=len)
+        opt=types.SimpleNamespace(step=len), logprobs=len, policy_loss=len,
+        train=types.SimpleNamespace(backward=len, apply=len))
     PhaseClock(fake, force=True).tr.engine.generate([[1, 2]], n=3, stop_token_ids=(2,), stop_strings=("\n\n",),
                                                     max_new_tokens=5)
     assert calls[-1] == (([[1, 2]],), {"n": 3, "stop_token_ids": (), "stop_strings": (), "max_new_tokens": 5})

@@ -21,16 +21,19 @@ from trace.rl.trainer import RLTrainer
 
 
 def _spy(tr):
-    """Wrap the trainer's exact log-probs: keeps (log-probs, rollout log-probs, mask) of each step."""
-    seen, orig = [], tr._exact_logprobs
+    """Wrap the trainer's log-probs: keeps (log-probs, rollout log-probs, mask, pinned forward's log-probs) of each
+    step."""
+    seen, orig = [], tr.logprobs
 
-    def spy(batch, tb):
-        lp, t, g = orig(batch, tb)
+    def spy(sub, rows, **kw):
+        out = orig(sub, rows, **kw)
+        lp = out.lp
         assert lp.requires_grad and lp.grad_fn is not None  # the QAT forward's gradient flows through
-        seen.append((lp.detach().clone(), tb.lp_roll.clone(), tb.mask.clone(), g.clone()))
-        return lp, t, g
+        assert out.stats is None and out.engine_s > 0  # no record: values from the engine's scoring
+        seen.append((lp.detach().clone(), sub.lp_roll.clone(), sub.mask.clone(), out.grad_lp.clone()))
+        return out
 
-    tr._exact_logprobs = spy
+    tr.logprobs = spy
     return seen
 
 

@@ -96,7 +96,7 @@ def test_is_weight_takes_its_own_old_policy(kw):
 
 @pytest.mark.parametrize("ppo_ratio", ["rollout", "trainer"])
 def test_trainer_passes_the_old_policy_of_its_ppo_ratio(tmp_path, ppo_ratio):
-    """RLTrainer._loss: ppo_ratio=rollout -> PPO ratio exp(lp - rollout), IS weight exp(lp - rollout) (the
+    """RLTrainer.policy_loss: ppo_ratio=rollout -> PPO ratio exp(lp - rollout), IS weight exp(lp - rollout) (the
     trainer's detached log-probs); ppo_ratio=trainer (OpenRLHF's decoupled form) -> PPO ratio 1 in value,
     IS weight exp(lp - rollout) as well. A small random-init trainer of the bf16 arm (no alignment term)."""
     cfg = small_cfg(["rl.method=bf16", f"rl.ppo_ratio={ppo_ratio}", "rl.tis_cap=2.0", "rl.icepop=null",
@@ -104,11 +104,11 @@ def test_trainer_passes_the_old_policy_of_its_ppo_ratio(tmp_path, ppo_ratio):
     tr = RLTrainer(cfg, tmp_path / "r", progress=False)
     tb = SimpleNamespace(lp_roll=_t(ROLL), mask=_t(MASK).bool())
     lp = _t(LP).requires_grad_(True)
-    loss, parts, align = tr._loss(lp, tb, _t(ADV), None)
+    loss, parts = tr.policy_loss(lp, tb, _t(ADV))
     w = [min(math.exp(a - b), 2.0) for a, b in zip(LP, ROLL, strict=True)]
     t = _ppo_terms(LP, ROLL if ppo_ratio == "rollout" else LP, ADV)
     assert float(loss) == pytest.approx(_masked_mean([a * b for a, b in zip(t, w, strict=True)]), rel=1e-12)
-    assert parts["kl_ref"] is None and parts["align_loss"] is None and align is None
+    assert parts["kl_ref"] is None and "align_loss" not in parts  # the train step adds the alignment term
     assert parts["clip_frac"] == pytest.approx(2 / 3 if ppo_ratio == "rollout" else 0.0)
 
 

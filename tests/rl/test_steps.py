@@ -88,7 +88,7 @@ def test_trace_with_all_layers_guided_cuts_mismatch(tmp_path, sft_ckpt):
     out = {}
     for m, rho in (("qat-independent", 0.5), ("trace", 1.0)):
         cfg = small_cfg([f"rl.method={m}", f"rl.rho={rho}", "rl.steps=1", "rl.prompts_per_step=8"], init_ckpt=sft_ckpt)
-        out[m] = RLTrainer(cfg, tmp_path / m, progress=False).step(1)
+        out[m] = RLTrainer(cfg, tmp_path / m, progress=False).step(1).to_dict()
     assert out["trace"]["k3"] < 0.2 * out["qat-independent"]["k3"], (out["trace"]["k3"], out["qat-independent"]["k3"])
     assert out["trace"]["dlp_abs_mean"] < out["qat-independent"]["dlp_abs_mean"]
 
@@ -102,7 +102,7 @@ def test_recompute_experts_repeats_the_step_exactly(tmp_path, sft_ckpt):
                         init_ckpt=sft_ckpt)
         tr = RLTrainer(cfg, tmp_path / str(on), progress=False)
         assert tr.model._trace_rt.recompute_experts is on
-        rec = tr.step(1)
+        rec = tr.step(1).to_dict()
         out[on] = (rec, {k: v.clone() for k, v in tr.model.state_dict().items()})
     (r0, w0), (r1, w1) = out[False], out[True]
     for k in ("reward_mean", "k3", "loss", "grad_norm", "grad_norm_align", "grad_norm_rest", "align_loss"):
@@ -202,7 +202,7 @@ def test_step_other_tasks(tmp_path, task):
     assert int(tb.mask.sum()) == sum(sum(t) for t in batch.trainable)
     if task == "long_horizon" and any(batch.turns):
         assert any(not all(t) for t in batch.trainable), "environment tokens must be non-trainable"
-    rec = tr.step(1)
+    rec = tr.step(1).to_dict()
     assert rec["k3"] is not None and rec["n_tokens"] > 0
 
 
@@ -215,7 +215,7 @@ def test_gpu_step_other_tasks(tmp_path, task):
     cfg = small_cfg([f"task.name={task}", "rl.method=trace", "rl.steps=1", "rl.max_new_tokens=8",
                      "rl.prompts_per_step=4", "rl.group_size=2", "rl.max_turns=3", "device=cuda"])
     tr = RLTrainer(cfg, tmp_path / task, progress=False)
-    rec = tr.step(1)
+    rec = tr.step(1).to_dict()
     assert rec["n_tokens"] > 0 and rec["guidance_bytes_per_gen_token"] > 0
     assert all(torch.isfinite(torch.tensor(float(rec[k]))) for k in ("k3", "loss", "grad_norm"))
     assert 0 < rec["gpu_peak_alloc_gb"] <= rec["gpu_peak_reserved_gb"]

@@ -43,6 +43,6 @@ def test_rl_step_at_temperature_has_no_mismatch(tmp_path, sft_ckpt):
     is truncated."""
     cfg = small_cfg(["rl.method=bf16", "rl.autocast=none", f"rl.temperature={T}", "rl.steps=1"],
                     init_ckpt=sft_ckpt)
-    rec = RLTrainer(cfg, tmp_path / "s", progress=False).step(1)
+    rec = RLTrainer(cfg, tmp_path / "s", progress=False).step(1).to_dict()
     assert rec["dlp_abs_max"] < 1e-4 and rec["k3"] < 1e-8
     assert rec["is_filter_frac"] == 0.0

@@ -99,7 +99,7 @@ class ReplayStats:
     def merge(self, other: ReplayStats | None) -> ReplayStats:
         """A new ReplayStats with the counts of `other` (None: nothing) and of this one added up, the alignment
         sum detached: the statistics of one step's micro-batches as those of the whole batch
-        (trace/rl/microbatch.py). Neither input is changed."""
+        (trace/rl/trainstep.py). Neither input is changed."""
         out = ReplayStats()
         for src in (other, self):
             if src is None:

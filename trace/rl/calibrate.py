@@ -61,7 +61,7 @@ def step1(cfg: dict, coef: float, seed: int, base: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="calibrate_") as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
-        rec = RLTrainer(run, Path(tmp) / "run", progress=False).step(1)
+        rec = RLTrainer(run, Path(tmp) / "run", progress=False).step(1).to_dict()
     if rec.get("grad_norm_align") is None:
         raise C.ConfigError(f"rl.method={cfg['rl']['method']} logged no alignment gradient at step 1 "
                             f"(an arm with the alignment term is needed)")

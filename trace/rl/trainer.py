@@ -12,25 +12,25 @@ One step (`RLTrainer._step`, read top-down):
               flips (never to guide, never in bytes; `rl.diag_flips`)
   batch       `build_train_batch`: inputs, targets, (seq, pos) addressing, rollout log-probs
   advantages  group_norm / rloo / reinforce_baseline (OpenRLHF numerics)
-  forward     the patched HF model in the arm's mode (bf16 for bf16 and fp4-naive, w4a16 for
-              qat-weight-only, w4a4kv4 for qat-independent and trace*) under BF16 autocast on FP32
-              master weights, inside the arm's `Method.replay` whenever a record exists (guided rounding,
-              routing replay and alignment term for trace; flip statistics against the diagnostic record)
-  exact       the `exact` arm instead of the forward above: the log-probs' values from the engine's batch-invariant
-              forward over the rollout's tokens (`RolloutEngine.score` on the kernels the rollout sampled with: the
-              rollout's log-probs bit for bit), their gradient the QAT forward's with each layer's input pinned to
-              the engine's residual stream (`_exact_logprobs`, `trace.qat.pinned_inputs`)
-  micro       with `rl.micro_batch` (sequences per forward/backward) the forward, loss and backward run in
-              chunks of the batch with gradients accumulated, normalized over the whole batch
-              (trace/rl/microbatch.py): the whole-batch step's loss, gradient and metrics
-  loss        PPO-clip vs the rollout log-probs with TIS / ICEPOP, + kl_coef * KL(ref) + the arm's weighted
-              alignment term (`Method.alignment`)
-  optimizer   AdamW with gradient clipping
+  train step  `TrainStep.run` (trace/rl/trainstep.py): the batch in chunks of `rl.micro_batch` sequences (the whole
+              batch as one chunk without it), each chunk's forward, loss and backward, gradients accumulated and
+              normalized over the whole batch, then clipping and AdamW; a `StepResult` back
+  log-probs   `RLTrainer.logprobs` as the arm's `Method.logprobs` makes them: the patched HF model in the arm's mode
+              (bf16 for bf16 and fp4-naive, w4a16 for qat-weight-only, w4a4kv4 for qat-independent, trace* and
+              exact) under BF16 autocast on FP32 master weights, inside `Method.replay` whenever a record exists
+              (guided rounding, routing replay and alignment term for trace; flip statistics against the
+              diagnostic record); for the exact arm the values from the engine's batch-invariant forward over the
+              rollout's tokens (`RLTrainer.engine_scores`: `RolloutEngine.score` on the kernels the rollout sampled
+              with, the rollout's log-probs bit for bit) with the gradient of the QAT forward whose layer inputs are
+              pinned to the engine's residual stream (`trace.qat.pinned_inputs`)
+  loss        PPO-clip vs the rollout log-probs with TIS / ICEPOP, + kl_coef * KL(ref) (`RLTrainer.policy_loss`),
+              + the arm's weighted alignment term normalized over the step's guided items (`Method.step_alignment`)
+  metrics     one `trace.metrics.StepMetrics` per step (the fields both trainers write and analysis/ reads)
   weight sync `engine.sync_weights(model)` (FP4 weights re-quantized by trace.fp4.quantize_weight); the
               engine computes in BF16 on CUDA and FP32 on the CPU (`default_dtype`, DESIGN.md §4).
 The arms (what each rolls out, records and trains) are the table in trace/arms.py; the method's wiring
-(recorders, replay, weighted alignment term, record bytes) is `trace.guidance.Method`, which the OpenRLHF
-actors share.
+(engine arguments, recorders, log-probs, replay, weighted alignment term, record bytes) is `trace.guidance.Method`,
+which the OpenRLHF actors share.
 
 Log-probs on both sides are those of the sampling distribution, at `rl.temperature` (the engine's
 log_softmax(logits / T), the trainer's likewise), so TIS and the mismatch metrics compare the behaviour
@@ -62,9 +62,9 @@ the last checkpoint untouched). Compared against: OpenRLHF 0.11.2 losses (tests/
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -74,17 +74,12 @@ from trace import rundir
 from trace.config import ConfigError
 from trace.episode import build_task, evaluate_policy, run_episode
 from trace.guidance import Method, Tee
+from trace.guidance.method import TrainerLogprobs
+from trace.metrics import StepMetrics, absent_if_none
 from trace.models import build_model, build_tokenizer, load_checkpoint
 from trace.qat import patch_model, pinned_inputs
-from trace.rl.losses import (
-    NonFiniteError,
-    compute_advantages,
-    kl_k3,
-    masked_mean,
-    mismatch_metrics,
-    policy_loss,
-)
-from trace.rl.microbatch import micro_step, split_grad
+from trace.rl.losses import NonFiniteError, compute_advantages, kl_k3, masked_mean, policy_loss
+from trace.rl.trainstep import TrainStep
 from trace.rollout import RolloutEngine
 
 
@@ -158,11 +153,11 @@ class RLTrainer:
         rundir.set_threads(cfg)
         self.cfg, self.rl = cfg, cfg["rl"]
         self.progress = progress
-        self.method = Method.from_config(self.rl)  # the arm's recorders, replay and alignment term
+        self.method = Method.from_config(self.rl)  # the arm: engine, records, log-probs, replay, alignment term
         self.arm = self.method.arm
-        if self.method.exact and torch.device(cfg["device"]).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ConfigError(f"config key 'device': the {self.rl['method']} arm on a CPU runs the Triton kernels in "
-                              "the interpreter; set TRITON_INTERPRET=1 before starting (or run on a GPU)")
+        problem = self.method.device_problem(cfg["device"])
+        if problem:
+            raise ConfigError(f"config key 'device': {problem}")
         self.out = rundir.prepare_run_dir(out, cfg, kind="rl")
         self.device = cfg["device"]
         self.task = build_task(cfg)
@@ -200,10 +195,12 @@ class RLTrainer:
                                      weight_decay=self.rl["weight_decay"])
         if state is not None:
             self.opt.load_state_dict(state["optimizer"])
-        self.engine = RolloutEngine(self.model.config, mode=self.arm.engine_mode, fmt=self.rl["fmt"],
-                                    kv_fp4=self.arm.kv_fp4, device=self.device, batch_invariant=self.method.exact)
+        self.engine = RolloutEngine(self.model.config, fmt=self.rl["fmt"], device=self.device,
+                                    **self.method.engine_kwargs())
         self.engine.sync_weights(self.model)
         self.num_layers = self.model.config.num_hidden_layers
+        # the forwards, losses, backwards and optimizer step of a step (micro_batch absent / null / 0: one chunk)
+        self.train = TrainStep(self.model, self.opt, self.method, self.rl["grad_clip"], self.rl.get("micro_batch") or 0)
 
     # ------------------------------------------------------------------------------ pieces
     def _prompts_for(self, step: int):
@@ -211,25 +208,22 @@ class RLTrainer:
         idx = torch.randperm(len(self.train_set), generator=g)[: self.rl["prompts_per_step"]].tolist()
         return [self.train_set[i] for i in idx]
 
-    def _replayed_logprobs(self, tb: TrainBatch, record, diag):
-        """Trainer forward of the train batch in the arm's mode; inside replay when a record exists
-        (the arm's guidance record and/or the diagnostic one). Returns (log-probs [B, T], ReplayStats
-        or None)."""
-        with self.method.replay(self.rt, record, diag, tb.seq, tb.pos) as stats:
-            lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16", self.rl["temperature"])
-        return lp, stats
+    def logprobs(self, sub: TrainBatch, rows: range, record, diag, tokens) -> TrainerLogprobs:
+        """The trainer's log-probs of rows `rows` of the step's train batch (`sub`: those rows), made as the arm's
+        Method decides (`Method.logprobs`): the trainer forward in the arm's mode, inside the replay of the step's
+        records where there are any, or the exact arm's engine scores with the gradient of a pinned forward.
+        tokens: the rollout's token lists of the whole batch."""
+        autocast, temperature = self.rl["autocast"] == "bf16", self.rl["temperature"]
+        return self.method.logprobs(lambda: token_logprobs(self.model, sub, autocast, temperature), self.rt, record,
+                                    diag, sub.seq, sub.pos, sub.att.bool(),
+                                    score=lambda: self.engine_scores(sub, [tokens[b] for b in rows]))
 
-    def _exact_logprobs(self, tokens, tb: TrainBatch) -> tuple[torch.Tensor, float, torch.Tensor]:
-        """The exact arm's log-probs [B, T], the seconds of the engine's forward and the pinned QAT forward's own
-        log-probs g [B, T] (detached: the function whose gradient the step takes, for `k3_grad`). Values: the engine's
-        batch-invariant forward over each sample's input tokens and target (`RolloutEngine.score`: one
-        full-sequence forward on the kernels and configs the rollout sampled with, log-probs from the same per-row
-        kernel), equal to the rollout's log-probs bit for bit. Gradient: the QAT forward's (the trainer mode's
-        straight-through FP4 fake quantization) with each decoder layer's input and the final norm's pinned to the
-        engine's residual stream there (`trace.qat.pinned_inputs`), so each layer's backward is evaluated at the
-        engine's activations (DESIGN.md §4 "Exact on-policy arm"): v + (g - g.detach()) is v exactly (g - g.detach()
-        is 0 for a finite g) with g's gradient. tokens: the rollout's token lists of tb's rows."""
-        t0 = time.perf_counter()
+    def engine_scores(self, tb: TrainBatch, tokens) -> tuple[torch.Tensor, object]:
+        """(log-probs [B, T] of tb's targets from the engine's forward over each row's input tokens and target,
+        the context pinning each decoder layer's input and the final norm's to the engine's residual stream there):
+        `RolloutEngine.score`, one full-sequence forward per row on the kernels and configs the rollout sampled with
+        (in the batch-invariant engine, the rollout's log-probs bit for bit), and `trace.qat.pinned_inputs`.
+        tokens: the rollout's token lists of tb's rows."""
         n = tb.att.sum(1).tolist()
         streams: list[torch.Tensor] = []
         rows = self.engine.score([list(tokens[b][: n[b] + 1]) for b in range(len(n))],
@@ -238,15 +232,11 @@ class RLTrainer:
         v = torch.zeros(tb.ids.shape, dtype=torch.float32)
         for b, r in enumerate(rows):
             v[b, : len(r)] = torch.tensor(r, dtype=torch.float32)
-        t_engine = time.perf_counter() - t0
-        T = tb.ids.shape[1]  # the engine also fed each sample's last target: one position more
-        with pinned_inputs(self.model, [s[:, :T] for s in streams]):
-            lp = token_logprobs(self.model, tb, self.rl["autocast"] == "bf16", self.rl["temperature"])
-        g = torch.where(tb.att.bool(), lp - lp.detach(), torch.zeros_like(lp))
-        return v.to(lp.device) + g, t_engine, lp.detach()
+        T = tb.ids.shape[1]  # the engine also fed each row's last target: one position more
+        return v, pinned_inputs(self.model, [s[:, :T] for s in streams])
 
     # ------------------------------------------------------------------------------ one step
-    def step(self, step: int) -> dict:
+    def step(self, step: int) -> StepMetrics:
         """Run RL step number `step` (1-based) and return its metrics. Non-finite values anywhere
         before the optimizer step (engine logits, FP4 library inputs, trainer logits, loss, gradient
         norm) raise NonFiniteError with nothing applied."""
@@ -259,7 +249,7 @@ class RLTrainer:
                 raise NonFiniteError(str(e)) from e
             raise
 
-    def _step(self, step: int) -> dict:
+    def _step(self, step: int) -> StepMetrics:
         rl, method = self.rl, self.method
         cuda = torch.device(self.device).type == "cuda"
         if cuda:  # the step's peak (allocator statistics: no device wait)
@@ -279,73 +269,60 @@ class RLTrainer:
         tb = build_train_batch(ep.batch, self.tok.pad_token_id, self.device)
         rewards = torch.tensor(ep.scores, dtype=torch.float32, device=tb.ids.device)
         adv = compute_advantages(rewards, tb.mask, rl["group_size"], rl["advantage"])
-        # where the alignment term is in the loss, its gradient norm beside the rest's at every step (one more
-        # backward of that term alone, left out of the logged times): the clipped update is the sum of both parts
-        want_split = method.aligns
-        mb = rl.get("micro_batch") or 0  # absent / null / 0: the whole batch in one forward
-        if 0 < mb < tb.ids.shape[0]:  # micro-batches: the whole-batch loss and gradient (trace/rl/microbatch.py)
-            lp_det, stats, loss, parts, gn, gparts = micro_step(self, tb, adv, record, diag, mb, want_split)
-            mm = mismatch_metrics(lp_det, tb.lp_roll, tb.mask)
-        else:
-            if method.exact:  # no record: values from the engine, gradient from the pinned QAT forward
-                (lp_train, t_ex, lp_grad), stats = self._exact_logprobs(ep.batch.tokens, tb), None
-            else:
-                lp_train, stats = self._replayed_logprobs(tb, record, diag)
-            mm = mismatch_metrics(lp_train.detach(), tb.lp_roll, tb.mask)
-            if method.exact:  # the mismatch of the function the gradient is taken of (its values are not used)
-                mm["k3_grad"] = mismatch_metrics(lp_grad, tb.lp_roll, tb.mask)["k3"]
-            loss, parts, align = self._loss(lp_train, tb, adv, stats)
-            gn, gparts = self._optimize(loss, align if want_split else None)
+        res = self.train.run(tb, adv, partial(self.logprobs, record=record, diag=diag, tokens=ep.batch.tokens),
+                             self.policy_loss)
+        mm = method.mismatch(res.lp, res.grad_lp, tb.lp_roll, tb.mask)
         self.engine.sync_weights(self.model)
-        t_split = gparts.pop("time_split_s", 0.0)
-        t2 = time.perf_counter() - t_split  # the split's extra backward is a diagnostic: out of the step's times
+        t2 = time.perf_counter() - res.split_s  # the split's extra backward is a diagnostic: out of the step's times
 
-        summ = stats.summary() if stats is not None else {}
+        summ = res.stats.summary() if res.stats is not None else {}
         batch = ep.batch
         n_gen = batch.num_generated_tokens
         # the arm's own record only; the diagnostic record's time is neither generation nor overhead
         own_s = rec.seconds + batch.record_feed_s + (t_fin2 - t_fin) if record is not None else 0.0
-        return {
-            "step": step,
-            "method": rl["method"],
-            "reward_mean": ep.reward,
-            "accuracy": ep.accuracy,
-            "response_len": sum(sum(tr) for tr in batch.trainable) / len(batch.tokens),
+        split = res.grad_norm_align is not None
+        return StepMetrics(
+            step=step,
+            method=rl["method"],
+            reward_mean=ep.reward,
+            accuracy=ep.accuracy,
+            response_len=sum(sum(tr) for tr in batch.trainable) / len(batch.tokens),
             **mm,
-            "code_flip_rate": summ.get("code_flip_rate", {}),
-            "scale_flip_rate": summ.get("scale_flip_rate", {}),
-            "unrecoverable_rate": summ.get("unrecoverable_rate", {}),
-            "routing_flip_rate": summ.get("routing_flip_rate", {}),
+            code_flip_rate=summ.get("code_flip_rate", {}),
+            scale_flip_rate=summ.get("scale_flip_rate", {}),
+            unrecoverable_rate=summ.get("unrecoverable_rate", {}),
+            routing_flip_rate=summ.get("routing_flip_rate", {}),
             # DESIGN.md §3 byte accounting of the arm's own record (full codes where it guides with them)
-            "guidance_bytes_per_gen_token": method.record_bytes_per_generated_token(record, max(n_gen, 1)),
-            "guidance_bits_per_element": method.record_bits_per_element(record),
-            "rollout_gen_tokens_per_s": n_gen / max(batch.generate_s, 1e-9),
-            "record_overhead": own_s / max(batch.generate_s, 1e-9),
-            "time_generate_s": batch.generate_s,
-            "time_record_s": own_s,
-            "time_score_s": ep.score_s,  # decoding and the task's verifier (the coding sandbox runs on the CPU)
-            "time_rollout_s": t1 - t0,
-            "time_train_s": t2 - t1,
-            **({"time_exact_score_s": t_ex} if method.exact else {}),  # the engine's forward inside time_train_s
-            "loss": float(loss.detach()),
-            **parts,
-            "grad_norm": float(gn),
-            **gparts,
+            guidance_bytes_per_gen_token=method.record_bytes_per_generated_token(record, max(n_gen, 1)),
+            guidance_bits_per_element=method.record_bits_per_element(record),
+            rollout_gen_tokens_per_s=n_gen / max(batch.generate_s, 1e-9),
+            record_overhead=own_s / max(batch.generate_s, 1e-9),
+            time_generate_s=batch.generate_s,
+            time_record_s=own_s,
+            time_score_s=ep.score_s,  # decoding and the task's verifier (the coding sandbox runs on the CPU)
+            time_rollout_s=t1 - t0,
+            time_train_s=t2 - t1,
+            time_exact_score_s=absent_if_none(res.engine_s),  # the engine's scoring, inside time_train_s
+            loss=res.loss,
+            **res.parts,
+            grad_norm=res.grad_norm,
+            grad_norm_align=absent_if_none(res.grad_norm_align),
+            grad_norm_rest=absent_if_none(res.grad_norm_rest),
             # the alignment term's gradient norm over the rest's (before clipping): its strength, every step
-            "align_grad_ratio": (gparts["grad_norm_align"] / gparts["grad_norm_rest"]
-                                 if gparts and gparts["grad_norm_rest"] > 0 else None),
-            "time_split_s": t_split,
-            "n_tokens": int(tb.mask.sum()),
+            align_grad_ratio=(res.grad_norm_align / res.grad_norm_rest
+                              if split and res.grad_norm_rest > 0 else None),
+            time_split_s=res.split_s,
+            n_tokens=int(tb.mask.sum()),
             # what sizes the runs that share a GPU (gpu_slots_per_device): the step's peak of allocated memory
             # (rollout, trainer forward and backward) and of what the allocator held; None off a GPU
-            "gpu_peak_alloc_gb": torch.cuda.max_memory_allocated(self.device) / 2**30 if cuda else None,
-            "gpu_peak_reserved_gb": torch.cuda.max_memory_reserved(self.device) / 2**30 if cuda else None,
-        }
+            gpu_peak_alloc_gb=torch.cuda.max_memory_allocated(self.device) / 2**30 if cuda else None,
+            gpu_peak_reserved_gb=torch.cuda.max_memory_reserved(self.device) / 2**30 if cuda else None,
+        )
 
-    def _loss(self, lp_train: torch.Tensor, tb: TrainBatch, adv: torch.Tensor, stats):
-        """PPO-clip policy loss with TIS / ICEPOP (+ kl_coef * KL to the reference, + the arm's weighted
-        alignment term, `Method.alignment`). Returns (loss, its logged parts, the weighted alignment term
-        in it or None)."""
+    def policy_loss(self, lp_train: torch.Tensor, tb: TrainBatch, adv: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """PPO-clip policy loss with TIS / ICEPOP (+ kl_coef * KL to the reference) of a (micro-)batch, token means
+        over its trainable tokens; returns (loss, its logged parts). The arm's alignment term is added by the
+        train step (trace/rl/trainstep.py)."""
         rl = self.rl
         if rl["ppo_ratio"] == "rollout":
             old, is_old = tb.lp_roll, lp_train.detach()
@@ -355,7 +332,7 @@ class RLTrainer:
         pl, info = policy_loss(lp_train, old, adv, tb.mask, tb.lp_roll, clip_eps=rl["clip_eps"],
                                tis_cap=rl["tis_cap"], icepop=ice, is_old_log_probs=is_old)
         loss = pl
-        parts = {"policy_loss": float(pl.detach()), "kl_ref": None, "align_loss": None,
+        parts = {"policy_loss": float(pl.detach()), "kl_ref": None,
                  "clip_frac": info["clip_frac"], "is_filter_frac": info.get("is_filter_frac")}
         if self.ref is not None:
             with torch.no_grad():
@@ -363,45 +340,7 @@ class RLTrainer:
             kl = masked_mean(kl_k3(lp_train, lp_ref), tb.mask)
             loss = loss + rl["kl_coef"] * kl
             parts["kl_ref"] = float(kl.detach())
-        al = self.method.alignment(stats)
-        if al is not None:
-            parts["align_loss"] = float(al.term.detach())
-            parts.update(al.parts)  # element vs block-scale part of the term
-            loss = al.add_to(loss)
-        align = al.weighted if al is not None else None
-        if not bool(torch.isfinite(loss)):
-            raise NonFiniteError(f"non-finite loss ({float(loss)})")
-        return loss, parts, align
-
-    def _optimize(self, loss: torch.Tensor, part: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
-        """Backward, gradient clipping, AdamW step; returns the gradient norm before clipping and, with
-        `part` (a term of `loss`), the norms of that term's gradient and of the rest's, before clipping."""
-        self.opt.zero_grad(set_to_none=True)
-        norms = {}
-        if part is not None:
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            g_part, t_split = split_grad(part, params)
-        loss.backward()
-        if part is not None:
-            sq = lambda ts: float(sum((t.float() ** 2).sum() for t in ts if t is not None) ** 0.5)  # noqa: E731
-            norms = {"grad_norm_align": sq(g_part),
-                     "grad_norm_rest": sq([p.grad - g if g is not None else p.grad
-                                           for p, g in zip(params, g_part, strict=True) if p.grad is not None]),
-                     "time_split_s": t_split}
-        return self._apply(), norms
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        """One micro-batch's backward, its gradient added to .grad (trace/rl/microbatch.py)."""
-        loss.backward()
-
-    def _apply(self) -> torch.Tensor:
-        """Gradient clipping and the AdamW step on the gradient in .grad; returns the norm before clipping."""
-        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.rl["grad_clip"])
-        if not bool(torch.isfinite(gn)):
-            self.opt.zero_grad(set_to_none=True)
-            raise NonFiniteError(f"non-finite gradient norm ({float(gn)})")
-        self.opt.step()
-        return gn
+        return loss, parts
 
     # ------------------------------------------------------------------------------ evaluation
     def evaluate(self, mode: str | None = None) -> dict:
@@ -423,24 +362,25 @@ class RLTrainer:
             guard.__enter__()
             if not self.resumed and self.start_step == 0 and rl["eval_every"]:
                 # step 0: the initial policy's test accuracy (the SFT base) in this arm's deployment
-                log.log({"step": 0, "method": rl["method"], "eval_accuracy": self.evaluate()["accuracy"]})
+                log.log(StepMetrics(step=0, method=rl["method"], eval_accuracy=self.evaluate()["accuracy"]).to_dict())
             bar = rundir.progress_bar(range(self.start_step + 1, rl["steps"] + 1), f"rl[{rl['method']}]",
                                       self.progress)
             for step in bar:
                 ts = time.perf_counter()
                 try:
-                    rec = self.step(step)
+                    m = self.step(step)
                 except NonFiniteError as e:
                     last = rundir.latest_checkpoint(self.out)
                     raise NonFiniteError(f"RL step {step} ({rl['method']}): {e}; step not applied, last good "
                                          f"checkpoint kept: {last}") from None
                 if rl["eval_every"] and (step % rl["eval_every"] == 0 or step == rl["steps"]):
                     ev = self.evaluate()
-                    rec["eval_accuracy"], rec["eval_reward"] = ev["accuracy"], ev["reward"]
-                rec["time_step_s"] = time.perf_counter() - ts - rec["time_split_s"]
+                    m.eval_accuracy, m.eval_reward = ev["accuracy"], ev["reward"]
+                m.time_step_s = time.perf_counter() - ts - m.time_split_s
+                rec = m.to_dict()
                 log.log(rec)
                 recs.append(rec)
-                bar.set_postfix(acc=f"{rec['accuracy']:.2f}", k3=f"{rec['k3']:.1e}")
+                bar.set_postfix(acc=f"{m.accuracy:.2f}", k3=f"{m.k3:.1e}")
                 if step % rl["ckpt_every"] == 0 or step == rl["steps"]:
                     self._save(step)
                 guard.check()

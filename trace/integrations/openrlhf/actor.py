@@ -19,7 +19,7 @@
 - the arm's weighted alignment term (`Method.alignment`) is added to OpenRLHF's policy loss; the mismatch
   metrics (k1, k3, |dlp|, ratio-outside, chi2 over action tokens, against the rollout log-probs)
   and flip rates go into `experience.info`, which OpenRLHF logs, and rank 0 appends one line per
-  step to `$TRACE_RUN_DIR/metrics.jsonl` with the embedded trainer's metric names;
+  step to `$TRACE_RUN_DIR/metrics.jsonl`, a `trace.metrics.StepMetrics` as the embedded trainer's;
 - resume: launch always passes `--ckpt.load_enable`, so OpenRLHF's `init_model_from_pretrained` loads
   the newest DeepSpeed checkpoint under `--ckpt.path` and keeps its client states; the actor counts
   steps on from their `global_step` and opens the metrics log as the embedded trainer does
@@ -32,7 +32,7 @@
   the arm's deployment, its parameters gathered under ZeRO-3 (every rank enters, rank 0 evaluates).
 DeepSpeed's optimizer is torch's AdamW (`torch_adam`, the same update): DeepSpeed's own Adam is an
 extension built on first use on every fresh machine (g++ on a CPU; nvcc on a GPU, where DeepSpeed 0.19.6
-failed to parse a TORCH_CUDA_ARCH_LIST entry such as "9.0a", ops/op_builder/builder.py:708).
+cannot parse a TORCH_CUDA_ARCH_LIST entry such as "9.0a", ops/op_builder/builder.py:708).
 Compared against: the embedded trainer `trace.rl.trainer.RLTrainer` (same `Method`, same metrics;
 tests/integrations/openrlhf/test_equivalence.py).
 """
@@ -61,13 +61,13 @@ from trace.guidance.mismatch import mismatch_metrics  # noqa: E402
 from trace.integrations.openrlhf.checkpoints import prune_hf_checkpoints  # noqa: E402
 from trace.integrations.openrlhf.records import batch_records, coverages  # noqa: E402
 from trace.integrations.openrlhf.rollout import DIAG_KEY, RECORD_KEY  # noqa: E402
+from trace.metrics import ALIGN_PART_FIELDS, LAYER_FIELDS, StepMetrics  # noqa: E402
 from trace.qat import patch_model, runtime  # noqa: E402
 
 _PA = "openrlhf.trainer.ray.ppo_actor"
 _INIT = "PolicyModelActor.init_model_from_pretrained"
 _STEP = "ActorPPOTrainer.training_step"
 _LOSS = f"{_PA}.ActorPPOTrainer.actor_loss_fn"
-LAYER_KEYS = ("code_flip_rate", "scale_flip_rate", "unrecoverable_rate", "routing_flip_rate")
 
 
 def hf_model(actor):
@@ -223,28 +223,26 @@ class TraceActorPPOTrainer(_pa.ActorPPOTrainer):
         return status
 
 
-ALIGN_PARTS = ("align_codes_hinge", "align_codes_share", "align_scales_hinge", "align_scales_share")
+# the alignment term's parts that OpenRLHF averages over micro-batches into its status (not the per-layer dicts)
+ALIGN_PARTS = tuple(k for k in ALIGN_PART_FIELDS if not k.endswith("_flipped"))
 
 
-def metrics_line(step: int, method: str, status: dict, kl_on: bool) -> dict:
-    """OpenRLHF's per-step status -> one metrics.jsonl line with the embedded trainer's names."""
+def metrics_line(step: int, method: str, status: dict, kl_on: bool) -> StepMetrics:
+    """OpenRLHF's per-step status -> the step's metrics record (`trace.metrics.StepMetrics`, the embedded trainer's
+    fields); `fit` adds the times, the ranks and the evaluation."""
     g = status.get
-    rec = {"step": step, "method": method, "framework": "openrlhf",
-           "reward_mean": g("reward"), "accuracy": g("accuracy"), "response_len": g("response_length")}
-    for k in ("k1", "k3", "dlp_abs_mean", "dlp_abs_max", "ratio_out_frac", "chi2"):
-        rec[k] = g(k)
-    for key in LAYER_KEYS:
-        rec[key] = {int(k.split("/", 1)[1]): v for k, v in status.items() if k.startswith(key + "/")}
-    rec.update({
-        "guidance_bytes_per_gen_token": g("guidance_bytes_per_gen_token", 0.0),
-        "rollout_gen_tokens_per_s": g("rollout_gen_tokens_per_s"),
-        "record_overhead": g("record_overhead"),
-        "loss": g("policy_loss"), "policy_loss": g("ppo_loss", g("policy_loss")),
-        "kl_ref": g("kl") if kl_on else None, "align_loss": g("align_loss"),
+    mm = {k: g(k) for k in ("k1", "k3", "dlp_abs_mean", "dlp_abs_max", "ratio_out_frac", "chi2")}
+    layers = {key: {int(k.split("/", 1)[1]): v for k, v in status.items() if k.startswith(key + "/")}
+              for key in LAYER_FIELDS}
+    return StepMetrics(
+        step=step, method=method, framework="openrlhf",
+        reward_mean=g("reward"), accuracy=g("accuracy"), response_len=g("response_length"), **mm, **layers,
+        guidance_bytes_per_gen_token=g("guidance_bytes_per_gen_token", 0.0),
+        rollout_gen_tokens_per_s=g("rollout_gen_tokens_per_s"), record_overhead=g("record_overhead"),
+        loss=g("policy_loss"), policy_loss=g("ppo_loss", g("policy_loss")),
+        kl_ref=g("kl") if kl_on else None, align_loss=g("align_loss"),
         **{k: g(k) for k in ALIGN_PARTS if k in status},
-        "grad_norm": g("actor_grad_norm"), "clip_frac": g("ppo_clip_ratio"), "is_filter_frac": g("is_filter_ratio"),
-    })
-    return rec
+        grad_norm=g("actor_grad_norm"), clip_frac=g("ppo_clip_ratio"), is_filter_frac=g("is_filter_ratio"))
 
 
 _BASE = guards.ray_actor_class(_pa.PolicyModelActor, f"{_PA}.PolicyModelActor")
@@ -353,7 +351,8 @@ class TracePolicyActor(_BASE):
             # step 0: the initial policy's held-out accuracy in this arm's deployment
             ev = self._trace_evaluate()
             if self._trace_log is not None:
-                self._trace_log.log({"step": 0, "method": cfg["rl"]["method"], "eval_accuracy": ev["accuracy"]})
+                self._trace_log.log(StepMetrics(step=0, method=cfg["rl"]["method"],
+                                                eval_accuracy=ev["accuracy"]).to_dict())
         self._trace_t = time.perf_counter()
         self._trace_sync_s = 0.0  # weight syncs since the last step's metrics line
 
@@ -414,17 +413,17 @@ class TracePolicyActor(_BASE):
             ev = self._trace_evaluate()
         t2 = time.perf_counter()
         if self._trace_log is not None:
-            rec = metrics_line(self._trace_step, rl["method"], status, rl["kl_coef"] > 0)
-            rec["time_train_s"] = t1 - t0
+            m = metrics_line(self._trace_step, rl["method"], status, rl["kl_coef"] > 0)
+            m.time_train_s = t1 - t0
             # the weight sync after the previous step (the weights this step's rollout used), then the rollout
-            rec["time_sync_s"] = self._trace_sync_s
-            rec["time_rollout_s"] = max(0.0, t0 - self._trace_t - self._trace_sync_s)
-            rec["actor_ranks"] = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+            m.time_sync_s = self._trace_sync_s
+            m.time_rollout_s = max(0.0, t0 - self._trace_t - self._trace_sync_s)
+            m.actor_ranks = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
             if ev is not None:
-                rec["eval_accuracy"], rec["eval_reward"] = ev["accuracy"], ev["reward"]
-                rec["time_eval_s"] = t2 - t1
-            rec["time_step_s"] = t2 - self._trace_t  # with the evaluation, as the embedded trainer's
-            self._trace_log.log(rec)
+                m.eval_accuracy, m.eval_reward = ev["accuracy"], ev["reward"]
+                m.time_eval_s = t2 - t1
+            m.time_step_s = t2 - self._trace_t  # with the evaluation, as the embedded trainer's
+            self._trace_log.log(m.to_dict())
         self._trace_t, self._trace_sync_s = t2, 0.0
         return status
 

@@ -3,7 +3,8 @@
     argv = ppo_flags(cfg, model_path="runs/x/init_model", prompts="runs/x/data/train.jsonl",
                      out="runs/x", reward_file=REWARD_FILE, agent_file=AGENT_FILE, gpus=0)
 
-The arm table (`trace.arms.ARMS`) decides what runs where; this module only translates the
+The arm's `trace.guidance.Method` decides what runs where (an arm whose trainer log-probs come from the rollout
+engine, the exact arm, is refused); this module only translates the
 shared RL hyper-parameters into OpenRLHF's names, so both trainers optimise the same objective:
 - estimator: rl.advantage (group_norm / reinforce_baseline / rloo) -> --algo.advantage.estimator,
   rl.group_size -> --rollout.n_samples_per_prompt;
@@ -36,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from trace.arms import ARMS
+from trace.guidance import Method
 
 MODULE = "openrlhf.cli.train_ppo_ray"
 
@@ -234,7 +235,7 @@ def ppo_flags(cfg: dict, *, model_path: str, prompts: str, out: str, reward_file
     GPUs the ranks are the GPUs. sync: weight-sync backend, "nccl" (GPU; CUDA IPC when colocated) or "gloo"
     (CPU; a torch gloo group between trainer rank 0 and the engines)."""
     rl = cfg["rl"]
-    if ARMS[rl["method"]].exact:
+    if Method.from_config(rl).logprobs_from_engine:
         raise UnsupportedConfig("rl.method=exact: its trainer log-probs come from the rollout engine's batch-invariant "
                                 "kernels, which OpenRLHF's experience maker does not call; run it with python -m trace.rl")
     if rl["ppo_ratio"] != "trainer":

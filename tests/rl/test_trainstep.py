@@ -1,15 +1,15 @@
-"""rl.micro_batch (trace/rl/microbatch.py): one RL step in micro-batches against the same step on the whole batch.
+"""The train step (trace/rl/trainstep.py): one RL step in micro-batches against the same step on the whole batch.
 
 What is compared: two trainers built from the same SFT checkpoint and config roll out the same batch (8 sequences;
 prompts and seeds derive from (seed, step)); one trains on it in one forward, the other in chunks of 4 (two
 micro-batches) or 3 (3 + 3 + 2); the trainer's weights are moved off the engine's by the same seeded noise in
-both, so the FP4 arms' rounding disagrees with the rollout's (flips, alignment term). The accumulated parameter gradients (read just before clipping) must be allclose
-in float32 (autocast off) and every logged metric equal or allclose: mismatch (k1, k3, ...), loss and its parts,
-TIS / ICEPOP fractions, KL, flip rates, the alignment term and its parts, guidance bytes, gradient norms. The arms
-cover the whole-batch normalizations: token means (bf16 with KL, fp4-naive with the rollout as PPO's old policy),
-reinforce_baseline's whitening over the batch (qat-independent, flip statistics from the diagnostic record), and
-TRACE's record lookup per chunk with the alignment term's mean over all guided items and its gradient split
-(trace, step 1). The exact arm refuses micro-batches (config error).
+both, so the FP4 arms' rounding disagrees with the rollout's (flips, alignment term). The accumulated parameter
+gradients (read just before clipping) must be allclose in float32 (autocast off) and every logged metric equal or
+allclose: mismatch (k1, k3, ...), loss and its parts, TIS / ICEPOP fractions, KL, flip rates, the alignment term and
+its parts, guidance bytes, gradient norms. The arms cover the whole-batch normalizations: token means (bf16 with KL,
+fp4-naive with the rollout as PPO's old policy), reinforce_baseline's whitening over the batch (qat-independent, flip
+statistics from the diagnostic record), and TRACE's record lookup per chunk with the alignment term's mean over all
+guided items and its gradient split (trace, step 1). The exact arm refuses micro-batches (config error).
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import torch
 
 from tests.rl.conftest import small_cfg
 from trace.config import ConfigError
-from trace.rl.microbatch import chunks, sub_batch
 from trace.rl.trainer import RLTrainer, build_train_batch
+from trace.rl.trainstep import chunks, sub_batch
 
 SKIP = ("time_", "rollout_gen_tokens_per_s", "record_overhead", "gpu_peak")
 
@@ -37,14 +37,14 @@ def _step(tmp_path, name, extra, micro):
     with torch.no_grad():
         for p in tr.model.parameters():
             p.mul_(1 + 0.01 * torch.randn(p.shape, generator=g))
-    grads, apply = {}, tr._apply
+    grads, apply = {}, tr.train.apply
 
     def spy():
         grads.update({n: p.grad.detach().clone() for n, p in tr.model.named_parameters() if p.grad is not None})
         return apply()
 
-    tr._apply = spy
-    return tr.step(1), grads
+    tr.train.apply = spy
+    return tr.step(1).to_dict(), grads
 
 
 def _grad_close(g, ref, key):
