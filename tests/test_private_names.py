@@ -11,7 +11,7 @@ that defines it. Read with ast, every .py file under trace/ and kernels/ is chec
 
 Names that only third-party code defines (`tensor._version`, `torch._dynamo`) are not ours and pass; a module
 whose own name is private (kernels/_common.py, shared by the kernels) may be imported from, but its private
-names may not. PENDING_RL lists the uses that are still being removed; it must become empty.
+names may not.
 """
 from __future__ import annotations
 
@@ -21,16 +21,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("trace", "kernels")
-
-# trace/rl/microbatch.py drives trace/rl/trainer.py's private steps; that interface is being made public
-# (issue 63) by the owner of trace/rl/. This set must be empty: nothing else may be added to it.
-PENDING_RL = {
-    ("trace/rl/microbatch.py", "_apply"),
-    ("trace/rl/microbatch.py", "_backward"),
-    ("trace/rl/microbatch.py", "_loss"),
-    ("trace/rl/microbatch.py", "_replayed_logprobs"),
-}
-
 
 def is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
@@ -162,12 +152,8 @@ def test_no_module_uses_another_modules_private_names():
     sources = _sources()
     assert len(sources) > 50
     found = violations(sources)
-    pending = {(p, n) for p, _, n, _ in found if (p, n) in PENDING_RL}
-    rest = [v for v in found if (v[0], v[2]) not in PENDING_RL]
-    assert rest == [], "cross-module use of private names:\n" + "\n".join(
-        f"  {p}:{line}: {name} ({kind})" for p, line, name, kind in rest)
-    stale = PENDING_RL - pending
-    assert not stale, f"PENDING_RL entries no longer used (remove them): {sorted(stale)}"
+    assert found == [], "cross-module use of private names:\n" + "\n".join(
+        f"  {p}:{line}: {name} ({kind})" for p, line, name, kind in found)
 
 
 def test_the_checker_flags_each_kind_of_use():
