@@ -15,6 +15,10 @@ import os
 
 from snakemake.utils import min_version, validate
 
+from trace.quiet import quiet_startup
+
+quiet_startup()  # Snakemake is not a `python -m trace.<command>`: the run plan's imports are quieted here
+
 min_version("9.0")
 
 if not workflow.overwrite_configfiles:

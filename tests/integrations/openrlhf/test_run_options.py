@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -87,8 +88,6 @@ def test_openrlhfs_wandb_logger_writes_an_offline_run(tmp_path, monkeypatch):
     """OpenRLHF's WandbLogger (what its PPOTrainer actor builds when --logger.wandb.key is set) with the parsed
     args of a dry run and the environment launch gives the Ray workers (flags.wandb_env): no network, no key."""
     pytest.importorskip("wandb")
-    from openrlhf.utils.logging_utils import WandbLogger
-
     from trace import config as C
 
     cfg = C.load_config(None, ["model=qwen3_moe-tiny", "wandb.mode=offline"])
@@ -102,9 +101,14 @@ def test_openrlhfs_wandb_logger_writes_an_offline_run(tmp_path, monkeypatch):
     assert env["WANDB_MODE"] == "offline" and env["WANDB_DIR"] == str(out.resolve())
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    logger = WandbLogger(args)
-    logger.log_train(1, {"reward": 0.5})
-    logger.close()
+    # a fresh process, as a Ray worker is: wandb keeps its settings from the first setup in a process
+    (tmp_path / "args.pkl").write_bytes(pickle.dumps(args))
+    code = ("import pickle, sys\nfrom openrlhf.utils.logging_utils import WandbLogger\n"
+            "logger = WandbLogger(pickle.loads(open(sys.argv[1], 'rb').read()))\n"
+            "logger.log_train(1, {'reward': 0.5})\nlogger.close()\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "args.pkl")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and runs[0].name.endswith(env["WANDB_RUN_ID"]), runs
 
