@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 
+import trace.tasks.coding as coding  # the shared execution scorer, whose sandbox calls are watched
 import trace.tasks.program as program
 from trace.models.registry import build_config
 from trace.models.tokenizer import build_tokenizer
@@ -69,7 +70,7 @@ def test_gold_lengths_charset_and_context(difficulty, charset_ok):
 @pytest.mark.parametrize("difficulty", ["easy", "medium", "hard"])
 def test_gold_scores_one_and_truncated_or_wrong_score_zero(difficulty, monkeypatch):
     calls = []
-    monkeypatch.setattr(program, "run_many", lambda *a, **k: calls.append(a) or [])
+    monkeypatch.setattr(coding, "run_many", lambda *a, **k: calls.append(a) or [])
     t = get_task("program", difficulty=difficulty)
     exs = t.make_split("test", 60, seed=0)
     golds = [t.sft_target(e) for e in exs]
@@ -173,8 +174,8 @@ def test_plain_statements_are_scored_in_process_as_the_sandbox_scores_them(monke
             del lines[rng.randrange(len(lines))]
         resps.append("\n".join(lines) + "\n return y\n\n")
     calls = []
-    real = program.run_many
-    monkeypatch.setattr(program, "run_many", lambda s, **k: calls.append(len(s)) or real(s, **k))
+    real = coding.run_many
+    monkeypatch.setattr(coding, "run_many", lambda s, **k: calls.append(len(s)) or real(s, **k))
     fast = t.score_batch([ex] * len(resps), resps)
     assert calls == []
     monkeypatch.setattr(program, "pure_program", lambda body: None)
@@ -186,8 +187,8 @@ def test_plain_statements_are_scored_in_process_as_the_sandbox_scores_them(monke
 
 def test_unparsable_responses_never_reach_the_sandbox_and_duplicates_run_once(monkeypatch):
     seen = []
-    real = program.run_many
-    monkeypatch.setattr(program, "run_many", lambda s, **k: seen.append(len(s)) or real(s, **k))
+    real = coding.run_many
+    monkeypatch.setattr(coding, "run_many", lambda s, **k: seen.append(len(s)) or real(s, **k))
     t = get_task("program")
     ex = make_example()
     bad = ["", "\n\n", "y=x\n return y\n\n", " y=x*\n return y\n\n", " y=(x\n\n", " " + "y=y+1\n " * 200 + "\n\n",

@@ -169,6 +169,59 @@ def harness(expr: str, inputs: list[int]) -> str:
     )
 
 
+def score_by_execution(examples: list[Example], responses: list[str], parse, pure, run_in_process, make_harness,
+                       timeout_s: float, partial_credit: bool) -> list[float]:
+    """Scores of responses that are programs, checked on each example's hidden cases (its label's `inputs` and
+    `outputs`), shared by the coding tasks. `parse(response)` gives the program text or None (score 0);
+    `pure(program)` its compiled form where it may run in this process (`run_in_process(code, inputs)` prints
+    what the harness would), else None, and then `make_harness(program, inputs)` is run in the sandbox. One run
+    per distinct (program, hidden inputs): RL groups repeat a lot. All-or-nothing unless `partial_credit` (the
+    fraction of cases passed)."""
+    if len(examples) != len(responses):
+        raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
+    jobs: dict[tuple[str, str], int] = {}
+    keys: list[tuple[str, str] | None] = []
+    cases = []
+    for ex, resp in zip(examples, responses, strict=True):
+        case = json.loads(ex.label)
+        cases.append(case)
+        prog = parse(resp)
+        if prog is None:
+            keys.append(None)
+            continue
+        key = (prog, json.dumps(case["inputs"]))
+        jobs.setdefault(key, len(jobs))
+        keys.append(key)
+    stdout: list[str | None] = [None] * len(jobs)  # what the harness printed; None: killed by the sandbox
+    boxed = []  # (job, program, inputs) for the sandbox
+    for (prog, inp), j in jobs.items():
+        code = pure(prog)
+        if code is not None:
+            stdout[j] = run_in_process(code, json.loads(inp))
+        else:
+            boxed.append((j, prog, json.loads(inp)))
+    sources = [make_harness(prog, inputs) for _, prog, inputs in boxed]
+    results = run_many(sources, timeout_s=timeout_s, max_output_bytes=16_000) if sources else []
+    for (j, _, _), r in zip(boxed, results, strict=True):
+        stdout[j] = None if r.killed_reason is not None else r.stdout
+    scores = []
+    for key, case in zip(keys, cases, strict=True):
+        if key is None:
+            scores.append(0.0)
+            continue
+        out = stdout[jobs[key]]
+        lines = [] if out is None else out.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        want = [repr(int(v)) for v in case["outputs"]]
+        if out is None or len(lines) != len(want):
+            scores.append(0.0)
+            continue
+        passed = sum(g == w for g, w in zip(lines, want, strict=True))
+        scores.append(passed / len(want) if partial_credit else float(passed == len(want)))
+    return scores
+
+
 @register("coding")
 class CodingTask(Task):
     name = "coding"
@@ -234,50 +287,6 @@ class CodingTask(Task):
 
     def score_batch(self, examples: list[Example], responses: list[str]) -> list[float]:
         """One evaluation per distinct (expression, hidden inputs), RL groups repeat a lot: in-process for
-        integer arithmetic on x (`pure_arithmetic`), else one sandbox process."""
-        if len(examples) != len(responses):
-            raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
-        jobs: dict[tuple[str, str], int] = {}
-        keys: list[tuple[str, str] | None] = []
-        cases = []
-        for ex, resp in zip(examples, responses, strict=True):
-            case = json.loads(ex.label)
-            cases.append(case)
-            expr = clean_expression(resp)
-            if expr is None:
-                keys.append(None)
-                continue
-            key = (expr, json.dumps(case["inputs"]))
-            jobs.setdefault(key, len(jobs))
-            keys.append(key)
-        stdout: list[str | None] = [None] * len(jobs)  # what the harness printed; None: killed by the sandbox
-        boxed = []  # (job, expression, inputs) for the sandbox
-        for (expr, inp), j in jobs.items():
-            code = pure_arithmetic(expr)
-            if code is not None:
-                stdout[j] = run_pure(code, json.loads(inp))
-            else:
-                boxed.append((j, expr, json.loads(inp)))
-        sources = [harness(expr, inputs) for _, expr, inputs in boxed]
-        results = run_many(sources, timeout_s=self.timeout_s, max_output_bytes=16_000) if sources else []
-        for (j, _, _), r in zip(boxed, results, strict=True):
-            stdout[j] = None if r.killed_reason is not None else r.stdout
-        scores = []
-        for key, case in zip(keys, cases, strict=True):
-            if key is None:
-                scores.append(0.0)
-                continue
-            out = stdout[jobs[key]]
-            lines = [] if out is None else out.split("\n")
-            if lines and lines[-1] == "":
-                lines.pop()
-            want = [repr(int(v)) for v in case["outputs"]]
-            if out is None or len(lines) != len(want):
-                scores.append(0.0)
-                continue
-            passed = sum(g == w for g, w in zip(lines, want, strict=True))
-            if self.partial_credit:
-                scores.append(passed / len(want))
-            else:
-                scores.append(1.0 if passed == len(want) else 0.0)
-        return scores
+        integer arithmetic on x (`pure_arithmetic`), else one sandbox process (`score_by_execution`)."""
+        return score_by_execution(examples, responses, clean_expression, pure_arithmetic, run_pure, harness,
+                                  self.timeout_s, self.partial_credit)

@@ -51,7 +51,7 @@ import json
 import random
 
 from trace.tasks.base import Example, Task, preset, register
-from trace.tasks.sandbox import run_many
+from trace.tasks.coding import score_by_execution
 
 HEADER = "def f(x):\n"
 MIN_GOLD_CHARS = 30
@@ -316,47 +316,6 @@ class ProgramTask(Task):
 
     def score_batch(self, examples: list[Example], responses: list[str]) -> list[float]:
         """One run per distinct (body, hidden inputs), RL groups repeat a lot: in-process for plain statements
-        (`pure_program`), else one sandbox process."""
-        if len(examples) != len(responses):
-            raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
-        jobs: dict[tuple[str, str], int] = {}
-        keys: list[tuple[str, str] | None] = []
-        cases = []
-        for ex, resp in zip(examples, responses, strict=True):
-            case = json.loads(ex.label)
-            cases.append(case)
-            body = parse_body(resp)
-            if body is None:
-                keys.append(None)
-                continue
-            key = (body, json.dumps(case["inputs"]))
-            jobs.setdefault(key, len(jobs))
-            keys.append(key)
-        stdout: list[str | None] = [None] * len(jobs)  # what the harness printed; None: killed by the sandbox
-        boxed = []  # (job, body, inputs) for the sandbox
-        for (body, inp), j in jobs.items():
-            code = pure_program(body)
-            if code is not None:
-                stdout[j] = run_pure(code, json.loads(inp))
-            else:
-                boxed.append((j, body, json.loads(inp)))
-        sources = [harness(body, inputs) for _, body, inputs in boxed]
-        results = run_many(sources, timeout_s=self.timeout_s, max_output_bytes=16_000) if sources else []
-        for (j, _, _), r in zip(boxed, results, strict=True):
-            stdout[j] = None if r.killed_reason is not None else r.stdout
-        scores = []
-        for key, case in zip(keys, cases, strict=True):
-            if key is None:
-                scores.append(0.0)
-                continue
-            out = stdout[jobs[key]]
-            lines = [] if out is None else out.split("\n")
-            if lines and lines[-1] == "":
-                lines.pop()
-            want = [repr(int(v)) for v in case["outputs"]]
-            if out is None or len(lines) != len(want):
-                scores.append(0.0)
-                continue
-            passed = sum(g == w for g, w in zip(lines, want, strict=True))
-            scores.append(passed / len(want) if self.partial_credit else float(passed == len(want)))
-        return scores
+        (`pure_program`), else one sandbox process (`trace.tasks.coding.score_by_execution`)."""
+        return score_by_execution(examples, responses, parse_body, pure_program, run_pure, harness, self.timeout_s,
+                                  self.partial_credit)
