@@ -29,7 +29,10 @@
 - periodic held-out evaluation (`rl.eval_every`), as `trace.rl.trainer.RLTrainer.run`: step 0 (a fresh
   run) gets its own line with `eval_accuracy`, and every eval_every-th step and the last add
   `eval_accuracy` and `eval_reward` to their line; `trace.episode.evaluate_policy` on the policy in
-  the arm's deployment, its parameters gathered under ZeRO-3 (every rank enters, rank 0 evaluates).
+  the arm's deployment. Under ZeRO-3 only rank 0 ever holds the whole policy (`gathered_weights`): every
+  rank gathers the parameters one module at a time (a collective), rank 0 copies each module's into a state
+  dict and the others let theirs go at once; rank 0 then evaluates the engine loaded from that state dict
+  (the model's own RoPE buffer, which ZeRO-3 does not partition), the same weights the whole-model gather gave.
 DeepSpeed's optimizer is torch's AdamW (`torch_adam`, the same update): DeepSpeed's own Adam is an
 extension built on first use on every fresh machine (g++ on a CPU; nvcc on a GPU, where DeepSpeed 0.19.6
 cannot parse a TORCH_CUDA_ARCH_LIST entry such as "9.0a", ops/op_builder/builder.py:708).
@@ -126,6 +129,27 @@ def prepare_for_qat(model, mode: str, fmt: str, zero_stage: int) -> None:
             if not getattr(m, "_trace_input_hook", False):
                 m.register_forward_pre_hook(_input_by_position, with_kwargs=True, prepend=True)
                 m._trace_input_hook = True
+
+
+def gathered_weights(model, rank: int) -> dict[str, torch.Tensor] | None:
+    """The ZeRO-3 partitioned model's parameters by name, whole, on rank 0 (None on the others). A collective:
+    every rank gathers the parameters of one module at a time (`deepspeed.zero.GatheredParameters`, read-only);
+    rank 0 copies each into the state dict (where the parameter lives), the other ranks hold one module's
+    parameters at most, released as the next is gathered. A parameter shared by two modules (tied embeddings) is
+    gathered once and named under both, as `state_dict()` names it."""
+    import deepspeed
+
+    sd: dict[str, torch.Tensor] = {}
+    copied: dict[int, torch.Tensor | None] = {}  # every rank the same keys: the same gathers in the same order
+    for prefix, module in model.named_modules():
+        own = list(module.named_parameters(prefix=prefix, recurse=False, remove_duplicate=False))
+        fresh = list({id(p): p for _, p in own if id(p) not in copied}.values())
+        if fresh:
+            with deepspeed.zero.GatheredParameters(fresh, modifier_rank=None), torch.no_grad():
+                copied.update({id(p): p.detach().clone() if rank == 0 else None for p in fresh})
+        if rank == 0:
+            sd.update({n: copied[id(p)] for n, p in own})
+    return sd if rank == 0 else None
 
 
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -358,22 +382,22 @@ class TracePolicyActor(_BASE):
 
     def _trace_evaluate(self) -> dict | None:
         """`evaluate_policy` on the current policy in the arm's deployment (rank 0's result; None elsewhere).
-        Under ZeRO-3 every rank gathers the parameters (a collective), rank 0 evaluates."""
+        Under ZeRO-3 every rank takes part in gathering the parameters module by module and only rank 0 keeps them
+        (`gathered_weights`), then evaluates the engine loaded from them."""
         cfg = self._trace_cfg
         model = hf_model(self.actor)
-        ctx = contextlib.nullcontext()
-        if self.strategy.args.ds.zero_stage == 3:
-            import deepspeed
-            ctx = deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+        rank = torch.distributed.get_rank()
+        weights = gathered_weights(model, rank) if self.strategy.args.ds.zero_stage == 3 else None
         ev = None
-        with ctx, torch.no_grad():
-            if torch.distributed.get_rank() == 0:
-                was = model.training
-                model.eval()
-                try:
-                    ev = evaluate_policy(model, cfg, build_task(cfg), self.tokenizer, mode=self._trace.arm.deploy)
-                finally:
-                    model.train(was)
+        if rank == 0:
+            was = model.training
+            model.eval()
+            try:
+                ev = evaluate_policy(model, cfg, build_task(cfg), self.tokenizer, mode=self._trace.arm.deploy,
+                                     state_dict=weights)
+            finally:
+                model.train(was)
+        del weights
         torch.distributed.barrier()
         return ev
 
@@ -428,5 +452,5 @@ class TracePolicyActor(_BASE):
         return status
 
 
-__all__ = ["HOOKS", "USES", "TraceActorPPOTrainer", "TracePolicyActor", "TraceReplay", "check_hooks", "hf_model", "metrics_line", "mismatch_metrics",
-           "positions", "prepare_for_qat", "shared_input_modules"]
+__all__ = ["HOOKS", "USES", "TraceActorPPOTrainer", "TracePolicyActor", "TraceReplay", "check_hooks", "gathered_weights",
+           "hf_model", "metrics_line", "mismatch_metrics", "positions", "prepare_for_qat", "shared_input_modules"]
