@@ -5,7 +5,9 @@
   gathers are collectives), rank 0's state dict equals the model's own `state_dict()` parameters and the other
   ranks keep nothing; with real DeepSpeed ZeRO-3 (gloo, world size 1, every parameter partitioned) the actor's
   evaluation equals what the whole-model gather and `evaluate_policy(model)` give, and deploys the same weights, bit
-  for bit."""
+  for bit;
+- DeepSpeed's own Adam is kept where its op builds (`choose_optimizer`, the probe monkeypatched), torch's AdamW
+  (`torch_adam`) set where it does not, and the probe reports a builder that fails to load as "not here"."""
 from types import SimpleNamespace
 
 import pytest
@@ -116,3 +118,38 @@ def test_zero3_evaluation_equals_the_whole_model_gather(gloo, monkeypatch):
     new, old = loaded
     assert new.keys() == old.keys() and any(k.endswith(".codes") for k in new)
     assert [k for k in new if not torch.equal(new[k], old[k])] == []
+
+
+@pytest.mark.parametrize("offload,builder,own", [(False, "FusedAdamBuilder", "FusedAdam"),
+                                                 (True, "CPUAdamBuilder", "DeepSpeedCPUAdam")])
+@pytest.mark.parametrize("builds", [True, False])
+def test_torch_adam_only_where_deepspeeds_adam_cannot_build(monkeypatch, offload, builder, own, builds):
+    asked = []
+    monkeypatch.setattr(actor, "adam_op_builds", lambda b: asked.append(b) or (builds, "probe says so"))
+    conf = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu" if offload else "none"}},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-6, "betas": [0.9, 0.95], "eps": 1e-8}}}
+    line = actor.choose_optimizer(conf)
+    assert asked == [builder] and own in line and "probe says so" in line
+    params = conf["optimizer"]["params"]
+    assert params.get("torch_adam", False) is (not builds)
+    assert {k: v for k, v in params.items() if k != "torch_adam"} == {"lr": 1e-6, "betas": [0.9, 0.95], "eps": 1e-8}
+    assert actor.choose_optimizer({"zero_optimization": {"stage": 3}}) is None  # a model-loading config: no optimizer
+
+
+def test_probe_says_not_here_for_an_op_that_fails_to_load(monkeypatch):
+    import deepspeed.ops.op_builder as op_builder
+
+    class Broken:
+        def is_compatible(self, verbose=False):
+            return True
+
+        def load(self, verbose=False):
+            raise RuntimeError("Error building extension 'fused_adam'")
+
+    monkeypatch.setattr(op_builder, "BrokenAdamBuilder", Broken, raising=False)
+    ok, why = actor.adam_op_builds("BrokenAdamBuilder")
+    assert not ok and "Error building extension" in why
+    conf = {"optimizer": {"type": "AdamW", "params": {}}}
+    monkeypatch.setattr(actor, "ADAM_OPS", {False: ("BrokenAdamBuilder", "FusedAdam"),
+                                            True: ("BrokenAdamBuilder", "DeepSpeedCPUAdam")})
+    assert "torch_adam" in actor.choose_optimizer(conf) and conf["optimizer"]["params"]["torch_adam"] is True
