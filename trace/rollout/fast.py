@@ -32,6 +32,7 @@ import os
 import torch
 
 from trace import fp4
+from trace.rollout.weights import copy_into
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -141,16 +142,17 @@ class TritonPath:
 
     @staticmethod
     def build(weights, batch_invariant: bool = False) -> "TritonPath":
-        from kernels.gemm import prepare_weight
-        from kernels.moe import prepare_moe_weights
+        layers = [_prepare_layer(weights, i) for i in range(weights.arch.num_layers)]
+        return TritonPath([d for d, _ in layers], [m for _, m in layers], batch_invariant)
 
-        dense, moe = [], []
+    def refresh(self, weights) -> None:
+        """Re-lay the engine's FP4 weights after a per-tensor sync rewrote them (`RolloutEngine.finish_sync`), one
+        layer at a time, into the prepared tensors this path holds (`copy_into`: decode graphs read them by
+        address), so that at most one layer's new layouts exist beside the held ones."""
         for i in range(weights.arch.num_layers):
-            fp4s = _dense_fp4(weights, i)
-            experts = _expert_fp4(weights, i)
-            dense.append({key: prepare_weight(t.codes, t.scales, t.outer) for key, t in fp4s.items()})
-            moe.append(None if experts is None else prepare_moe_weights(*experts))
-        return TritonPath(dense, moe, batch_invariant)
+            if not copy_into((self.dense[i], self.moe[i]), _prepare_layer(weights, i)):
+                raise RuntimeError(f"layer {i}: the re-quantized FP4 weights no longer fit the kernels' prepared "
+                                   "layouts the engine holds")
 
     def self_test(self, weights, dtype: torch.dtype, device, rows=(1, 2, 5, 64, 300), seed: int = 0) -> None:
         """Check the kernels against `kernels.reference` at this model's own shapes before a run uses
@@ -459,6 +461,16 @@ _DENSE = (("q", "self_attn.q_proj.weight"), ("k", "self_attn.k_proj.weight"), ("
           ("o", "self_attn.o_proj.weight"), ("sg", "mlp.shared_expert.gate_proj.weight"),
           ("su", "mlp.shared_expert.up_proj.weight"), ("sd", "mlp.shared_expert.down_proj.weight"),
           ("mg", "mlp.gate_proj.weight"), ("mu", "mlp.up_proj.weight"), ("md", "mlp.down_proj.weight"))
+
+
+def _prepare_layer(weights, i: int) -> tuple[dict, object]:
+    """Layer i's weights in the kernels' layouts: (dense projections by path key, routed experts or None)."""
+    from kernels.gemm import prepare_weight
+    from kernels.moe import prepare_moe_weights
+
+    experts = _expert_fp4(weights, i)
+    dense = {key: prepare_weight(t.codes, t.scales, t.outer) for key, t in _dense_fp4(weights, i).items()}
+    return dense, None if experts is None else prepare_moe_weights(*experts)
 
 
 def _dense_fp4(weights, i: int) -> dict:
