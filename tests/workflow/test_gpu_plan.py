@@ -161,3 +161,30 @@ def test_rows_widen_a_table_that_lacks_a_column(tmp_path):
     older.write_text("v,x\nm3,3\nm2,2\n")
     assert gp._append_rows(older, dest) == 1
     assert dest.read_bytes() == b"v,x,mfu\r\nm1,1,\r\nm2,2,0.3\r\nm3,3,\r\n"
+
+
+def test_start_installs_the_wheels_for_the_jobs_and_reads_the_budget_in_minutes(monkeypatch, tmp_path, capsys):
+    """The jobs import trace.config (jsonschema): `start` installs the plan's carried wheel folder and puts it on the
+    jobs' PYTHONPATH; a budget beyond one machine's minutes (e.g. seconds given for minutes) is refused."""
+    calls = []
+
+    def fake_run(argv, cwd=None, env=None, **kw):
+        calls.append((argv, env))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(gp, "_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setenv("TRACE_GIT_COMMIT", "0" * 40)
+    monkeypatch.setenv("QDIR", str(tmp_path / "q"))
+    monkeypatch.setenv("SITE", str(tmp_path / "site"))
+    (tmp_path / "q").mkdir()
+    monkeypatch.setattr(gp.subprocess, "run", fake_run)
+    assert gp.cmd_start(type("A", (), {"budget": 1700})()) == 2
+    assert "in minutes" in capsys.readouterr().err and calls == []
+    monkeypatch.setattr(gp, "load", lambda: ({"budget_minutes": 25, "wheels": "scripts"}, []))
+    assert gp.cmd_start(type("A", (), {"budget": None})()) == 0  # nothing ready: nothing installed either
+    monkeypatch.setattr(gp, "next_units", lambda *a: [gp.Unit("x", "a", "h100", 1.0, "test")])
+    monkeypatch.setattr(gp, "queue_lines", lambda picked, qdir: ["1 x true"])
+    assert gp.cmd_start(type("A", (), {"budget": None})()) == 0
+    (install, _), (queue, env) = calls
+    assert install[1:] == [str(ROOT / "scripts/gpu/offline_wheels.sh"), "install", "scripts"]
+    assert queue[-2] == "start" and str(tmp_path / "site") in env["PYTHONPATH"].split(os.pathsep)

@@ -225,6 +225,27 @@ def _gpu_name() -> str:
         return ""
 
 
+MAX_BUDGET_MINUTES = 60
+
+
+def install_wheels(folder: str | None) -> str | None:
+    """Install the plan's carried wheel folder (scripts/gpu/offline_wheels.sh, into $SITE, default /tmp/site) for the
+    jobs: the install's folder, "" where the plan names no folder or it was not carried, None (said why) on failure."""
+    if not folder or not (ROOT / folder).is_dir():
+        if folder:
+            print(f"warning: the plan's wheel folder {folder} is not here; the jobs get the machine's packages only",
+                  file=sys.stderr)
+        return ""
+    site = os.environ.get("SITE", "/tmp/site")
+    r = subprocess.run(["bash", str(ROOT / "scripts/gpu/offline_wheels.sh"), "install", folder], cwd=ROOT,
+                       env=dict(os.environ, SITE=site), capture_output=True, text=True)
+    if r.returncode:
+        print(f"error: installing {folder} failed:\n" + "\n".join((r.stdout + r.stderr).splitlines()[-20:]),
+              file=sys.stderr)
+        return None
+    return site
+
+
 def cmd_start(args) -> int:
     gpu = _gpu_name()
     if not gpu:
@@ -237,9 +258,13 @@ def cmd_start(args) -> int:
               "was sent from, with a clean tree)", file=sys.stderr)
         return 2
     cfg, units = load()
+    budget = args.budget or cfg["budget_minutes"]
+    if budget > MAX_BUDGET_MINUTES:
+        print(f"error: --budget is in minutes of one lent machine (held at most 30); got {budget:g}", file=sys.stderr)
+        return 2
     ledger = read_csv(ROOT / LEDGER)
     tree = tree_hash()
-    picked = next_units(units, ledger, tree, machine, args.budget or cfg["budget_minutes"])
+    picked = next_units(units, ledger, tree, machine, budget)
     if not picked:
         print(f"no unit of the plan is ready for an {machine} within {args.budget or cfg['budget_minutes']} min")
         return 0
@@ -247,6 +272,12 @@ def cmd_start(args) -> int:
     jobs = Path(tempfile.mkstemp(suffix=".jobs")[1])
     jobs.write_text("\n".join(queue_lines(picked, qdir)) + "\n")
     env = dict(os.environ, QDIR=qdir, TRACE_GIT_COMMIT=commit, GIT_COMMIT=commit)
+    site = install_wheels(cfg.get("wheels"))
+    if site is None:
+        return 1
+    if site:  # the jobs import the carried packages (trace.config needs jsonschema) from the install's folder
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), site, env.get("PYTHONPATH")) if p)
+        env["PATH"] = os.pathsep.join((f"{site}/bin", env.get("PATH", "")))
     passed = [r for r in ledger if r["unit"] == "gpu-suite" and r["tree"] == tree and r["rc"] == "0"]
     if passed:  # the suite passed for this source tree on a machine of the ledger: chunks record that, not run it
         p = passed[-1]
