@@ -78,6 +78,11 @@ def test_next_units_keep_order_kind_budget_and_after(tmp_path):
     assert pick("h100", failed_elsewhere)[0] == "suite"  # a pass for another tree does not count
     # measured minutes replace the estimate: the suite's 10 measured leave room for fill
     assert gp.minutes(units[0], failed_elsewhere) == (10.0, "measured")
+    # a failed attempt does not measure the unit: a quick failure leaves the estimate, a long one raises it
+    quick = failed_elsewhere + [{"unit": "suite", "tree": "T", "rc": "1", "attempt": "2", "seconds": "6"}]
+    assert gp.minutes(units[0], quick) == (10.0, "measured")
+    assert gp.minutes(units[0], quick[1:]) == (12.0, "estimate")
+    assert gp.minutes(units[0], [{**quick[1], "rc": "124", "seconds": "900"}]) == (15.0, "estimate")
 
 
 def test_queue_lines_are_queue_sh_lines_and_hold_back_after_a_failure(tmp_path):
@@ -146,7 +151,7 @@ def test_unpack_records_every_job_and_applies_only_finished_units(tmp_path):
         assert len(list(csv.DictReader(f))) == 3
     assert (root / "results/t.csv").read_text().count("m9") == 1
     text = (root / gp.TABLE).read_text()
-    assert "| a | rows | h100 | 1.7 | measured | done |" in text and "| b | fails | h100 | 0.8 | measured | ready |" in text
+    assert "| a | rows | h100 | 1.7 | measured | done |" in text and "| b | fails | h100 | 5.0 | estimate | ready |" in text  # a failure measures nothing
 
 
 def test_rows_widen_a_table_that_lacks_a_column(tmp_path):

@@ -142,17 +142,27 @@ def read_csv(path: Path) -> list[dict]:
 
 
 def measured_s(unit: Unit, ledger: list[dict]) -> float | None:
-    """The seconds of the unit's latest attempt (the sum over its jobs), None if it never ran."""
+    """The seconds of the unit's latest attempt whose jobs all passed (the sum over its jobs), None if none did: a
+    failed job's seconds (a missing package, a unit held back) say nothing of what the unit takes."""
     rows = [r for r in ledger if r["unit"] == unit.name]
-    if not rows:
+    passed = [a for a in {r["attempt"] for r in rows} if all(r["rc"] == "0" for r in rows if r["attempt"] == a)]
+    if not passed:
         return None
-    last = max(r["attempt"] for r in rows)
+    last = max(passed)
     return sum(float(r["seconds"]) for r in rows if r["attempt"] == last)
 
 
 def minutes(unit: Unit, ledger: list[dict]) -> tuple[float, str]:
+    """(minutes, "measured" | "estimate"): the latest passing attempt's, else the plan's estimate, raised to the
+    longest failed attempt where one ran longer (a job stopped at its limit needs at least that)."""
     s = measured_s(unit, ledger)
-    return (s / 60, "measured") if s is not None else (float(unit.minutes), "estimate")
+    if s is not None:
+        return s / 60, "measured"
+    failed: dict[str, float] = {}
+    for r in ledger:
+        if r["unit"] == unit.name:
+            failed[r["attempt"]] = failed.get(r["attempt"], 0.0) + float(r["seconds"])
+    return max([float(unit.minutes), *(v / 60 for v in failed.values())]), "estimate"
 
 
 def is_done(unit: Unit, ledger: list[dict], tree: str, root: Path = ROOT) -> bool:
