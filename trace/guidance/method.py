@@ -111,10 +111,10 @@ class Method:
 
     name: str
     arm: Arm
-    rho: float = 0.5  # guided fraction of the layers (the deepest)
-    diag_flips: bool = True  # the diagnostic full-codes record for flip statistics
-    align_coef: float = 0.1  # weight of the alignment term in the loss
-    align_scales: bool = True  # the block-scale part of the alignment term
+    rho: float  # the run's rl.rho, rl.diag_flips, rl.align_coef and rl.align_scales (trace/settings.py RLSettings)
+    diag_flips: bool
+    align_coef: float
+    align_scales: bool
 
     @classmethod
     def from_config(cls, rl: dict) -> Method:
