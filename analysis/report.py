@@ -230,14 +230,15 @@ def _timed_steps(run: pd.DataFrame) -> str:
 
 
 def rl_step(rlstep_csv: str = "results/rlstep/rlstep.csv") -> str:
-    """Markdown rows of the newest GPU run of benchmarks/bench_rlstep.py (the last row's version): per model shape and
-    arm the rollout's tokens/s and its ratio to the bf16 arm's, the record per generated token, the train phase, the
-    part of it the replay adds, its ratio to qat-independent's and the mismatch k3; then where a trace step's time
-    goes. Ratios are taken between rows of the same run (RLSTEP_RUN), whatever order the arms were timed in."""
+    """Markdown rows of the newest GPU run of benchmarks/bench_rlstep.py at the medium flavors (the last such row's
+    version): per model shape and arm the rollout's tokens/s and its ratio to the bf16 arm's, the record per
+    generated token, the train phase, the part of it the replay adds, its ratio to qat-independent's and the
+    mismatch k3; then where a trace step's time goes. Ratios are taken between rows of the same run (RLSTEP_RUN), whatever order the arms were timed in."""
     if not os.path.exists(rlstep_csv):
         return ""
     df = pd.read_csv(rlstep_csv)
-    df = df[df["gpu"].astype(str) != "cpu"]
+    # GPU rows of the medium flavors: a small flavor's rows (its profile's RL settings) share the table, not this text
+    df = df[(df["gpu"].astype(str) != "cpu") & df["model"].astype(str).str.endswith("-medium")]
     if df.empty:
         return ""
     run = df[df["version"] == df.iloc[-1]["version"]].copy()

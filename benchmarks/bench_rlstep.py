@@ -1,7 +1,9 @@
 """One RL step per arm, timed phase by phase in one process on an otherwise idle device: where the step's time
 goes (rollout, TRACE's recording, the trainer's forward+backward and its replay, optimizer, weight sync), what the
-record costs in bytes per generated token beside the BF16 KV cache, and the rollout's speed against the BF16
-arm's, at a model's layer shapes (the medium flavors: the real models' layers, few of them).
+record costs in bytes per generated token beside the BF16 KV cache, the rollout's speed against the BF16
+arm's, and the trainer's model FLOPs utilization, at a model's layer shapes (the medium flavors: the real models'
+layers, few of them; or a small flavor at its profile's RL settings, e.g. --profile experiments/profiles/small-v2.yaml
+--model qwen3_moe-small).
 
     PYTHONPATH=. python benchmarks/bench_rlstep.py --device cuda --profile experiments/profiles/medium.yaml \
         --model qwen3_moe-medium --task reasoning --prompts 32 --group-size 8 --gen 1024 [--steps 3] \
@@ -13,7 +15,9 @@ runs --steps steps and keeps the medians of the steps after the first (warm-up: 
 With --gen N every sequence generates exactly N tokens: the engine is called without the stop token and the stop
 string (the trainer's rollout otherwise unchanged), so every arm trains on the same shape and the prompts, which
 derive from (seed, step), are the same in every arm; the row says `forced`. --natural keeps the task's stops
-(then --gen is the length limit and `gen_per_seq` says what was generated).
+(then --gen is the length limit and `gen_per_seq` says what was generated). An arm with the alignment term takes
+rl.align_coef from the profile's calibration file; where that file does not exist yet it takes the trainer's default
+and the row's note says so (the step's work does not depend on the coefficient's value, only on its being positive).
 
 Columns (rows APPENDED to --out, default results/rlstep/rlstep.csv; DESIGN.md §6 "RL step"):
   rollout_s     the step's rollout phase: generation with the arm's recording, scoring, the record's finish
@@ -35,6 +39,22 @@ Columns (rows APPENDED to --out, default results/rlstep/rlstep.csv; DESIGN.md §
   k3_first, k3  rollout/trainer mismatch of the first step (same weights on both sides) and its median
   micro_batch   --micro-batch: sequences per trainer forward/backward (rl.micro_batch; empty: the whole batch)
   procs, steps_per_s   as --procs: N processes of the arm at once (runs sharing a GPU), N / step_s
+  experts       the QAT experts' implementation the trainer ran (rl.experts, --experts, resolved on the device: auto
+                is grouped on a GPU and the loop on the CPU; trace/qat/experts.py)
+  train_tokens  the tokens of a step's trainer forward+backward: per sequence its input tokens, the prompt and the
+                generated tokens but the last generated one (a target only), padding excluded
+  fwd_bwd_flops the model FLOPs of that forward+backward (benchmarks/flops.py; PaLM's MFU numerator, Chowdhery et al.
+                2022, Appendix B): per sequence of T input tokens T x (6 N_active + 12 L H d_head T), N_active the
+                parameters of the matrix multiplies a token passes through (attention projections, router, the top-k
+                experts' share of the expert weights, a shared expert, LM head), 6 = 2 FLOPs a multiply-add x
+                (forward + a backward of twice the forward); the second term the attention scores and their weighted
+                sum (QK^T and AV) over the whole T, not the causal half. Not counted: fake quantization, the replay, a
+                recomputed expert forward, the KL reference's forward (rl.kl_coef > 0). Medians over the timed steps
+  peak_tflops   the card's dense BF16 GEMM rate in TFLOP/s, measured once at the start of the run in this process
+                (flops.bf16_gemm_tflops: median of 10 timed 8192^3 matmuls); empty off a GPU
+  mfu           fwd_bwd_flops / fwd_bwd_s / (peak_tflops x 1e12); empty off a GPU. fwd_bwd_s holds the arm's FP4
+                emulation and replay, which the numerator does not count, so they lower the arm's mfu. With --procs N:
+                one process's share of the card
 Compared against: the bf16 arm (no FP4 anywhere) and qat-independent (the FP4 trainer without guidance).
 """
 from __future__ import annotations
@@ -54,10 +74,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.flops import bf16_gemm_tflops, mfu, train_flops  # noqa: E402
 from benchmarks.results_table import append, git_commit, read, today  # noqa: E402
-from benchmarks.trainer_memory import step_config  # noqa: E402
+from benchmarks.trainer_memory import CalibrationMissing, step_config  # noqa: E402
 from trace.arms import ARMS  # noqa: E402
 from trace.models.registry import head_dim_of  # noqa: E402
+from trace.qat.experts import resolve as resolve_experts  # noqa: E402
 from trace.rl.trainer import RLTrainer, token_logprobs  # noqa: E402
 
 FIELDS = ("version", "commit", "gpu", "date", "model", "task", "arm", "method", "rho", "fp4_kernels", "prompts",
@@ -65,7 +87,7 @@ FIELDS = ("version", "commit", "gpu", "date", "model", "task", "arm", "method", 
           "record_s", "record_frac", "tok_s", "tok_s_vs_bf16", "record_bytes_per_token", "kv_bf16_bytes_per_token",
           "train_s", "fwd_bwd_s", "replay_s", "optimizer_s", "sync_s", "train_vs_qat_independent", "train_vs_bf16",
           "peak_gb", "k3_first", "k3", "procs", "steps_per_s", "recompute_experts", "micro_batch", "note",
-          "generate_again_s")
+          "generate_again_s", "experts", "train_tokens", "fwd_bwd_flops", "peak_tflops", "mfu")
 # the timed phases, medians over the steps after the first
 PHASES = ("step_s", "rollout_s", "generate_s", "record_s", "train_s", "fwd_bwd_s", "replay_s", "optimizer_s",
           "sync_s")
@@ -133,13 +155,16 @@ class PhaseClock:
         setattr(obj, name, timed)
 
     def step(self, i: int) -> dict:
-        """RL step i with its phase times; for a step that replayed a record, replay_s from the paired probe."""
+        """RL step i with its phase times and its trainer inputs' lengths (`seq_lens`: each sequence's input tokens,
+        padding excluded, over every forward of the step); for a step that replayed a record, replay_s from the
+        paired probe."""
         self.s, self.kept, self.replayed = {}, [], False
         m = self.tr.step(i).to_dict()
+        seq_lens = [int(n) for tb, _ in self.kept for n in tb.att.sum(1).tolist()]
         replay = self.fwd_bwd_without_record(self.kept) if self.replayed else None
         self.kept = []
         return {**m, **self.s, "replay_s": self.s["fwd_bwd_s"] - replay if replay is not None else 0.0,
-                "generate_again_s": self.generate_again()}
+                "generate_again_s": self.generate_again(), "seq_lens": seq_lens}
 
     def generate_again(self) -> float | None:
         """Seconds of the step's generate call made again right after the step: same prompts, seed and weights, the
@@ -177,13 +202,16 @@ class PhaseClock:
 
 def time_arm(cfg: dict, steps: int, force: bool) -> dict:
     """Medians over steps 2..steps of the phase times; tokens, record bytes, GPU peak, and the rollout/trainer
-    mismatch k3 of the first step (before any update) and its median over all steps."""
+    mismatch k3 of the first step (before any update) and its median over all steps; the trainer's tokens and
+    model FLOPs of a step (medians over steps 2..steps)."""
     with tempfile.TemporaryDirectory() as out:
         tr = RLTrainer(cfg, out, progress=False)
         clock = PhaseClock(tr, force)
         ms = [clock.step(i) for i in range(1, steps + 1)]
         recompute = tr.model._trace_rt.recompute_experts  # what the trainer ran, not what was asked
-        kv = kv_bf16_bytes_per_token(tr.model.config)
+        experts = resolve_experts(tr.model._trace_rt.experts, torch.device(tr.device))
+        config = tr.model.config
+        kv = kv_bf16_bytes_per_token(config)
     k3 = [m["k3"] for m in ms]
     batch = cfg["rl"]["prompts_per_step"] * cfg["rl"]["group_size"]
     ms = ms[1:]
@@ -200,7 +228,9 @@ def time_arm(cfg: dict, steps: int, force: bool) -> dict:
             "record_frac": r["record_s"] / r["rollout_s"],
             "record_bytes_per_token": med("guidance_bytes_per_gen_token"), "kv_bf16_bytes_per_token": kv,
             "peak_gb": max(peaks) if peaks else None, "k3_first": k3[0], "k3": statistics.median(k3),
-            "recompute_experts": recompute}
+            "recompute_experts": recompute, "experts": experts,
+            "train_tokens": statistics.median(sum(m["seq_lens"]) for m in ms),
+            "fwd_bwd_flops": statistics.median(train_flops(config, m["seq_lens"]) for m in ms)}
 
 
 def time_arm_in_procs(argv: list[str], arm: str, kernels: str, procs: int) -> dict:
@@ -224,12 +254,13 @@ def time_arm_in_procs(argv: list[str], arm: str, kernels: str, procs: int) -> di
     return {**{p: med(p) for p in PHASES}, "record_frac": med("record_frac"), "tok_s": med("tok_s"),
             "generate_again_s": statistics.median(again) if again else None,
             "peak_gb": max(peaks) if peaks else None,
-            **{k: float(first[k]) for k in ("gen_per_seq", "record_bytes_per_token", "k3_first", "k3")},
-            "kv_bf16_bytes_per_token": int(first["kv_bf16_bytes_per_token"]),
+            **{k: float(first[k]) for k in ("gen_per_seq", "record_bytes_per_token", "k3_first", "k3", "train_tokens",
+                                            "fwd_bwd_flops")},
+            "kv_bf16_bytes_per_token": int(first["kv_bf16_bytes_per_token"]), "experts": first["experts"],
             "recompute_experts": all(r["recompute_experts"] == "True" for r in rows)}
 
 
-SAME_RUN = ("version", "commit", "gpu", "model", "task", "batch", "gen", "forced")
+SAME_RUN = ("version", "commit", "gpu", "model", "task", "batch", "gen", "forced", "experts")
 
 
 def add_ratios(rows: list[dict], earlier: list[dict] = ()) -> None:
@@ -237,7 +268,7 @@ def add_ratios(rows: list[dict], earlier: list[dict] = ()) -> None:
     row of the same kernels setting where there is one (bf16 runs once, with the default setting). The references
     are these rows or `earlier` rows of the same run (SAME_RUN: a benchmark split over calls on one machine that
     append to one table, e.g. scripts/gpu/jobs/medium_rlstep.jobs)."""
-    key = lambda r: tuple(str(r[k]) for k in SAME_RUN)  # noqa: E731
+    key = lambda r: tuple(str(r.get(k, "")) for k in SAME_RUN)  # noqa: E731  (a table's older rows lack experts)
     refs = list(rows) + [{**e, "train_s": float(e["train_s"]), "tok_s": float(e["tok_s"])}
                          for e in earlier if key(e) in {key(r) for r in rows}]
     for r in rows:
@@ -275,11 +306,17 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--micro-batch", type=int, default=None,
                     help="rl.micro_batch: sequences per trainer forward/backward (default: the whole batch)")
     ap.add_argument("--note", default="", help="appended to every row's note")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="the card's BF16 GEMM rate for mfu (default: measured at the start on a GPU; --procs hands "
+                         "its processes the rate it measured); ignored off a GPU")
     a = ap.parse_args(argv)
     if a.procs < 1:
         ap.error("--procs must be at least 1")
     if a.steps < 2:
         ap.error("--steps must be at least 2 (the first is warm-up)")
+    # the peak before any arm, on an idle card: absolute rates only on a GPU
+    on_gpu = a.device.startswith("cuda")
+    a.peak_tflops = (a.peak_tflops or bf16_gemm_tflops(device=a.device)) if on_gpu else None
     # what each process of --procs gets: every given argument but the arms, kernels, processes and output
     child = [w for k, v in vars(a).items() if v is not None and v is not False and v != ""
              and k not in ("arms", "kernels", "procs", "out")
@@ -294,9 +331,16 @@ def main(argv=None) -> list[dict]:
             if a.experts:
                 rl["experts"] = a.experts
             rl.update({k: v for k, v in (("group_size", a.group_size), ("max_new_tokens", a.gen)) if v})
-            cfg, full = step_config(a.profile, a.model, a.task, arm, a.prompts or 1, init_ckpt=a.init_ckpt, **rl)
+            try:
+                cfg, full = step_config(a.profile, a.model, a.task, arm, a.prompts or 1, init_ckpt=a.init_ckpt, **rl)
+                calibrated = True
+            except CalibrationMissing:
+                cfg, full = step_config(a.profile, a.model, a.task, arm, a.prompts or 1, init_ckpt=a.init_ckpt,
+                                        calibrated=False, **rl)
+                calibrated = False
             if not a.prompts:
-                cfg, _ = step_config(a.profile, a.model, a.task, arm, full, init_ckpt=a.init_ckpt, **rl)
+                cfg, _ = step_config(a.profile, a.model, a.task, arm, full, init_ckpt=a.init_ckpt,
+                                     calibrated=calibrated, **rl)
             cfg["device"] = a.device
             method = cfg["rl"]["method"]
             for k in (a.kernels if ARMS[method].engine_mode != "bf16" else ["auto"]):
@@ -309,6 +353,8 @@ def main(argv=None) -> list[dict]:
                     "forced: stop token and stop string ignored" if not a.natural else "natural stops",
                     "random init" if not a.init_ckpt else "", f"{time.perf_counter() - t0:.0f} s with setup",
                     f"experts {a.experts}" if a.experts else "",
+                    "" if calibrated else f"align_coef {rlc['align_coef']:g}: the trainer's default (no calibration "
+                                          "file)",
                     a.note) if x)
                 rows.append({"version": a.version, "commit": git_commit(), "gpu": gpu, "date": today(),
                              "model": a.model, "task": a.task, "arm": arm, "method": method,
@@ -317,7 +363,9 @@ def main(argv=None) -> list[dict]:
                              "batch": rlc["prompts_per_step"] * rlc["group_size"], "gen": rlc["max_new_tokens"],
                              "forced": not a.natural, "steps": a.steps, **r, "procs": a.procs,
                              "micro_batch": rlc.get("micro_batch") or "",
-                             "steps_per_s": round(a.procs / r["step_s"], 4), "note": note})
+                             "steps_per_s": round(a.procs / r["step_s"], 4), "note": note,
+                             "peak_tflops": a.peak_tflops,
+                             "mfu": mfu(r["fwd_bwd_flops"], r["fwd_bwd_s"], a.peak_tflops)})
                 print({k2: (round(v, 4) if isinstance(v, float) else v) for k2, v in rows[-1].items()}, flush=True)
     finally:
         if before is None:

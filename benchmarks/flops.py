@@ -14,9 +14,9 @@ twice that backward, over the whole T as PaLM counts it, not the causal half).
 The peak is measured, not quoted: `bf16_gemm_tflops` times a large BF16 matmul on the same device in the same run,
 so MFU reads "share of what this card's GEMMs reach here" (H100 SXM data sheet, dense BF16: 989 TFLOP/s).
 
-    from benchmarks.flops import train_flops, bf16_gemm_tflops
+    from benchmarks.flops import train_flops, bf16_gemm_tflops, mfu
     f = train_flops(model.config, seq_lens)          # seq_lens: the trained sequences' lengths (no padding)
-    mfu = f / fwd_bwd_s / (bf16_gemm_tflops() * 1e12)
+    u = mfu(f, fwd_bwd_s, bf16_gemm_tflops())        # f / fwd_bwd_s / (peak * 1e12); None without a peak
 """
 from __future__ import annotations
 
@@ -64,6 +64,13 @@ def train_flops(config, seq_lens) -> float:
     """Model FLOPs of one forward+backward over sequences of the given lengths (tokens each, padding excluded)."""
     n = active_params(config)
     return float(sum(t * (6 * n + attention_flops_per_token(config, t)) for t in seq_lens))
+
+
+def mfu(flops: float, seconds: float, peak_tflops: float | None) -> float | None:
+    """Model FLOPs utilization: flops / seconds / (peak_tflops * 1e12). None without a peak (off a GPU) or a time."""
+    if not peak_tflops or not seconds:
+        return None
+    return flops / seconds / (peak_tflops * 1e12)
 
 
 def bf16_gemm_tflops(n: int = 8192, reps: int = 10, device: str = "cuda") -> float | None:

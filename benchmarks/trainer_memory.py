@@ -28,7 +28,10 @@ for p in (ROOT, ROOT / "workflow" / "scripts"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from runplan import Plan  # noqa: E402
+from runplan import (  # noqa: E402, F401  (CalibrationMissing: what step_config raises)
+    CalibrationMissing,
+    Plan,
+)
 
 from trace import config as C  # noqa: E402
 from trace.rl.trainer import RLTrainer  # noqa: E402
@@ -82,12 +85,14 @@ def saved_bytes(cfg: dict) -> tuple[dict, int]:
 
 
 def step_config(profile: str, model: str, task: str, arm: str, prompts: int, *, init_ckpt: str | None = None,
-                threads: int | None = None, **rl) -> dict:
+                threads: int | None = None, calibrated: bool = True, **rl) -> dict:
     """(the validated run config of (model, task, arm) in `profile`, seed 0, for one step on the CPU at `prompts`
-    prompts per step with BF16 autocast as on a GPU and `rl` over its rl keys, the profile's prompts per step)."""
+    prompts per step with BF16 autocast as on a GPU and `rl` over its rl keys, the profile's prompts per step).
+    calibrated=False: no rl.align_coef from the profile's calibration file (runplan's `run_config`), the trainer's
+    default instead."""
     with open(profile) as f:
         plan = Plan(yaml.safe_load(f))
-    cfg = plan.run_config(model, task, arm, plan.config["seeds"][0])
+    cfg = plan.run_config(model, task, arm, plan.config["seeds"][0], calibrated=calibrated)
     full = cfg["rl"].get("prompts_per_step")
     cfg.update(device="cpu", threads=threads or torch.get_num_threads())
     cfg["rl"].update(init_ckpt=init_ckpt, prompts_per_step=prompts, autocast="bf16", **rl)

@@ -109,15 +109,21 @@ def cluster_ids(task, examples) -> list[int]:
 
 
 @torch.no_grad()
-def evaluate_policy(model, cfg: dict, task, tok, mode: str = "bf16", examples=None) -> dict:
-    """Accuracy / mean reward of `model` deployed in the engine (`mode` "bf16" or "fp4")."""
+def evaluate_policy(model, cfg: dict, task, tok, mode: str = "bf16", examples=None, state_dict=None) -> dict:
+    """Accuracy / mean reward of `model` deployed in the engine (`mode` "bf16" or "fp4"). state_dict: the
+    parameters by name to deploy in place of the model's own (a ZeRO-3 rank's model holds shards only; the
+    OpenRLHF policy actor gathers them), with the model's config and its RoPE buffer."""
     if mode not in ("bf16", "fp4"):
         raise ValueError(f"mode must be 'bf16' or 'fp4', got {mode!r}")
     s = eval_settings(cfg)
     examples = examples if examples is not None else heldout_examples(cfg, task)
     eng = RolloutEngine(model.config, mode="bf16" if mode == "bf16" else "w4a4", fmt=cfg["rl"]["fmt"],
                         kv_fp4=mode == "fp4", device=cfg["device"])
-    eng.sync_weights(model)
+    if state_dict is None:
+        eng.sync_weights(model)
+    else:
+        rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+        eng.sync_weights(state_dict, inv_freq=getattr(rotary, "inv_freq", None))
     ep = run_episode(eng, task, tok, examples, n=s["samples_per_prompt"], max_new_tokens=s["max_new_tokens"],
                      temperature=s["temperature"], seed=s["seed"], max_turns=cfg["rl"]["max_turns"])
     correct = torch.tensor(ep.scores) >= 1.0

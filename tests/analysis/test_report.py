@@ -69,9 +69,11 @@ def test_rl_step_takes_ratios_within_a_run_whatever_the_arm_order(tmp_path):
             dict(base, arm="trace", tok_s=50.0, rollout_s=4.0, train_s=9.0, record_s=0.1, replay_s=3.0),
             dict(base, arm="qat-independent", tok_s=125.0, rollout_s=1.6, train_s=6.0),
             # the same arm under a setting of its own is a row of its own, not a replacement
-            dict(base, arm="trace", tok_s=60.0, rollout_s=4.0, train_s=7.5, note="x; TRACE_FP4_ALIGN=on")]
+            dict(base, arm="trace", tok_s=60.0, rollout_s=4.0, train_s=7.5, note="x; TRACE_FP4_ALIGN=on"),
+            # a small flavor's run in the same table, appended later: not the medium shapes' text
+            dict(base, version="v2step", model="qwen3_moe-small", arm="bf16", tok_s=9.0, rollout_s=1.0, train_s=1.0)]
     path = tmp_path / "rlstep.csv"
-    pd.DataFrame(rows).to_csv(path, index=False)  # the newest run (m1) comes last
+    pd.DataFrame(rows).to_csv(path, index=False)  # the newest medium run (m1) comes last
     text = rl_step(str(path))
     lines = {ln.split("|")[3].strip(): ln for ln in text.splitlines() if ln.startswith("| qwen3")}
     assert set(lines) == {"bf16", "qat-independent", "trace", "trace TRACE_FP4_ALIGN=on"}
@@ -79,4 +81,5 @@ def test_rl_step_takes_ratios_within_a_run_whatever_the_arm_order(tmp_path):
     assert "| 0.50x |" in lines["trace"] and "| 1.50x |" in lines["trace"]  # 50/100 tok/s, 9/6 s train
     assert "| 1.25x |" in lines["qat-independent"]
     assert "one timed step" in text and "rollout 4.00 s against qat-independent's 1.60 s" in text
+    assert "qwen3_moe-small" not in text and "version m1" in text
     assert rl_step(str(tmp_path / "missing.csv")) == ""

@@ -1,13 +1,17 @@
 """benchmarks/bench_rlstep.py on the CPU with a tiny model: one row per arm with the issue's columns, forced
 length, phases that fit inside the step, the record's bytes only where there is a record (fewer with fewer
 guided layers), the BF16 KV bytes of the model, ratios against bf16 and qat-independent (also across calls that
-append to one table), and the --kernels and --procs variants."""
+append to one table), and the --kernels and --procs variants. At a small flavor and the small-v2 profile: the
+trainer's tokens and model FLOPs of the step (the PaLM formula restated here from the config), mfu and the peak
+empty off a GPU; the alignment arms without a calibration file."""
 import csv
 import types
 
 import pytest
 
+import trace.rl.trainer as trainer_mod
 from benchmarks.bench_rlstep import FIELDS, PhaseClock, kv_bf16_bytes_per_token, main
+from trace.config import DEFAULTS
 from trace.models import build_config
 
 BASE = ["--profile", "experiments/profiles/medium.yaml", "--model", "mixtral-tiny", "--task", "reasoning",
@@ -101,3 +105,72 @@ def test_kernels_settings_and_processes(tmp_path):
                        "--out", str(tmp_path / "b.csv")])[0]
     assert two["procs"] == 2 and two["steps_per_s"] == round(2 / two["step_s"], 4)
     assert two["recompute_experts"] is True and two["k3_first"] == rows[1]["k3_first"] and two["gen_per_seq"] == 4
+
+
+SMALL = ["--profile", "experiments/profiles/small-v2.yaml", "--model", "qwen3_moe-small", "--task", "reasoning",
+         "--prompts", "2", "--group-size", "2", "--gen", "8", "--steps", "2", "--device", "cpu"]
+
+
+def _palm_flops(c, seq_lens) -> int:
+    """PaLM's model FLOPs of a forward+backward (Chowdhery et al. 2022, Appendix B) for a qwen3_moe config, written
+    out: 6 x the matmul parameters a token passes through (q, k, v, o; the router; k experts' gate, up and down; the
+    LM head) + 12 L H d_head T attention, per token of a sequence of T tokens."""
+    per_layer = (2 * c.hidden_size * c.num_attention_heads * c.head_dim
+                 + 2 * c.hidden_size * c.num_key_value_heads * c.head_dim
+                 + c.hidden_size * c.num_experts
+                 + c.num_experts_per_tok * 3 * c.hidden_size * c.moe_intermediate_size)
+    n = c.num_hidden_layers * per_layer + c.hidden_size * c.vocab_size
+    return sum(t * (6 * n + 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * t) for t in seq_lens)
+
+
+def _trained_lengths(monkeypatch) -> list[list[int]]:
+    """Per RL step, each sequence's prompt + generated tokens minus one (the last generated token is a target, never
+    an input), from the rollout batch the trainer builds its train batch of."""
+    steps = []
+    build = trainer_mod.build_train_batch
+
+    def spy(batch, *a, **k):
+        steps.append([len(t) - 1 for t in batch.tokens])
+        assert all(len(t) - p == 8 for t, p in zip(batch.tokens, batch.prompt_lens, strict=True))  # forced --gen
+        return build(batch, *a, **k)
+
+    monkeypatch.setattr(trainer_mod, "build_train_batch", spy)
+    return steps
+
+
+def test_small_flavor_flops_and_no_mfu_off_a_gpu(tmp_path, monkeypatch):
+    steps = _trained_lengths(monkeypatch)
+    out = tmp_path / "s.csv"
+    r = main(SMALL + ["--arms", "bf16", "--out", str(out)])[0]
+    assert len(steps) == 2 and len(steps[1]) == 4  # two steps of 2 prompts x 2 samples; the second is timed
+    c = build_config("qwen3_moe-small")
+    assert r["train_tokens"] == sum(steps[1])
+    assert r["fwd_bwd_flops"] == _palm_flops(c, steps[1]) > 0
+    assert r["experts"] == "loop" and r["micro_batch"] == 64  # auto on the CPU; the profile's micro-batch
+    assert r["peak_tflops"] is None and r["mfu"] is None
+    with open(out, newline="") as f:
+        got = list(csv.DictReader(f))[0]
+    assert got["peak_tflops"] == got["mfu"] == "" and float(got["fwd_bwd_flops"]) == r["fwd_bwd_flops"]
+
+
+def test_mfu_is_the_rows_flops_over_time_and_peak():
+    from benchmarks.flops import mfu
+    assert mfu(4.0e12, 2.0, 500.0) == pytest.approx(4.0e12 / 2.0 / 500e12) == pytest.approx(0.004)
+    assert mfu(4.0e12, 2.0, None) is None and mfu(4.0e12, 0.0, 500.0) is None
+
+
+def test_trace_arm_without_a_calibration_file(tmp_path, monkeypatch):
+    """The small-v2 profile's trace arm reads rl.align_coef from a calibration file; without one the benchmark runs
+    it at the trainer's default coefficient and says so. Same prompts and forced length: the same trained tokens
+    and model FLOPs as bf16. (The tiny flavor at the small-v2 profile: the small flavor's FP4 arms take minutes on
+    the CPU under the tests' Triton interpreter.)"""
+    args = ["--profile", "experiments/profiles/small-v2.yaml", "--model", "qwen3_moe-tiny", "--task", "reasoning",
+            "--prompts", "1", "--group-size", "2", "--gen", "4", "--steps", "2", "--device", "cpu"]
+    import runplan  # workflow/scripts, on the path through benchmarks.trainer_memory
+    monkeypatch.setattr(runplan.Plan, "calibration_path", lambda self, rho: str(tmp_path / f"none_rho{rho:g}.json"))
+    bf16, trace = main(args + ["--arms", "bf16", "trace", "--out", str(tmp_path / "t.csv")])
+    default = f"align_coef {DEFAULTS['rl']['align_coef']:g}: the trainer's default"
+    assert "align_coef" not in bf16["note"] and default in trace["note"]
+    assert trace["rho"] == 1.0 and trace["record_bytes_per_token"] > 0 and trace["gen_per_seq"] == 4
+    assert trace["train_tokens"] == bf16["train_tokens"] and trace["fwd_bwd_flops"] == bf16["fwd_bwd_flops"] > 0
+    assert trace["mfu"] is None and trace["peak_tflops"] is None

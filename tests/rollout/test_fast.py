@@ -72,6 +72,36 @@ def test_resync_copies_into_the_kernels_prepared_weights(monkeypatch):
     assert a.tokens == b.tokens and a.logprobs == b.logprobs
 
 
+@pytest.mark.slow
+def test_per_tensor_sync_relays_the_kernels_prepared_weights(monkeypatch):
+    """A sync a tensor at a time (`sync_tensor` per parameter, then `finish_sync`) on the Triton path re-lays the
+    kernels' prepared weights in place, to exactly what a fresh engine's whole-model sync prepares, and generates
+    what that engine generates."""
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("needs TRITON_INTERPRET=1 (tests/conftest.py sets it without a GPU)")
+    monkeypatch.setenv("TRACE_ROLLOUT_BACKEND", "triton")
+    dev, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
+    m = tiny("qwen3_moe", dtype=dtype).to(dev)
+    eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, device=dev, dtype=dtype)
+    eng.sync_weights(m)
+    path = eng.fwd.fast
+    held = [w for d in path.dense for w in d.values()] + [x.w13 for x in path.moe if x is not None]
+    ptrs = [w.words.data_ptr() for w in held]
+    new = tiny("qwen3_moe", dtype=dtype, seed=1).to(dev)
+    for name, p in new.named_parameters():
+        eng.sync_tensor(name, p.detach())
+    eng.finish_sync()
+    assert eng.fwd.fast is path and [w.words.data_ptr() for w in held] == ptrs
+    fresh = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, device=dev, dtype=dtype)
+    fresh.sync_weights(new)
+    want = [w for d in fresh.fwd.fast.dense for w in d.values()] + [x.w13 for x in fresh.fwd.fast.moe if x is not None]
+    assert all(torch.equal(a.words, b.words) and torch.equal(a.scales, b.scales) for a, b in zip(held, want, strict=True))
+    prompts = random_seqs([4, 6], seed=2)
+    a = eng.generate(prompts, max_new_tokens=2, temperature=0.0)
+    b = fresh.generate(prompts, max_new_tokens=2, temperature=0.0)
+    assert a.tokens == b.tokens and a.logprobs == b.logprobs
+
+
 def _scored(eng, prompts, seqs):
     """eng's teacher-forced log-probs of the tokens after each prompt, one flat tensor."""
     return torch.cat([torch.tensor(lp[len(p) - 1:]) for p, lp in zip(prompts, eng.score(seqs), strict=True)])

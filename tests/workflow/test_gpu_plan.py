@@ -147,3 +147,17 @@ def test_unpack_records_every_job_and_applies_only_finished_units(tmp_path):
     assert (root / "results/t.csv").read_text().count("m9") == 1
     text = (root / gp.TABLE).read_text()
     assert "| a | rows | h100 | 1.7 | measured | done |" in text and "| b | fails | h100 | 0.8 | measured | ready |" in text
+
+
+def test_rows_widen_a_table_that_lacks_a_column(tmp_path):
+    """A benchmark that gained a column (bench_rlstep's mfu) still comes home: the table is widened once, its rows
+    empty in the new column, a row already there is not repeated, and a source without the column still appends;
+    the table keeps its line ending."""
+    dest, src, older = tmp_path / "t.csv", tmp_path / "s.csv", tmp_path / "o.csv"
+    dest.write_bytes(b"v,x\r\nm1,1\r\n")
+    src.write_text("v,x,mfu\nm1,1,\nm2,2,0.3\n")
+    assert gp._append_rows(src, dest) == 1
+    assert dest.read_bytes() == b"v,x,mfu\r\nm1,1,\r\nm2,2,0.3\r\n"
+    older.write_text("v,x\nm3,3\nm2,2\n")
+    assert gp._append_rows(older, dest) == 1
+    assert dest.read_bytes() == b"v,x,mfu\r\nm1,1,\r\nm2,2,0.3\r\nm3,3,\r\n"

@@ -136,6 +136,8 @@ class RolloutEngine:
         self.graph_bucket = 256  # attention slots per decode graph (graphs.DecodeGraphs); 1 = one per length
         self._fast_checked = False  # the Triton path's self-test at this model's shapes (fast.TritonPath)
         self.single_turn_path = True  # calls without env run `SingleTurnLoop`; off: the general loop (tests compare)
+        self._synced: set[str] = set()  # names loaded by sync_tensor since the last finish_sync
+        self._replaced = False  # a sync_tensor replaced a held tensor by one of another kind
 
     # ------------------------------------------------------------------------------ weights
     def sync_weights(self, model_or_state_dict, inv_freq: torch.Tensor | None = None) -> None:
@@ -147,16 +149,61 @@ class RolloutEngine:
         the config), e.g. the first synced model's own buffer, which a BF16 model holds BF16-rounded."""
         weights = EngineWeights.load(self.arch, model_or_state_dict, self.mode, self.fmt, self.dtype, self.device,
                                      inv_freq)
-        path = None
-        if self.batch_invariant or (self.mode == "w4a4" and self.fmt == "nvfp4"
-                                    and fast.available(self.device, self.dtype, self.fp4_backend)):
-            path = fast.TritonPath.build(weights, self.batch_invariant)
+        path = self._triton_path(weights)
 
         def held(p):  # the kernels' prepared weights of a Triton path
             return None if p is None else (p.dense, p.moe)
 
         if self.fwd is not None and copy_into((self.weights, held(self.fwd.fast)), (weights, held(path))):
             return
+        self._install(weights, path)
+
+    def sync_tensor(self, name: str, tensor: torch.Tensor) -> None:
+        """One parameter of a sync that arrives a tensor at a time (OpenRLHF's broadcast): re-quantized into the
+        weights the engine holds at once (`EngineWeights.load_tensor`: the same function and casts as
+        `sync_weights`), so the caller can drop the tensor right away and no full copy of the policy is held
+        beside the engine's. Call `finish_sync` after the last one. The engine must hold weights already (one
+        `sync_weights` first); a name it computes nothing with is skipped, as `sync_weights` skips it."""
+        self._check_ready(syncing=True)
+        got = self.weights.load_tensor(name, tensor, self.mode, self.fmt)
+        if got is None:
+            return
+        self._synced.add(name)
+        self._replaced |= got == "replaced"
+
+    def finish_sync(self) -> list[str]:
+        """Close a per-tensor sync: a model that ties its embeddings and sent no lm_head gets the embeddings' values
+        (as `sync_weights` given the tied state dict); the Triton path's prepared weights of every layer are re-laid
+        from the new FP4 weights (in place, layer by layer); a sync that replaced a tensor of another kind rebuilds
+        the forward (kept decode graphs dropped), as `sync_weights` does. Raises KeyError naming the parameters the
+        engine holds that the sync did not bring (they would keep their old values). Returns the names synced."""
+        self._check_ready(syncing=True)
+        synced, self._synced = sorted(self._synced), set()
+        replaced, self._replaced = self._replaced, False
+        embed, head = "model.embed_tokens.weight", "lm_head.weight"
+        if getattr(self.config, "tie_word_embeddings", False) and head not in synced and embed in synced:
+            with torch.no_grad():
+                if not copy_into(self.weights.lm_head, self.weights.embed):
+                    self.weights.lm_head, replaced = self.weights.embed.clone(), True
+            synced.append(head)
+        missing = sorted(self.weights.names() - set(synced))
+        if missing:
+            raise KeyError(f"the weight sync did not bring {len(missing)} of the engine's parameters, e.g. "
+                           f"{missing[:3]}; they would keep their old values")
+        if replaced:
+            self._install(self.weights, self._triton_path(self.weights))
+        elif self.fwd.fast is not None:
+            self.fwd.fast.refresh(self.weights)
+        return synced
+
+    def _triton_path(self, weights):
+        if self.batch_invariant or (self.mode == "w4a4" and self.fmt == "nvfp4"
+                                    and fast.available(self.device, self.dtype, self.fp4_backend)):
+            return fast.TritonPath.build(weights, self.batch_invariant)
+        return None
+
+    def _install(self, weights: EngineWeights, path) -> None:
+        """New weight tensors: a new forward over them (kept decode graphs point at the old ones)."""
         self._kept = None  # captured graphs point at the old weight tensors
         self.weights = weights
         self.fwd = EngineForward(self.weights, mode=self.mode, fmt=self.fmt, dtype=self.dtype)
@@ -184,9 +231,12 @@ class RolloutEngine:
         if not fast.available(device, dtype, "triton"):
             raise ValueError("batch_invariant: the Triton kernels (kernels/) cannot be imported here")
 
-    def _check_ready(self):
+    def _check_ready(self, syncing: bool = False):
         if self.fwd is None:
             raise RuntimeError("call sync_weights(model_or_state_dict) before generating")
+        if self._synced and not syncing:
+            raise RuntimeError("a per-tensor weight sync is open (sync_tensor without finish_sync): the engine holds "
+                               "old and new weights mixed")
 
     def _new_cache(self, batch: int, cap: int) -> KVCache:
         a = self.arch

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from trace import fp4
+from trace.rollout.weights import copy_into
 from trace.settings import switch
 
 BACKENDS = ("auto", "torch", "triton")
@@ -42,8 +43,8 @@ BACKENDS = ("auto", "torch", "triton")
 # `python benchmarks/crossover.py`): dense rows up to 16, the largest timed (the
 # MMA tile 35.8-36.2 us against 47.3-50.5), and routed experts up to 64 (token, slot) rows per expert (T*k/E), the
 # largest timed (Mixtral-8x7B T256 811.3 against 1144.7 us; Qwen3-30B-A3B T256, 16 per expert, 218.7 against 561.4).
-# The switch `engine.fp4_crossover` = "ROWS,LOAD" (trace/settings.py; $TRACE_FP4_CROSSOVER) overrides both (e.g. "inf,inf": kernels at every size; "0,0": never), for
-# benchmarks and tests.
+# The switch `engine.fp4_crossover` = "ROWS,LOAD" (trace/settings.py; $TRACE_FP4_CROSSOVER) overrides both (e.g.
+# "inf,inf": kernels at every size; "0,0": never), for benchmarks and tests.
 DENSE_KERNEL_ROWS = 16
 MOE_KERNEL_LOAD = 64.0
 
@@ -140,16 +141,17 @@ class TritonPath:
 
     @staticmethod
     def build(weights, batch_invariant: bool = False) -> "TritonPath":
-        from kernels.gemm import prepare_weight
-        from kernels.moe import prepare_moe_weights
+        layers = [_prepare_layer(weights, i) for i in range(weights.arch.num_layers)]
+        return TritonPath([d for d, _ in layers], [m for _, m in layers], batch_invariant)
 
-        dense, moe = [], []
+    def refresh(self, weights) -> None:
+        """Re-lay the engine's FP4 weights after a per-tensor sync rewrote them (`RolloutEngine.finish_sync`), one
+        layer at a time, into the prepared tensors this path holds (`copy_into`: decode graphs read them by
+        address), so that at most one layer's new layouts exist beside the held ones."""
         for i in range(weights.arch.num_layers):
-            fp4s = _dense_fp4(weights, i)
-            experts = _expert_fp4(weights, i)
-            dense.append({key: prepare_weight(t.codes, t.scales, t.outer) for key, t in fp4s.items()})
-            moe.append(None if experts is None else prepare_moe_weights(*experts))
-        return TritonPath(dense, moe, batch_invariant)
+            if not copy_into((self.dense[i], self.moe[i]), _prepare_layer(weights, i)):
+                raise RuntimeError(f"layer {i}: the re-quantized FP4 weights no longer fit the kernels' prepared "
+                                   "layouts the engine holds")
 
     def self_test(self, weights, dtype: torch.dtype, device, rows=(1, 2, 5, 64, 300), seed: int = 0) -> None:
         """Check the kernels against `kernels.reference` at this model's own shapes before a run uses
@@ -458,6 +460,16 @@ _DENSE = (("q", "self_attn.q_proj.weight"), ("k", "self_attn.k_proj.weight"), ("
           ("o", "self_attn.o_proj.weight"), ("sg", "mlp.shared_expert.gate_proj.weight"),
           ("su", "mlp.shared_expert.up_proj.weight"), ("sd", "mlp.shared_expert.down_proj.weight"),
           ("mg", "mlp.gate_proj.weight"), ("mu", "mlp.up_proj.weight"), ("md", "mlp.down_proj.weight"))
+
+
+def _prepare_layer(weights, i: int) -> tuple[dict, object]:
+    """Layer i's weights in the kernels' layouts: (dense projections by path key, routed experts or None)."""
+    from kernels.gemm import prepare_weight
+    from kernels.moe import prepare_moe_weights
+
+    experts = _expert_fp4(weights, i)
+    dense = {key: prepare_weight(t.codes, t.scales, t.outer) for key, t in _dense_fp4(weights, i).items()}
+    return dense, None if experts is None else prepare_moe_weights(*experts)
 
 
 def _dense_fp4(weights, i: int) -> dict:

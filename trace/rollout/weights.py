@@ -10,6 +10,10 @@ bit-identical to the trainer's -- and the engine keeps the FP4Tensor (`fp4[name]
 value in the engine dtype for the torch compute path. Router, embeddings, lm_head, norms, biases and
 `shared_expert_gate` stay unquantized (DESIGN.md §2).
 
+Per tensor: `weights.load_tensor(name, tensor, mode, fmt)` re-quantizes one parameter, by its HF name, into the
+tensors an already loaded `EngineWeights` holds (the same function and casts as `load`, so the same bits), for a
+sync that receives the parameters one at a time and keeps none of them (trace/integrations/openrlhf/rollout.py).
+
 Compared against: `trace.fp4.quantize_weight` (tests/rollout/test_engine.py checks identical codes).
 """
 from __future__ import annotations
@@ -26,6 +30,8 @@ from trace.models.registry import FAMILIES, family_of, head_dim_of
 # Linear weights that are FP4-quantized in w4a4 mode, by their name inside a layer.
 QUANTIZED = ("q", "k", "v", "o", "gate_up", "down", "sg", "su", "sd", "mg", "mu", "md")
 SHARED = ("sg", "su", "sd", "shared_gate")  # the shared expert's weights (FamilyInfo.shared_expert)
+# The model-level tensors, by HF name -> EngineWeights field.
+TOP_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
 LAYER_NAMES = {
     "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight",
     "o": "self_attn.o_proj.weight", "q_b": "self_attn.q_proj.bias", "k_b": "self_attn.k_proj.bias",
@@ -37,6 +43,8 @@ LAYER_NAMES = {
     "sd": "mlp.shared_expert.down_proj.weight", "shared_gate": "mlp.shared_expert_gate.weight",
     "mg": "mlp.gate_proj.weight", "mu": "mlp.up_proj.weight", "md": "mlp.down_proj.weight",
 }
+LAYER_KEYS = {suffix: key for key, suffix in LAYER_NAMES.items()}
+LAYER_PREFIX = "model.layers."
 
 
 @dataclass
@@ -152,6 +160,61 @@ class EngineWeights:
         inv_freq = own(inv_freq, torch.float32)
         return EngineWeights(arch, dense(get("model.embed_tokens.weight")), dense(get("model.norm.weight")),
                              dense(get("lm_head.weight")), layers, inv_freq, fp4w)
+
+    def names(self) -> set[str]:
+        """The HF names of every parameter these weights hold (what a sync must bring)."""
+        held = set(TOP_NAMES)
+        for i, lw in enumerate(self.layers):
+            held |= {f"{LAYER_PREFIX}{i}.{LAYER_NAMES[k]}" for k in lw}
+        return held
+
+    def locate(self, name: str) -> tuple[int | None, str] | None:
+        """(layer index, key of `LAYER_NAMES`) of a layer parameter, (None, field) of a model-level one, None for a
+        name these weights do not hold (the engine computes nothing with it; `load` skips it too)."""
+        if name in TOP_NAMES:
+            return None, TOP_NAMES[name]
+        if not name.startswith(LAYER_PREFIX):
+            return None
+        index, _, suffix = name[len(LAYER_PREFIX):].partition(".")
+        key = LAYER_KEYS.get(suffix)
+        if not index.isdigit() or key is None or int(index) >= len(self.layers) or key not in self.layers[int(index)]:
+            return None
+        return int(index), key
+
+    def load_tensor(self, name: str, tensor: torch.Tensor, mode: str, fmt: str) -> str | None:
+        """Load one parameter by its HF name into the tensors these weights hold, as `load` would from a state dict
+        holding it: in w4a4 mode a quantized weight through `quantize_weight` (on the tensor where it lives), its
+        FP4Tensor and dequantized copy written in place; any other weight cast to the engine's dtype in place.
+        In place (`copy_into`) keeps captured decode graphs valid, as `RolloutEngine.sync_weights` does. Returns
+        "copied"; "replaced" where the new value differs in kind (shape, dtype, the FP4Tensor's fields) from the one
+        held, which then takes the held one's place (the engine rebuilds its forward after the sync); None where the
+        name is not one these weights hold."""
+        where = self.locate(name)
+        if where is None:
+            return None
+        i, key = where
+        with torch.no_grad():
+            if i is None:
+                held = getattr(self, key)
+                new = tensor.detach().to(device=held.device, dtype=held.dtype).contiguous()
+                if copy_into(held, new):
+                    return "copied"
+                setattr(self, key, new.clone() if new.data_ptr() == tensor.data_ptr() else new)
+                return "replaced"
+            lw = self.layers[i]
+            held = lw[key]
+            if mode == "w4a4" and key in QUANTIZED:
+                q = quantize_weight(tensor.detach(), fmt).to(held.device)
+                deq = q.dequantize(held.dtype).to(held.device).contiguous()
+                if copy_into((self.fp4[name], held), (q, deq)):
+                    return "copied"
+                self.fp4[name], lw[key] = q, deq
+                return "replaced"
+            new = tensor.detach().to(device=held.device, dtype=held.dtype).contiguous()
+            if copy_into(held, new):
+                return "copied"
+            lw[key] = new.clone() if new.data_ptr() == tensor.data_ptr() else new
+            return "replaced"
 
 
 def copy_into(dst, src) -> bool:

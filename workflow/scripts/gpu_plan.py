@@ -264,24 +264,37 @@ def cmd_start(args) -> int:
 
 
 def _append_rows(src: Path, dest: Path) -> int:
-    """CSV rows of src appended to dest (header from src if dest is new); rows already in dest are skipped."""
+    """CSV rows of src appended to dest (header from src if dest is new); rows already in dest are skipped. A column
+    of src that dest lacks widens dest: it is rewritten once with the new columns after its own, empty in its rows,
+    as benchmarks/results_table.py's append does (a benchmark that gained a column still comes home); a column of
+    dest that src lacks is empty in src's rows. dest keeps its line ending."""
     with open(src, newline="") as f:
         rows = list(csv.reader(f))
     if not rows:
         return 0
+    head, body = rows[0], [dict(zip(rows[0], r, strict=True)) for r in rows[1:]]
     dest.parent.mkdir(parents=True, exist_ok=True)
-    have = set()
-    if dest.exists():
+    old_head, old, end = [], [], "\n"
+    if dest.exists() and dest.stat().st_size:
         with open(dest, newline="") as f:
-            old = list(csv.reader(f))
-        if old and old[0] != rows[0]:
-            raise ValueError(f"{src}: its header differs from {dest}'s")
-        have = {tuple(r) for r in old[1:]}
-    new = [r for r in rows[1:] if tuple(r) not in have]
+            first = f.readline()
+            end = "\r\n" if first.endswith("\r\n") else "\n"
+            f.seek(0)
+            old_rows = list(csv.reader(f))
+        old_head = old_rows[0]
+        old = [dict(zip(old_head, r, strict=True)) for r in old_rows[1:]]
+    want = old_head + [c for c in head if c not in old_head]
+    have = {tuple(o.get(c, "") for c in head) for o in old}
+    new = [r for r in body if tuple(r[c] for c in head) not in have]
+    if old_head and want != old_head:
+        with open(dest, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=want, restval="", lineterminator=end)
+            w.writeheader()
+            w.writerows(old)
     with open(dest, "a", newline="") as f:
-        w = csv.writer(f, lineterminator="\n")
-        if not dest.stat().st_size:
-            w.writerow(rows[0])
+        w = csv.DictWriter(f, fieldnames=want, restval="", lineterminator=end)
+        if not old_head:
+            w.writeheader()
         w.writerows(new)
     return len(new)
 

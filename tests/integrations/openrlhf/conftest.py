@@ -1,4 +1,7 @@
 """OpenRLHF tests need the OpenRLHF stack (scripts/install.sh installs it); skipped without it."""
+import os
+import socket
+
 import pytest
 
 pytest.importorskip("openrlhf", reason="the OpenRLHF stack is not installed (bash scripts/install.sh)")
@@ -29,3 +32,24 @@ def tiny_rl_config(tmp_path):
         return cfg
 
     return write
+
+
+@pytest.fixture(scope="module")
+def gloo():
+    """One gloo process group of world size 1, as OpenRLHF's actor ranks have on the CPU; DeepSpeed's
+    override of F.linear (ZeRO-3 keeps it for the process) is undone afterwards."""
+    import torch
+
+    linear = torch.nn.functional.linear
+    if not torch.distributed.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                          LOCAL_RANK="0")
+        import deepspeed
+        import deepspeed.ops
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no g++ build of a CPU op
+        deepspeed.init_distributed(dist_backend="gloo")
+    yield
+    torch.nn.functional.linear = linear

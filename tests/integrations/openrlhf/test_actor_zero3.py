@@ -20,9 +20,6 @@ Compared against the same patched model in BF16 outside DeepSpeed under the same
   match the size of tensor b (...)".
 Run: `python -m pytest tests/integrations/openrlhf/test_actor_zero3.py -n 0` (about 15 s).
 """
-import os
-import socket
-
 import pytest
 import torch
 
@@ -41,24 +38,6 @@ GRAD_REL_TOL = 2e-2
 # (model, arm): the three arms on qwen3_moe; trace also on qwen2_moe, whose shared expert's gate/up
 # share one input (a second kind of ZeRO-3 leaf)
 CASES = [("qwen3_moe-tiny", a) for a in ("bf16", "qat-independent", "trace")] + [("qwen2_moe-tiny", "trace")]
-
-
-@pytest.fixture(scope="module")
-def gloo():
-    """One gloo process group of world size 1, as OpenRLHF's actor ranks have on the CPU; DeepSpeed's
-    override of F.linear (ZeRO-3 keeps it for the process) is undone afterwards."""
-    linear = torch.nn.functional.linear
-    if not torch.distributed.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
-                          LOCAL_RANK="0")
-        import deepspeed.ops
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no g++ build of a CPU op
-        deepspeed.init_distributed(dist_backend="gloo")
-    yield
-    torch.nn.functional.linear = linear
 
 
 @pytest.mark.parametrize("name,arm", CASES)

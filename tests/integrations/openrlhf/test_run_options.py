@@ -5,13 +5,15 @@
   offline run under the run dir; a key after `--` is refused (wandb reads it from the environment), and so is
   online mode without credentials;
 - checkpoints: `prune_hf_checkpoints` keeps the newest --ckpt.max_num `global_stepN_hf` directories;
-- reward: `-- --reward.remote_url FILE.py` reaches OpenRLHF's args as an absolute path, and OpenRLHF's single-turn
-  executor in our engine then rewards with the user's function instead of the verifier; a missing file, a file
-  without reward_func, a non-URL and a multi-turn task are refused in one line;
+- reward: `-- --reward.remote_url FILE.py` reaches OpenRLHF's args as an absolute path and meta.json as its path and
+  sha256 (a resumed run with other bytes refused), and OpenRLHF's single-turn executor in our engine then rewards
+  with the user's function instead of the verifier; a missing file, a file without reward_func, a non-URL and a
+  multi-turn task are refused in one line;
 - (slow) one 4-step CPU run with all three: an offline wandb run, one HF checkpoint left, the user's reward logged.
 """
 import asyncio
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -139,6 +141,35 @@ def test_user_reward_file_reaches_openrlhf(tmp_path, monkeypatch):
     assert args["reward.remote_url"] == ["http://rm:5000/get_reward", "http://rm2:5000/x"]
 
 
+def test_user_reward_file_recorded_in_meta(tmp_path, monkeypatch, capsys):
+    """A run with the user's reward file records its path and sha256 in meta.json; a resumed run whose file changed
+    is refused in one line; a run on the verifier (or a reward server) records none. OpenRLHF is not run: a stub
+    leaves the metrics log a run would."""
+    monkeypatch.setattr(launch, "run_openrlhf", lambda cfg, argv, out, *a, **k: (out / "metrics.jsonl").write_text(""))
+    monkeypatch.setattr(launch, "finish", lambda cfg, out: None)
+    (tmp_path / "c.yaml").write_text(CFG)
+    (tmp_path / "r.py").write_text(REWARD_SRC)
+    monkeypatch.chdir(tmp_path)
+
+    def run(out, *flags):
+        with contextlib.redirect_stdout(io.StringIO()):
+            return launch.main(["--config", "c.yaml", "--out", str(out), "--gpus", "0", "--", *flags])
+
+    assert run(tmp_path / "a", "--reward.remote_url", "r.py") == 0
+    meta = json.loads((tmp_path / "a" / "meta.json").read_text())
+    assert meta["reward_file"] == {"path": str(tmp_path / "r.py"),
+                                   "sha256": hashlib.sha256(REWARD_SRC.encode()).hexdigest()}
+    assert run(tmp_path / "a", "--reward.remote_url", "r.py") == 0  # resumed with the same file
+    capsys.readouterr()
+    (tmp_path / "r.py").write_text(REWARD_SRC.replace(str(CONST), "0.5"))
+    assert run(tmp_path / "a", "--reward.remote_url", "r.py") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "reward_file" in err[-1], err
+    for out, flags in ((tmp_path / "b", ()), (tmp_path / "c", ("--reward.remote_url", "http://rm:5000/get_reward"))):
+        assert run(out, *flags) == 0
+        assert "reward_file" not in json.loads((out / "meta.json").read_text())
+
+
 @pytest.mark.parametrize("value,src,needle", [
     ("missing.py", None, "missing.py: no such file"),
     ("r.py", "def score(queries):\n    return 0\n", "defines no reward_func(queries, prompts, labels)"),
@@ -209,3 +240,4 @@ def test_cpu_run_with_wandb_hf_pruning_and_user_reward(tmp_path, tiny_rl_config)
     assert len([p for p in (root / "_actor").iterdir() if p.is_dir()]) == 1  # OpenRLHF's own rotation
     assert (out / "done").exists() and (out / "ckpt" / "latest").read_text().strip() == "step_000004"
     assert len(list((out / "wandb").glob("offline-run-*"))) == 1
+    assert json.loads((out / "meta.json").read_text())["reward_file"]["path"] == str(tmp_path / "r.py")

@@ -5,8 +5,8 @@ allow (world2_rank.py, one process per rank):
   log-probs and alignment term match the unwrapped model's on the same micro-batch, and the gathered gradients match
   the unwrapped model's averaged over both micro-batches (data parallelism's reference) to 2% of their norm;
 - the optimizer step, then OpenRLHF's own `ActorPPOTrainer.broadcast_to_vllm`: every parameter gathered by both
-  ranks and broadcast by rank 0 over the weight-sync group (gloo) into our rollout engine, which re-quantizes once
-  (at the last parameter) to exactly the FP4 codes of the trainer's updated weights.
+  ranks and broadcast by rank 0 over the weight-sync group (gloo) into our rollout engine, which re-quantizes each
+  parameter as it arrives (the last one closing the sync) to exactly the FP4 codes of the trainer's updated weights.
 Two processes importing DeepSpeed and OpenRLHF: about 10-20 s on 2 cores, hence slow."""
 import json
 import os
@@ -62,7 +62,7 @@ def test_two_ranks_zero3_step_and_broadcast_sync(tmp_path, arm="trace"):
         assert any(".self_attn." in n for n in r["moved"])
     assert res[0]["moved"] == res[1]["moved"]  # both ranks hold the same updated model
     zero = res[0]
-    assert zero["syncs"] == 1  # re-quantized once, at the last parameter
+    assert zero["syncs"] == 1  # one sync, closed at the last parameter
     assert zero["engine_codes"] > 0 and len(zero["codes_equal"]) == zero["engine_codes"]
     assert zero["codes_changed"]  # the step moved FP4 codes: the engine holds the updated weights, not its initial ones
     print(f"weight sync over 2 ranks: {zero['sync_s']:.2f} s; max relative gradient difference "

@@ -29,16 +29,25 @@
 - periodic held-out evaluation (`rl.eval_every`), as `trace.rl.trainer.RLTrainer.run`: step 0 (a fresh
   run) gets its own line with `eval_accuracy`, and every eval_every-th step and the last add
   `eval_accuracy` and `eval_reward` to their line; `trace.episode.evaluate_policy` on the policy in
-  the arm's deployment, its parameters gathered under ZeRO-3 (every rank enters, rank 0 evaluates).
-DeepSpeed's optimizer is torch's AdamW (`torch_adam`, the same update): DeepSpeed's own Adam is an
-extension built on first use on every fresh machine (g++ on a CPU; nvcc on a GPU, where DeepSpeed 0.19.6
-cannot parse a TORCH_CUDA_ARCH_LIST entry such as "9.0a", ops/op_builder/builder.py:708).
+  the arm's deployment. Under ZeRO-3 only rank 0 ever holds the whole policy (`gathered_weights`): every
+  rank gathers the parameters one module at a time (a collective), rank 0 copies each module's into a state
+  dict and the others let theirs go at once; rank 0 then evaluates the engine loaded from that state dict
+  (the model's own RoPE buffer, which ZeRO-3 does not partition), the same weights the whole-model gather gave.
+DeepSpeed's optimizer: its own Adam where its op builds here (`choose_optimizer`: DeepSpeedCPUAdam under
+`--ds.adam_offload`, else FusedAdam; a probe per process loads the op, a JIT build where it is not prebuilt,
+which DeepSpeed would run anyway), else torch's AdamW (`torch_adam`). All three run the same update rule
+(AdamW: decoupled weight decay, bias-corrected moments, the same lr / betas / eps / weight_decay), differing
+only in the kernel's rounding. The fallback is for machines where the op cannot be built: no compiler, or
+nvcc given a TORCH_CUDA_ARCH_LIST entry that DeepSpeed's builder cannot parse (such as "9.0a",
+ops/op_builder/builder.py). One line on rank 0 says which optimizer runs and why.
 Compared against: the embedded trainer `trace.rl.trainer.RLTrainer` (same `Method`, same metrics;
 tests/integrations/openrlhf/test_equivalence.py).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 import time
 
 import torch
@@ -126,6 +135,76 @@ def prepare_for_qat(model, mode: str, fmt: str, zero_stage: int) -> None:
             if not getattr(m, "_trace_input_hook", False):
                 m.register_forward_pre_hook(_input_by_position, with_kwargs=True, prepend=True)
                 m._trace_input_hook = True
+
+
+# DeepSpeed's own Adam, by where the optimizer states live: (its op builder, the optimizer DeepSpeed builds)
+ADAM_OPS = {True: ("CPUAdamBuilder", "DeepSpeedCPUAdam"), False: ("FusedAdamBuilder", "FusedAdam")}
+
+
+@functools.cache
+def adam_op_builds(builder: str) -> tuple[bool, str]:
+    """(whether DeepSpeed's op `builder` of deepspeed.ops.op_builder, the one its Adam loads on this accelerator,
+    is compatible and loads here, a one-line reason where not). Loading JIT-builds an op that is not prebuilt, as
+    DeepSpeed's optimizer would on its first use; torch's extension cache keeps it for that use. Once per process."""
+    try:
+        import deepspeed.ops.op_builder as op_builder
+
+        op = getattr(op_builder, builder)()
+        if not op.is_compatible(verbose=False):
+            return False, f"{builder} is not compatible with this machine"
+        op.load(verbose=False)
+    except Exception as e:  # noqa: BLE001 - any failure to build or load means: not here
+        return False, f"{builder} does not build or load here ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+    return True, f"{builder} builds here"
+
+
+def choose_optimizer(conf: dict) -> str | None:
+    """Keep DeepSpeed's own Adam in a train config (`conf["optimizer"]`) where its op builds here, else set
+    `torch_adam` (torch's AdamW, the same update rule; module docstring). Returns the line that says which runs and
+    why (None for a config without an optimizer)."""
+    opt = conf.get("optimizer")
+    if opt is None:
+        return None
+    offload = (conf.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    builder, own = ADAM_OPS[offload.get("device") in ("cpu", "nvme")]
+    ok, why = adam_op_builds(builder)
+    if ok:
+        return f"[trace] optimizer {opt.get('type')}: DeepSpeed's {own} ({why})"
+    opt.setdefault("params", {})["torch_adam"] = True
+    return f"[trace] optimizer {opt.get('type')}: torch.optim.AdamW (torch_adam) in place of DeepSpeed's {own}: {why}"
+
+
+def trace_ds_config(conf: dict) -> dict:
+    """OpenRLHF's DeepSpeed train config as the policy actor runs it: the optimizer `choose_optimizer` keeps or
+    replaces (its line printed on rank 0), and launch's stage3_param_persistence_threshold."""
+    line = choose_optimizer(conf)
+    if line is not None and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+        print(line, file=sys.stderr, flush=True)
+    thr = plugin.zero_persistence_threshold()
+    if thr is not None and "zero_optimization" in conf:
+        conf["zero_optimization"]["stage3_param_persistence_threshold"] = thr
+    return conf
+
+
+def gathered_weights(model, rank: int) -> dict[str, torch.Tensor] | None:
+    """The ZeRO-3 partitioned model's parameters by name, whole, on rank 0 (None on the others). A collective:
+    every rank gathers the parameters of one module at a time (`deepspeed.zero.GatheredParameters`, read-only);
+    rank 0 copies each into the state dict (where the parameter lives), the other ranks hold one module's
+    parameters at most, released as the next is gathered. A parameter shared by two modules (tied embeddings) is
+    gathered once and named under both, as `state_dict()` names it."""
+    import deepspeed
+
+    sd: dict[str, torch.Tensor] = {}
+    copied: dict[int, torch.Tensor | None] = {}  # every rank the same keys: the same gathers in the same order
+    for prefix, module in model.named_modules():
+        own = list(module.named_parameters(prefix=prefix, recurse=False, remove_duplicate=False))
+        fresh = list({id(p): p for _, p in own if id(p) not in copied}.values())
+        if fresh:
+            with deepspeed.zero.GatheredParameters(fresh, modifier_rank=None), torch.no_grad():
+                copied.update({id(p): p.detach().clone() if rank == 0 else None for p in fresh})
+        if rank == 0:
+            sd.update({n: copied[id(p)] for n, p in own})
+    return sd if rank == 0 else None
 
 
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -308,15 +387,8 @@ class TracePolicyActor(_BASE):
             return actor
 
         def ds_train_config(*args, **kwargs):
-            conf = orig_ds_cfg(*args, **kwargs)
             calls["get_ds_train_config"] += 1
-            opt = conf.get("optimizer")
-            if opt is not None:  # torch's AdamW, not DeepSpeed's JIT-built FusedAdam (module docstring)
-                opt.setdefault("params", {})["torch_adam"] = True
-            thr = plugin.zero_persistence_threshold()
-            if thr is not None and "zero_optimization" in conf:
-                conf["zero_optimization"]["stage3_param_persistence_threshold"] = thr
-            return conf
+            return trace_ds_config(orig_ds_cfg(*args, **kwargs))
 
         _pa.Actor, _pa.ActorPPOTrainer = make_actor, TraceActorPPOTrainer
         strategy.get_ds_train_config = ds_train_config
@@ -358,22 +430,22 @@ class TracePolicyActor(_BASE):
 
     def _trace_evaluate(self) -> dict | None:
         """`evaluate_policy` on the current policy in the arm's deployment (rank 0's result; None elsewhere).
-        Under ZeRO-3 every rank gathers the parameters (a collective), rank 0 evaluates."""
+        Under ZeRO-3 every rank takes part in gathering the parameters module by module and only rank 0 keeps them
+        (`gathered_weights`), then evaluates the engine loaded from them."""
         cfg = self._trace_cfg
         model = hf_model(self.actor)
-        ctx = contextlib.nullcontext()
-        if self.strategy.args.ds.zero_stage == 3:
-            import deepspeed
-            ctx = deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+        rank = torch.distributed.get_rank()
+        weights = gathered_weights(model, rank) if self.strategy.args.ds.zero_stage == 3 else None
         ev = None
-        with ctx, torch.no_grad():
-            if torch.distributed.get_rank() == 0:
-                was = model.training
-                model.eval()
-                try:
-                    ev = evaluate_policy(model, cfg, build_task(cfg), self.tokenizer, mode=self._trace.arm.deploy)
-                finally:
-                    model.train(was)
+        if rank == 0:
+            was = model.training
+            model.eval()
+            try:
+                ev = evaluate_policy(model, cfg, build_task(cfg), self.tokenizer, mode=self._trace.arm.deploy,
+                                     state_dict=weights)
+            finally:
+                model.train(was)
+        del weights
         torch.distributed.barrier()
         return ev
 
@@ -428,5 +500,6 @@ class TracePolicyActor(_BASE):
         return status
 
 
-__all__ = ["HOOKS", "USES", "TraceActorPPOTrainer", "TracePolicyActor", "TraceReplay", "check_hooks", "hf_model", "metrics_line", "mismatch_metrics",
-           "positions", "prepare_for_qat", "shared_input_modules"]
+__all__ = ["ADAM_OPS", "HOOKS", "USES", "TraceActorPPOTrainer", "TracePolicyActor", "TraceReplay", "adam_op_builds",
+           "check_hooks", "choose_optimizer", "gathered_weights", "hf_model", "metrics_line", "mismatch_metrics",
+           "positions", "prepare_for_qat", "shared_input_modules", "trace_ds_config"]

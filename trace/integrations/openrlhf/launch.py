@@ -28,7 +28,8 @@ JSON object on stdout ({"command": [...], "args": {dotted name: value}}), writin
 one line, `error: ...` on stderr, exit status 2 (`LaunchError` and the config / flag / hook errors).
 The run config's `wandb:` section turns on OpenRLHF's own wandb logger (flags.wandb_flags; offline unless it says
 online, the run under RUN_DIR/wandb); metrics.jsonl stays what the tables read. The reward of a single-turn task is
-its verifier (reward.py) unless the user's `-- --reward.remote_url FILE.py|URL` replaces it (`check_reward`).
+its verifier (reward.py) unless the user's `-- --reward.remote_url FILE.py|URL` replaces it (`check_reward`); a
+user's file is recorded in meta.json (`reward_file`: its path and sha256), and a resumed run must bring the same bytes.
 Stages sft and eval run our own entry points (`trace.sft`, `trace.eval`), which read the HF checkpoints
 this stage leaves.
 Compared against: `python -m trace.rl` on the same config (tests/integrations/openrlhf/).
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import hashlib
 import json
 import netrc
 import os
@@ -243,6 +245,15 @@ def check_reward(argv: list[str], dest_of) -> list[str]:
             toks = [f"{opt}={resolved}"] if "=" in toks[0] else [opt, resolved]
         out += toks
     return out
+
+
+def user_reward_file(argv: list[str], dest_of) -> dict | None:
+    """{"path", "sha256"} of the user's reward file that --reward.remote_url names in a checked argv
+    (`check_reward`: absolute), for meta.json; None for the task's verifier (reward.py) or reward server URLs."""
+    value = F.flag_value(argv, "reward.remote_url", dest_of)
+    if value is None or value == str(REWARD_FILE) or not value.endswith(".py"):
+        return None
+    return {"path": value, "sha256": hashlib.sha256(Path(value).read_bytes()).hexdigest()}
 
 
 def wandb_credentials() -> bool:
@@ -533,6 +544,9 @@ def _main(argv: list[str]) -> int:
     rundir.note_meta(out, "openrlhf_user_flags", user_flags)
     rundir.note_meta(out, "openrlhf_launch", {"gpus": gpus, "ranks": ranks, "colocate": colocate,
                                               "zero_stage": a.zero_stage, "engine": a.engine})
+    reward = user_reward_file(argv_orl, dest_of)
+    if reward is not None:  # what the rewards came from; a resumed run must score with the same file
+        rundir.note_meta(out, "reward_file", reward)
     prepare_model(cfg, out)
     prepare_prompts(cfg, out, data)
     (out / "openrlhf_argv.json").write_text(json.dumps([F.MODULE, *argv_orl], indent=1) + "\n")

@@ -27,10 +27,14 @@ tokenizes through the tokenizer it is given: one line, guards.PatchNotInForce).
 
 Weight sync, both of OpenRLHF's protocols: `init_process_group` + `update_weight` (a broadcast from
 trainer rank 0 over vLLM's stateless group, or its stand-in on torch c10d: NCCL on a GPU, gloo on the
-CPU; or over ray.util.collective with --vllm.sync_with_ray) and `update_weight_cuda_ipc` (colocated GPU). The
-engine keeps the BF16 tensors exactly as the trainer broadcasts them and re-quantizes once per sync,
-at the parameter flagged `empty_cache=True` (the last one), with the trainer's own quantizer
-(`trace.qat.quantize_weight`), computing in BF16 like the trainer.
+CPU; or over ray.util.collective with --vllm.sync_with_ray) and `update_weight_cuda_ipc` (colocated GPU). Each
+BF16 tensor, exactly as the trainer broadcasts it, is re-quantized as it arrives into the engine's FP4
+weights (`RolloutEngine.sync_tensor`: the trainer's own quantizer, `trace.fp4.quantize_weight`,
+computing in BF16 like the trainer) and dropped, so the engine never holds more than one received
+tensor (`pending`) beside its own weights; the parameter flagged `empty_cache=True` (the last one)
+closes the sync (`RolloutEngine.finish_sync`: a tied lm_head, the kernels' layouts, a check that every
+parameter came). The FP4 weights are bit-identical to a re-quantization of the whole state dict at once.
+Generation refuses to run while a sync is open (the engine holds old and new weights mixed).
 
     engines = create_engines(1, model_path, cfg)        # what launch puts in place of create_vllm_engines
     ray.get(engines[0].generate_responses.remote(prompt, label, sp, 512, tok, 4))
@@ -137,10 +141,9 @@ class TraceRolloutEngine:
         self.tok = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
         self.engine = RolloutEngine(model.config, mode=self.arm.engine_mode, fmt=self.rl["fmt"],
                                     kv_fp4=self.arm.kv_fp4, dtype=torch.bfloat16, device=self.device)
+        # the model's own RoPE buffer stays the engine's: a sync carries parameters only
         self.engine.sync_weights(model)
-        self._inv_freq = self.engine.weights.inv_freq.clone()  # the HF RoPE buffer: a sync carries parameters only
         self.num_layers = model.config.num_hidden_layers
-        self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
         del model
         if stop_strings is None:
             stop_strings = (build_task(cfg).stop,)
@@ -157,10 +160,11 @@ class TraceRolloutEngine:
         self.wave_prompts = wave_prompts
         self._slots: dict[int, list] = {}
         self._next_slot = 0
-        self._pending: dict[str, torch.Tensor] = {}
+        self.pending: dict[str, torch.Tensor] = {}  # the received tensor being re-quantized (at most one)
         self._group = None
         self.syncs = 0
         self.last_sync = {}
+        self._sync_s = 0.0  # re-quantization seconds of the sync in progress
 
     # ------------------------------------------------------------------ generation
     def get_num_unfinished_requests(self) -> int:
@@ -335,9 +339,20 @@ class TraceRolloutEngine:
         self._group = ("pg", PyNcclCommunicator(pg, device=dev if dev is not None else 0))
 
     def _receive(self, name, tensor, empty_cache):
-        self._pending[name] = tensor
+        """One received parameter: re-quantized into the engine at once and dropped; the last one closes the sync."""
+        t0 = time.perf_counter()
+        self.pending[name] = tensor
+        try:
+            self.engine.sync_tensor(name, tensor)
+        finally:
+            self.pending.clear()
         if empty_cache:
-            self._requantize()
+            synced = self.engine.finish_sync()
+            self.syncs += 1
+            self.last_sync = {"params": len(synced), "seconds": self._sync_s + time.perf_counter() - t0}
+            self._sync_s = 0.0
+        else:
+            self._sync_s += time.perf_counter() - t0
 
     def update_weight(self, name, dtype, shape, empty_cache=False):
         buf = torch.empty(tuple(shape), dtype=dtype, device=self.device)
@@ -356,18 +371,9 @@ class TraceRolloutEngine:
         torch.cuda.synchronize()
         self._receive(name, weight, empty_cache)
 
-    def _requantize(self):
-        """All parameters of this sync received: load them (BF16, as broadcast) and re-quantize once."""
-        t0 = time.perf_counter()
-        sd = dict(self._pending)
-        if "lm_head.weight" not in sd and self._tied:
-            sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
-        self.engine.sync_weights(sd, inv_freq=self._inv_freq)
-        self._pending = {}
-        self.syncs += 1
-        self.last_sync = {"params": len(sd), "seconds": time.perf_counter() - t0}
-
     def sync_info(self) -> dict:
+        """Syncs done, and of the last one: parameters loaded (a tied lm_head counted) and re-quantization seconds
+        (the engine's work, without the waits for the broadcast)."""
         return {"syncs": self.syncs, **self.last_sync}
 
     def fp4_weights(self) -> dict:
