@@ -41,6 +41,7 @@ import yaml
 from trace.arms import ARMS, MAIN_METHODS, POSTHOC, Arm
 from trace.metrics import FIELDS, LAYER_FIELDS
 from trace.rundir import read_metrics
+from trace.settings import migrate
 from trace.stats import clustered_se as se_clustered  # the evaluation's own SE (one implementation)
 
 __all__ = ["LAYER_METRICS", "MAIN_METHODS", "POSTHOC", "RunData", "load_run", "load_runs", "summarize"]
@@ -111,6 +112,7 @@ def _load_yaml(path: str) -> dict:
 def load_run(run_dir: str, model: str, task: str, arm: str, seed: int, method: str | None = None,
              ablation: bool | None = None) -> RunData:
     cfg = _load_yaml(os.path.join(run_dir, "config.yaml"))
+    cfg = migrate(cfg) if cfg else cfg  # a config written before some keys had their defaults (trace/settings.py)
     method = method or (cfg.get("rl", {}) or {}).get("method") or arm
     if ablation is None:
         ablation = arm not in MAIN_METHODS
@@ -271,7 +273,7 @@ def summarize(r: RunData) -> dict:
     row["align_coef"] = (float(align_coef) if isinstance(align_coef, (int, float)) and not isinstance(align_coef, bool)
                          else math.nan)
     # what the alignment term acts on: the elements' codes, and NVFP4's block scales unless rl.align_scales is off
-    scales = rl.get("align_scales", True) is not False and rl.get("fmt", "nvfp4") == "nvfp4"
-    row["align_parts"] = ("none" if not arm.align else "codes+scales" if scales else "codes")
+    parts = "n/a" if not rl else "codes+scales" if rl["align_scales"] and rl["fmt"] == "nvfp4" else "codes"
+    row["align_parts"] = "none" if not arm.align else parts
     row["routing_replay"] = bool(arm.routing)
     return row

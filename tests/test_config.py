@@ -59,7 +59,7 @@ def test_overrides(tmp_path):
     assert cfg["rl"]["method"] == "trace" and cfg["rl"]["icepop"] == [0.5, 2.0]
     assert cfg["rl"]["tis_cap"] is None and cfg["rl"]["lr"] == pytest.approx(5e-5)
     assert cfg["task"]["knobs"] == {"max_value": 5}
-    assert C.load_config(p, ["rl.experts=loop"])["rl"]["experts"] == "loop" and "experts" not in cfg["rl"]
+    assert C.load_config(p, ["rl.experts=loop"])["rl"]["experts"] == "loop" and cfg["rl"]["experts"] == "auto"
     with pytest.raises(C.ConfigError, match="config key 'rl.lr'"):
         C.load_config(p, ["rl.lr=abc"])
     with pytest.raises(C.ConfigError, match="key=value"):
@@ -89,6 +89,6 @@ def test_jsonl_keys_from_the_command_line(tmp_path):
     cfg = C.load_config(_write(tmp_path, {"model": "qwen3_moe-tiny"}),
                         ["task.train_jsonl=data/x.jsonl", "task.prompt_key=question"])
     assert cfg["task"]["train_jsonl"] == "data/x.jsonl" and cfg["task"]["prompt_key"] == "question"
-    assert "test_jsonl" not in cfg["task"]  # absent: the generated split (resolved configs of old runs unchanged)
+    assert cfg["task"]["test_jsonl"] is None  # the default: the generated split
     with pytest.raises(C.ConfigError, match=r"'task.train_jsonl': expected string or null, got 3"):
         C.load_config(None, ["task.train_jsonl=3"])

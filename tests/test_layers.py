@@ -1,6 +1,7 @@
 """The import graph of trace/ (every import statement, module level or inside functions, read with ast):
 
-    rank 0  fp4, models, tasks, arms, config,  formats, model families, tasks, the arm table, config schema,
+    rank 0  settings                           the run settings (stdlib only: every layer reads its switches)
+            fp4, models, tasks, arms, config,  formats, model families, tasks, the arm table, config schema,
             stats, gate, metrics               the clustered standard error, the SFT base gate, the metrics record
     rank 1  guidance                           the method: record, replay, statistics, alignment term
     rank 2  qat, rollout, rundir               adapters (HF model, engine) and run-directory bookkeeping
@@ -9,7 +10,8 @@
 
 No module imports a module of a higher rank, and there is no import cycle except inside the task
 registry (trace/tasks/base.py registers the task modules that import it). fp4 is the bottom (it imports no
-other package of trace/), and guidance sits on fp4 and the arm table alone.
+other package of trace/ but the settings, for its kernel switches), and guidance sits on fp4, the arm table and the
+settings alone.
 
 kernels/ is reached one way (the rule in trace/fp4/__init__.py): its numerics (`kernels.reference`,
 `kernels.quantize`, `kernels.align`: formats, tables, quantization, the alignment term) only from trace/fp4; its compute kernels only from the
@@ -24,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "trace"
-RANK = {"fp4": 0, "models": 0, "tasks": 0, "arms": 0, "config": 0, "stats": 0, "gate": 0, "quiet": 0, "metrics": 0,
+RANK = {"settings": 0, "fp4": 0, "models": 0, "tasks": 0, "arms": 0, "config": 0, "stats": 0, "gate": 0, "quiet": 0, "metrics": 0,
         "guidance": 1, "qat": 2,
         "rollout": 2, "rundir": 2, "episode": 3, "integrations": 3, "rl": 4, "sft": 4, "eval": 4,
         "export": 4}
@@ -127,7 +129,7 @@ def test_known_past_couplings_stay_gone(pair):
 
 
 def test_fp4_is_the_bottom_and_guidance_sits_on_it():
-    allowed = {"fp4": {"fp4"}, "guidance": {"guidance", "fp4", "arms"}}
+    allowed = {"settings": set(), "fp4": {"fp4", "settings"}, "guidance": {"guidance", "fp4", "arms", "settings"}}
     bad = [f"{m} -> {t}" for m, ts in GRAPH.items() if _layer(m) in allowed
            for t in ts if _layer(t) not in allowed[_layer(m)]]
     assert bad == []

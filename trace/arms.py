@@ -44,7 +44,7 @@ class Arm:
         if self.exact and rl.get("micro_batch"):
             return "rl.micro_batch", ("not supported for the exact arm yet (its chunked engine scoring is unverified); "
                                       "leave it unset")
-        if self.exact and rl.get("fmt", "nvfp4") != "nvfp4":
+        if self.exact and rl["fmt"] != "nvfp4":
             return "rl.fmt", f"the exact arm runs the batch-invariant NVFP4 kernels; got {rl['fmt']!r}"
         return None
 

@@ -2,7 +2,7 @@
 
 Every entry point (`python -m trace.sft`, `python -m trace.rl`, `python -m trace.eval`) reads one
 YAML file plus `--set key=value` overrides (dotted keys, YAML-parsed values), merges it over the
-defaults below, validates it with jsonschema and names the offending key in every error, e.g.
+defaults of the settings dataclasses (trace/settings.py, the only place a default is written), validates it with jsonschema and names the offending key in every error, e.g.
 ``config key 'rl.lr': expected number, got 'fast'``. Unknown keys are errors (typos must not pass).
 The arms allowed in `rl.method` come from trace/arms.py; the run directory a config is run in is
 trace/rundir.py's.
@@ -20,110 +20,15 @@ from typing import Any, NoReturn
 import jsonschema
 import yaml
 
+from trace import settings as S
 from trace.arms import ARMS, METHODS
+from trace.settings import ADVANTAGES, TASK_NAMES
 
-ADVANTAGES = ("group_norm", "reinforce_baseline", "rloo")
-# the task registry's names (trace/tasks), listed here so that validating a config imports no task code
-TASK_NAMES = ("reasoning", "reasoning-short", "coding", "program", "long_horizon")
-
-DEFAULTS: dict[str, Any] = {
-    "model": "qwen3_moe-tiny",
-    "seed": 0,
-    "device": "cpu",
-    "threads": None,  # torch.set_num_threads; None leaves torch's default
-    # task.train_jsonl / validation_jsonl / test_jsonl / prompt_key / label_key have no defaults: absent =
-    # generated splits (and resolved configs of existing runs stay as they were). The default task is the short
-    # arithmetic one, whose answers fit the default rl.max_new_tokens; `reasoning` (worked answers of 40-200
-    # tokens) needs rl.max_new_tokens >= its longest gold response (trace/tasks/reasoning.py).
-    "task": {"name": "reasoning-short", "difficulty": "easy", "n_train": 512, "n_test": 128, "seed": 0,
-             "knobs": {}},
-    "sft": {
-        "steps": 400, "batch_size": 32, "lr": 3.0e-3, "weight_decay": 0.0, "warmup": 20, "grad_clip": 1.0,
-        "ckpt_every": 100, "log_every": 10, "eval_every": 0, "init_seed": 0, "label_smoothing": 0.0,
-    },
-    "rl": {
-        "method": "bf16", "steps": 20, "prompts_per_step": 8, "group_size": 8, "max_new_tokens": 8,
-        "temperature": 1.0, "lr": 1.0e-4, "weight_decay": 0.0, "grad_clip": 1.0, "clip_eps": 0.2,
-        "kl_coef": 0.0, "advantage": "group_norm", "tis_cap": 2.0, "icepop": None, "ppo_ratio": "trainer",
-        # align_coef: DESIGN.md §3's rule (step-1 gradient ratio 0.2) on qwen3_moe-tiny, the defaults' flavor
-        # (results/guidance/align_calibration.md); the small and paper profiles set their own, calibrated on GPU
-        "rho": 0.5, "align_coef": 5.0, "align_scales": True, "fmt": "nvfp4", "autocast": "bf16", "init_ckpt": None,
-        "ckpt_every": 5, "eval_every": 0, "max_turns": 8, "diag_flips": True, "recompute_experts": False,
-    },
-    # rl.micro_batch (sequences per trainer forward/backward, gradients accumulated; trace/rl/trainstep.py) has
-    # no default either: absent, null or 0 = the whole batch in one forward, so resolved configs of existing runs
-    # stay as they were. Nor has rl.experts (the QAT experts' implementation, trace/qat/experts.py PATHS: absent or
-    # null = "auto"): a setting of speed, the loop and the grouped path compute the same
-    # eval.split ("test" | "validation") has no default: absent = "test" (trace/episode.py), so resolved configs
-    # of existing runs stay as they were; "validation" is for choices of configuration, so that choosing never
-    # reads the test split (trace/tasks/base.py)
-    "eval": {"n_test": None, "samples_per_prompt": 4, "temperature": 1.0, "max_new_tokens": None,
-             "modes": ["bf16", "fp4"], "seed": 1234},
-    "wandb": {"mode": "disabled", "project": "trace-fp4-rl", "name": None},
-}
-
-_num = {"type": "number"}
-_int = {"type": "integer"}
-_pos_int = {"type": "integer", "minimum": 1}
-_nonneg_int = {"type": "integer", "minimum": 0}
-_pos_num = {"type": "number", "exclusiveMinimum": 0}
-_nonneg_num = {"type": "number", "minimum": 0}
-
-
-def _obj(props: dict, required: tuple = ()) -> dict:
-    return {"type": "object", "properties": props, "additionalProperties": False, "required": list(required)}
-
-
-SCHEMA: dict = _obj({
-    "model": {"type": "string"},
-    "seed": _int,
-    "device": {"type": "string"},
-    "threads": {"type": ["integer", "null"], "minimum": 1},
-    "task": _obj({
-        "name": {"enum": list(TASK_NAMES)},
-        "difficulty": {"enum": ["easy", "medium", "hard"]},
-        "n_train": _pos_int, "n_test": _pos_int, "seed": _int,
-        "knobs": {"type": "object"},
-        # local JSONL files replacing the generated splits (trace/tasks/datasets.py); the names are the
-        # paper profile's, and the OpenRLHF launcher passes train_jsonl on as its prompt dataset
-        "train_jsonl": {"type": ["string", "null"]}, "test_jsonl": {"type": ["string", "null"]},
-        "validation_jsonl": {"type": ["string", "null"]},
-        "prompt_key": {"type": "string"}, "label_key": {"type": "string"},
-    }),
-    "sft": _obj({
-        "steps": _nonneg_int, "batch_size": _pos_int, "lr": _pos_num, "weight_decay": _nonneg_num,
-        "warmup": _nonneg_int, "grad_clip": _pos_num, "ckpt_every": _pos_int, "log_every": _pos_int,
-        "eval_every": _nonneg_int, "init_seed": _int,
-        "label_smoothing": {"type": "number", "minimum": 0, "maximum": 0.9},
-    }),
-    "rl": _obj({
-        "method": {"enum": list(METHODS)},
-        "steps": _nonneg_int, "prompts_per_step": _pos_int, "group_size": _pos_int, "max_new_tokens": _pos_int,
-        "temperature": _pos_num, "lr": _pos_num, "weight_decay": _nonneg_num, "grad_clip": _pos_num,
-        "clip_eps": _pos_num, "kl_coef": _nonneg_num, "advantage": {"enum": list(ADVANTAGES)},
-        "tis_cap": {"oneOf": [{"type": "null"}, _pos_num]},
-        "icepop": {"oneOf": [{"type": "null"},
-                             {"type": "array", "items": _nonneg_num, "minItems": 2, "maxItems": 2}]},
-        "ppo_ratio": {"enum": ["rollout", "trainer"]},
-        "rho": {"type": "number", "minimum": 0, "maximum": 1}, "align_coef": _nonneg_num,
-        "align_scales": {"type": "boolean"},
-        "fmt": {"enum": ["nvfp4", "mxfp4"]}, "autocast": {"enum": ["bf16", "none"]},
-        "init_ckpt": {"type": ["string", "null"]}, "ckpt_every": _pos_int, "eval_every": _nonneg_int,
-        "max_turns": _pos_int, "diag_flips": {"type": "boolean"}, "recompute_experts": {"type": "boolean"},
-        "micro_batch": {"oneOf": [{"type": "null"}, _nonneg_int]},
-        "experts": {"enum": [None, "auto", "loop", "grouped"]},
-    }),
-    "eval": _obj({
-        "n_test": {"oneOf": [{"type": "null"}, _pos_int]}, "samples_per_prompt": _pos_int,
-        "temperature": _nonneg_num, "max_new_tokens": {"oneOf": [{"type": "null"}, _pos_int]},
-        "modes": {"type": "array", "items": {"enum": ["bf16", "fp4"]}, "minItems": 1}, "seed": _int,
-        "split": {"enum": ["test", "validation"]},
-    }),
-    "wandb": _obj({
-        "mode": {"enum": ["offline", "disabled", "online"]}, "project": {"type": "string"},
-        "name": {"type": ["string", "null"]},
-    }),
-}, required=("model",))
+# the defaults and the schema are the settings dataclasses' (trace/settings.py); the arms come from trace/arms.py
+DEFAULTS: dict[str, Any] = S.defaults()
+SCHEMA: dict = S.schema_of(S.RunSettings)
+SCHEMA["required"] = ["model"]
+SCHEMA["properties"]["rl"]["properties"]["method"]["enum"] = list(METHODS)
 
 
 class ConfigError(ValueError):
@@ -185,12 +90,14 @@ def _semantic_checks(cfg: dict) -> None:
     err = arm.setting_error(rl) if arm is not None else None
     if err is not None:
         raise ConfigError(f"config key '{err[0]}': {err[1]}")
-    if rl.get("advantage") == "rloo" and rl.get("group_size", 2) < 2:
+    if rl.get("advantage") == "rloo" and rl["group_size"] < 2:
         raise ConfigError("config key 'rl.group_size': rloo needs group_size >= 2")
     # bool is a subclass of int in Python; jsonschema treats it separately, so nothing to do here.
 
 
 def deep_merge(base: dict, over: dict) -> dict:
+    """`over` merged into a copy of `base`, section by section; `task.knobs` (a task's own generator settings) is
+    replaced whole, never merged, so a config's knobs are all the knobs there are."""
     out = copy.deepcopy(base)
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "knobs":
@@ -239,6 +146,17 @@ def _fix_yaml_floats(node):
     return node
 
 
+def _fix_yaml_switches(user: dict) -> dict:
+    """PyYAML (YAML 1.1) parses a bare on/off as true/false; a switch whose values are 'on' and 'off' means them."""
+    for key in S.ENV:
+        sec, name = key.split(".")
+        node = user.get(sec)
+        enum = SCHEMA["properties"][sec]["properties"][name].get("enum", [])
+        if isinstance(node, dict) and isinstance(node.get(name), bool) and "on" in enum:
+            node[name] = "on" if node[name] else "off"
+    return user
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None,
                 base: dict | None = None) -> dict:
     """Defaults <- YAML file (or `base` dict) <- overrides, validated. Returns the resolved dict."""
@@ -250,7 +168,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
             raise ConfigError(f"config file {path}: top level must be a mapping")
     if base is not None:
         user = deep_merge(base, user)
-    user = _fix_yaml_floats(apply_overrides(user, overrides))
+    user = _fix_yaml_switches(_fix_yaml_floats(apply_overrides(user, overrides)))
     # validate the user's keys first, so errors point at what they wrote, then the merged result
     validate_partial(user)
     cfg = deep_merge(DEFAULTS, user)
@@ -287,11 +205,13 @@ def parse_cli(p: argparse.ArgumentParser, argv=None) -> tuple[argparse.Namespace
     offending key and exits with status 2."""
     a = p.parse_args(argv)
     try:
-        return a, load_config(a.config, a.set)
+        cfg = load_config(a.config, a.set)
     except ConfigError as e:
         fail(e)
     except OSError as e:
         fail(f"config file {a.config!r}: {e.strerror or e}")
+    S.use(cfg)  # the process's kernel switches are the run's (trace/settings.py `switch`)
+    return a, cfg
 
 
 def fail(msg) -> NoReturn:

@@ -91,7 +91,7 @@ def eval_settings(cfg: dict) -> dict:
         "temperature": e["temperature"],
         "max_new_tokens": e["max_new_tokens"] or cfg["rl"]["max_new_tokens"],
         "seed": e["seed"],
-        "split": e.get("split", "test"),
+        "split": e["split"],
     }
 
 

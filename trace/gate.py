@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from trace.settings import ADDED
+
 ACC_BAND = (0.15, 0.85)  # validation accuracy, BF16 and FP4 deployment, both ends included
 MIN_RESPONSE_TOKENS = 40  # mean generated tokens per sample, BF16 and FP4 deployment
 MODES = ("bf16", "fp4")
@@ -29,7 +31,7 @@ class GateError(ValueError):
 
 def failures(ev: dict) -> list[str]:
     """What an evaluation (trace.eval's JSON as a dict) fails of the gate: [] when it passes."""
-    split = (ev.get("eval") or {}).get("split", "test")
+    split = (ev.get("eval") or {}).get("split", ADDED["eval.split"])  # evaluations written before the key: test
     if split != "validation":
         return [f"evaluated on the {split} split, not validation"]
     lo, hi = ACC_BAND

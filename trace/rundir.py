@@ -35,6 +35,7 @@ from pathlib import Path
 
 import yaml
 
+from trace import settings as S
 from trace.config import ConfigError, diff_keys, dump_config
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
@@ -108,8 +109,9 @@ def _version(mod: str) -> str | None:
         return None
 
 
-ENV_KEYS = ("TRACE_ROLLOUT_BACKEND", "TRACE_FP4_CROSSOVER", "TRACE_FP4_KERNELS", "TRACE_FP4_ATTN", "TRACE_FP4_ALIGN",
-            "TRACE_SFT_REBUILD", "TRACE_GPU_TESTS")
+# the environment variables meta.json records where set: the switches' overrides (trace/settings.py ENV), and the
+# rebuild notes and GPU-test flag of the GPU scripts
+ENV_KEYS = (*S.ENV.values(), "TRACE_SFT_REBUILD", "TRACE_GPU_TESTS")
 
 
 def utc_now() -> str:
@@ -209,7 +211,7 @@ def check_inputs(cfg: dict, ckpts: dict | None = None) -> None:
         path = t.get(f"{split}_jsonl")
         if path:
             try:
-                load_jsonl(path, t.get("prompt_key", "prompt"), t.get("label_key", "label"),
+                load_jsonl(path, t["prompt_key"], t["label_key"],
                            default_datasource=t["name"])
             except DatasetError as e:
                 raise ConfigError(f"config key 'task.{split}_jsonl': {e}") from None
@@ -224,7 +226,7 @@ def prepare_run_dir(out: str | os.PathLike, cfg: dict, kind: str) -> Path:
     cfg_path = d / "config.yaml"
     text = dump_config(cfg)
     if cfg_path.exists():
-        old = yaml.safe_load(cfg_path.read_text())
+        old = S.migrate(yaml.safe_load(cfg_path.read_text()))  # a config written before a key had its default
         if old != yaml.safe_load(text):
             diff = sorted(diff_keys(old, cfg))
             raise ConfigError(f"{d} holds a run with a different config (keys {diff}); use a new --out")
@@ -337,7 +339,7 @@ def _jsonable(x):
 
 def _wandb_init(run_dir, wandb_cfg, cfg):
     """wandb mirrors the JSONL; offline by default in configs, disabled in tests. Never fatal."""
-    if not wandb_cfg or wandb_cfg.get("mode", "disabled") == "disabled":
+    if not wandb_cfg or wandb_cfg["mode"] == "disabled":
         return None
     try:
         import wandb

@@ -21,7 +21,7 @@ On a GPU a base must train again to the same losses where its checkpoint stayed 
   with no op warning that it lacks a deterministic variant (scripts/gpu/sft_determinism_probe.sh).
 - "none": PyTorch's own choices. Every CPU base, and GPU bases from before meta.json recorded any of this
   (`rebuild_determinism` maps a run's meta.json to its mode).
-TRACE_SFT_DETERMINISM picks another mode, for a rebuild to train a base as it was trained. Two GPU runs in
+`sft.determinism` (trace/settings.py; $TRACE_SFT_DETERMINISM overrides it) picks another mode, for a rebuild to train a base as it was trained. Two GPU runs in
 fresh processes log the same losses (tests/test_sft.py).
 
 Writes a run directory (see trace/rundir.py): checkpoints in ckpt/ are what `rl.init_ckpt` points at
@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from trace import config as C
 from trace import rundir
 from trace.episode import build_task, encode_prompt, evaluate_policy
+from trace.settings import SFTSettings, switch
 
 
 def encode_text(tok, text: str) -> list[int]:
@@ -81,7 +82,7 @@ def lr_at(step: int, total: int, warmup: int, base: float) -> float:
     return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
 
-def sft_loss(model, ids, lm, att, label_smoothing: float = 0.0):
+def sft_loss(model, ids, lm, att, label_smoothing: float = SFTSettings.label_smoothing):
     """Token-mean cross-entropy over trained targets; with label smoothing eps the target is
     (1 - eps) one-hot + eps uniform over the vocabulary (so the base policy keeps some entropy that
     sampling at temperature 1 exposes, headroom that RL can remove)."""
@@ -96,18 +97,18 @@ def sft_loss(model, ids, lm, att, label_smoothing: float = 0.0):
     return (nll * m).sum() / m.sum().clamp(min=1)
 
 
-MODES = ("strict", "math", "none")
 
 
 def sft_determinism(device) -> str:
-    """The determinism mode of an SFT run on `device`: TRACE_SFT_DETERMINISM, else 'strict' on a GPU; the CPU
-    always 'none' (deterministic as it is; every CPU base trained so)."""
+    """The determinism mode of an SFT run on `device`: the switch `sft.determinism` ('strict' unless the run's
+    config or $TRACE_SFT_DETERMINISM says otherwise) on a GPU; the CPU always 'none' (deterministic as it is;
+    every CPU base trained so)."""
     if not str(device).startswith("cuda"):
         return "none"
-    mode = os.environ.get("TRACE_SFT_DETERMINISM", "strict")
-    if mode not in MODES:
-        raise C.ConfigError(f"TRACE_SFT_DETERMINISM must be one of {MODES}, got {mode!r}")
-    return mode
+    try:
+        return switch("sft.determinism")
+    except ValueError as e:
+        raise C.ConfigError(str(e)) from None
 
 
 def rebuild_determinism(meta: dict) -> str:

@@ -14,6 +14,8 @@ import random
 
 import yaml
 
+from trace import config as C
+
 METHODS = ["bf16", "fp4-naive", "qat-independent", "qat-weight-only", "trace"]
 ABLATIONS = {
     "trace-rho0.5": ("trace", {"rho": 0.5}),
@@ -58,7 +60,7 @@ def write_run(run_dir: str, model: str, task: str, arm: str, method: str, seed: 
     cfg = {"model": model, "task": {"name": task, "difficulty": "easy", "n_train": 64, "n_test": 16, "seed": 0},
            "rl": {"method": method, "rho": rho, "align_coef": 0.1, "steps": steps, **(rl_extra or {})}, "seed": seed, "device": "cpu"}
     with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-        yaml.safe_dump(cfg, f)
+        yaml.safe_dump(C.deep_merge(C.DEFAULTS, cfg), f)  # a run directory's config is resolved
     with open(os.path.join(run_dir, "meta.json"), "w") as f:
         json.dump({"commit": "synthetic", "versions": {}, "hardware": "test"}, f)
     k3, gb, drop, speed = LEVEL[method]

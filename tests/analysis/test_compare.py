@@ -145,7 +145,8 @@ def test_prompt_groups_split_each_comparison(tmp_path):
         for seed in (0, 1):
             d = base / arm / f"seed{seed}"
             cfg = yaml.safe_load((d / "config.yaml").read_text())
-            cfg["eval"] = {"n_test": 0, "samples_per_prompt": 4, "temperature": 1.0, "max_new_tokens": 16, "seed": 1}
+            cfg["eval"] = {"n_test": 0, "samples_per_prompt": 4, "temperature": 1.0, "max_new_tokens": 16, "seed": 1,
+                           "split": "test"}
             (d / "config.yaml").write_text(yaml.safe_dump(cfg))
             n = len(heldout_examples(cfg, build_task(cfg)))
             ev = json.loads((d / "eval.json").read_text())

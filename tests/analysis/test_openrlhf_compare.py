@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from analysis.openrlhf_compare import compare, main
+from trace import config as C
 
 ARMS = ("bf16", "trace")
 
@@ -16,7 +17,7 @@ def _run(root, kind, arm, seed, *, acc, k3, step_s, gbytes, lr=3e-5):
     d.mkdir(parents=True)
     cfg = {"model": "qwen3_moe-small", "seed": seed, "task": {"name": "reasoning"},
            "rl": {"method": arm, "lr": lr, "init_ckpt": str(root / "sft")}}
-    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (d / "config.yaml").write_text(yaml.safe_dump(C.deep_merge(C.DEFAULTS, cfg)))  # resolved, as a run's
     (d / "meta.json").write_text(json.dumps({"kind": kind}))
     lines = [{"step": 0, "method": arm, "eval_accuracy": 0.1}]
     lines += [{"step": s, "method": arm, "accuracy": 0.5, "k3": k3, "time_step_s": step_s,

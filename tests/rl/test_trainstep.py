@@ -112,7 +112,7 @@ def test_chunks_and_sub_batch(tmp_path, sft_ckpt):
 
 def test_micro_batch_config():
     assert small_cfg(["rl.micro_batch=4"])["rl"]["micro_batch"] == 4
-    assert "micro_batch" not in small_cfg()["rl"]  # absent: the whole batch, resolved configs unchanged
+    assert small_cfg()["rl"]["micro_batch"] is None  # the default: the whole batch
     with pytest.raises(ConfigError, match="micro_batch"):
         small_cfg(["rl.micro_batch=-1"])
 

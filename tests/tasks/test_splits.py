@@ -110,8 +110,7 @@ def test_eval_split_knob():
 
     base = ["task.name=reasoning", "task.difficulty=medium", "task.n_test=32"]
     test_cfg, val_cfg = C.load_config(None, base), C.load_config(None, base + ["eval.split=validation"])
-    # absent = test, so the resolved configs of existing runs are unchanged
-    assert "split" not in test_cfg["eval"] and eval_settings(test_cfg)["split"] == "test"
+    assert test_cfg["eval"]["split"] == "test" and eval_settings(test_cfg)["split"] == "test"  # the default
     assert eval_settings(val_cfg)["split"] == "validation"
     task = get_task("reasoning", difficulty="medium")
     val, test = heldout_examples(val_cfg, task), heldout_examples(test_cfg, task)

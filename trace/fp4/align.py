@@ -11,19 +11,17 @@ summation order, gradients bit-equal but at each row's amax element under the sc
 """
 from __future__ import annotations
 
-import os
-
 import torch
+
+from trace.settings import switch
 
 
 def align_kernel_on(x: torch.Tensor) -> bool:
     """Whether the alignment term of a site whose activations are `x` runs on the fused kernels
-    (`alignment_site`): TRACE_FP4_ALIGN=off (default: trace/guidance/align.py's torch ops, recomputed in the
+    (`alignment_site`): the switch `engine.fp4_align` (trace/settings.py; $TRACE_FP4_ALIGN overrides it) off (default: trace/guidance/align.py's torch ops, recomputed in the
     backward; the fused kernels are not yet timed nor checked on a GPU), auto (CUDA tensors) or on (any device, e.g.
     the CPU interpreter in the tests)."""
-    mode = os.environ.get("TRACE_FP4_ALIGN", "off")
-    if mode not in ("auto", "on", "off"):
-        raise ValueError(f"TRACE_FP4_ALIGN must be auto, on or off, got {mode!r}")
+    mode = switch("engine.fp4_align")
     return mode == "on" or (mode == "auto" and x.is_cuda)
 
 

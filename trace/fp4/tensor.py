@@ -14,12 +14,12 @@ fake-quant used by QAT. Compared against torchao 0.18 `nvfp4_quantize` in tests/
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
 
 from kernels import reference as ref
+from trace.settings import switch
 
 FORMATS = ("nvfp4", "mxfp4")
 ROUNDINGS = ("rtn", "stochastic", "guided")
@@ -151,16 +151,15 @@ def _make_generator(generator, seed, device) -> torch.Generator | None:
 # The Triton kernel (kernels/quantize.py) for RTN on a GPU
 # ----------------------------------------------------------------------------------------------
 def kernels_on(x: torch.Tensor) -> bool:
-    """Whether RTN of `x` runs on the Triton quantize kernel: TRACE_FP4_KERNELS=off (default: the reference
-    ops), auto (CUDA tensors) or on (any device, e.g. the CPU interpreter in the tests). The kernel's codes,
+    """Whether RTN of `x` runs on the Triton quantize kernel: the switch `engine.fp4_kernels` (trace/settings.py;
+    $TRACE_FP4_KERNELS overrides it) off (default: the reference ops), auto (CUDA tensors) or on (any device, e.g.
+    the CPU interpreter in the tests). The kernel's codes,
     scales, outer scales and dequantized values are the reference's bit for bit in the tests
     (tests/fp4/test_kernel_path.py, tests/kernels/test_quantize.py); it is one pass over x where the reference
     is ~60 tensor ops per call. It is not the default because it made no train step faster
     (results/trainer/trainer_step.csv). The tile choice avoids a Triton miscompile of the kernel's fp32 tile at
     1024 < K <= 2048 (kernels/NOTES.md, "Correctness: what holds and what it took")."""
-    mode = os.environ.get("TRACE_FP4_KERNELS", "off")
-    if mode not in ("auto", "on", "off"):
-        raise ValueError(f"TRACE_FP4_KERNELS must be auto, on or off, got {mode!r}")
+    mode = switch("engine.fp4_kernels")
     return mode == "on" or (mode == "auto" and x.is_cuda)
 
 

@@ -37,6 +37,7 @@ from trace.arms import ARMS, Arm
 from trace.guidance.mismatch import mismatch_metrics
 from trace.guidance.replay import replay as _replay
 from trace.guidance.select import arm_recorders, arm_records
+from trace.settings import RLSettings
 
 
 @dataclass(frozen=True)
@@ -111,10 +112,11 @@ class Method:
 
     name: str
     arm: Arm
-    rho: float = 0.5  # guided fraction of the layers (the deepest)
-    diag_flips: bool = True  # the diagnostic full-codes record for flip statistics
-    align_coef: float = 0.1  # weight of the alignment term in the loss
-    align_scales: bool = True  # the block-scale part of the alignment term
+    # the run's rl.rho, rl.diag_flips, rl.align_coef and rl.align_scales; their defaults are the settings'
+    rho: float = RLSettings.rho
+    diag_flips: bool = RLSettings.diag_flips
+    align_coef: float = RLSettings.align_coef
+    align_scales: bool = RLSettings.align_scales
 
     @classmethod
     def from_config(cls, rl: dict) -> Method:

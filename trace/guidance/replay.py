@@ -43,6 +43,7 @@ from trace.fp4 import align as fp4_align
 from trace.guidance.align import MARGIN, alignment_terms, scale_terms
 from trace.guidance.record import GuidanceRecord, Recorder, RecordMismatch, RecordView
 from trace.guidance.stats import ReplayStats
+from trace.settings import RLSettings
 
 
 @dataclass
@@ -125,7 +126,7 @@ class Replay:
     stats: ReplayStats
     diag: GuidanceRecord | None = None  # the statistics' reference record (default: `record`)
     align_margin: float = MARGIN
-    align_scales: bool = True  # the NVFP4 block-scale part of the alignment term (off: elements only)
+    align_scales: bool = RLSettings.align_scales  # the NVFP4 block-scale part of the alignment term (off: elements only)
     ids: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> expert ids [N, k] this forward used
     views: dict[int, RecordView] = field(default_factory=dict)  # id(record) -> its rows for this forward
 
@@ -358,7 +359,7 @@ def recording(rt: Runtime, recorder: Recorder, seq: torch.Tensor, pos: torch.Ten
 def replay(rt: Runtime, record: GuidanceRecord | None, seq: torch.Tensor, pos: torch.Tensor, *,
            guide: bool = True, guide_layers=None, routing: bool = True, align: bool = False,
            full_codes: bool = False, diag: GuidanceRecord | None = None, align_margin: float | None = None,
-           align_scales: bool = True):
+           align_scales: bool = RLSettings.align_scales):
     """Within the block, forwards through `rt` use guided rounding at the record's layers (or
     `guide_layers`), routing replay, and collect flip statistics and the alignment term into the
     yielded ReplayStats. guide=False measures flips against the record without guiding.

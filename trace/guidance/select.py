@@ -10,6 +10,7 @@ budget buys the most there. Compared against: tests/guidance/test_select.py (rho
 from __future__ import annotations
 
 from trace.guidance.record import Recorder
+from trace.settings import RLSettings
 
 
 def guided_layer_indices(num_layers: int, rho: float) -> list[int]:
@@ -20,7 +21,7 @@ def guided_layer_indices(num_layers: int, rho: float) -> list[int]:
     return list(range(num_layers - n, num_layers))
 
 
-def arm_records(arm, diag_flips: bool = True) -> tuple[bool, bool]:
+def arm_records(arm, diag_flips: bool = RLSettings.diag_flips) -> tuple[bool, bool]:
     """(whether the arm's rollout takes a guidance record, whether it takes the diagnostic record): the
     guidance record for arms that guide (`arm.record == "guide"`), the diagnostic one (`diag_flips`) for
     every arm whose trainer quantizes activations, except the exact arm (no record at all: its trainer's
@@ -28,7 +29,7 @@ def arm_records(arm, diag_flips: bool = True) -> tuple[bool, bool]:
     return arm.record == "guide", diag_flips and arm.trainer_mode in ("w4a4", "w4a4kv4") and not arm.exact
 
 
-def arm_recorders(arm, num_layers: int, rho: float, diag_flips: bool = True) -> tuple[Recorder | None, Recorder | None]:
+def arm_recorders(arm, num_layers: int, rho: float, diag_flips: bool = RLSettings.diag_flips) -> tuple[Recorder | None, Recorder | None]:
     """(the arm's guidance recorder, the diagnostic recorder), each None where `arm_records` says the arm
     takes no such record; the embedded trainer and the OpenRLHF rollout actor both take their recorders
     from here.

@@ -37,6 +37,7 @@ from trace import fp4, guidance
 from trace.guidance import GuidanceRecord, Recorder, Runtime
 from trace.models.registry import FAMILIES, family_of
 from trace.qat.experts import experts_forward
+from trace.settings import RLSettings
 
 MODES = ("bf16", "w4a16", "w4a4", "w4a4kv4")
 ATTN_IMPL = "trace_qat_sdpa"
@@ -50,10 +51,10 @@ class QATRuntime(Runtime):
     mode: str = "w4a4"
     # recompute each expert's gate/up GEMM and SiLU product in the backward instead of keeping them (the
     # trainer's largest saved activations on the small MoE flavors; values and gradients unchanged)
-    recompute_experts: bool = False
+    recompute_experts: bool = RLSettings.recompute_experts
     # the experts' implementation (trace/qat/experts.py): "loop" (the reference), "grouped" (tokens sorted by
     # expert, grouped GEMMs) or "auto" (grouped on every device, measured faster on the CPU too)
-    experts: str = "auto"
+    experts: str = RLSettings.experts
 
     @property
     def weights(self) -> bool:

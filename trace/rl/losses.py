@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from trace.guidance.mismatch import mismatch_metrics
+from trace.settings import RLSettings
 
 
 class NonFiniteError(FloatingPointError):
@@ -75,7 +76,7 @@ def compute_advantages(rewards: torch.Tensor, action_mask: torch.Tensor, group_s
 
 def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
                 action_mask: torch.Tensor, rollout_log_probs: torch.Tensor | None = None,
-                clip_eps: float = 0.2, tis_cap: float | None = None,
+                clip_eps: float = RLSettings.clip_eps, tis_cap: float | None = None,
                 icepop: tuple[float, float] | None = None,
                 is_old_log_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Token-level PPO-clip loss with optional TIS or ICEPOP correction against the rollout.

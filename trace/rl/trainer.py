@@ -182,7 +182,7 @@ class RLTrainer:
         self.model.train()
         self.rt = patch_model(self.model, self.arm.trainer_mode, self.rl["fmt"])
         self.rt.recompute_experts = self.rl["recompute_experts"]
-        self.rt.experts = self.rl.get("experts") or "auto"  # the experts' loop or grouped path (trace/qat/experts.py)
+        self.rt.experts = self.rl["experts"]  # the experts' loop or grouped path (trace/qat/experts.py)
         self.ref = None
         if self.rl["kl_coef"] > 0:
             # the reference is the initial policy (SFT checkpoint), unquantized and frozen
@@ -200,7 +200,7 @@ class RLTrainer:
         self.engine.sync_weights(self.model)
         self.num_layers = self.model.config.num_hidden_layers
         # the forwards, losses, backwards and optimizer step of a step (micro_batch absent / null / 0: one chunk)
-        self.train = TrainStep(self.model, self.opt, self.method, self.rl["grad_clip"], self.rl.get("micro_batch") or 0)
+        self.train = TrainStep(self.model, self.opt, self.method, self.rl["grad_clip"], self.rl["micro_batch"] or 0)
 
     # ------------------------------------------------------------------------------ pieces
     def _prompts_for(self, step: int):

@@ -37,6 +37,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from trace.rl.losses import NonFiniteError
+from trace.settings import RLSettings
 
 
 def chunks(n: int, size: int) -> list[range]:
@@ -102,7 +103,7 @@ class TrainStep:
     micro-batch size (0, or at least the batch: one chunk)."""
 
     def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, method, grad_clip: float,
-                 micro_batch: int = 0):
+                 micro_batch: int | None = RLSettings.micro_batch):
         self.model, self.opt, self.method = model, opt, method
         self.grad_clip, self.micro_batch = grad_clip, micro_batch or 0
 

@@ -27,12 +27,11 @@ Compared against: the engine's torch path (tests/rollout/test_fast.py runs it un
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from trace import fp4
 from trace.rollout.weights import copy_into
+from trace.settings import switch
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -44,28 +43,28 @@ BACKENDS = ("auto", "torch", "triton")
 # `python benchmarks/crossover.py`): dense rows up to 16, the largest timed (the
 # MMA tile 35.8-36.2 us against 47.3-50.5), and routed experts up to 64 (token, slot) rows per expert (T*k/E), the
 # largest timed (Mixtral-8x7B T256 811.3 against 1144.7 us; Qwen3-30B-A3B T256, 16 per expert, 218.7 against 561.4).
-# TRACE_FP4_CROSSOVER="ROWS,LOAD" overrides both (e.g. "inf,inf": kernels at every size; "0,0": never), for
-# benchmarks and tests.
+# The switch `engine.fp4_crossover` = "ROWS,LOAD" (trace/settings.py; $TRACE_FP4_CROSSOVER) overrides both (e.g.
+# "inf,inf": kernels at every size; "0,0": never), for benchmarks and tests.
 DENSE_KERNEL_ROWS = 16
 MOE_KERNEL_LOAD = 64.0
 
 
 def crossover() -> tuple[float, float]:
     """(largest row count for the dense kernels, largest rows per expert for the MoE kernels)."""
-    env = os.environ.get("TRACE_FP4_CROSSOVER")
-    if not env:
+    value = switch("engine.fp4_crossover")
+    if not value:
         return float(DENSE_KERNEL_ROWS), MOE_KERNEL_LOAD
-    rows, load = (float(v) for v in env.split(","))
+    rows, load = (float(v) for v in value.split(","))
     return rows, load
 
 
 def available(device, dtype=torch.bfloat16, backend: str = "auto") -> bool:
     """Triton path on CUDA by default; on a CPU only when asked for (backend="triton" or
-    TRACE_ROLLOUT_BACKEND=triton, with TRITON_INTERPRET=1, for tests). backend="torch" (or the
-    environment variable, when backend is "auto") disables it everywhere."""
+    the switch `engine.backend` = triton, with TRITON_INTERPRET=1, for tests). backend="torch" (or the switch,
+    when backend is "auto") disables it everywhere."""
     if backend not in BACKENDS:
         raise ValueError(f"fp4_backend must be one of {BACKENDS}, got {backend!r}")
-    want = backend if backend != "auto" else os.environ.get("TRACE_ROLLOUT_BACKEND", "")
+    want = backend if backend != "auto" else switch("engine.backend")
     if want == "torch":
         return False
     if torch.device(device).type != "cuda" and want != "triton":
@@ -99,8 +98,8 @@ def fused_ops(device, dtype=torch.bfloat16, backend: str = "auto") -> bool:
 
 def fused_sampling() -> bool:
     """Whether the engine samples on a GPU with `kernels.sampling.fused_sample` (Triton importable); off with
-    TRACE_ROLLOUT_BACKEND=torch, as the other kernels."""
-    if os.environ.get("TRACE_ROLLOUT_BACKEND", "") == "torch":
+    the switch `engine.backend` = torch, as the other kernels."""
+    if switch("engine.backend") == "torch":
         return False
     try:
         import kernels.sampling  # noqa: F401
@@ -111,11 +110,11 @@ def fused_sampling() -> bool:
 
 def attention_wanted() -> str:
     """The FP4-KV decode attention kernel, read when the engine builds its Triton path (a CUDA graph captured later
-    keeps what was read then): TRACE_FP4_ATTN=triton the Triton kernel (kernels/attention.py), else the register-operand
+    keeps what was read then): the switch `engine.fp4_attn` = triton the Triton kernel (kernels/attention.py), else the register-operand
     Gluon kernel (kernels/attention_mma.py) where it applies (head dim 128, <= 16 query heads per KV head; Triton
     with Gluon): 1.30x / 1.37x the Triton kernel at B256 x 1k / B64 x 8k on the H200 (kernels/NOTES.md, "FP4-KV decode
     attention")."""
-    if os.environ.get("TRACE_FP4_ATTN", "mma") == "triton":
+    if switch("engine.fp4_attn") == "triton":
         return "triton"
     from kernels.attention_mma import gluon
 

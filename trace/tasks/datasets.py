@@ -14,6 +14,7 @@ import json
 import os
 from typing import Iterable
 
+from trace.settings import TaskSettings
 from trace.tasks.base import Example
 
 
@@ -23,8 +24,8 @@ class DatasetError(ValueError):
 
 def load_jsonl(
     path: str | os.PathLike,
-    prompt_key: str = "prompt",
-    label_key: str = "label",
+    prompt_key: str = TaskSettings.prompt_key,
+    label_key: str = TaskSettings.label_key,
     datasource_key: str = "datasource",
     default_datasource: str | None = None,
     meta_keys: Iterable[str] | None = None,
@@ -94,8 +95,8 @@ class JsonlTask:
     file); `heldout(n, seed, split)` the same with each prompt once; a split without a file is the wrapped
     task's generated split. Files are used as given: keeping them disjoint is the data's business."""
 
-    def __init__(self, task, train: str | None = None, test: str | None = None, prompt_key: str = "prompt",
-                 label_key: str = "label", validation: str | None = None):
+    def __init__(self, task, train: str | None = None, test: str | None = None, prompt_key: str = TaskSettings.prompt_key,
+                 label_key: str = TaskSettings.label_key, validation: str | None = None):
         self.task = task
         self.files = {"train": train, "validation": validation, "test": test}
         self.prompt_key, self.label_key = prompt_key, label_key
@@ -132,5 +133,5 @@ def with_jsonl(task, task_cfg: dict):
     train, val, test = (task_cfg.get(f"{s}_jsonl") for s in ("train", "validation", "test"))
     if not train and not val and not test:
         return task
-    return JsonlTask(task, train or None, test or None, task_cfg.get("prompt_key", "prompt"),
-                     task_cfg.get("label_key", "label"), validation=val or None)
+    return JsonlTask(task, train or None, test or None, task_cfg["prompt_key"], task_cfg["label_key"],
+                     validation=val or None)

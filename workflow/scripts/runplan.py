@@ -32,6 +32,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _ROOT not in sys.path:  # the repo root: the arm table lives in the trainer's package
     sys.path.insert(0, _ROOT)
 from trace.arms import ARMS, METHODS  # noqa: E402
+from trace.config import DEFAULTS, deep_merge  # noqa: E402  (one merge: task.knobs replaced whole)
 
 DATA_SEED = 0  # the task data (train/test splits) is shared by every arm and seed
 OPENRLHF_LAUNCH = "trace.integrations.openrlhf.launch"  # the RL launcher that takes train_ppo_ray flags after `--`
@@ -53,17 +54,6 @@ class Run:
     @property
     def key(self) -> str:
         return f"{self.model}/{self.task}/{self.arm}/seed{self.seed}"
-
-
-def deep_merge(base: dict, over: dict) -> dict:
-    """Recursive dict merge; values of `over` win; inputs are not modified."""
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = deep_merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
 
 
 def set_dotted(cfg: dict, dotted: str, value: Any) -> None:
@@ -264,7 +254,6 @@ class Plan:
         """The guided depth of a run config (the trainer's default where the profile sets none)."""
         rho = (run_cfg.get("rl") or {}).get("rho")
         if rho is None:
-            from trace.config import DEFAULTS
             rho = DEFAULTS["rl"]["rho"]
         return float(rho)
 

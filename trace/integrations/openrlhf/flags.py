@@ -38,6 +38,7 @@ import hashlib
 import os
 
 from trace.guidance import Method
+from trace.settings import TaskSettings
 
 MODULE = "openrlhf.cli.train_ppo_ray"
 
@@ -198,7 +199,7 @@ def is_correction_flags(rl: dict) -> list[str]:
 
 def wandb_on(cfg: dict) -> bool:
     """Whether the run config turns wandb on (wandb.mode offline or online)."""
-    return (cfg.get("wandb") or {}).get("mode", "disabled") != "disabled"
+    return cfg["wandb"]["mode"] != "disabled"
 
 
 def wandb_flags(cfg: dict, out: str) -> list[str]:
@@ -226,7 +227,7 @@ def wandb_env(cfg: dict, out: str) -> dict[str, str]:
 
 def ppo_flags(cfg: dict, *, model_path: str, prompts: str, out: str, reward_file: str | None = None,
               agent_file: str | None = None, gpus: int = 0, colocate: bool | None = None,
-              zero_stage: int = 3, sync: str | None = None, label_key: str = "label",
+              zero_stage: int = 3, sync: str | None = None, label_key: str = TaskSettings.label_key,
               input_key: str = "input", max_prompt_len: int | None = None, ranks: int | None = None) -> list[str]:
     """The argv (after `python -m openrlhf.cli.train_ppo_ray`) for one RL run.
 

@@ -152,7 +152,9 @@ def prepare_prompts(cfg: dict, out: Path, data: dict, write: bool = True) -> tup
     """(jsonl path, input key, label key, longest prompt in characters or None when unknown); the synthetic
     prompts go to out/data/train.jsonl (write=False: only its path)."""
     if data.get("train_jsonl"):
-        return data["train_jsonl"], data.get("prompt_key", "prompt"), data.get("label_key", "label"), None
+        keys = C.DEFAULTS["task"]
+        return (data["train_jsonl"], data.get("prompt_key", keys["prompt_key"]), data.get("label_key", keys["label_key"]),
+                None)
     rows = synthetic_prompts(cfg)
     path = out / "data" / "train.jsonl"
     if write:

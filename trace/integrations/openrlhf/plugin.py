@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from trace import settings
 from trace.integrations.openrlhf import guards, stand_ins
 
 RUN_DIR_ENV = "TRACE_RUN_DIR"
@@ -48,8 +49,12 @@ def zero_persistence_threshold() -> int | None:
 
 
 def run_config() -> dict:
+    """The run's resolved config (the launcher wrote it); its kernel switches become this worker process's
+    (`trace.settings.use`), as an entry point's do."""
     import yaml
-    return yaml.safe_load((run_dir() / "config.yaml").read_text())
+    cfg = yaml.safe_load((run_dir() / "config.yaml").read_text())
+    settings.use(cfg)
+    return cfg
 
 
 def _shim_targets():
