@@ -130,7 +130,7 @@ class RLSettings:
 @dataclass
 class EvalSettings:
     """Held-out evaluation."""
-    n_test: int | None = setting(None, "prompts evaluated (null: the whole split)", minimum=1)
+    n_test: int | None = setting(None, "prompts evaluated (null: task.n_test)", minimum=1)
     samples_per_prompt: int = setting(4, "samples per prompt", minimum=1)
     temperature: float = setting(1.0, "sampling temperature (0: greedy)", minimum=0)
     max_new_tokens: int | None = setting(None, "generation limit (null: rl.max_new_tokens)", minimum=1)
