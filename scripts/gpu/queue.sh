@@ -9,7 +9,9 @@
 # JOBS: one job per line, `LIMIT_S NAME COMMAND...` (blank lines and # comments skipped). The jobs run one after
 # another in the order of $QDIR/pending, re-read before each job (so `add` and edits reach a running queue), each
 # under `timeout LIMIT_S`, its output in $QDIR/NAME.log; a failing job does not stop the queue. jobs.txt gets one
-# line per finished job: NAME rc seconds. The environment of `start` is the jobs' environment.
+# line per finished job: NAME rc seconds. The environment of `start` is the jobs' environment, with the carried
+# wheel folder WHEELS (default .whl-pipe) installed and on PYTHONPATH (scripts/gpu/env.sh): the jobs import
+# trace.config, which needs jsonschema.
 # QDIR default /tmp/trace-queue; COLLECT (space-separated paths, default /tmp/rlstep/rlstep.csv) go into the pack
 # under collect/.
 set -uo pipefail
@@ -19,6 +21,7 @@ start)
   jobs=${2:?usage: queue.sh start JOBS}
   if [ -e "$qdir/pid" ] && kill -0 "$(cat "$qdir/pid")" 2>/dev/null; then echo "a queue runs already ($qdir)" >&2; exit 1; fi
   rm -rf "$qdir"; mkdir -p "$qdir"
+  . "$(dirname "$0")/env.sh" || exit 1
   grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' "$jobs" > "$qdir/pending"
   : > "$qdir/jobs.txt"
   setsid nohup bash "$0" run > "$qdir/queue.log" 2>&1 < /dev/null &

@@ -168,9 +168,9 @@ def test_rows_widen_a_table_that_lacks_a_column(tmp_path):
     assert dest.read_bytes() == b"v,x,mfu\r\nm1,1,\r\nm2,2,0.3\r\nm3,3,\r\n"
 
 
-def test_start_installs_the_wheels_for_the_jobs_and_reads_the_budget_in_minutes(monkeypatch, tmp_path, capsys):
-    """The jobs import trace.config (jsonschema): `start` installs the plan's carried wheel folder and puts it on the
-    jobs' PYTHONPATH; a budget beyond one machine's minutes (e.g. seconds given for minutes) is refused."""
+def test_start_hands_the_wheels_to_the_queue_and_reads_the_budget_in_minutes(monkeypatch, tmp_path, capsys):
+    """The jobs import trace.config (jsonschema): `start` names the plan's carried wheel folder to queue.sh, which
+    installs it for the jobs; a budget beyond one machine's minutes (e.g. seconds given for minutes) is refused."""
     calls = []
 
     def fake_run(argv, cwd=None, env=None, **kw):
@@ -190,6 +190,5 @@ def test_start_installs_the_wheels_for_the_jobs_and_reads_the_budget_in_minutes(
     monkeypatch.setattr(gp, "next_units", lambda *a: [gp.Unit("x", "a", "h100", 1.0, "test")])
     monkeypatch.setattr(gp, "queue_lines", lambda picked, qdir: ["1 x true"])
     assert gp.cmd_start(type("A", (), {"budget": None})()) == 0
-    (install, _), (queue, env) = calls
-    assert install[1:] == [str(ROOT / "scripts/gpu/offline_wheels.sh"), "install", "scripts"]
-    assert queue[-2] == "start" and str(tmp_path / "site") in env["PYTHONPATH"].split(os.pathsep)
+    ((queue, env),) = calls
+    assert queue[-2] == "start" and env["WHEELS"] == "scripts"

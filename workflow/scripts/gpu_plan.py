@@ -238,24 +238,6 @@ def _gpu_name() -> str:
 MAX_BUDGET_MINUTES = 60
 
 
-def install_wheels(folder: str | None) -> str | None:
-    """Install the plan's carried wheel folder (scripts/gpu/offline_wheels.sh, into $SITE, default /tmp/site) for the
-    jobs: the install's folder, "" where the plan names no folder or it was not carried, None (said why) on failure."""
-    if not folder or not (ROOT / folder).is_dir():
-        if folder:
-            print(f"warning: the plan's wheel folder {folder} is not here; the jobs get the machine's packages only",
-                  file=sys.stderr)
-        return ""
-    site = os.environ.get("SITE", "/tmp/site")
-    r = subprocess.run(["bash", str(ROOT / "scripts/gpu/offline_wheels.sh"), "install", folder], cwd=ROOT,
-                       env=dict(os.environ, SITE=site), capture_output=True, text=True)
-    if r.returncode:
-        print(f"error: installing {folder} failed:\n" + "\n".join((r.stdout + r.stderr).splitlines()[-20:]),
-              file=sys.stderr)
-        return None
-    return site
-
-
 def cmd_start(args) -> int:
     gpu = _gpu_name()
     if not gpu:
@@ -281,13 +263,8 @@ def cmd_start(args) -> int:
     qdir = os.environ.get("QDIR", "/tmp/trace-queue")
     jobs = Path(tempfile.mkstemp(suffix=".jobs")[1])
     jobs.write_text("\n".join(queue_lines(picked, qdir)) + "\n")
-    env = dict(os.environ, QDIR=qdir, TRACE_GIT_COMMIT=commit, GIT_COMMIT=commit)
-    site = install_wheels(cfg.get("wheels"))
-    if site is None:
-        return 1
-    if site:  # the jobs import the carried packages (trace.config needs jsonschema) from the install's folder
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), site, env.get("PYTHONPATH")) if p)
-        env["PATH"] = os.pathsep.join((f"{site}/bin", env.get("PATH", "")))
+    # queue.sh installs the plan's carried wheel folder for the jobs (scripts/gpu/env.sh)
+    env = dict(os.environ, QDIR=qdir, TRACE_GIT_COMMIT=commit, GIT_COMMIT=commit, WHEELS=cfg.get("wheels", ""))
     passed = [r for r in ledger if r["unit"] == "gpu-suite" and r["tree"] == tree and r["rc"] == "0"]
     if passed:  # the suite passed for this source tree on a machine of the ledger: chunks record that, not run it
         p = passed[-1]
