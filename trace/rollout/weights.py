@@ -122,12 +122,8 @@ class EngineWeights:
                 raise KeyError(f"weight {name!r} missing from the given model/state_dict")
             return t
 
-        def own(t, dt):  # the engine owns its tensors (a later sync copies into them): never the source's own
-            out = t.detach().to(device=device, dtype=dt).contiguous()
-            return out.clone() if out.data_ptr() == t.data_ptr() else out
-
         def dense(t):
-            return None if t is None else own(t, dtype)
+            return None if t is None else _owned(_cast(t, device, dtype), t)
 
         fp4w: dict[str, fp4.FP4Tensor] = {}
         layers = []
@@ -139,11 +135,7 @@ class EngineWeights:
                 if t is None:
                     continue
                 if mode == "w4a4" and key in QUANTIZED:
-                    # the trainer's function, on the master tensor where it lives; the codes then go where the
-                    # engine's kernels read them
-                    q = quantize_weight(t.detach(), fmt).to(device)
-                    fp4w[name] = q
-                    lw[key] = q.dequantize(dtype).to(device).contiguous()
+                    fp4w[name], lw[key] = _quantized(t, fmt, dtype, device)
                 else:
                     lw[key] = dense(t)
             if "gate_up" not in lw and "mg" not in lw:
@@ -157,7 +149,7 @@ class EngineWeights:
         if inv_freq is None:
             d = arch.head_dim
             inv_freq = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float) / d))
-        inv_freq = own(inv_freq, torch.float32)
+        inv_freq = _owned(_cast(inv_freq, device, torch.float32), inv_freq)
         return EngineWeights(arch, dense(get("model.embed_tokens.weight")), dense(get("model.norm.weight")),
                              dense(get("lm_head.weight")), layers, inv_freq, fp4w)
 
@@ -193,28 +185,39 @@ class EngineWeights:
         if where is None:
             return None
         i, key = where
+        held = getattr(self, key) if i is None else self.layers[i][key]
         with torch.no_grad():
-            if i is None:
-                held = getattr(self, key)
-                new = tensor.detach().to(device=held.device, dtype=held.dtype).contiguous()
-                if copy_into(held, new):
-                    return "copied"
-                setattr(self, key, new.clone() if new.data_ptr() == tensor.data_ptr() else new)
-                return "replaced"
-            lw = self.layers[i]
-            held = lw[key]
-            if mode == "w4a4" and key in QUANTIZED:
-                q = quantize_weight(tensor.detach(), fmt).to(held.device)
-                deq = q.dequantize(held.dtype).to(held.device).contiguous()
+            if i is not None and mode == "w4a4" and key in QUANTIZED:
+                q, deq = _quantized(tensor, fmt, held.dtype, held.device)
                 if copy_into((self.fp4[name], held), (q, deq)):
                     return "copied"
-                self.fp4[name], lw[key] = q, deq
+                self.fp4[name], self.layers[i][key] = q, deq
                 return "replaced"
-            new = tensor.detach().to(device=held.device, dtype=held.dtype).contiguous()
+            new = _cast(tensor, held.device, held.dtype)
             if copy_into(held, new):
                 return "copied"
-            lw[key] = new.clone() if new.data_ptr() == tensor.data_ptr() else new
+            new = _owned(new, tensor)
+            if i is None:
+                setattr(self, key, new)
+            else:
+                self.layers[i][key] = new
             return "replaced"
+
+
+def _cast(t: torch.Tensor, device, dtype: torch.dtype) -> torch.Tensor:
+    return t.detach().to(device=device, dtype=dtype).contiguous()
+
+
+def _owned(out: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """`out`, or a copy where it is `source` itself: the engine owns its tensors (a later sync copies into them)."""
+    return out.clone() if out.data_ptr() == source.data_ptr() else out
+
+
+def _quantized(t: torch.Tensor, fmt: str, dtype: torch.dtype, device) -> tuple:
+    """(FP4Tensor, its dequantized compute copy) of a weight: the trainer's function on the master tensor where it
+    lives, the codes then moved where the engine's kernels read them."""
+    q = quantize_weight(t.detach(), fmt).to(device)
+    return q, q.dequantize(dtype).to(device).contiguous()
 
 
 def copy_into(dst, src) -> bool:
