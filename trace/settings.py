@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
 import sys
 import types
@@ -189,7 +190,9 @@ class RunSettings:
         return cls(**kw)
 
 
+@functools.cache
 def _hints(cls) -> dict:
+    """The evaluated annotations of a settings class (once: the schema and the docs read them field by field)."""
     return typing.get_type_hints(cls, globalns=vars(sys.modules[__name__]))
 
 
