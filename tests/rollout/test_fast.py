@@ -42,10 +42,8 @@ def test_triton_path_matches_torch_path(monkeypatch):
     assert max(abs(x - y) for la, lb in zip(a.logprobs, b.logprobs, strict=False) for x, y in zip(la, lb, strict=False)) < 1e-4
 
 
-@pytest.mark.slow
-def test_resync_copies_into_the_kernels_prepared_weights(monkeypatch):
-    """A second sync on the Triton path writes the re-quantized weights into the kernels' prepared tensors the
-    engine holds (decode graphs read them by address) and then generates what a fresh engine generates."""
+def _triton_engine(monkeypatch):
+    """qwen3_moe-tiny and a W4A4 engine synced from it on the Triton path (the interpreter on a CPU)."""
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         pytest.skip("needs TRITON_INTERPRET=1 (tests/conftest.py sets it without a GPU)")
     monkeypatch.setenv("TRACE_ROLLOUT_BACKEND", "triton")
@@ -53,23 +51,39 @@ def test_resync_copies_into_the_kernels_prepared_weights(monkeypatch):
     m = tiny("qwen3_moe", dtype=dtype).to(dev)
     eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, device=dev, dtype=dtype)
     eng.sync_weights(m)
-    path = eng.fwd.fast
-    words = [(w.words, w.words.data_ptr()) for d in path.dense for w in d.values()]
-    words += [(x.w13.words, x.w13.words.data_ptr()) for x in path.moe if x is not None]
-    with torch.no_grad():
-        for p in m.parameters():
-            p.mul_(-1.0)
-    eng.sync_weights(m)
-    assert eng.fwd.fast is path and all(w.data_ptr() == ptr for w, ptr in words)
-    fresh = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, device=dev, dtype=dtype)
-    fresh.sync_weights(m)
-    held = [w for d in path.dense for w in d.values()] + [x.w13 for x in path.moe if x is not None]
-    new = [w for d in fresh.fwd.fast.dense for w in d.values()] + [x.w13 for x in fresh.fwd.fast.moe if x is not None]
-    assert all(torch.equal(a.words, b.words) and torch.equal(a.scales, b.scales) for a, b in zip(held, new, strict=True))
+    return m, eng
+
+
+def _prepared(path) -> list:
+    """The kernels' prepared weights a Triton path holds: dense projections, then the experts' gate/up."""
+    return [w for d in path.dense for w in d.values()] + [x.w13 for x in path.moe if x is not None]
+
+
+def _as_a_fresh_engine(eng, model):
+    """eng's prepared weights and greedy generation equal those of a fresh engine synced from `model`."""
+    fresh = RolloutEngine(model.config, mode="w4a4", kv_fp4=True, device=eng.device, dtype=eng.dtype)
+    fresh.sync_weights(model)
+    assert all(torch.equal(a.words, b.words) and torch.equal(a.scales, b.scales)
+               for a, b in zip(_prepared(eng.fwd.fast), _prepared(fresh.fwd.fast), strict=True))
     prompts = random_seqs([4, 6], seed=2)
     a = eng.generate(prompts, max_new_tokens=2, temperature=0.0)
     b = fresh.generate(prompts, max_new_tokens=2, temperature=0.0)
     assert a.tokens == b.tokens and a.logprobs == b.logprobs
+
+
+@pytest.mark.slow
+def test_resync_copies_into_the_kernels_prepared_weights(monkeypatch):
+    """A second sync on the Triton path writes the re-quantized weights into the kernels' prepared tensors the
+    engine holds (decode graphs read them by address) and then generates what a fresh engine generates."""
+    m, eng = _triton_engine(monkeypatch)
+    path = eng.fwd.fast
+    ptrs = [w.words.data_ptr() for w in _prepared(path)]
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(-1.0)
+    eng.sync_weights(m)
+    assert eng.fwd.fast is path and [w.words.data_ptr() for w in _prepared(path)] == ptrs
+    _as_a_fresh_engine(eng, m)
 
 
 @pytest.mark.slow
@@ -77,29 +91,15 @@ def test_per_tensor_sync_relays_the_kernels_prepared_weights(monkeypatch):
     """A sync a tensor at a time (`sync_tensor` per parameter, then `finish_sync`) on the Triton path re-lays the
     kernels' prepared weights in place, to exactly what a fresh engine's whole-model sync prepares, and generates
     what that engine generates."""
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-        pytest.skip("needs TRITON_INTERPRET=1 (tests/conftest.py sets it without a GPU)")
-    monkeypatch.setenv("TRACE_ROLLOUT_BACKEND", "triton")
-    dev, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
-    m = tiny("qwen3_moe", dtype=dtype).to(dev)
-    eng = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, device=dev, dtype=dtype)
-    eng.sync_weights(m)
+    m, eng = _triton_engine(monkeypatch)
     path = eng.fwd.fast
-    held = [w for d in path.dense for w in d.values()] + [x.w13 for x in path.moe if x is not None]
-    ptrs = [w.words.data_ptr() for w in held]
-    new = tiny("qwen3_moe", dtype=dtype, seed=1).to(dev)
+    ptrs = [w.words.data_ptr() for w in _prepared(path)]
+    new = tiny("qwen3_moe", dtype=eng.dtype, seed=1).to(eng.device)
     for name, p in new.named_parameters():
         eng.sync_tensor(name, p.detach())
     eng.finish_sync()
-    assert eng.fwd.fast is path and [w.words.data_ptr() for w in held] == ptrs
-    fresh = RolloutEngine(m.config, mode="w4a4", kv_fp4=True, device=dev, dtype=dtype)
-    fresh.sync_weights(new)
-    want = [w for d in fresh.fwd.fast.dense for w in d.values()] + [x.w13 for x in fresh.fwd.fast.moe if x is not None]
-    assert all(torch.equal(a.words, b.words) and torch.equal(a.scales, b.scales) for a, b in zip(held, want, strict=True))
-    prompts = random_seqs([4, 6], seed=2)
-    a = eng.generate(prompts, max_new_tokens=2, temperature=0.0)
-    b = fresh.generate(prompts, max_new_tokens=2, temperature=0.0)
-    assert a.tokens == b.tokens and a.logprobs == b.logprobs
+    assert eng.fwd.fast is path and [w.words.data_ptr() for w in _prepared(path)] == ptrs
+    _as_a_fresh_engine(eng, new)
 
 
 def _scored(eng, prompts, seqs):
